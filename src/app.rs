@@ -1,0 +1,204 @@
+//! Runs a parsed command line: validates input, calls the library, prints.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::bench::{self, BenchOptions};
+use crate::cli::{BenchArgs, Cli, Command, InspectArgs, Workload};
+use crate::error::{bad, exit};
+use crate::model::{self, human_bytes, ModelInfo};
+
+/// Runs the command; returns the exit code.
+///
+/// # Errors
+/// Any failure; `BadInput` errors exit 2.
+pub fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Bench(a) => cmd_bench(&a),
+        Command::Inspect(a) => cmd_inspect(&a),
+        Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
+    }
+}
+
+/// Checks workload options, returning the thread count to use.
+///
+/// # Errors
+/// `BadInput` for values llama.cpp cannot run.
+pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
+    if w.n_prompt == 0 && w.n_gen == 0 {
+        return Err(bad("-p 0 and -n 0 leave nothing to measure; give -p (prompt tokens) or -n (generated tokens) a positive value"));
+    }
+    if w.repetitions == 0 {
+        return Err(bad("-r 0 measures nothing; use -r 1 or more"));
+    }
+    if w.batch_size == 0 || w.ubatch_size == 0 {
+        return Err(bad(
+            "batch sizes must be positive; use -b 2048 -ub 512 (llama-bench's defaults)",
+        ));
+    }
+    if w.trial_timeout == 0 {
+        return Err(bad(
+            "--trial-timeout 0 kills every trial; give it seconds, e.g. 900",
+        ));
+    }
+    let threads = match w.threads {
+        Some(0) => {
+            return Err(bad(
+                "-t 0 runs no threads; use -t 1 or more (default: physical cores)",
+            ))
+        }
+        Some(t) => t,
+        None => bench::default_threads(),
+    };
+    if let Some(c) = w.ctx_size {
+        if c == 0 {
+            return Err(bad("-c 0 is not a context size; use e.g. -c 4096"));
+        }
+        if model.ctx_train > 0 && u64::from(c) > model.ctx_train {
+            eprintln!(
+                "warning: -c {c} is larger than the {} tokens {} was trained for; quality past that is not guaranteed",
+                model.ctx_train, model.file_name
+            );
+        }
+    }
+    Ok(threads)
+}
+
+fn cmd_bench(a: &BenchArgs) -> Result<i32> {
+    let info = model::inspect(&a.model)?;
+    let threads = check_workload(&a.workload, &info)?;
+    let ngl = crate::ngl::parse_all(&a.ngl, "-ngl")?;
+    let w = &a.workload;
+    let opts = BenchOptions {
+        model: a.model.clone(),
+        ngl,
+        n_prompt: w.n_prompt,
+        n_gen: w.n_gen,
+        repetitions: w.repetitions,
+        n_threads: threads,
+        n_batch: w.batch_size,
+        n_ubatch: w.ubatch_size,
+        n_ctx: w.ctx_size,
+        flash_attn: w.flash_attn.value(),
+        warmup: !w.no_warmup,
+        timeout: Duration::from_secs(w.trial_timeout),
+        verbose: a.verbose,
+        progress: !a.quiet,
+    };
+    let results = bench::run(&opts)?;
+    let rows = bench::rows(&info, &results, "");
+    let text = bench::render(a.output.as_str(), &rows, &info)?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    let failed = results
+        .iter()
+        .filter(|r| r.status != crate::engine::TrialStatus::Ok)
+        .count();
+    if failed > 0 {
+        eprintln!(
+            "warning: {failed} of {} trials did not complete; their rows say why",
+            results.len()
+        );
+    }
+    Ok(if failed == results.len() {
+        exit::FAILURE
+    } else {
+        exit::OK
+    })
+}
+
+fn cmd_inspect(a: &InspectArgs) -> Result<i32> {
+    let info = model::inspect(&a.model)?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&info)?)?;
+    } else {
+        write!(out, "{}", render_inspect(&info))?;
+    }
+    Ok(exit::OK)
+}
+
+/// Human-readable `inspect` output.
+#[must_use]
+pub fn render_inspect(m: &ModelInfo) -> String {
+    let mut s = String::new();
+    let per_layer = if m.layer_bytes.is_empty() {
+        0
+    } else {
+        m.total_layer_bytes() / m.layer_bytes.len() as u64
+    };
+    let (min, max) = (
+        m.layer_bytes.iter().min().copied().unwrap_or(0),
+        m.layer_bytes.iter().max().copied().unwrap_or(0),
+    );
+    let types: Vec<String> = m
+        .bytes_by_type
+        .iter()
+        .map(|(t, b)| format!("{t} {}", human_bytes(*b)))
+        .collect();
+    s += &format!("model          {}\n", m.path.display());
+    if let Some(n) = &m.name {
+        s += &format!("name           {n}\n");
+    }
+    s += &format!("architecture   {}\n", m.architecture);
+    s += &format!(
+        "layers         {} repeating + output = {} (full offload: -ngl {})\n",
+        m.n_layer, m.n_layer_full, m.n_layer_full
+    );
+    s += &format!(
+        "file size      {} ({} bytes)\n",
+        human_bytes(m.file_size),
+        m.file_size
+    );
+    s += &format!(
+        "parameters     {} ({})\n",
+        model::human_params(m.n_params),
+        m.n_params
+    );
+    s += &format!(
+        "quantization   {}  [{}]\n",
+        m.quantization,
+        types.join(", ")
+    );
+    s += &format!(
+        "per layer      {} average ({} .. {})\n",
+        human_bytes(per_layer),
+        human_bytes(min),
+        human_bytes(max)
+    );
+    s += &format!(
+        "output layer   {}{}\n",
+        human_bytes(m.output_bytes),
+        if m.output_tied {
+            " (tied to token_embd)"
+        } else {
+            ""
+        }
+    );
+    s += &format!(
+        "token_embd     {} (stays on the CPU)\n",
+        human_bytes(m.token_embd_bytes)
+    );
+    s += &format!(
+        "all offloaded  {}\n",
+        human_bytes(m.offloaded_bytes(m.n_layer_full))
+    );
+    if m.is_moe() {
+        s += &format!(
+            "experts        {} per layer, {} used per token (mixture of experts)\n",
+            m.n_expert, m.n_expert_used
+        );
+    } else {
+        s += "experts        none (dense)\n";
+    }
+    s += &format!("context        {} tokens trained\n", m.ctx_train);
+    s += &format!(
+        "dims           n_embd {}, n_head {}, n_head_kv {}, n_vocab {}\n",
+        m.n_embd, m.n_head, m.n_head_kv, m.n_vocab
+    );
+    s += &format!("identity       sha256 of first 16 MiB {}\n", m.sha256_16m);
+    s
+}

@@ -1,0 +1,396 @@
+//! `ngl-tune bench`: llama-bench-style measurement over a list of ngl values,
+//! one worker process per value, no decision. Rows use llama-bench's field
+//! names where the meaning is the same.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::engine::runner::Runner;
+use crate::engine::{TrialResult, TrialSpec, TrialStatus, LLAMA_CPP_REVISION};
+use crate::model::{human_bytes, human_params, ModelInfo};
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub model: PathBuf,
+    pub ngl: Vec<u32>,
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    pub repetitions: u32,
+    pub n_threads: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub n_ctx: Option<u32>,
+    pub flash_attn: i8,
+    pub warmup: bool,
+    pub timeout: Duration,
+    pub verbose: bool,
+    pub progress: bool,
+}
+
+/// Physical cores, llama-bench's default thread count.
+#[must_use]
+pub fn default_threads() -> u32 {
+    sysinfo::System::physical_core_count()
+        .or_else(|| {
+            std::thread::available_parallelism()
+                .ok()
+                .map(std::num::NonZero::get)
+        })
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+#[must_use]
+pub fn cpu_brand() -> String {
+    let mut s = sysinfo::System::new();
+    s.refresh_cpu_all();
+    s.cpus()
+        .first()
+        .map(|c| c.brand().trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Backends compiled into this build, llama-bench style ("CPU", "Vulkan").
+#[must_use]
+pub fn compiled_backends() -> String {
+    let mut b = Vec::new();
+    if cfg!(feature = "cuda") {
+        b.push("CUDA");
+    }
+    if cfg!(feature = "vulkan") {
+        b.push("Vulkan");
+    }
+    if cfg!(feature = "metal") {
+        b.push("Metal");
+    }
+    b.push("CPU");
+    b.join(",")
+}
+
+impl BenchOptions {
+    fn spec(&self, ngl: u32) -> TrialSpec {
+        TrialSpec {
+            model: self.model.clone(),
+            n_gpu_layers: ngl,
+            n_prompt: self.n_prompt,
+            n_gen: self.n_gen,
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            n_threads: self.n_threads,
+            n_ctx: self.n_ctx,
+            repetitions: self.repetitions,
+            warmup: self.warmup,
+            flash_attn: self.flash_attn,
+            seed: 1234,
+        }
+    }
+}
+
+/// Runs every ngl value in its own worker; a failed worker is a failed row,
+/// never a lost sweep.
+///
+/// # Errors
+/// Only when a worker cannot be started at all.
+pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
+    let runner = Runner::current(opts.timeout, opts.verbose)?;
+    let bar = if opts.progress && std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(opts.ngl.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut results = Vec::new();
+    for &ngl in &opts.ngl {
+        bar.set_message(format!("ngl {ngl}"));
+        let r = runner.run(&opts.spec(ngl), |_| {})?;
+        if let Some(tg) = r.test(false) {
+            bar.println(format!("ngl {ngl}: tg {:.2} t/s", tg.avg_ts));
+        } else if r.status != TrialStatus::Ok {
+            bar.println(format!("ngl {ngl}: {}", r.status.as_str()));
+        }
+        results.push(r);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(results)
+}
+
+/// One output row: a test (pp or tg) at one ngl, or a failed trial.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub build_commit: String,
+    pub build_number: u32,
+    pub cpu_info: String,
+    pub gpu_info: String,
+    pub backends: String,
+    pub model_filename: String,
+    pub model_type: String,
+    pub model_size: u64,
+    pub model_n_params: u64,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub n_threads: u32,
+    pub type_k: &'static str,
+    pub type_v: &'static str,
+    pub n_gpu_layers: u32,
+    pub n_cpu_moe: u32,
+    pub flash_attn: i8,
+    pub use_mmap: bool,
+    pub embeddings: bool,
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    pub n_depth: u32,
+    pub n_ctx: u32,
+    pub test_time: String,
+    pub avg_ns: Option<u64>,
+    pub stddev_ns: Option<u64>,
+    pub avg_ts: Option<f64>,
+    pub stddev_ts: Option<f64>,
+    pub samples_ns: Vec<u64>,
+    pub samples_ts: Vec<f64>,
+    /// ngl-tune's own fields.
+    pub status: &'static str,
+    pub reason: Option<String>,
+    pub layers_offloaded: Option<u32>,
+    pub layers_total: Option<u32>,
+    pub accounted_device_bytes: u64,
+    pub model_device_bytes: u64,
+}
+
+/// RFC 3339 UTC time without a date crate.
+#[must_use]
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    rfc3339(secs)
+}
+
+#[must_use]
+#[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Flattens trial results into rows.
+#[must_use]
+pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<Row> {
+    let cpu = cpu_brand();
+    let backends = compiled_backends();
+    let time = now_rfc3339();
+    let mut out = Vec::new();
+    for r in results {
+        let s = &r.spec;
+        let base = Row {
+            build_commit: LLAMA_CPP_REVISION.to_string(),
+            build_number: 0,
+            cpu_info: cpu.clone(),
+            gpu_info: gpu_info.to_string(),
+            backends: backends.clone(),
+            model_filename: s.model.display().to_string(),
+            model_type: model.model_type(),
+            model_size: model.file_size,
+            model_n_params: model.n_params,
+            n_batch: s.n_batch,
+            n_ubatch: s.n_ubatch,
+            n_threads: s.n_threads,
+            type_k: "f16",
+            type_v: "f16",
+            n_gpu_layers: s.n_gpu_layers,
+            n_cpu_moe: 0,
+            flash_attn: r.flash_attn,
+            use_mmap: true,
+            embeddings: false,
+            n_prompt: 0,
+            n_gen: 0,
+            n_depth: 0,
+            n_ctx: 0,
+            test_time: time.clone(),
+            avg_ns: None,
+            stddev_ns: None,
+            avg_ts: None,
+            stddev_ts: None,
+            samples_ns: Vec::new(),
+            samples_ts: Vec::new(),
+            status: r.status.as_str(),
+            reason: r.reason.clone(),
+            layers_offloaded: r.layers_offloaded,
+            layers_total: r.layers_total,
+            accounted_device_bytes: r.accounted_device_bytes(),
+            model_device_bytes: r.device_model_bytes(),
+        };
+        if r.tests.is_empty() {
+            for (p, g) in s.tests() {
+                out.push(Row {
+                    n_prompt: p,
+                    n_gen: g,
+                    ..base.clone()
+                });
+            }
+            continue;
+        }
+        for t in &r.tests {
+            out.push(Row {
+                n_prompt: t.n_prompt,
+                n_gen: t.n_gen,
+                n_ctx: t.n_ctx,
+                avg_ns: Some(t.avg_ns),
+                stddev_ns: Some(t.stddev_ns),
+                avg_ts: Some(t.avg_ts),
+                stddev_ts: Some(t.stddev_ts),
+                samples_ns: t.samples_ns.clone(),
+                samples_ts: t.samples_ts.clone(),
+                ..base.clone()
+            });
+        }
+    }
+    out
+}
+
+fn test_name(r: &Row) -> String {
+    match (r.n_prompt, r.n_gen) {
+        (p, 0) => format!("pp{p}"),
+        (0, g) => format!("tg{g}"),
+        (p, g) => format!("pp{p}+tg{g}"),
+    }
+}
+
+/// llama-bench's markdown table, with ngl-tune's offload and status columns.
+#[must_use]
+pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
+    let mut lines = vec![
+        "| model | size | params | backend | threads | ngl | offloaded | dev mem | test | t/s | status |".to_string(),
+        "| ----- | ---: | -----: | ------- | ------: | --: | --------: | ------: | ---- | --: | ------ |".to_string(),
+    ];
+    for r in rows {
+        let ts = match (r.avg_ts, r.stddev_ts) {
+            (Some(a), Some(s)) => format!("{a:.2} ± {s:.2}"),
+            _ => "-".to_string(),
+        };
+        let off = match (r.layers_offloaded, r.layers_total) {
+            (Some(a), Some(b)) => format!("{a}/{b}"),
+            _ => "-".to_string(),
+        };
+        let status = match &r.reason {
+            Some(why) if r.status != "ok" => format!("{}: {}", r.status, why.replace('|', "/")),
+            _ => r.status.to_string(),
+        };
+        lines.push(format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            model.model_type(),
+            human_bytes(r.model_size),
+            human_params(r.model_n_params),
+            r.backends,
+            r.n_threads,
+            r.n_gpu_layers,
+            off,
+            human_bytes(r.accounted_device_bytes),
+            test_name(r),
+            ts,
+            status
+        ));
+    }
+    lines.join("\n") + "\n"
+}
+
+fn csv_field(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// llama-bench's CSV: a header, then one quoted line per row (samples left
+/// out, as llama-bench does).
+///
+/// # Errors
+/// Serialization errors.
+pub fn to_csv(rows: &[Row]) -> Result<String> {
+    let mut out = String::new();
+    let mut header: Option<Vec<String>> = None;
+    for r in rows {
+        let v = serde_json::to_value(r)?;
+        let obj = v.as_object().cloned().unwrap_or_default();
+        let keys: Vec<String> = obj
+            .keys()
+            .filter(|k| !k.starts_with("samples_"))
+            .cloned()
+            .collect();
+        if header.is_none() {
+            out.push_str(&keys.join(","));
+            out.push('\n');
+            header = Some(keys.clone());
+        }
+        let vals: Vec<String> = keys
+            .iter()
+            .map(|k| match &obj[k] {
+                serde_json::Value::String(s) => csv_field(s),
+                serde_json::Value::Null => csv_field(""),
+                serde_json::Value::Bool(b) => csv_field(if *b { "1" } else { "0" }),
+                other => csv_field(&other.to_string()),
+            })
+            .collect();
+        out.push_str(&vals.join(","));
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Renders rows in the named format.
+///
+/// # Errors
+/// Serialization errors.
+pub fn render(format: &str, rows: &[Row], model: &ModelInfo) -> Result<String> {
+    Ok(match format {
+        "json" => serde_json::to_string_pretty(rows)? + "\n",
+        "jsonl" => {
+            let mut s = String::new();
+            for r in rows {
+                s.push_str(&serde_json::to_string(r)?);
+                s.push('\n');
+            }
+            s
+        }
+        "csv" => to_csv(rows)?,
+        _ => to_markdown(rows, model),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_764_474_000), "2025-11-30T03:40:00Z");
+    }
+}

@@ -1,0 +1,200 @@
+//! Command line: clap derive, llama-bench's option names, NGL_TUNE_* env vars.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ngl-tune",
+    version,
+    about = "Find, by measurement, how many layers of a GGUF model belong on the GPU",
+    long_about = "Find, by measurement, how many layers of a GGUF model belong on the GPU.\n\n\
+        Exit codes: 0 ok, 1 failure, 2 bad input or usage, 3 regression found.\n\
+        llama-bench's short options -ngl, -ub and -fa are accepted as written."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Measure pp and tg like llama-bench at each ngl, one worker process per value
+    Bench(BenchArgs),
+    /// Show what a GGUF model is: architecture, layers, bytes per layer, experts
+    Inspect(InspectArgs),
+    /// Internal: run one trial (spec as JSON on stdin, result as one line on stdout)
+    #[command(name = "__trial", hide = true)]
+    Trial,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Md,
+    Csv,
+    Json,
+    Jsonl,
+}
+
+impl OutputFormat {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputFormat::Md => "md",
+            OutputFormat::Csv => "csv",
+            OutputFormat::Json => "json",
+            OutputFormat::Jsonl => "jsonl",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FlashAttnArg {
+    On,
+    Off,
+    Auto,
+}
+
+impl FlashAttnArg {
+    #[must_use]
+    pub fn value(self) -> i8 {
+        match self {
+            FlashAttnArg::On => 1,
+            FlashAttnArg::Off => 0,
+            FlashAttnArg::Auto => -1,
+        }
+    }
+}
+
+/// Workload options shared by `bench` and the tuner.
+#[derive(Debug, Clone, Args)]
+pub struct Workload {
+    /// Prompt tokens for the pp test (0 skips it)
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: u32,
+    /// Generated tokens for the tg test (0 skips it)
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: u32,
+    /// Repetitions of each test
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub repetitions: u32,
+    /// CPU threads [default: physical cores]
+    #[arg(short = 't', long = "threads", env = "NGL_TUNE_THREADS")]
+    pub threads: Option<u32>,
+    /// Logical batch size
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    pub batch_size: u32,
+    /// Physical batch size (llama-bench: -ub)
+    #[arg(long = "ubatch-size", default_value_t = 512)]
+    pub ubatch_size: u32,
+    /// Context size [default: n_prompt + n_gen of each test, as llama-bench]
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<u32>,
+    /// Flash attention (llama-bench: -fa)
+    #[arg(long = "flash-attn", value_enum, default_value_t = FlashAttnArg::Auto)]
+    pub flash_attn: FlashAttnArg,
+    /// Skip the warmup run before each test
+    #[arg(long)]
+    pub no_warmup: bool,
+    /// Seconds before a trial is killed and recorded as a timeout
+    #[arg(long, default_value_t = 900, env = "NGL_TUNE_TRIAL_TIMEOUT")]
+    pub trial_timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// GGUF model file
+    pub model: PathBuf,
+    /// Layers on the GPU: a list and ranges as llama-bench (0,10,99 or 0-40+10); 99 means all (llama-bench: -ngl)
+    #[arg(long = "n-gpu-layers", default_value = "99")]
+    pub ngl: Vec<String>,
+    #[command(flatten)]
+    pub workload: Workload,
+    /// Output format
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Md)]
+    pub output: OutputFormat,
+    /// Show llama.cpp's log
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// No progress bar
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// GGUF model file
+    pub model: PathBuf,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Rewrites llama-bench's multi-letter short options (`-ngl 10`, `-ub 256`,
+/// `-fa on`) to their long forms, which clap can parse.
+#[must_use]
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    const MAP: [(&str, &str); 4] = [
+        ("-ngl", "--n-gpu-layers"),
+        ("-ub", "--ubatch-size"),
+        ("-fa", "--flash-attn"),
+        ("-ncmoe", "--n-cpu-moe"),
+    ];
+    args.into_iter()
+        .map(|a| {
+            for (short, long) in MAP {
+                if a == short {
+                    return long.to_string();
+                }
+                if let Some(v) = a.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={v}");
+                }
+            }
+            a
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_bench_short_options_are_rewritten() {
+        let a = normalize_args(
+            [
+                "ngl-tune", "bench", "m.gguf", "-ngl", "0,10", "-ub=256", "-t", "2",
+            ]
+            .map(String::from),
+        );
+        assert_eq!(
+            a,
+            [
+                "ngl-tune",
+                "bench",
+                "m.gguf",
+                "--n-gpu-layers",
+                "0,10",
+                "--ubatch-size=256",
+                "-t",
+                "2"
+            ]
+        );
+        let cli = Cli::try_parse_from(a).unwrap();
+        let Command::Bench(b) = cli.command else {
+            panic!("not bench")
+        };
+        assert_eq!(b.ngl, vec!["0,10"]);
+        assert_eq!(b.workload.ubatch_size, 256);
+        assert_eq!(b.workload.threads, Some(2));
+        assert_eq!(b.workload.n_prompt, 512);
+        assert_eq!(b.workload.repetitions, 5);
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,157 @@
+//! Captures llama.cpp's and ggml's log output inside a trial worker and reads
+//! what llama.cpp accounted for: buffers per device and layers offloaded.
+//!
+//! The worker's stderr carries the raw log (the parent shows it with
+//! `--verbose` and keeps its tail for failure reports); this module keeps a
+//! copy to parse, because llama.cpp prints its allocations but does not
+//! expose them through the C API.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::io::Write;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+static CAPTURED: Mutex<String> = Mutex::new(String::new());
+
+unsafe extern "C" fn capture(
+    _level: llama_cpp_sys_2::ggml_log_level,
+    text: *const c_char,
+    _data: *mut c_void,
+) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    let _ = std::io::stderr().write_all(text.as_bytes());
+    if let Ok(mut buf) = CAPTURED.lock() {
+        buf.push_str(&text);
+    }
+}
+
+/// Routes llama.cpp and ggml logs through [`capture`]. Call once, before the
+/// backend is initialized.
+pub fn install() {
+    // SAFETY: `capture` is a valid callback for the life of the process and
+    // ignores its user data pointer.
+    unsafe {
+        llama_cpp_sys_2::llama_log_set(Some(capture), std::ptr::null_mut());
+        llama_cpp_sys_2::ggml_log_set(Some(capture), std::ptr::null_mut());
+    }
+}
+
+/// Returns and clears what was captured since the last call.
+#[must_use]
+pub fn take() -> String {
+    CAPTURED
+        .lock()
+        .map(|mut b| std::mem::take(&mut *b))
+        .unwrap_or_default()
+}
+
+/// One "<buffer type> <kind> buffer size = N MiB" line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BufferLine {
+    /// llama.cpp's buffer type name: "CPU_Mapped", "Vulkan0", "CUDA_Host", ...
+    pub buffer_type: String,
+    /// "model", "KV", "compute", "output", "RS", ...
+    pub kind: String,
+    pub bytes: u64,
+}
+
+impl BufferLine {
+    /// True for memory that lives on an accelerator (not host or pinned host memory).
+    #[must_use]
+    pub fn on_device(&self) -> bool {
+        is_device_buffer_type(&self.buffer_type)
+    }
+}
+
+#[must_use]
+pub fn is_device_buffer_type(name: &str) -> bool {
+    !(name.starts_with("CPU") || name.ends_with("_Host") || name.is_empty())
+}
+
+/// Parses buffer-size lines. Sizes are printed in MiB with two decimals, so
+/// each value is good to about 5 KiB.
+#[must_use]
+pub fn parse_buffers(log: &str) -> Vec<BufferLine> {
+    let mut out = Vec::new();
+    for line in log.lines() {
+        let Some((left, right)) = line.split_once(" buffer size =") else {
+            continue;
+        };
+        let Some(mib) = right
+            .trim()
+            .strip_suffix("MiB")
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        else {
+            continue;
+        };
+        // left: "llama_kv_cache:    Vulkan0 KV" or "load_tensors:   CPU_Mapped model"
+        let left = left.rsplit_once(':').map_or(left, |(_, l)| l);
+        let mut words = left.split_whitespace().collect::<Vec<_>>();
+        let Some(kind) = words.pop() else { continue };
+        let buffer_type = words.join(" ");
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let bytes = (mib * 1024.0 * 1024.0).round() as u64;
+        out.push(BufferLine {
+            buffer_type,
+            kind: kind.to_string(),
+            bytes,
+        });
+    }
+    out
+}
+
+/// "offloaded 10/19 layers to GPU" → (10, 19).
+#[must_use]
+pub fn parse_offloaded(log: &str) -> Option<(u32, u32)> {
+    log.lines().rev().find_map(|line| {
+        let rest = line.split("offloaded ").nth(1)?;
+        let frac = rest.split_whitespace().next()?;
+        let (a, b) = frac.split_once('/')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = "load_tensors: offloading output layer to GPU
+load_tensors: offloading 9 repeating layers to GPU
+load_tensors: offloaded 10/19 layers to GPU
+load_tensors:      Vulkan0 model buffer size =    32.77 MiB
+load_tensors:   CPU_Mapped model buffer size =   241.38 MiB
+llama_kv_cache:    Vulkan0 KV buffer size =    28.00 MiB
+llama_context:    Vulkan0 compute buffer size =    27.01 MiB
+llama_context: Vulkan_Host compute buffer size =   514.50 MiB
+llama_context:  CPU  output buffer size =     1.00 MiB
+";
+
+    #[test]
+    fn parses_llama_cpp_buffer_lines() {
+        let b = parse_buffers(LOG);
+        assert_eq!(b.len(), 6);
+        assert_eq!(b[0].buffer_type, "Vulkan0");
+        assert_eq!(b[0].kind, "model");
+        assert_eq!(b[0].bytes, (32.77f64 * 1048576.0).round() as u64);
+        assert_eq!(b[3].buffer_type, "Vulkan0");
+        assert_eq!(b[3].kind, "compute");
+        assert!(!b[4].on_device(), "Vulkan_Host is pinned host memory");
+        assert!(!b[1].on_device());
+        assert_eq!(b[5].buffer_type, "CPU");
+        assert_eq!(b[5].kind, "output");
+        let device: u64 = b.iter().filter(|l| l.on_device()).map(|l| l.bytes).sum();
+        let mib = |v: f64| (v * 1048576.0).round() as u64;
+        assert_eq!(device, mib(32.77) + mib(28.0) + mib(27.01));
+    }
+
+    #[test]
+    fn parses_offloaded_layers() {
+        assert_eq!(parse_offloaded(LOG), Some((10, 19)));
+        assert_eq!(parse_offloaded("nothing here"), None);
+    }
+}

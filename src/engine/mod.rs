@@ -1,0 +1,230 @@
+//! The llama.cpp driver: one trial (one ngl setting) measured the way
+//! llama-bench measures, in a child process so a crash is only a result.
+//!
+//! `worker` runs inside the child (hidden `__trial` subcommand); `runner`
+//! spawns it, watches it, and turns whatever happened into a [`TrialResult`].
+
+pub mod logs;
+pub mod runner;
+pub mod worker;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use logs::BufferLine;
+
+/// The llama.cpp this binary is built from. llama-cpp-sys-2 vendors one
+/// llama.cpp revision per release (its build reports build 0, commit
+/// "unknown"), so the crate version is the revision.
+pub const LLAMA_CPP_REVISION: &str = "llama-cpp-sys-2 0.1.160";
+
+/// llama-bench's `flash_attn` values: -1 auto, 0 off, 1 on.
+pub type FlashAttn = i8;
+
+/// What one trial measures. Serialized to the worker on its stdin.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TrialSpec {
+    pub model: PathBuf,
+    /// As given by the user (99 means "all"); llama.cpp clamps it.
+    pub n_gpu_layers: u32,
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub n_threads: u32,
+    /// Context size; `None` sizes each test's context as llama-bench does
+    /// (n_prompt + n_gen of that test).
+    pub n_ctx: Option<u32>,
+    pub repetitions: u32,
+    pub warmup: bool,
+    pub flash_attn: FlashAttn,
+    pub seed: u64,
+}
+
+impl TrialSpec {
+    /// The tests this trial runs, as llama-bench splits them: a pp test
+    /// (n_prompt, 0) and a tg test (0, n_gen), each skipped when zero.
+    #[must_use]
+    pub fn tests(&self) -> Vec<(u32, u32)> {
+        let mut t = Vec::new();
+        if self.n_prompt > 0 {
+            t.push((self.n_prompt, 0));
+        }
+        if self.n_gen > 0 {
+            t.push((0, self.n_gen));
+        }
+        t
+    }
+}
+
+/// How a trial ended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TrialStatus {
+    Ok,
+    /// The model or context could not be allocated.
+    Oom,
+    /// The worker died (signal or non-zero exit without a result).
+    Crashed,
+    /// The worker ran past its time limit and was killed.
+    Timeout,
+    /// llama.cpp refused (load error, decode error) without running out of memory.
+    Failed,
+}
+
+impl TrialStatus {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrialStatus::Ok => "ok",
+            TrialStatus::Oom => "oom",
+            TrialStatus::Crashed => "crashed",
+            TrialStatus::Timeout => "timeout",
+            TrialStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One llama-bench test (pp or tg) at one setting.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TestResult {
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    pub n_ctx: u32,
+    pub samples_ns: Vec<u64>,
+    pub avg_ns: u64,
+    pub stddev_ns: u64,
+    pub avg_ts: f64,
+    pub stddev_ts: f64,
+    pub samples_ts: Vec<f64>,
+    /// Buffers llama.cpp allocated for this test's context (KV, compute, output).
+    pub context_buffers: Vec<BufferLine>,
+}
+
+impl TestResult {
+    /// Builds the statistics from raw durations exactly as llama-bench does:
+    /// t/s per sample, then mean and sample standard deviation (n-1).
+    #[must_use]
+    pub fn from_samples(n_prompt: u32, n_gen: u32, n_ctx: u32, samples_ns: Vec<u64>) -> Self {
+        let n_tokens = f64::from(n_prompt + n_gen);
+        #[allow(clippy::cast_precision_loss)]
+        let samples_ts: Vec<f64> = samples_ns
+            .iter()
+            .map(|ns| n_tokens * 1e9 / (*ns as f64).max(1.0))
+            .collect();
+        #[allow(clippy::cast_precision_loss)]
+        let ns_f: Vec<f64> = samples_ns.iter().map(|v| *v as f64).collect();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        TestResult {
+            n_prompt,
+            n_gen,
+            n_ctx,
+            avg_ns: crate::stats::mean(&ns_f).round() as u64,
+            stddev_ns: crate::stats::stddev(&ns_f).round() as u64,
+            avg_ts: crate::stats::mean(&samples_ts),
+            stddev_ts: crate::stats::stddev(&samples_ts),
+            samples_ts,
+            samples_ns,
+            context_buffers: Vec::new(),
+        }
+    }
+
+    /// "pp512", "tg128": llama-bench's test names.
+    #[must_use]
+    pub fn name(&self) -> String {
+        match (self.n_prompt, self.n_gen) {
+            (p, 0) => format!("pp{p}"),
+            (0, g) => format!("tg{g}"),
+            (p, g) => format!("pp{p}+tg{g}"),
+        }
+    }
+}
+
+/// Everything one trial produced.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TrialResult {
+    pub spec: TrialSpec,
+    pub status: TrialStatus,
+    /// Why it did not end `ok`, in words.
+    pub reason: Option<String>,
+    pub tests: Vec<TestResult>,
+    /// Layers llama.cpp reports offloaded, and the total it counts
+    /// ("offloaded 10/19 layers to GPU").
+    pub layers_offloaded: Option<u32>,
+    pub layers_total: Option<u32>,
+    /// Model buffers llama.cpp allocated, per buffer type.
+    pub model_buffers: Vec<BufferLine>,
+    pub flash_attn: FlashAttn,
+    pub t_load_ms: f64,
+    pub wall_ms: f64,
+    /// Last lines the worker wrote to stderr (failures only).
+    pub stderr_tail: Vec<String>,
+}
+
+impl TrialResult {
+    /// Device memory llama.cpp accounted for: model buffers on devices plus
+    /// the largest device context of the trial's tests.
+    #[must_use]
+    pub fn accounted_device_bytes(&self) -> u64 {
+        let model: u64 = self
+            .model_buffers
+            .iter()
+            .filter(|b| b.on_device())
+            .map(|b| b.bytes)
+            .sum();
+        let ctx = self
+            .tests
+            .iter()
+            .map(|t| {
+                t.context_buffers
+                    .iter()
+                    .filter(|b| b.on_device())
+                    .map(|b| b.bytes)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0);
+        model + ctx
+    }
+
+    /// Device model-buffer bytes only (weights).
+    #[must_use]
+    pub fn device_model_bytes(&self) -> u64 {
+        self.model_buffers
+            .iter()
+            .filter(|b| b.on_device())
+            .map(|b| b.bytes)
+            .sum()
+    }
+
+    #[must_use]
+    pub fn test(&self, pp: bool) -> Option<&TestResult> {
+        self.tests.iter().find(|t| {
+            if pp {
+                t.n_prompt > 0 && t.n_gen == 0
+            } else {
+                t.n_gen > 0 && t.n_prompt == 0
+            }
+        })
+    }
+
+    /// A result for a trial that produced nothing.
+    #[must_use]
+    pub fn failed(spec: TrialSpec, status: TrialStatus, reason: String) -> Self {
+        let flash_attn = spec.flash_attn;
+        TrialResult {
+            spec,
+            status,
+            reason: Some(reason),
+            tests: Vec::new(),
+            layers_offloaded: None,
+            layers_total: None,
+            model_buffers: Vec::new(),
+            flash_attn,
+            t_load_ms: 0.0,
+            wall_ms: 0.0,
+            stderr_tail: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Spawns the trial worker (this binary's hidden `__trial` subcommand),
+//! enforces its time limit, keeps its stderr, and classifies how it ended.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::{TrialResult, TrialSpec, TrialStatus};
+
+/// Prefix of the worker's one result line on stdout, so stray output from a
+/// backend cannot be mistaken for it.
+pub const RESULT_PREFIX: &str = "NGL_TUNE_RESULT ";
+const TAIL_LINES: usize = 12;
+
+/// How trials are run. One place decides the executable and the limits.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    /// The ngl-tune binary to re-execute.
+    pub exe: PathBuf,
+    pub timeout: Duration,
+    /// Forward the worker's stderr (llama.cpp's log) live.
+    pub verbose: bool,
+    /// How often the watcher wakes to check the worker.
+    pub poll: Duration,
+}
+
+impl Runner {
+    /// A runner that re-executes the current binary.
+    ///
+    /// # Errors
+    /// When the current executable's path cannot be found.
+    pub fn current(timeout: Duration, verbose: bool) -> Result<Self> {
+        let exe =
+            std::env::current_exe().context("cannot find the ngl-tune executable to run trials")?;
+        Ok(Runner {
+            exe,
+            timeout,
+            verbose,
+            poll: Duration::from_millis(20),
+        })
+    }
+
+    /// Runs one trial in a child process. `on_tick` is called every poll
+    /// interval with the child's PID while it runs (the memory sampler and
+    /// the progress bar hang off it).
+    ///
+    /// # Errors
+    /// Only when the worker cannot be started at all; everything the worker
+    /// does is a [`TrialResult`].
+    pub fn run(&self, spec: &TrialSpec, mut on_tick: impl FnMut(u32)) -> Result<TrialResult> {
+        let started = Instant::now();
+        let mut child = Command::new(&self.exe)
+            .arg("__trial")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start the trial worker {}", self.exe.display()))?;
+        let pid = child.id();
+        let spec_json = serde_json::to_string(spec)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // A worker that dies before reading its spec shows up in its exit status.
+            let _ = stdin.write_all(spec_json.as_bytes());
+        }
+
+        let stdout = child.stdout.take();
+        let out_thread = std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut o) = stdout {
+                let _ = o.read_to_string(&mut s);
+            }
+            s
+        });
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        let err_thread = {
+            let tail = Arc::clone(&tail);
+            let stderr = child.stderr.take();
+            let verbose = self.verbose;
+            std::thread::spawn(move || {
+                let Some(e) = stderr else { return };
+                for line in BufReader::new(e).lines().map_while(Result::ok) {
+                    if verbose {
+                        eprintln!("{line}");
+                    }
+                    if let Ok(mut t) = tail.lock() {
+                        if t.len() == TAIL_LINES {
+                            t.pop_front();
+                        }
+                        t.push_back(line);
+                    }
+                }
+            })
+        };
+
+        let (status, timed_out) = self.wait(&mut child, pid, &mut on_tick)?;
+        let stdout = out_thread.join().unwrap_or_default();
+        let _ = err_thread.join();
+        let tail: Vec<String> = tail
+            .lock()
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default();
+        let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+
+        let parsed = stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(RESULT_PREFIX))
+            .and_then(|j| serde_json::from_str::<TrialResult>(j).ok());
+
+        let mut result = match (timed_out, parsed) {
+            (true, _) => TrialResult::failed(
+                spec.clone(),
+                TrialStatus::Timeout,
+                format!("killed after the {}s trial timeout", self.timeout.as_secs()),
+            ),
+            (false, Some(r)) if status.success() => r,
+            (false, _) => {
+                let how = describe_exit(status);
+                let last = tail
+                    .iter()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .cloned()
+                    .unwrap_or_default();
+                let oom = tail.iter().any(|l| {
+                    let l = l.to_ascii_lowercase();
+                    l.contains("out of memory")
+                        || l.contains("failed to allocate")
+                        || l.contains("bad_alloc")
+                });
+                let reason = if last.is_empty() {
+                    how
+                } else {
+                    format!("{how}: {last}")
+                };
+                TrialResult::failed(
+                    spec.clone(),
+                    if oom {
+                        TrialStatus::Oom
+                    } else {
+                        TrialStatus::Crashed
+                    },
+                    reason,
+                )
+            }
+        };
+        result.wall_ms = wall_ms;
+        if result.status != TrialStatus::Ok {
+            result.stderr_tail = tail;
+        }
+        Ok(result)
+    }
+
+    fn wait(
+        &self,
+        child: &mut Child,
+        pid: u32,
+        on_tick: &mut impl FnMut(u32),
+    ) -> Result<(ExitStatus, bool)> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok((status, false));
+            }
+            if started.elapsed() >= self.timeout {
+                let _ = child.kill();
+                let status = child.wait()?;
+                return Ok((status, true));
+            }
+            on_tick(pid);
+            std::thread::sleep(self.poll);
+        }
+    }
+}
+
+/// "killed by signal 6 (SIGABRT)" or "exited with status 7".
+#[must_use]
+pub fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(sig) = status.signal() {
+        let name = match sig {
+            libc::SIGABRT => "SIGABRT",
+            libc::SIGSEGV => "SIGSEGV",
+            libc::SIGBUS => "SIGBUS",
+            libc::SIGILL => "SIGILL",
+            libc::SIGFPE => "SIGFPE",
+            libc::SIGKILL => "SIGKILL, often the kernel's out-of-memory killer",
+            libc::SIGTERM => "SIGTERM",
+            libc::SIGINT => "SIGINT",
+            _ => "signal",
+        };
+        format!("worker killed by signal {sig} ({name})")
+    } else {
+        match status.code() {
+            Some(c) => format!("worker exited with status {c} without a result"),
+            None => "worker ended without a result".to_string(),
+        }
+    }
+}
+
+/// Entry point of the hidden `__trial` subcommand: reads a [`TrialSpec`]
+/// from stdin, runs it, prints one result line.
+///
+/// # Errors
+/// When stdin does not hold a spec.
+pub fn worker_main() -> Result<()> {
+    let mut input = String::new();
+    std::io::stdin().read_to_string(&mut input)?;
+    let spec: TrialSpec = serde_json::from_str(&input)
+        .context("the trial worker expects a TrialSpec as JSON on stdin")?;
+    let result = super::worker::run(&spec);
+    let line = serde_json::to_string(&result)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{RESULT_PREFIX}{line}")?;
+    out.flush()?;
+    Ok(())
+}

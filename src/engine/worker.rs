@@ -1,0 +1,277 @@
+//! Runs one trial inside the worker process: loads the model at the given
+//! ngl and measures pp and tg exactly as llama-bench's `test_prompt` and
+//! `test_gen` do.
+
+use std::num::NonZeroU32;
+use std::time::Instant;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use rand::{Rng, SeedableRng};
+
+use super::logs;
+use super::{TestResult, TrialResult, TrialSpec, TrialStatus};
+
+/// Fault injection for tests of the failure paths, read from
+/// `NGL_TUNE_TEST_FAULT`: `KIND` or `KIND@NGL` (only at that ngl), with KIND
+/// one of `abort`, `segv`, `hang`, `exit`. Documented in the README; it only
+/// affects the hidden worker.
+pub const FAULT_ENV: &str = "NGL_TUNE_TEST_FAULT";
+
+fn inject_fault(ngl: u32) {
+    let Ok(spec) = std::env::var(FAULT_ENV) else {
+        return;
+    };
+    let (kind, at) = match spec.split_once('@') {
+        Some((k, n)) => (k.to_string(), n.parse::<u32>().ok()),
+        None => (spec.clone(), None),
+    };
+    if at.is_some_and(|n| n != ngl) {
+        return;
+    }
+    eprintln!("ngl-tune worker: injecting test fault '{kind}' at ngl {ngl}");
+    match kind.as_str() {
+        "abort" => std::process::abort(),
+        // SAFETY: none; this deliberately raises SIGSEGV the way a bad pointer in llama.cpp would.
+        "segv" => unsafe {
+            libc::raise(libc::SIGSEGV);
+        },
+        "hang" => loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        },
+        "exit" => std::process::exit(7),
+        _ => {}
+    }
+}
+
+/// What llama.cpp's log says about a failed allocation.
+fn looks_like_oom(log: &str) -> bool {
+    let l = log.to_ascii_lowercase();
+    [
+        "out of memory",
+        "failed to allocate",
+        "outofdevicememory",
+        "unable to allocate",
+        "cudamalloc failed",
+        "not enough memory",
+    ]
+    .iter()
+    .any(|p| l.contains(p))
+}
+
+fn last_error_line(log: &str) -> String {
+    log.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("no log output")
+        .to_string()
+}
+
+/// Runs the trial. Never panics on llama.cpp errors: they become the result's
+/// status and reason.
+#[must_use]
+pub fn run(spec: &TrialSpec) -> TrialResult {
+    let started = Instant::now();
+    logs::install();
+    let mut result = TrialResult::failed(spec.clone(), TrialStatus::Failed, String::new());
+    result.reason = None;
+
+    let backend = match LlamaBackend::init() {
+        Ok(b) => b,
+        Err(e) => {
+            return fail(
+                result,
+                TrialStatus::Failed,
+                format!("llama.cpp backend init failed: {e}"),
+            )
+        }
+    };
+    let params = LlamaModelParams::default().with_n_gpu_layers(spec.n_gpu_layers);
+    let t_load = Instant::now();
+    let model = LlamaModel::load_from_file(&backend, &spec.model, &params);
+    let load_log = logs::take();
+    let model = match model {
+        Ok(m) => m,
+        Err(e) => {
+            let status = if looks_like_oom(&load_log) {
+                TrialStatus::Oom
+            } else {
+                TrialStatus::Failed
+            };
+            return fail(
+                result,
+                status,
+                format!("model load failed ({e}): {}", last_error_line(&load_log)),
+            );
+        }
+    };
+    result.t_load_ms = t_load.elapsed().as_secs_f64() * 1e3;
+    result.model_buffers = logs::parse_buffers(&load_log);
+    if let Some((a, b)) = logs::parse_offloaded(&load_log) {
+        result.layers_offloaded = Some(a);
+        result.layers_total = Some(b);
+    }
+    inject_fault(spec.n_gpu_layers);
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+    for (n_prompt, n_gen) in spec.tests() {
+        let n_ctx = spec.n_ctx.unwrap_or(n_prompt + n_gen).max(1);
+        let cparams = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(n_ctx))
+            .with_n_batch(spec.n_batch)
+            .with_n_ubatch(spec.n_ubatch)
+            .with_n_threads(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
+            .with_n_threads_batch(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
+            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(
+                spec.flash_attn,
+            ));
+        let ctx = model.new_context(&backend, cparams);
+        let ctx_log = logs::take();
+        let mut ctx = match ctx {
+            Ok(c) => c,
+            Err(e) => {
+                let status = if looks_like_oom(&ctx_log) {
+                    TrialStatus::Oom
+                } else {
+                    TrialStatus::Failed
+                };
+                return fail(
+                    result,
+                    status,
+                    format!(
+                        "context creation failed ({e}): {}",
+                        last_error_line(&ctx_log)
+                    ),
+                );
+            }
+        };
+        let mut samples = Vec::with_capacity(spec.repetitions as usize);
+        let measured = measure(
+            &mut ctx,
+            &model,
+            &mut rng,
+            spec,
+            n_prompt,
+            n_gen,
+            &mut samples,
+        );
+        let run_log = logs::take();
+        if let Err(e) = measured {
+            let log = format!("{ctx_log}{run_log}");
+            let status = if looks_like_oom(&log) {
+                TrialStatus::Oom
+            } else {
+                TrialStatus::Failed
+            };
+            return fail(result, status, format!("{e}: {}", last_error_line(&log)));
+        }
+        let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples);
+        test.context_buffers = logs::parse_buffers(&ctx_log);
+        result.tests.push(test);
+        drop(ctx);
+    }
+    result.status = TrialStatus::Ok;
+    result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    result
+}
+
+fn fail(mut r: TrialResult, status: TrialStatus, reason: String) -> TrialResult {
+    r.status = status;
+    r.reason = Some(reason);
+    r
+}
+
+fn measure(
+    ctx: &mut LlamaContext<'_>,
+    model: &LlamaModel,
+    rng: &mut rand::rngs::StdRng,
+    spec: &TrialSpec,
+    n_prompt: u32,
+    n_gen: u32,
+    samples: &mut Vec<u64>,
+) -> Result<(), String> {
+    let vocab = model.vocab();
+    let n_vocab = model.n_vocab().max(1);
+    let bos = if vocab.should_add_bos() {
+        Some(vocab.bos())
+    } else {
+        None
+    };
+    if spec.warmup {
+        if n_prompt > 0 {
+            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.n_batch)?;
+        }
+        if n_gen > 0 {
+            test_gen(ctx, rng, n_vocab, bos, 1)?;
+        }
+    }
+    for _ in 0..spec.repetitions {
+        ctx.clear_kv_cache();
+        let t0 = Instant::now();
+        if n_prompt > 0 {
+            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.n_batch)?;
+        }
+        if n_gen > 0 {
+            test_gen(ctx, rng, n_vocab, bos, n_gen)?;
+        }
+        samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(())
+}
+
+/// llama-bench's `test_prompt`: random tokens (BOS first when the vocabulary
+/// adds one) decoded in `n_batch` chunks, one synchronize at the end.
+fn test_prompt(
+    ctx: &mut LlamaContext<'_>,
+    rng: &mut rand::rngs::StdRng,
+    n_vocab: i32,
+    bos: Option<LlamaToken>,
+    n_prompt: u32,
+    n_batch: u32,
+) -> Result<(), String> {
+    let mut processed = 0u32;
+    let mut tokens = Vec::with_capacity(n_batch as usize);
+    while processed < n_prompt {
+        let n = (n_prompt - processed).min(n_batch.max(1));
+        tokens.clear();
+        for i in 0..n {
+            let t = match bos {
+                Some(b) if processed == 0 && i == 0 => b,
+                _ => LlamaToken::new(rng.random_range(0..n_vocab)),
+            };
+            tokens.push(t);
+        }
+        let mut batch = LlamaBatch::get_one(&tokens).map_err(|e| format!("batch: {e}"))?;
+        ctx.decode(&mut batch)
+            .map_err(|e| format!("prompt decode failed ({e})"))?;
+        processed += n;
+    }
+    ctx.synchronize();
+    Ok(())
+}
+
+/// llama-bench's `test_gen`: single-token decodes, synchronize after each.
+fn test_gen(
+    ctx: &mut LlamaContext<'_>,
+    rng: &mut rand::rngs::StdRng,
+    n_vocab: i32,
+    bos: Option<LlamaToken>,
+    n_gen: u32,
+) -> Result<(), String> {
+    let mut token = bos.unwrap_or_else(|| LlamaToken::new(rng.random_range(0..n_vocab)));
+    for _ in 0..n_gen {
+        let one = [token];
+        let mut batch = LlamaBatch::get_one(&one).map_err(|e| format!("batch: {e}"))?;
+        ctx.decode(&mut batch)
+            .map_err(|e| format!("generation decode failed ({e})"))?;
+        ctx.synchronize();
+        token = LlamaToken::new(rng.random_range(0..n_vocab));
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! Error kinds that decide the exit code. Everything else is an `anyhow`
+//! error and exits 1.
+
+use std::fmt;
+
+/// Exit codes, as documented in the README.
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const FAILURE: i32 = 1;
+    pub const BAD_INPUT: i32 = 2;
+    pub const REGRESSION: i32 = 3;
+}
+
+/// The user gave us something we cannot use. The message is one line that
+/// names the problem and the fix; it exits 2 and nothing is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadInput(pub String);
+
+impl fmt::Display for BadInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}
+
+/// Shorthand: `return Err(bad(format!(..)))`.
+#[must_use]
+pub fn bad(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(BadInput(msg.into()))
+}
+
+/// The exit code an error maps to.
+#[must_use]
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    if err.chain().any(|e| e.downcast_ref::<BadInput>().is_some()) {
+        exit::BAD_INPUT
+    } else {
+        exit::FAILURE
+    }
+}

@@ -1,0 +1,13 @@
+//! ngl-tune: find, by measurement, how many layers of a GGUF model belong on
+//! the GPU. The binary is a thin shell over this library; tests use it directly.
+
+pub mod app;
+pub mod bench;
+pub mod cli;
+pub mod engine;
+pub mod error;
+pub mod gguf;
+pub mod model;
+pub mod ngl;
+pub mod stats;
+pub mod synth;

@@ -1,0 +1,29 @@
+//! Parse, run, print errors, exit with a documented code.
+
+use clap::Parser;
+
+use ngl_tune::cli::{normalize_args, Cli};
+use ngl_tune::error::{exit, exit_code};
+
+fn main() {
+    let args = normalize_args(std::env::args());
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                exit::BAD_INPUT
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    match ngl_tune::app::run(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::exit(exit_code(&err));
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Tiny synthetic GGUF models with real shapes and random weights, so tests
+//! and benchmarks can load and run llama.cpp in milliseconds.
+
+use std::io::BufWriter;
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+
+use crate::gguf::{Value, Writer};
+
+/// Shape of a synthetic llama-architecture model.
+#[derive(Debug, Clone)]
+pub struct SynthSpec {
+    pub n_layer: u32,
+    pub n_embd: u64,
+    pub n_ff: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub ctx_train: u32,
+    /// Experts per layer; 0 writes a dense llama model, >1 a qwen3moe model.
+    pub n_expert: u32,
+    pub n_expert_used: u32,
+    pub seed: u64,
+}
+
+impl Default for SynthSpec {
+    fn default() -> Self {
+        SynthSpec {
+            n_layer: 4,
+            n_embd: 128,
+            n_ff: 256,
+            n_head: 2,
+            n_head_kv: 2,
+            ctx_train: 4096,
+            n_expert: 0,
+            n_expert_used: 0,
+            seed: 42,
+        }
+    }
+}
+
+impl SynthSpec {
+    #[must_use]
+    pub fn with_n_layer(mut self, n: u32) -> Self {
+        self.n_layer = n;
+        self
+    }
+
+    #[must_use]
+    pub fn with_dims(mut self, n_embd: u64, n_ff: u64, n_head: u64) -> Self {
+        self.n_embd = n_embd;
+        self.n_ff = n_ff;
+        self.n_head = n_head;
+        self.n_head_kv = n_head;
+        self
+    }
+
+    #[must_use]
+    pub fn with_ctx_train(mut self, n: u32) -> Self {
+        self.ctx_train = n;
+        self
+    }
+
+    #[must_use]
+    pub fn with_experts(mut self, n_expert: u32, n_used: u32) -> Self {
+        self.n_expert = n_expert;
+        self.n_expert_used = n_used;
+        self
+    }
+}
+
+/// Vocabulary: <unk>, <s>, </s> and the 256 byte tokens of a SentencePiece model.
+pub const N_VOCAB: u64 = 3 + 256;
+
+fn vocab(w: &mut Writer) {
+    let mut tokens = vec![
+        Value::Str("<unk>".into()),
+        Value::Str("<s>".into()),
+        Value::Str("</s>".into()),
+    ];
+    let mut types = vec![Value::I32(2), Value::I32(3), Value::I32(3)];
+    for b in 0..=255u8 {
+        tokens.push(Value::Str(format!("<0x{b:02X}>")));
+        types.push(Value::I32(6));
+    }
+    let scores = (0..N_VOCAB).map(|_| Value::F32(0.0)).collect::<Vec<_>>();
+    w.kv("tokenizer.ggml.model", Value::Str("llama".into()));
+    w.kv(
+        "tokenizer.ggml.tokens",
+        Value::Array {
+            elem_type: 8,
+            len: N_VOCAB,
+            items: tokens,
+        },
+    );
+    w.kv(
+        "tokenizer.ggml.scores",
+        Value::Array {
+            elem_type: 6,
+            len: N_VOCAB,
+            items: scores,
+        },
+    );
+    w.kv(
+        "tokenizer.ggml.token_type",
+        Value::Array {
+            elem_type: 5,
+            len: N_VOCAB,
+            items: types,
+        },
+    );
+    w.kv("tokenizer.ggml.unknown_token_id", Value::U32(0));
+    w.kv("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
+}
+
+fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values.flat_map(f32::to_le_bytes).collect()
+}
+
+/// Writes a model described by `spec` to `path` (F32 weights).
+///
+/// # Errors
+/// I/O errors.
+#[allow(clippy::cast_possible_truncation)]
+pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
+    let moe = spec.n_expert > 1;
+    let arch = if moe { "qwen3moe" } else { "llama" };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+    let mut w = Writer::new();
+    let (e, ff, h, hkv) = (spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv);
+    let head_dim = e / h;
+    w.kv("general.architecture", Value::Str(arch.into()));
+    w.kv(
+        "general.name",
+        Value::Str(format!("synthetic-{arch}-{}L", spec.n_layer)),
+    );
+    w.kv("general.file_type", Value::U32(0));
+    w.kv(
+        &format!("{arch}.context_length"),
+        Value::U32(spec.ctx_train),
+    );
+    w.kv(&format!("{arch}.embedding_length"), Value::U32(e as u32));
+    w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer));
+    w.kv(
+        &format!("{arch}.feed_forward_length"),
+        Value::U32(ff as u32),
+    );
+    w.kv(
+        &format!("{arch}.attention.head_count"),
+        Value::U32(h as u32),
+    );
+    w.kv(
+        &format!("{arch}.attention.head_count_kv"),
+        Value::U32(hkv as u32),
+    );
+    w.kv(
+        &format!("{arch}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
+    w.kv(&format!("{arch}.rope.freq_base"), Value::F32(10000.0));
+    if moe {
+        w.kv(&format!("{arch}.expert_count"), Value::U32(spec.n_expert));
+        w.kv(
+            &format!("{arch}.expert_used_count"),
+            Value::U32(spec.n_expert_used.max(1)),
+        );
+        w.kv(
+            &format!("{arch}.expert_feed_forward_length"),
+            Value::U32(ff as u32),
+        );
+        w.kv(
+            &format!("{arch}.attention.key_length"),
+            Value::U32(head_dim as u32),
+        );
+        w.kv(
+            &format!("{arch}.attention.value_length"),
+            Value::U32(head_dim as u32),
+        );
+    }
+    vocab(&mut w);
+
+    let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| {
+        let n: u64 = dims.iter().product();
+        let data = f32_bytes((0..n).map(|_| rng.random_range(-0.05f32..0.05)));
+        w.tensor(name, dims, 0, data);
+    };
+    let ones = |w: &mut Writer, name: &str, n: u64| {
+        w.tensor(name, &[n], 0, f32_bytes((0..n).map(|_| 1.0f32)));
+    };
+
+    rand_tensor(&mut w, "token_embd.weight", &[e, N_VOCAB]);
+    ones(&mut w, "output_norm.weight", e);
+    rand_tensor(&mut w, "output.weight", &[e, N_VOCAB]);
+    let kv_dim = head_dim * hkv;
+    for i in 0..spec.n_layer {
+        let p = format!("blk.{i}");
+        ones(&mut w, &format!("{p}.attn_norm.weight"), e);
+        rand_tensor(&mut w, &format!("{p}.attn_q.weight"), &[e, head_dim * h]);
+        rand_tensor(&mut w, &format!("{p}.attn_k.weight"), &[e, kv_dim]);
+        rand_tensor(&mut w, &format!("{p}.attn_v.weight"), &[e, kv_dim]);
+        rand_tensor(
+            &mut w,
+            &format!("{p}.attn_output.weight"),
+            &[head_dim * h, e],
+        );
+        ones(&mut w, &format!("{p}.ffn_norm.weight"), e);
+        if moe {
+            ones(&mut w, &format!("{p}.attn_q_norm.weight"), head_dim);
+            ones(&mut w, &format!("{p}.attn_k_norm.weight"), head_dim);
+            let x = u64::from(spec.n_expert);
+            rand_tensor(&mut w, &format!("{p}.ffn_gate_inp.weight"), &[e, x]);
+            rand_tensor(&mut w, &format!("{p}.ffn_gate_exps.weight"), &[e, ff, x]);
+            rand_tensor(&mut w, &format!("{p}.ffn_up_exps.weight"), &[e, ff, x]);
+            rand_tensor(&mut w, &format!("{p}.ffn_down_exps.weight"), &[ff, e, x]);
+        } else {
+            rand_tensor(&mut w, &format!("{p}.ffn_gate.weight"), &[e, ff]);
+            rand_tensor(&mut w, &format!("{p}.ffn_up.weight"), &[e, ff]);
+            rand_tensor(&mut w, &format!("{p}.ffn_down.weight"), &[ff, e]);
+        }
+    }
+    let mut f = BufWriter::new(std::fs::File::create(path)?);
+    w.write_to(&mut f)?;
+    use std::io::Write;
+    f.flush()
+}
