@@ -37,8 +37,12 @@ fn inject_fault(ngl: u32) {
     eprintln!("ngl-tune worker: injecting test fault '{kind}' at ngl {ngl}");
     match kind.as_str() {
         "abort" => std::process::abort(),
-        // SAFETY: none; this deliberately raises SIGSEGV the way a bad pointer in llama.cpp would.
+        // SAFETY: only signal-handling calls; the process is meant to die here.
+        // Rust's runtime handles SIGSEGV for stack-overflow reports and
+        // returns for a raised one; restore the default so it kills, as a
+        // bad pointer inside llama.cpp would.
         "segv" => unsafe {
+            libc::signal(libc::SIGSEGV, libc::SIG_DFL);
             libc::raise(libc::SIGSEGV);
         },
         "hang" => loop {

@@ -1,0 +1,57 @@
+//! Shared test helpers: synthetic models, the real model, running the binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ngl_tune::synth::{write_model, SynthSpec};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ngl-tune");
+
+/// Writes a synthetic llama model with `n_layer` layers into `dir`.
+pub fn synth(dir: &Path, n_layer: u32) -> PathBuf {
+    let p = dir.join(format!("synth-{n_layer}L.gguf"));
+    write_model(&p, &SynthSpec::default().with_n_layer(n_layer)).expect("write synthetic model");
+    p
+}
+
+/// The real test model, fetched by scripts/fetch-model (scripts/test runs it first).
+pub fn real_model() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(p.exists(), "{} is missing: run scripts/fetch-model (scripts/test does)", p.display());
+    p
+}
+
+pub fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).env_remove("NGL_TUNE_TEST_FAULT").output().expect("run ngl-tune")
+}
+
+pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args).env_remove("NGL_TUNE_TEST_FAULT");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run ngl-tune")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts exit 2 with exactly one line on stderr starting "error: " and
+/// containing `needle`; no panic, nothing on stdout.
+pub fn assert_bad_input(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", o.status);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {err}");
+    assert!(lines[0].starts_with("error: "), "not an error line: {err}");
+    assert!(err.contains(needle), "stderr lacks '{needle}': {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(o.stdout.is_empty(), "stdout not empty: {}", stdout(o));
+}
