@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::bench::{self, BenchOptions};
-use crate::cli::{BenchArgs, Cli, Command, InspectArgs, Workload};
+use crate::cli::{BenchArgs, Cli, Command, HwArgs, InspectArgs, Workload};
 use crate::error::{bad, exit};
 use crate::model::{self, human_bytes, ModelInfo};
 
@@ -19,6 +19,12 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Bench(a) => cmd_bench(&a),
         Command::Inspect(a) => cmd_inspect(&a),
         Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
+        Command::Devices => {
+            let devices = crate::probe::ggml::devices();
+            println!("{}", serde_json::to_string(&devices)?);
+            Ok(exit::OK)
+        }
+        Command::Hw(a) => cmd_hw(&a),
     }
 }
 
@@ -84,9 +90,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         flash_attn: w.flash_attn.value(),
         warmup: !w.no_warmup,
         timeout: Duration::from_secs(w.trial_timeout),
+        sample_interval: Duration::from_millis(w.sample_interval_ms),
         verbose: a.verbose,
         progress: !a.quiet,
     };
+    print_notes(&device_notes()?);
     let results = bench::run(&opts)?;
     let rows = bench::rows(&info, &results, "");
     let text = bench::render(a.output.as_str(), &rows, &info)?;
@@ -108,6 +116,31 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     } else {
         exit::OK
     })
+}
+
+/// What the memory sources and devices of this machine can and cannot do,
+/// in words, once per run.
+///
+/// # Errors
+/// When the device listing child cannot run.
+pub fn device_notes() -> Result<Vec<String>> {
+    let exe = std::env::current_exe()?;
+    let devices = crate::probe::devices_in_child(&exe)?;
+    let mut notes = Vec::new();
+    if let Err(why) = crate::probe::nvml::open() {
+        notes.push(why);
+    }
+    notes.extend(crate::probe::ggml::budget_notes(&devices));
+    if let Some(n) = crate::probe::no_gpu_note(&devices) {
+        notes.push(n);
+    }
+    Ok(notes)
+}
+
+fn print_notes(notes: &[String]) {
+    for n in notes {
+        eprintln!("note: {n}");
+    }
 }
 
 fn cmd_inspect(a: &InspectArgs) -> Result<i32> {
@@ -200,5 +233,91 @@ pub fn render_inspect(m: &ModelInfo) -> String {
         m.n_embd, m.n_head, m.n_head_kv, m.n_vocab
     );
     s += &format!("identity       sha256 of first 16 MiB {}\n", m.sha256_16m);
+    s
+}
+
+fn cmd_hw(a: &HwArgs) -> Result<i32> {
+    let exe = std::env::current_exe()?;
+    let devices = crate::probe::devices_in_child(&exe)?;
+    let hw = crate::probe::hardware(devices);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&hw)?)?;
+    } else {
+        write!(out, "{}", render_hw(&hw))?;
+    }
+    Ok(exit::OK)
+}
+
+/// Human-readable `hw` output.
+#[must_use]
+pub fn render_hw(hw: &crate::probe::Hardware) -> String {
+    let mut s = String::new();
+    s += &format!(
+        "machine      {} (fingerprint {})\n",
+        hw.machine_id, hw.fingerprint
+    );
+    s += &format!("os           {}, kernel {}\n", hw.os, hw.kernel);
+    s += &format!(
+        "cpu          {}, {} physical / {} logical cores\n",
+        hw.cpu.brand, hw.cpu.physical_cores, hw.cpu.logical_cores
+    );
+    s += &format!(
+        "ram          {} total, {} available",
+        human_bytes(hw.ram.total),
+        human_bytes(hw.ram.available)
+    );
+    if let Some(l) = hw.ram.cgroup_limit {
+        s += &format!(", cgroup limit {}", human_bytes(l));
+    }
+    s += "\n";
+    s += &format!(
+        "llama.cpp    {}, backends {}\n",
+        hw.llama_cpp_revision,
+        hw.backends.join(", ")
+    );
+    s += "devices      (llama.cpp)\n";
+    for d in &hw.llama_devices {
+        s += &format!(
+            "  {:<2} {:<10} {:<7} {:<5} {}  total {}, free {}\n",
+            d.index,
+            d.name,
+            d.backend,
+            d.kind,
+            d.description,
+            human_bytes(d.memory_total),
+            human_bytes(d.memory_free)
+        );
+    }
+    if hw.gpus.is_empty() {
+        s += &format!(
+            "gpus (NVML)  none: {}\n",
+            hw.nvml.as_deref().unwrap_or("NVML reports no devices")
+        );
+    } else {
+        s += "gpus (NVML)\n";
+        for g in &hw.gpus {
+            let opt = |v: Option<u32>| v.map_or("?".to_string(), |x| x.to_string());
+            s += &format!(
+                "  {} {} {}  driver {}  memory {} (free {})  PCIe gen {}/{} x{}/{}  bus {} bit, mem clock {} MHz, {} GB/s\n",
+                g.index,
+                g.name,
+                g.uuid,
+                g.driver_version.as_deref().unwrap_or("?"),
+                g.memory_total.map_or("?".into(), human_bytes),
+                g.memory_free.map_or("?".into(), human_bytes),
+                opt(g.pcie_gen_current),
+                opt(g.pcie_gen_max),
+                opt(g.pcie_width_current),
+                opt(g.pcie_width_max),
+                opt(g.memory_bus_width_bits),
+                opt(g.memory_clock_max_mhz),
+                g.bandwidth_gbs.map_or("?".into(), |b| format!("{b:.0}"))
+            );
+        }
+    }
+    for n in &hw.notes {
+        s += &format!("note: {n}\n");
+    }
     s
 }

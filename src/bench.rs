@@ -28,6 +28,7 @@ pub struct BenchOptions {
     pub flash_attn: i8,
     pub warmup: bool,
     pub timeout: Duration,
+    pub sample_interval: Duration,
     pub verbose: bool,
     pub progress: bool,
 }
@@ -88,6 +89,7 @@ impl BenchOptions {
             warmup: self.warmup,
             flash_attn: self.flash_attn,
             seed: 1234,
+            sample_interval_ms: 20,
         }
     }
 }
@@ -98,7 +100,8 @@ impl BenchOptions {
 /// # Errors
 /// Only when a worker cannot be started at all.
 pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
-    let runner = Runner::current(opts.timeout, opts.verbose)?;
+    let runner =
+        Runner::current(opts.timeout, opts.verbose)?.with_sample_interval(opts.sample_interval);
     let bar = if opts.progress && std::io::stderr().is_terminal() {
         let b = ProgressBar::new(opts.ngl.len() as u64);
         b.set_style(
@@ -168,6 +171,17 @@ pub struct Row {
     pub layers_total: Option<u32>,
     pub accounted_device_bytes: u64,
     pub model_device_bytes: u64,
+    /// "nvml" or "ggml" when a trustworthy sampler measured device memory,
+    /// "accounted" when only llama.cpp's own accounting is available.
+    pub memory_source: &'static str,
+    /// Peak device memory in use (all processes) while the trial ran.
+    pub sampled_peak_device_bytes: Option<u64>,
+    pub sampled_device_total_bytes: Option<u64>,
+    /// sampled_peak_device_bytes / sampled_device_total_bytes.
+    pub sampled_device_share: Option<f64>,
+    /// Peak device memory held by the trial's own process (NVML only).
+    pub sampled_peak_pid_bytes: Option<u64>,
+    pub peak_host_rss_bytes: Option<u64>,
 }
 
 /// RFC 3339 UTC time without a date crate.
@@ -211,6 +225,8 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
     let mut out = Vec::new();
     for r in results {
         let s = &r.spec;
+        let sampled = r.sampled_devices();
+        let peak = sampled.iter().max_by_key(|m| m.peak_used);
         let base = Row {
             build_commit: LLAMA_CPP_REVISION.to_string(),
             build_number: 0,
@@ -248,6 +264,18 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             layers_total: r.layers_total,
             accounted_device_bytes: r.accounted_device_bytes(),
             model_device_bytes: r.device_model_bytes(),
+            memory_source: peak.map_or("accounted", |m| {
+                if m.source == "nvml" {
+                    "nvml"
+                } else {
+                    "ggml"
+                }
+            }),
+            sampled_peak_device_bytes: peak.map(|m| m.peak_used),
+            sampled_device_total_bytes: peak.map(|m| m.total),
+            sampled_device_share: peak.map(|m| m.peak_share()),
+            sampled_peak_pid_bytes: peak.and_then(|m| m.peak_pid_used),
+            peak_host_rss_bytes: r.peak_host_rss(),
         };
         if r.tests.is_empty() {
             for (p, g) in s.tests() {
@@ -289,8 +317,8 @@ fn test_name(r: &Row) -> String {
 #[must_use]
 pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
     let mut lines = vec![
-        "| model | size | params | backend | threads | ngl | offloaded | dev mem | test | t/s | status |".to_string(),
-        "| ----- | ---: | -----: | ------- | ------: | --: | --------: | ------: | ---- | --: | ------ |".to_string(),
+        "| model | size | params | backend | threads | ngl | offloaded | dev mem | host RSS | test | t/s | status |".to_string(),
+        "| ----- | ---: | -----: | ------- | ------: | --: | --------: | ------: | -------: | ---- | --: | ------ |".to_string(),
     ];
     for r in rows {
         let ts = match (r.avg_ts, r.stddev_ts) {
@@ -305,8 +333,12 @@ pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
             Some(why) if r.status != "ok" => format!("{}: {}", r.status, why.replace('|', "/")),
             _ => r.status.to_string(),
         };
+        let dev = match (r.sampled_peak_device_bytes, r.sampled_device_share) {
+            (Some(b), Some(share)) => format!("{} ({:.0}%)", human_bytes(b), share * 100.0),
+            _ => format!("{} acc.", human_bytes(r.accounted_device_bytes)),
+        };
         lines.push(format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             model.model_type(),
             human_bytes(r.model_size),
             human_params(r.model_n_params),
@@ -314,7 +346,8 @@ pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
             r.n_threads,
             r.n_gpu_layers,
             off,
-            human_bytes(r.accounted_device_bytes),
+            dev,
+            r.peak_host_rss_bytes.map_or("-".to_string(), human_bytes),
             test_name(r),
             ts,
             status

@@ -24,6 +24,11 @@ pub enum Command {
     Bench(BenchArgs),
     /// Show what a GGUF model is: architecture, layers, bytes per layer, experts
     Inspect(InspectArgs),
+    /// What this machine has: GPUs (NVML), llama.cpp devices, CPU, RAM, fingerprint
+    Hw(HwArgs),
+    /// Internal: print llama.cpp's devices as JSON
+    #[command(name = "__devices", hide = true)]
+    Devices,
     /// Internal: run one trial (spec as JSON on stdin, result as one line on stdout)
     #[command(name = "__trial", hide = true)]
     Trial,
@@ -97,6 +102,9 @@ pub struct Workload {
     /// Skip the warmup run before each test
     #[arg(long)]
     pub no_warmup: bool,
+    /// Memory sampling interval in milliseconds while a trial runs (0 turns sampling off)
+    #[arg(long = "sample-interval", default_value_t = 20, value_name = "MS")]
+    pub sample_interval_ms: u64,
     /// Seconds before a trial is killed and recorded as a timeout
     #[arg(long, default_value_t = 900, env = "NGL_TUNE_TRIAL_TIMEOUT")]
     pub trial_timeout: u64,
@@ -120,6 +128,13 @@ pub struct BenchArgs {
     /// No progress bar
     #[arg(short = 'q', long)]
     pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct HwArgs {
+    /// Print JSON (stable; documented in the README)
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -9,5 +9,6 @@ pub mod error;
 pub mod gguf;
 pub mod model;
 pub mod ngl;
+pub mod probe;
 pub mod stats;
 pub mod synth;

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use logs::BufferLine;
 
+use crate::probe::{LlamaDevice, MemoryStats};
+
 /// The llama.cpp this binary is built from. llama-cpp-sys-2 vendors one
 /// llama.cpp revision per release (its build reports build 0, commit
 /// "unknown"), so the crate version is the revision.
@@ -40,6 +42,13 @@ pub struct TrialSpec {
     pub warmup: bool,
     pub flash_attn: FlashAttn,
     pub seed: u64,
+    /// Memory sampling interval in milliseconds (0: no sampling).
+    #[serde(default = "default_interval")]
+    pub sample_interval_ms: u64,
+}
+
+fn default_interval() -> u64 {
+    20
 }
 
 impl TrialSpec {
@@ -160,6 +169,13 @@ pub struct TrialResult {
     pub wall_ms: f64,
     /// Last lines the worker wrote to stderr (failures only).
     pub stderr_tail: Vec<String>,
+    /// Sampled memory per device over the trial: NVML and host (sampled by
+    /// the parent), llama.cpp devices with a memory budget (by the worker).
+    #[serde(default)]
+    pub sampled: Vec<MemoryStats>,
+    /// llama.cpp's devices as the worker saw them.
+    #[serde(default)]
+    pub devices: Vec<LlamaDevice>,
 }
 
 impl TrialResult {
@@ -198,6 +214,28 @@ impl TrialResult {
             .sum()
     }
 
+    /// The trustworthy sampled device memory: NVML's device-wide figures
+    /// where NVML works, else llama.cpp devices that report a budget.
+    /// Empty when no trustworthy sampler exists (accounted memory applies).
+    #[must_use]
+    pub fn sampled_devices(&self) -> Vec<&MemoryStats> {
+        let nvml: Vec<&MemoryStats> = self.sampled.iter().filter(|m| m.source == "nvml").collect();
+        if nvml.is_empty() {
+            self.sampled.iter().filter(|m| m.source == "ggml").collect()
+        } else {
+            nvml
+        }
+    }
+
+    /// Peak resident memory of the worker process.
+    #[must_use]
+    pub fn peak_host_rss(&self) -> Option<u64> {
+        self.sampled
+            .iter()
+            .find(|m| m.source == "host")
+            .and_then(|m| m.peak_pid_used)
+    }
+
     #[must_use]
     pub fn test(&self, pp: bool) -> Option<&TestResult> {
         self.tests.iter().find(|t| {
@@ -225,6 +263,8 @@ impl TrialResult {
             t_load_ms: 0.0,
             wall_ms: 0.0,
             stderr_tail: Vec::new(),
+            sampled: Vec::new(),
+            devices: Vec::new(),
         }
     }
 }

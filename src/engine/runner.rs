@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::{TrialResult, TrialSpec, TrialStatus};
+use crate::probe::host::HostSource;
+use crate::probe::nvml::NvmlSource;
+use crate::probe::{MemorySource, Sampler};
 
 /// Prefix of the worker's one result line on stdout, so stray output from a
 /// backend cannot be mistaken for it.
@@ -27,6 +30,10 @@ pub struct Runner {
     pub verbose: bool,
     /// How often the watcher wakes to check the worker.
     pub poll: Duration,
+    /// Memory sampling interval (zero: no sampling).
+    pub sample_interval: Duration,
+    /// Why NVML is not sampled, if it is not.
+    pub nvml_note: Option<String>,
 }
 
 impl Runner {
@@ -37,12 +44,31 @@ impl Runner {
     pub fn current(timeout: Duration, verbose: bool) -> Result<Self> {
         let exe =
             std::env::current_exe().context("cannot find the ngl-tune executable to run trials")?;
+        let nvml_note = crate::probe::nvml::open().err();
         Ok(Runner {
             exe,
             timeout,
             verbose,
             poll: Duration::from_millis(20),
+            sample_interval: Duration::from_millis(20),
+            nvml_note,
         })
+    }
+
+    #[must_use]
+    pub fn with_sample_interval(mut self, interval: Duration) -> Self {
+        self.sample_interval = interval;
+        self
+    }
+
+    fn sources(&self) -> Vec<Box<dyn MemorySource>> {
+        let mut v: Vec<Box<dyn MemorySource>> = vec![Box::new(HostSource::new())];
+        if self.nvml_note.is_none() {
+            if let Ok(n) = NvmlSource::open() {
+                v.push(Box::new(n));
+            }
+        }
+        v
     }
 
     /// Runs one trial in a child process. `on_tick` is called every poll
@@ -62,6 +88,12 @@ impl Runner {
             .spawn()
             .with_context(|| format!("cannot start the trial worker {}", self.exe.display()))?;
         let pid = child.id();
+        let sampler = (!self.sample_interval.is_zero())
+            .then(|| Sampler::start(self.sources(), self.sample_interval, Some(pid)));
+        let mut spec = spec.clone();
+        spec.sample_interval_ms =
+            u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
+        let spec = &spec;
         let spec_json = serde_json::to_string(spec)?;
         if let Some(mut stdin) = child.stdin.take() {
             // A worker that dies before reading its spec shows up in its exit status.
@@ -98,6 +130,7 @@ impl Runner {
         };
 
         let (status, timed_out) = self.wait(&mut child, pid, &mut on_tick)?;
+        let sampled = sampler.map(Sampler::stop).unwrap_or_default();
         let stdout = out_thread.join().unwrap_or_default();
         let _ = err_thread.join();
         let tail: Vec<String> = tail
@@ -150,6 +183,7 @@ impl Runner {
             }
         };
         result.wall_ms = wall_ms;
+        result.sampled.extend(sampled);
         if result.status != TrialStatus::Ok {
             result.stderr_tail = tail;
         }

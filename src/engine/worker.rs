@@ -3,7 +3,7 @@
 //! `test_gen` do.
 
 use std::num::NonZeroU32;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
@@ -16,6 +16,8 @@ use rand::{Rng, SeedableRng};
 
 use super::logs;
 use super::{TestResult, TrialResult, TrialSpec, TrialStatus};
+use crate::probe::ggml::GgmlSource;
+use crate::probe::{MemorySource, Sampler};
 
 /// Fault injection for tests of the failure paths, read from
 /// `NGL_TUNE_TEST_FAULT`: `KIND` or `KIND@NGL` (only at that ngl), with KIND
@@ -96,9 +98,28 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
             )
         }
     };
+    result.devices = crate::probe::ggml::devices();
+    let sampler = (spec.sample_interval_ms > 0).then(|| {
+        let source: Box<dyn MemorySource> = Box::new(GgmlSource::new());
+        Sampler::start(
+            vec![source],
+            Duration::from_millis(spec.sample_interval_ms),
+            None,
+        )
+    });
+    let result = measure_trial(spec, &backend, result);
+    let mut result = result;
+    if let Some(s) = sampler {
+        result.sampled = s.stop();
+    }
+    result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    result
+}
+
+fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResult) -> TrialResult {
     let params = LlamaModelParams::default().with_n_gpu_layers(spec.n_gpu_layers);
     let t_load = Instant::now();
-    let model = LlamaModel::load_from_file(&backend, &spec.model, &params);
+    let model = LlamaModel::load_from_file(backend, &spec.model, &params);
     let load_log = logs::take();
     let model = match model {
         Ok(m) => m,
@@ -135,7 +156,7 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
             .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(
                 spec.flash_attn,
             ));
-        let ctx = model.new_context(&backend, cparams);
+        let ctx = model.new_context(backend, cparams);
         let ctx_log = logs::take();
         let mut ctx = match ctx {
             Ok(c) => c,
@@ -181,7 +202,6 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
         drop(ctx);
     }
     result.status = TrialStatus::Ok;
-    result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
     result
 }
 

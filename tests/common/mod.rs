@@ -18,12 +18,20 @@ pub fn synth(dir: &Path, n_layer: u32) -> PathBuf {
 /// The real test model, fetched by scripts/fetch-model (scripts/test runs it first).
 pub fn real_model() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor/models/gemma-3-270m-q4_k_m.gguf");
-    assert!(p.exists(), "{} is missing: run scripts/fetch-model (scripts/test does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model (scripts/test does)",
+        p.display()
+    );
     p
 }
 
 pub fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).env_remove("NGL_TUNE_TEST_FAULT").output().expect("run ngl-tune")
+    Command::new(BIN)
+        .args(args)
+        .env_remove("NGL_TUNE_TEST_FAULT")
+        .output()
+        .expect("run ngl-tune")
 }
 
 pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -47,7 +55,12 @@ pub fn stderr(o: &Output) -> String {
 /// containing `needle`; no panic, nothing on stdout.
 pub fn assert_bad_input(o: &Output, needle: &str) {
     let err = stderr(o);
-    assert_eq!(o.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "expected exit 2, got {:?}; stderr: {err}",
+        o.status
+    );
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line on stderr, got: {err}");
     assert!(lines[0].starts_with("error: "), "not an error line: {err}");

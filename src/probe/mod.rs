@@ -1,0 +1,589 @@
+//! What this machine has (GPUs, llama.cpp devices, CPU, RAM, OS), its
+//! fingerprint, and sampled memory: one [`MemorySource`] seam with NVML,
+//! llama.cpp's device free/total and the host as implementations, polled by
+//! a [`Sampler`] thread while a trial runs.
+
+pub mod ggml;
+pub mod host;
+pub mod nvml;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::engine::LLAMA_CPP_REVISION;
+
+/// One reading of one device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceSample {
+    /// "nvml0", "Vulkan0", "host".
+    pub device: String,
+    /// Bytes in use on the whole device (all processes).
+    pub used: u64,
+    pub total: u64,
+    /// Bytes the trial's process holds, where the source can attribute it.
+    pub pid_used: Option<u64>,
+}
+
+/// Something that can read memory in use. Sources never fail loudly while
+/// sampling: a reading they cannot take is simply absent, and why is said
+/// once, up front, by whoever opened the source.
+pub trait MemorySource: Send {
+    fn name(&self) -> &'static str;
+    fn sample(&mut self, pid: Option<u32>) -> Vec<DeviceSample>;
+}
+
+/// Baseline, peak and mean of one device over a trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    pub source: String,
+    pub device: String,
+    pub total: u64,
+    /// Used before the trial started.
+    pub baseline_used: u64,
+    pub peak_used: u64,
+    pub mean_used: u64,
+    /// Peak bytes held by the trial's process, where attributable.
+    pub peak_pid_used: Option<u64>,
+    pub n_samples: u64,
+}
+
+impl MemoryStats {
+    /// Peak use as a share of the device's total.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn peak_share(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.peak_used as f64 / self.total as f64
+        }
+    }
+}
+
+#[derive(Default)]
+struct Acc {
+    source: String,
+    total: u64,
+    baseline: u64,
+    peak: u64,
+    sum: u128,
+    n: u64,
+    peak_pid: Option<u64>,
+}
+
+type Shared = Arc<(Mutex<bool>, Condvar)>;
+
+/// Polls sources on its own thread until [`Sampler::stop`].
+pub struct Sampler {
+    stop: Shared,
+    handle: Option<JoinHandle<BTreeMap<String, Acc>>>,
+}
+
+fn record(
+    acc: &mut BTreeMap<String, Acc>,
+    source: &str,
+    samples: Vec<DeviceSample>,
+    baseline: bool,
+) {
+    for s in samples {
+        let a = acc.entry(s.device.clone()).or_insert_with(|| Acc {
+            source: source.to_string(),
+            ..Acc::default()
+        });
+        a.total = s.total;
+        if baseline && a.n == 0 {
+            a.baseline = s.used;
+        }
+        a.peak = a.peak.max(s.used);
+        a.sum += u128::from(s.used);
+        a.n += 1;
+        if let Some(p) = s.pid_used {
+            a.peak_pid = Some(a.peak_pid.unwrap_or(0).max(p));
+        }
+    }
+}
+
+impl Sampler {
+    /// Takes a baseline reading now, then samples every `interval` on a
+    /// thread. `pid` is the process whose own use is attributed.
+    #[must_use]
+    pub fn start(
+        mut sources: Vec<Box<dyn MemorySource>>,
+        interval: Duration,
+        pid: Option<u32>,
+    ) -> Sampler {
+        let mut acc: BTreeMap<String, Acc> = BTreeMap::new();
+        for s in &mut sources {
+            let name = s.name();
+            record(&mut acc, name, s.sample(None), true);
+        }
+        let stop: Shared = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop2 = Arc::clone(&stop);
+        let handle = std::thread::spawn(move || {
+            let (lock, cv) = &*stop2;
+            loop {
+                for s in &mut sources {
+                    let name = s.name();
+                    record(&mut acc, name, s.sample(pid), false);
+                }
+                let Ok(guard) = lock.lock() else { break };
+                if *guard {
+                    break;
+                }
+                // Wakes at once when told to stop.
+                let Ok((guard, _)) = cv.wait_timeout_while(guard, interval, |stopped| !*stopped)
+                else {
+                    break;
+                };
+                if *guard {
+                    break;
+                }
+            }
+            acc
+        });
+        Sampler {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops the thread and returns per-device statistics.
+    #[must_use]
+    pub fn stop(mut self) -> Vec<MemoryStats> {
+        self.signal();
+        let acc = self
+            .handle
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        acc.into_iter()
+            .map(|(device, a)| MemoryStats {
+                source: a.source,
+                device,
+                total: a.total,
+                baseline_used: a.baseline,
+                peak_used: a.peak,
+                #[allow(clippy::cast_possible_truncation)]
+                mean_used: if a.n == 0 {
+                    0
+                } else {
+                    (a.sum / u128::from(a.n)) as u64
+                },
+                peak_pid_used: a.peak_pid,
+                n_samples: a.n,
+            })
+            .collect()
+    }
+
+    fn signal(&self) {
+        let (lock, cv) = &*self.stop;
+        if let Ok(mut g) = lock.lock() {
+            *g = true;
+        }
+        cv.notify_all();
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.signal();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One NVIDIA GPU as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub driver_version: Option<String>,
+    pub memory_total: Option<u64>,
+    pub memory_free: Option<u64>,
+    pub pcie_gen_current: Option<u32>,
+    pub pcie_gen_max: Option<u32>,
+    pub pcie_width_current: Option<u32>,
+    pub pcie_width_max: Option<u32>,
+    pub memory_bus_width_bits: Option<u32>,
+    pub memory_clock_max_mhz: Option<u32>,
+    /// Theoretical memory bandwidth (GB/s) from bus width and memory clock.
+    pub bandwidth_gbs: Option<f64>,
+}
+
+/// One llama.cpp (ggml) backend device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaDevice {
+    pub index: usize,
+    pub name: String,
+    pub description: String,
+    pub backend: String,
+    /// "cpu", "gpu", "igpu", "accel".
+    pub kind: String,
+    pub memory_total: u64,
+    pub memory_free: u64,
+}
+
+impl LlamaDevice {
+    #[must_use]
+    pub fn is_offload_target(&self) -> bool {
+        self.kind == "gpu" || self.kind == "igpu"
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    pub brand: String,
+    pub physical_cores: u32,
+    pub logical_cores: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RamInfo {
+    pub total: u64,
+    pub available: u64,
+    /// Memory limit of this process's cgroup, when one is set.
+    pub cgroup_limit: Option<u64>,
+}
+
+/// The `hw` report. Stable, documented JSON (see README).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hardware {
+    /// Stable id of this host (survives driver updates); the profile store's directory.
+    pub machine_id: String,
+    pub gpus: Vec<GpuInfo>,
+    /// Why there is no NVML data, when there is none.
+    pub nvml: Option<String>,
+    pub llama_devices: Vec<LlamaDevice>,
+    pub cpu: CpuInfo,
+    pub ram: RamInfo,
+    pub os: String,
+    pub kernel: String,
+    pub llama_cpp_revision: String,
+    /// Backends compiled into this build: "CPU", "Vulkan", "CUDA", "Metal".
+    pub backends: Vec<String>,
+    /// Short hash of what changes a tuning answer.
+    pub fingerprint: String,
+    /// Plain-words notes about missing or untrustworthy sources.
+    pub notes: Vec<String>,
+}
+
+/// Backends compiled into this build.
+#[must_use]
+pub fn compiled_backends() -> Vec<String> {
+    let mut b = Vec::new();
+    if cfg!(feature = "cuda") {
+        b.push("CUDA".to_string());
+    }
+    if cfg!(feature = "vulkan") {
+        b.push("Vulkan".to_string());
+    }
+    if cfg!(feature = "metal") {
+        b.push("Metal".to_string());
+    }
+    b.push("CPU".to_string());
+    b
+}
+
+/// The sentence for a build or machine where ngl does nothing.
+#[must_use]
+pub fn no_gpu_note(devices: &[LlamaDevice]) -> Option<String> {
+    if devices.iter().any(LlamaDevice::is_offload_target) {
+        return None;
+    }
+    if compiled_backends().len() == 1 {
+        Some(
+            "this build has no GPU backend, so ngl has no effect: rebuild with `cargo build --release --features cuda` (NVIDIA), `--features vulkan` (any Vulkan GPU) or `--features metal` (Apple)"
+                .to_string(),
+        )
+    } else {
+        Some(format!(
+            "no GPU device found for the compiled backends ({}), so ngl has no effect on this machine",
+            compiled_backends().join(", ")
+        ))
+    }
+}
+
+/// The fields that change a tuning answer, hashed: GPU models, memory and
+/// driver; CPU; RAM size (GiB, so free memory does not move it); llama.cpp
+/// revision; backends and their devices.
+#[must_use]
+pub fn fingerprint(hw: &Hardware) -> String {
+    let mut parts = Vec::new();
+    for g in &hw.gpus {
+        parts.push(format!(
+            "gpu:{}:{}:{}",
+            g.name,
+            g.memory_total.unwrap_or(0),
+            g.driver_version.clone().unwrap_or_default()
+        ));
+    }
+    for d in hw.llama_devices.iter().filter(|d| d.is_offload_target()) {
+        parts.push(format!(
+            "dev:{}:{}:{}",
+            d.backend, d.description, d.memory_total
+        ));
+    }
+    parts.push(format!(
+        "cpu:{}:{}:{}",
+        hw.cpu.brand, hw.cpu.physical_cores, hw.cpu.logical_cores
+    ));
+    parts.push(format!("ram:{}", (hw.ram.total + (1 << 29)) >> 30));
+    parts.push(format!("llama:{}", hw.llama_cpp_revision));
+    parts.push(format!("backends:{}", hw.backends.join(",")));
+    let mut h = Sha256::new();
+    h.update(parts.join("\n").as_bytes());
+    format!("{:x}", h.finalize())[..16].to_string()
+}
+
+/// A stable id of this host for the profile store: /etc/machine-id when
+/// present (it survives driver updates), else the host name, hashed.
+#[must_use]
+pub fn machine_id() -> String {
+    let raw = std::fs::read_to_string("/etc/machine-id")
+        .or_else(|_| std::fs::read_to_string("/var/lib/dbus/machine-id"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(sysinfo::System::host_name)
+        .unwrap_or_else(|| "unknown-host".to_string());
+    let mut h = Sha256::new();
+    h.update(raw.as_bytes());
+    let host = sysinfo::System::host_name().unwrap_or_default();
+    let host: String = host
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(24)
+        .collect();
+    let id = &format!("{:x}", h.finalize())[..12];
+    if host.is_empty() {
+        id.to_string()
+    } else {
+        format!("{host}-{id}")
+    }
+}
+
+/// Builds the hardware report. `llama_devices` comes from the caller: the
+/// parent process of a sweep must not initialize GPU backends itself (a CUDA
+/// context would take device memory from the trials), so it passes what a
+/// worker reported; `hw` initializes them directly.
+#[must_use]
+pub fn hardware(llama_devices: Vec<LlamaDevice>) -> Hardware {
+    let (gpus, nvml_note) = match nvml::open() {
+        Ok(n) => (nvml::gpus(&n), None),
+        Err(why) => (Vec::new(), Some(why)),
+    };
+    let mut sys = sysinfo::System::new();
+    sys.refresh_cpu_all();
+    sys.refresh_memory();
+    let logical = u32::try_from(sys.cpus().len()).unwrap_or(0);
+    let cpu = CpuInfo {
+        brand: sys
+            .cpus()
+            .first()
+            .map(|c| c.brand().trim().to_string())
+            .unwrap_or_default(),
+        physical_cores: sysinfo::System::physical_core_count()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(logical),
+        logical_cores: logical,
+    };
+    let cgroup_limit = sys
+        .cgroup_limits()
+        .map(|c| c.total_memory)
+        .filter(|t| *t > 0 && *t < sys.total_memory());
+    let ram = RamInfo {
+        total: sys.total_memory(),
+        available: sys.available_memory(),
+        cgroup_limit,
+    };
+    let mut notes = Vec::new();
+    if let Some(n) = &nvml_note {
+        notes.push(n.clone());
+    }
+    notes.extend(ggml::budget_notes(&llama_devices));
+    if let Some(n) = no_gpu_note(&llama_devices) {
+        notes.push(n);
+    }
+    let mut hw = Hardware {
+        machine_id: machine_id(),
+        gpus,
+        nvml: nvml_note,
+        llama_devices,
+        cpu,
+        ram,
+        os: sysinfo::System::long_os_version().unwrap_or_default(),
+        kernel: sysinfo::System::kernel_version().unwrap_or_default(),
+        llama_cpp_revision: LLAMA_CPP_REVISION.to_string(),
+        backends: compiled_backends(),
+        fingerprint: String::new(),
+        notes,
+    };
+    hw.fingerprint = fingerprint(&hw);
+    hw
+}
+
+/// Milliseconds since `since`.
+#[must_use]
+pub fn elapsed_ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+/// llama.cpp's devices, read in a child process (this binary's hidden
+/// `__devices` subcommand) so the caller never initializes a GPU backend.
+///
+/// # Errors
+/// When the child cannot be run or answers nonsense.
+pub fn devices_in_child(exe: &std::path::Path) -> anyhow::Result<Vec<LlamaDevice>> {
+    use anyhow::Context;
+    let out = std::process::Command::new(exe)
+        .arg("__devices")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {} to list llama.cpp devices", exe.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "listing llama.cpp devices failed ({})",
+            crate::engine::runner::describe_exit(out.status)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("the device list from __devices is not valid JSON")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake {
+        used: u64,
+        calls: Arc<Mutex<u64>>,
+    }
+
+    impl MemorySource for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn sample(&mut self, pid: Option<u32>) -> Vec<DeviceSample> {
+            *self.calls.lock().unwrap() += 1;
+            self.used += 10;
+            vec![DeviceSample {
+                device: "dev0".into(),
+                used: self.used,
+                total: 1000,
+                pid_used: pid.map(|_| self.used / 2),
+            }]
+        }
+    }
+
+    #[test]
+    fn sampler_reports_baseline_peak_mean_and_stops_fast() {
+        let calls = Arc::new(Mutex::new(0));
+        let s = Sampler::start(
+            vec![Box::new(Fake {
+                used: 100,
+                calls: Arc::clone(&calls),
+            })],
+            Duration::from_millis(5),
+            Some(7),
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        let t = Instant::now();
+        let stats = s.stop();
+        assert!(elapsed_ms(t) < 50.0, "stop took {} ms", elapsed_ms(t));
+        let st = &stats[0];
+        assert_eq!(st.device, "dev0");
+        assert_eq!(
+            st.baseline_used, 110,
+            "the first reading, taken before the trial"
+        );
+        let n = *calls.lock().unwrap();
+        assert!(n >= 3, "sampled {n} times");
+        assert_eq!(st.n_samples, n);
+        assert_eq!(st.peak_used, 100 + 10 * n);
+        assert!(st.mean_used > st.baseline_used && st.mean_used < st.peak_used);
+        assert_eq!(st.peak_pid_used, Some(st.peak_used / 2));
+        assert!((st.peak_share() - st.peak_used as f64 / 1000.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_long_interval_still_stops_within_50ms() {
+        let calls = Arc::new(Mutex::new(0));
+        let s = Sampler::start(
+            vec![Box::new(Fake { used: 0, calls })],
+            Duration::from_secs(10),
+            None,
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        let _ = s.stop();
+        assert!(elapsed_ms(t) < 50.0);
+    }
+
+    fn hw() -> Hardware {
+        Hardware {
+            machine_id: "m".into(),
+            gpus: vec![],
+            nvml: None,
+            llama_devices: vec![],
+            cpu: CpuInfo {
+                brand: "X".into(),
+                physical_cores: 2,
+                logical_cores: 2,
+            },
+            ram: RamInfo {
+                total: 24 << 30,
+                available: 20 << 30,
+                cgroup_limit: None,
+            },
+            os: "Debian".into(),
+            kernel: "6".into(),
+            llama_cpp_revision: "r1".into(),
+            backends: vec!["CPU".into()],
+            fingerprint: String::new(),
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn fingerprint_moves_with_what_changes_answers_only() {
+        let base = fingerprint(&hw());
+        assert_eq!(base.len(), 16);
+        let mut free = hw();
+        free.ram.available = 1;
+        assert_eq!(
+            fingerprint(&free),
+            base,
+            "free memory does not change the fingerprint"
+        );
+        let mut drv = hw();
+        drv.gpus.push(GpuInfo {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-1".into(),
+            driver_version: Some("570.1".into()),
+            memory_total: Some(140 << 30),
+            memory_free: None,
+            pcie_gen_current: None,
+            pcie_gen_max: None,
+            pcie_width_current: None,
+            pcie_width_max: None,
+            memory_bus_width_bits: None,
+            memory_clock_max_mhz: None,
+            bandwidth_gbs: None,
+        });
+        let with_gpu = fingerprint(&drv);
+        assert_ne!(with_gpu, base);
+        drv.gpus[0].driver_version = Some("575.2".into());
+        assert_ne!(fingerprint(&drv), with_gpu, "a driver update changes it");
+        let mut rev = hw();
+        rev.llama_cpp_revision = "r2".into();
+        assert_ne!(fingerprint(&rev), base);
+    }
+}

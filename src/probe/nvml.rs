@@ -1,0 +1,209 @@
+//! NVIDIA devices through NVML (`nvml-wrapper`), loaded at run time so every
+//! build can read NVIDIA memory. What NVML cannot tell is said in words.
+
+use nvml_wrapper::enum_wrappers::device::Clock;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::Nvml;
+
+use super::{DeviceSample, GpuInfo, MemorySource};
+
+/// Opens NVML: the plain library name first, then `libnvidia-ml.so.1`,
+/// which is all that some drivers install.
+///
+/// # Errors
+/// A sentence saying why NVML is not available.
+pub fn open() -> Result<Nvml, String> {
+    match Nvml::init() {
+        Ok(n) => Ok(n),
+        Err(first) => match Nvml::builder()
+            .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+            .init()
+        {
+            Ok(n) => Ok(n),
+            Err(second) => Err(describe_init_error(&first, &second)),
+        },
+    }
+}
+
+/// "NVML not available (libnvidia-ml.so.1 not found)" and friends.
+#[must_use]
+pub fn describe_init_error(first: &NvmlError, second: &NvmlError) -> String {
+    let is_missing = |e: &NvmlError| matches!(e, NvmlError::LibloadingError(_));
+    if is_missing(first) && is_missing(second) {
+        return "NVML not available (libnvidia-ml.so.1 not found: no NVIDIA driver on this machine)".to_string();
+    }
+    let e = if is_missing(second) { first } else { second };
+    match e {
+        NvmlError::DriverNotLoaded => {
+            "NVML not available (the NVIDIA driver is not loaded)".to_string()
+        }
+        NvmlError::NoPermission => {
+            "NVML not available (no permission to talk to the NVIDIA driver)".to_string()
+        }
+        NvmlError::FailedToLoadSymbol(s) => {
+            format!("NVML not available (libnvidia-ml lacks symbol {s}: driver too old?)")
+        }
+        other => format!("NVML not available ({other})"),
+    }
+}
+
+/// Bytes one process holds on a device, from NVML's process lists. A process
+/// can appear in both the compute and graphics lists; count it once (the
+/// larger figure, as nvidia-smi shows).
+#[must_use]
+pub fn pid_used(compute: &[ProcessInfo], graphics: &[ProcessInfo], pid: u32) -> Option<u64> {
+    let of = |list: &[ProcessInfo]| {
+        list.iter()
+            .filter(|p| p.pid == pid)
+            .filter_map(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            })
+            .max()
+    };
+    match (of(compute), of(graphics)) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
+    }
+}
+
+/// Theoretical memory bandwidth in GB/s from bus width (bits) and the
+/// maximum memory clock (MHz); GDDR and HBM transfer twice per clock.
+#[must_use]
+pub fn bandwidth_gbs(bus_width_bits: u32, mem_clock_mhz: u32) -> f64 {
+    f64::from(bus_width_bits) / 8.0 * f64::from(mem_clock_mhz) * 1e6 * 2.0 / 1e9
+}
+
+/// Everything `hw` reports per NVIDIA GPU. Fields NVML refuses are `None`.
+#[must_use]
+pub fn gpus(nvml: &Nvml) -> Vec<GpuInfo> {
+    let Ok(n) = nvml.device_count() else {
+        return Vec::new();
+    };
+    let driver = nvml.sys_driver_version().ok();
+    (0..n)
+        .filter_map(|i| nvml.device_by_index(i).ok().map(|d| (i, d)))
+        .map(|(i, d)| {
+            let mem = d.memory_info().ok();
+            let bus = d.memory_bus_width().ok();
+            let clock = d.max_clock_info(Clock::Memory).ok();
+            GpuInfo {
+                index: i,
+                name: d.name().unwrap_or_default(),
+                uuid: d.uuid().unwrap_or_default(),
+                driver_version: driver.clone(),
+                memory_total: mem.as_ref().map(|m| m.total),
+                memory_free: mem.as_ref().map(|m| m.free),
+                pcie_gen_current: d.current_pcie_link_gen().ok(),
+                pcie_gen_max: d.max_pcie_link_gen().ok(),
+                pcie_width_current: d.current_pcie_link_width().ok(),
+                pcie_width_max: d.max_pcie_link_width().ok(),
+                memory_bus_width_bits: bus,
+                memory_clock_max_mhz: clock,
+                bandwidth_gbs: bus.zip(clock).map(|(b, c)| bandwidth_gbs(b, c)),
+            }
+        })
+        .collect()
+}
+
+/// Sampled memory from NVML: device-wide used/total and the worker's own use.
+pub struct NvmlSource {
+    nvml: Nvml,
+}
+
+impl NvmlSource {
+    /// # Errors
+    /// Why NVML cannot be opened.
+    pub fn open() -> Result<Self, String> {
+        open().map(|nvml| NvmlSource { nvml })
+    }
+}
+
+impl MemorySource for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn sample(&mut self, pid: Option<u32>) -> Vec<DeviceSample> {
+        let Ok(n) = self.nvml.device_count() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for i in 0..n {
+            let Ok(d) = self.nvml.device_by_index(i) else {
+                continue;
+            };
+            let Ok(m) = d.memory_info() else { continue };
+            let pid_bytes = pid.and_then(|p| {
+                let compute = d.running_compute_processes().unwrap_or_default();
+                let graphics = d.running_graphics_processes().unwrap_or_default();
+                pid_used(&compute, &graphics, p)
+            });
+            out.push(DeviceSample {
+                device: format!("nvml{i}"),
+                used: m.used,
+                total: m.total,
+                pid_used: pid_bytes,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: u32, used: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_gpu_memory: used.map_or(UsedGpuMemory::Unavailable, UsedGpuMemory::Used),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    #[test]
+    fn pid_filtering_counts_the_worker_once() {
+        let compute = [p(10, Some(100)), p(42, Some(5000)), p(7, Some(1))];
+        let graphics = [p(42, Some(4000)), p(99, Some(8))];
+        assert_eq!(pid_used(&compute, &graphics, 42), Some(5000));
+        assert_eq!(pid_used(&compute, &graphics, 99), Some(8));
+        assert_eq!(pid_used(&compute, &graphics, 1234), None);
+        assert_eq!(
+            pid_used(&[p(5, None)], &[], 5),
+            None,
+            "WDDM reports no per-process figure"
+        );
+    }
+
+    #[test]
+    fn bandwidth_from_bus_and_clock() {
+        // RTX 4090: 384-bit bus, 10501 MHz max memory clock -> about 1008 GB/s.
+        let bw = bandwidth_gbs(384, 10501);
+        assert!((bw - 1008.1).abs() < 0.5, "{bw}");
+    }
+
+    #[test]
+    fn init_errors_are_sentences() {
+        let lib = || NvmlError::LibloadingError(libloading_error());
+        let msg = describe_init_error(&lib(), &lib());
+        assert_eq!(
+            msg,
+            "NVML not available (libnvidia-ml.so.1 not found: no NVIDIA driver on this machine)"
+        );
+        assert_eq!(
+            describe_init_error(&lib(), &NvmlError::DriverNotLoaded),
+            "NVML not available (the NVIDIA driver is not loaded)"
+        );
+        assert!(describe_init_error(&NvmlError::NoPermission, &lib()).contains("no permission"));
+    }
+
+    fn libloading_error() -> libloading::Error {
+        // SAFETY: loading a library that does not exist only returns an error.
+        unsafe { libloading::Library::new("libngl-tune-does-not-exist.so") }
+            .expect_err("no such library")
+    }
+}
