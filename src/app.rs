@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::bench::{self, BenchOptions};
-use crate::cli::{BenchArgs, Cli, Command, HwArgs, InspectArgs, Workload};
+use crate::cli::{BenchArgs, Cli, Command, HwArgs, InspectArgs, ObjectiveArg, TuneArgs, Workload};
 use crate::error::{bad, exit};
 use crate::model::{self, human_bytes, ModelInfo};
 
@@ -16,6 +16,7 @@ use crate::model::{self, human_bytes, ModelInfo};
 /// Any failure; `BadInput` errors exit 2.
 pub fn run(cli: Cli) -> Result<i32> {
     match cli.command {
+        Command::Tune(a) => cmd_tune(&a),
         Command::Bench(a) => cmd_bench(&a),
         Command::Inspect(a) => cmd_inspect(&a),
         Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
@@ -25,6 +26,14 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(exit::OK)
         }
         Command::Hw(a) => cmd_hw(&a),
+        Command::Synth(a) => {
+            let spec = crate::synth::SynthSpec::default()
+                .with_n_layer(a.layers)
+                .with_dims(a.n_embd, a.n_ff, 2)
+                .with_experts(a.experts, a.experts.min(2));
+            crate::synth::write_model(&a.out, &spec)?;
+            Ok(exit::OK)
+        }
     }
 }
 
@@ -33,28 +42,22 @@ pub fn run(cli: Cli) -> Result<i32> {
 /// # Errors
 /// `BadInput` for values llama.cpp cannot run.
 pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
-    if w.n_prompt == 0 && w.n_gen == 0 {
-        return Err(bad("-p 0 and -n 0 leave nothing to measure; give -p (prompt tokens) or -n (generated tokens) a positive value"));
+    if w.n_prompt == Some(0) && w.n_gen == Some(0) {
+        return Err(bad(
+            "-p 0 and -n 0 leave nothing to measure; give -p (prompt tokens) or -n (generated tokens) a positive value",
+        ));
     }
-    if w.repetitions == 0 {
+    if w.repetitions == Some(0) {
         return Err(bad("-r 0 measures nothing; use -r 1 or more"));
     }
     if w.batch_size == 0 || w.ubatch_size == 0 {
-        return Err(bad(
-            "batch sizes must be positive; use -b 2048 -ub 512 (llama-bench's defaults)",
-        ));
+        return Err(bad("batch sizes must be positive; use -b 2048 -ub 512 (llama-bench's defaults)"));
     }
     if w.trial_timeout == 0 {
-        return Err(bad(
-            "--trial-timeout 0 kills every trial; give it seconds, e.g. 900",
-        ));
+        return Err(bad("--trial-timeout 0 kills every trial; give it seconds, e.g. 900"));
     }
     let threads = match w.threads {
-        Some(0) => {
-            return Err(bad(
-                "-t 0 runs no threads; use -t 1 or more (default: physical cores)",
-            ))
-        }
+        Some(0) => return Err(bad("-t 0 runs no threads; use -t 1 or more (default: physical cores)")),
         Some(t) => t,
         None => bench::default_threads(),
     };
@@ -72,6 +75,54 @@ pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
     Ok(threads)
 }
 
+fn cmd_tune(a: &TuneArgs) -> Result<i32> {
+    use crate::profile::Settings;
+    use crate::tune::choose::Objective;
+    let target = crate::tune::parse_target(&a.target_vram)?;
+    let budget = a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?;
+    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    crate::profile::store::check_dir(&store)?;
+    let info = model::inspect(&a.model)?;
+    let w = &a.workload;
+    let threads = check_workload(w, &info)?;
+    let grid = if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) };
+    let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
+    let settings = Settings {
+        target_vram: target,
+        vram_budget_bytes: budget,
+        n_ctx: w.ctx_size.unwrap_or(4096),
+        n_prompt: w.n_prompt.unwrap_or(p),
+        n_gen: w.n_gen.unwrap_or(n),
+        repetitions: w.repetitions.unwrap_or(r),
+        n_threads: threads,
+        n_batch: w.batch_size,
+        n_ubatch: w.ubatch_size,
+        flash_attn: w.flash_attn.value(),
+        objective: match a.objective {
+            ObjectiveArg::Tg => Objective::Tg,
+            ObjectiveArg::Pp => Objective::Pp,
+            ObjectiveArg::Mixed => Objective::Mixed,
+        },
+        grid,
+        quick: a.quick,
+        no_skip: a.no_skip,
+        trial_timeout_s: w.trial_timeout,
+        sample_interval_ms: w.sample_interval_ms,
+    };
+    crate::engine::interrupt::install();
+    let opts = crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet };
+    let outcome = crate::tune::tune(&info, &opts)?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
+    } else {
+        print_notes(&outcome.notes);
+        write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
 fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let info = model::inspect(&a.model)?;
     let threads = check_workload(&a.workload, &info)?;
@@ -80,9 +131,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let opts = BenchOptions {
         model: a.model.clone(),
         ngl,
-        n_prompt: w.n_prompt,
-        n_gen: w.n_gen,
-        repetitions: w.repetitions,
+        n_prompt: w.n_prompt.unwrap_or(512),
+        n_gen: w.n_gen.unwrap_or(128),
+        repetitions: w.repetitions.unwrap_or(5),
         n_threads: threads,
         n_batch: w.batch_size,
         n_ubatch: w.ubatch_size,
@@ -101,21 +152,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()?;
-    let failed = results
-        .iter()
-        .filter(|r| r.status != crate::engine::TrialStatus::Ok)
-        .count();
+    let failed = results.iter().filter(|r| r.status != crate::engine::TrialStatus::Ok).count();
     if failed > 0 {
-        eprintln!(
-            "warning: {failed} of {} trials did not complete; their rows say why",
-            results.len()
-        );
+        eprintln!("warning: {failed} of {} trials did not complete; their rows say why", results.len());
     }
-    Ok(if failed == results.len() {
-        exit::FAILURE
-    } else {
-        exit::OK
-    })
+    Ok(if failed == results.len() { exit::FAILURE } else { exit::OK })
 }
 
 /// What the memory sources and devices of this machine can and cannot do,
@@ -158,20 +199,10 @@ fn cmd_inspect(a: &InspectArgs) -> Result<i32> {
 #[must_use]
 pub fn render_inspect(m: &ModelInfo) -> String {
     let mut s = String::new();
-    let per_layer = if m.layer_bytes.is_empty() {
-        0
-    } else {
-        m.total_layer_bytes() / m.layer_bytes.len() as u64
-    };
-    let (min, max) = (
-        m.layer_bytes.iter().min().copied().unwrap_or(0),
-        m.layer_bytes.iter().max().copied().unwrap_or(0),
-    );
-    let types: Vec<String> = m
-        .bytes_by_type
-        .iter()
-        .map(|(t, b)| format!("{t} {}", human_bytes(*b)))
-        .collect();
+    let per_layer = if m.layer_bytes.is_empty() { 0 } else { m.total_layer_bytes() / m.layer_bytes.len() as u64 };
+    let (min, max) =
+        (m.layer_bytes.iter().min().copied().unwrap_or(0), m.layer_bytes.iter().max().copied().unwrap_or(0));
+    let types: Vec<String> = m.bytes_by_type.iter().map(|(t, b)| format!("{t} {}", human_bytes(*b))).collect();
     s += &format!("model          {}\n", m.path.display());
     if let Some(n) = &m.name {
         s += &format!("name           {n}\n");
@@ -181,44 +212,17 @@ pub fn render_inspect(m: &ModelInfo) -> String {
         "layers         {} repeating + output = {} (full offload: -ngl {})\n",
         m.n_layer, m.n_layer_full, m.n_layer_full
     );
-    s += &format!(
-        "file size      {} ({} bytes)\n",
-        human_bytes(m.file_size),
-        m.file_size
-    );
-    s += &format!(
-        "parameters     {} ({})\n",
-        model::human_params(m.n_params),
-        m.n_params
-    );
-    s += &format!(
-        "quantization   {}  [{}]\n",
-        m.quantization,
-        types.join(", ")
-    );
-    s += &format!(
-        "per layer      {} average ({} .. {})\n",
-        human_bytes(per_layer),
-        human_bytes(min),
-        human_bytes(max)
-    );
+    s += &format!("file size      {} ({} bytes)\n", human_bytes(m.file_size), m.file_size);
+    s += &format!("parameters     {} ({})\n", model::human_params(m.n_params), m.n_params);
+    s += &format!("quantization   {}  [{}]\n", m.quantization, types.join(", "));
+    s += &format!("per layer      {} average ({} .. {})\n", human_bytes(per_layer), human_bytes(min), human_bytes(max));
     s += &format!(
         "output layer   {}{}\n",
         human_bytes(m.output_bytes),
-        if m.output_tied {
-            " (tied to token_embd)"
-        } else {
-            ""
-        }
+        if m.output_tied { " (tied to token_embd)" } else { "" }
     );
-    s += &format!(
-        "token_embd     {} (stays on the CPU)\n",
-        human_bytes(m.token_embd_bytes)
-    );
-    s += &format!(
-        "all offloaded  {}\n",
-        human_bytes(m.offloaded_bytes(m.n_layer_full))
-    );
+    s += &format!("token_embd     {} (stays on the CPU)\n", human_bytes(m.token_embd_bytes));
+    s += &format!("all offloaded  {}\n", human_bytes(m.offloaded_bytes(m.n_layer_full)));
     if m.is_moe() {
         s += &format!(
             "experts        {} per layer, {} used per token (mixture of experts)\n",
@@ -253,29 +257,18 @@ fn cmd_hw(a: &HwArgs) -> Result<i32> {
 #[must_use]
 pub fn render_hw(hw: &crate::probe::Hardware) -> String {
     let mut s = String::new();
-    s += &format!(
-        "machine      {} (fingerprint {})\n",
-        hw.machine_id, hw.fingerprint
-    );
+    s += &format!("machine      {} (fingerprint {})\n", hw.machine_id, hw.fingerprint);
     s += &format!("os           {}, kernel {}\n", hw.os, hw.kernel);
     s += &format!(
         "cpu          {}, {} physical / {} logical cores\n",
         hw.cpu.brand, hw.cpu.physical_cores, hw.cpu.logical_cores
     );
-    s += &format!(
-        "ram          {} total, {} available",
-        human_bytes(hw.ram.total),
-        human_bytes(hw.ram.available)
-    );
+    s += &format!("ram          {} total, {} available", human_bytes(hw.ram.total), human_bytes(hw.ram.available));
     if let Some(l) = hw.ram.cgroup_limit {
         s += &format!(", cgroup limit {}", human_bytes(l));
     }
     s += "\n";
-    s += &format!(
-        "llama.cpp    {}, backends {}\n",
-        hw.llama_cpp_revision,
-        hw.backends.join(", ")
-    );
+    s += &format!("llama.cpp    {}, backends {}\n", hw.llama_cpp_revision, hw.backends.join(", "));
     s += "devices      (llama.cpp)\n";
     for d in &hw.llama_devices {
         s += &format!(
@@ -290,10 +283,7 @@ pub fn render_hw(hw: &crate::probe::Hardware) -> String {
         );
     }
     if hw.gpus.is_empty() {
-        s += &format!(
-            "gpus (NVML)  none: {}\n",
-            hw.nvml.as_deref().unwrap_or("NVML reports no devices")
-        );
+        s += &format!("gpus (NVML)  none: {}\n", hw.nvml.as_deref().unwrap_or("NVML reports no devices"));
     } else {
         s += "gpus (NVML)\n";
         for g in &hw.gpus {

@@ -37,11 +37,7 @@ pub struct BenchOptions {
 #[must_use]
 pub fn default_threads() -> u32 {
     sysinfo::System::physical_core_count()
-        .or_else(|| {
-            std::thread::available_parallelism()
-                .ok()
-                .map(std::num::NonZero::get)
-        })
+        .or_else(|| std::thread::available_parallelism().ok().map(std::num::NonZero::get))
         .and_then(|n| u32::try_from(n).ok())
         .unwrap_or(1)
         .max(1)
@@ -51,10 +47,7 @@ pub fn default_threads() -> u32 {
 pub fn cpu_brand() -> String {
     let mut s = sysinfo::System::new();
     s.refresh_cpu_all();
-    s.cpus()
-        .first()
-        .map(|c| c.brand().trim().to_string())
-        .unwrap_or_default()
+    s.cpus().first().map(|c| c.brand().trim().to_string()).unwrap_or_default()
 }
 
 /// Backends compiled into this build, llama-bench style ("CPU", "Vulkan").
@@ -100,15 +93,12 @@ impl BenchOptions {
 /// # Errors
 /// Only when a worker cannot be started at all.
 pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
-    let runner =
-        Runner::current(opts.timeout, opts.verbose)?.with_sample_interval(opts.sample_interval);
+    let runner = Runner::current(opts.timeout, opts.verbose)?.with_sample_interval(opts.sample_interval);
     let bar = if opts.progress && std::io::stderr().is_terminal() {
         let b = ProgressBar::new(opts.ngl.len() as u64);
         b.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         b.enable_steady_tick(Duration::from_millis(120));
         b
@@ -187,9 +177,7 @@ pub struct Row {
 /// RFC 3339 UTC time without a date crate.
 #[must_use]
 pub fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     rfc3339(secs)
 }
 
@@ -208,12 +196,7 @@ pub fn rfc3339(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// Flattens trial results into rows.
@@ -264,13 +247,7 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             layers_total: r.layers_total,
             accounted_device_bytes: r.accounted_device_bytes(),
             model_device_bytes: r.device_model_bytes(),
-            memory_source: peak.map_or("accounted", |m| {
-                if m.source == "nvml" {
-                    "nvml"
-                } else {
-                    "ggml"
-                }
-            }),
+            memory_source: peak.map_or("accounted", |m| if m.source == "nvml" { "nvml" } else { "ggml" }),
             sampled_peak_device_bytes: peak.map(|m| m.peak_used),
             sampled_device_total_bytes: peak.map(|m| m.total),
             sampled_device_share: peak.map(|m| m.peak_share()),
@@ -279,11 +256,7 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
         };
         if r.tests.is_empty() {
             for (p, g) in s.tests() {
-                out.push(Row {
-                    n_prompt: p,
-                    n_gen: g,
-                    ..base.clone()
-                });
+                out.push(Row { n_prompt: p, n_gen: g, ..base.clone() });
             }
             continue;
         }
@@ -317,8 +290,10 @@ fn test_name(r: &Row) -> String {
 #[must_use]
 pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
     let mut lines = vec![
-        "| model | size | params | backend | threads | ngl | offloaded | dev mem | host RSS | test | t/s | status |".to_string(),
-        "| ----- | ---: | -----: | ------- | ------: | --: | --------: | ------: | -------: | ---- | --: | ------ |".to_string(),
+        "| model | size | params | backend | threads | ngl | offloaded | dev mem | host RSS | test | t/s | status |"
+            .to_string(),
+        "| ----- | ---: | -----: | ------- | ------: | --: | --------: | ------: | -------: | ---- | --: | ------ |"
+            .to_string(),
     ];
     for r in rows {
         let ts = match (r.avg_ts, r.stddev_ts) {
@@ -371,11 +346,7 @@ pub fn to_csv(rows: &[Row]) -> Result<String> {
     for r in rows {
         let v = serde_json::to_value(r)?;
         let obj = v.as_object().cloned().unwrap_or_default();
-        let keys: Vec<String> = obj
-            .keys()
-            .filter(|k| !k.starts_with("samples_"))
-            .cloned()
-            .collect();
+        let keys: Vec<String> = obj.keys().filter(|k| !k.starts_with("samples_")).cloned().collect();
         if header.is_none() {
             out.push_str(&keys.join(","));
             out.push('\n');

@@ -20,12 +20,18 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Tune: sweep ngl, fit, choose the best setting under the VRAM target, write a profile
+    /// (also the default: `ngl-tune MODEL` is `ngl-tune tune MODEL`)
+    Tune(TuneArgs),
     /// Measure pp and tg like llama-bench at each ngl, one worker process per value
     Bench(BenchArgs),
     /// Show what a GGUF model is: architecture, layers, bytes per layer, experts
     Inspect(InspectArgs),
     /// What this machine has: GPUs (NVML), llama.cpp devices, CPU, RAM, fingerprint
     Hw(HwArgs),
+    /// Internal: write a synthetic GGUF model (tests and benchmarks)
+    #[command(name = "__synth", hide = true)]
+    Synth(SynthArgs),
     /// Internal: print llama.cpp's devices as JSON
     #[command(name = "__devices", hide = true)]
     Devices,
@@ -75,15 +81,15 @@ impl FlashAttnArg {
 /// Workload options shared by `bench` and the tuner.
 #[derive(Debug, Clone, Args)]
 pub struct Workload {
-    /// Prompt tokens for the pp test (0 skips it)
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
-    pub n_prompt: u32,
-    /// Generated tokens for the tg test (0 skips it)
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    pub n_gen: u32,
-    /// Repetitions of each test
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
-    pub repetitions: u32,
+    /// Prompt tokens for the pp test, 0 skips it [default: 512; tune --quick: 128]
+    #[arg(short = 'p', long = "n-prompt")]
+    pub n_prompt: Option<u32>,
+    /// Generated tokens for the tg test, 0 skips it [default: 128; tune --quick: 32]
+    #[arg(short = 'n', long = "n-gen")]
+    pub n_gen: Option<u32>,
+    /// Repetitions of each test [default: bench 5, tune 3, tune --quick 2]
+    #[arg(short = 'r', long = "repetitions")]
+    pub repetitions: Option<u32>,
     /// CPU threads [default: physical cores]
     #[arg(short = 't', long = "threads", env = "NGL_TUNE_THREADS")]
     pub threads: Option<u32>,
@@ -93,7 +99,7 @@ pub struct Workload {
     /// Physical batch size (llama-bench: -ub)
     #[arg(long = "ubatch-size", default_value_t = 512)]
     pub ubatch_size: u32,
-    /// Context size [default: n_prompt + n_gen of each test, as llama-bench]
+    /// Context size [default: bench n_prompt + n_gen of each test (as llama-bench), tune 4096 (Ollama's default)]
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<u32>,
     /// Flash attention (llama-bench: -fa)
@@ -130,6 +136,72 @@ pub struct BenchArgs {
     pub quiet: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ObjectiveArg {
+    /// Token generation speed (chat)
+    Tg,
+    /// Prompt processing speed (long prompts)
+    Pp,
+    /// Time for one request of -p prompt and -n generated tokens
+    Mixed,
+}
+
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// GGUF model file
+    pub model: PathBuf,
+    /// Use at most this share of each device's memory (all processes counted where a sampler can see them)
+    #[arg(long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
+    pub target_vram: String,
+    /// Absolute cap on the memory the model may take, e.g. 8GiB (the stricter of this and --target-vram applies)
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    pub vram_budget: Option<String>,
+    /// ngl values to measure instead of the default grid (0,10,20,... and full offload); 99 = all layers
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
+    pub ngl: Vec<String>,
+    #[command(flatten)]
+    pub workload: Workload,
+    /// What to maximize
+    #[arg(long, value_enum, default_value_t = ObjectiveArg::Tg)]
+    pub objective: ObjectiveArg,
+    /// A short pass: -p 128 -n 32 -r 2 unless given
+    #[arg(long)]
+    pub quick: bool,
+    /// Measure grid values above one that ran out of memory anyway
+    #[arg(long)]
+    pub no_skip: bool,
+    /// Continue an interrupted tuning of this model from its checkpoint
+    #[arg(long)]
+    pub resume: bool,
+    /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
+    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
+    pub profiles: Option<PathBuf>,
+    /// Print the profile JSON instead of the report
+    #[arg(long)]
+    pub json: bool,
+    /// Show llama.cpp's log
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// No progress bar
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Where to write the model
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    pub layers: u32,
+    /// Experts per layer (0: dense llama; >1: qwen3moe)
+    #[arg(long, default_value_t = 0)]
+    pub experts: u32,
+    #[arg(long, default_value_t = 128)]
+    pub n_embd: u64,
+    #[arg(long, default_value_t = 256)]
+    pub n_ff: u64,
+}
+
 #[derive(Debug, Args)]
 pub struct HwArgs {
     /// Print JSON (stable; documented in the README)
@@ -146,16 +218,26 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
+/// Subcommand names; anything else in first position is a model for `tune`.
+pub const SUBCOMMANDS: [&str; 8] = ["tune", "bench", "inspect", "hw", "help", "__trial", "__devices", "__synth"];
+
+/// `ngl-tune MODEL ...` means `ngl-tune tune MODEL ...`.
+#[must_use]
+pub fn default_to_tune(mut args: Vec<String>) -> Vec<String> {
+    if let Some(first) = args.get(1) {
+        if !first.starts_with('-') && !SUBCOMMANDS.contains(&first.as_str()) {
+            args.insert(1, "tune".to_string());
+        }
+    }
+    args
+}
+
 /// Rewrites llama-bench's multi-letter short options (`-ngl 10`, `-ub 256`,
 /// `-fa on`) to their long forms, which clap can parse.
 #[must_use]
 pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
-    const MAP: [(&str, &str); 4] = [
-        ("-ngl", "--n-gpu-layers"),
-        ("-ub", "--ubatch-size"),
-        ("-fa", "--flash-attn"),
-        ("-ncmoe", "--n-cpu-moe"),
-    ];
+    const MAP: [(&str, &str); 4] =
+        [("-ngl", "--n-gpu-layers"), ("-ub", "--ubatch-size"), ("-fa", "--flash-attn"), ("-ncmoe", "--n-cpu-moe")];
     args.into_iter()
         .map(|a| {
             for (short, long) in MAP {
@@ -177,34 +259,28 @@ mod tests {
 
     #[test]
     fn llama_bench_short_options_are_rewritten() {
-        let a = normalize_args(
-            [
-                "ngl-tune", "bench", "m.gguf", "-ngl", "0,10", "-ub=256", "-t", "2",
-            ]
-            .map(String::from),
-        );
-        assert_eq!(
-            a,
-            [
-                "ngl-tune",
-                "bench",
-                "m.gguf",
-                "--n-gpu-layers",
-                "0,10",
-                "--ubatch-size=256",
-                "-t",
-                "2"
-            ]
-        );
+        let a = normalize_args(["ngl-tune", "bench", "m.gguf", "-ngl", "0,10", "-ub=256", "-t", "2"].map(String::from));
+        assert_eq!(a, ["ngl-tune", "bench", "m.gguf", "--n-gpu-layers", "0,10", "--ubatch-size=256", "-t", "2"]);
         let cli = Cli::try_parse_from(a).unwrap();
-        let Command::Bench(b) = cli.command else {
-            panic!("not bench")
-        };
+        let Command::Bench(b) = cli.command else { panic!("not bench") };
         assert_eq!(b.ngl, vec!["0,10"]);
         assert_eq!(b.workload.ubatch_size, 256);
         assert_eq!(b.workload.threads, Some(2));
-        assert_eq!(b.workload.n_prompt, 512);
-        assert_eq!(b.workload.repetitions, 5);
+        assert_eq!(b.workload.n_prompt, None);
+        assert_eq!(b.workload.repetitions, None);
+    }
+
+    #[test]
+    fn a_model_first_means_tune() {
+        let a = default_to_tune(["ngl-tune", "m.gguf", "--target-vram", "0.8"].map(String::from).to_vec());
+        assert_eq!(a[1], "tune");
+        let cli = Cli::try_parse_from(a).unwrap();
+        let Command::Tune(t) = cli.command else { panic!("not tune") };
+        assert_eq!(t.target_vram, "0.8");
+        let b = default_to_tune(["ngl-tune", "bench", "m.gguf"].map(String::from).to_vec());
+        assert_eq!(b[1], "bench");
+        let h = default_to_tune(["ngl-tune", "--help"].map(String::from).to_vec());
+        assert_eq!(h[1], "--help");
     }
 
     #[test]

@@ -9,6 +9,8 @@ pub mod exit {
     pub const FAILURE: i32 = 1;
     pub const BAD_INPUT: i32 = 2;
     pub const REGRESSION: i32 = 3;
+    /// Stopped by SIGINT or SIGTERM; finished work is in the checkpoint.
+    pub const INTERRUPTED: i32 = 130;
 }
 
 /// The user gave us something we cannot use. The message is one line that
@@ -35,6 +37,8 @@ pub fn bad(msg: impl Into<String>) -> anyhow::Error {
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     if err.chain().any(|e| e.downcast_ref::<BadInput>().is_some()) {
         exit::BAD_INPUT
+    } else if err.chain().any(|e| e.downcast_ref::<crate::engine::runner::Interrupted>().is_some()) {
+        exit::INTERRUPTED
     } else {
         exit::FAILURE
     }

@@ -137,19 +137,16 @@ impl fmt::Display for GgufError {
             GgufError::UnsupportedVersion(v) => {
                 write!(f, "has GGUF version {v}, which this build does not read (2 and 3 are supported)")
             }
-            GgufError::Truncated { at, size, what } => write!(
-                f,
-                "is cut off in its GGUF header: {what} runs past the end of the file at byte {at} of {size}"
-            ),
-            GgufError::Absurd { what, count, size } => write!(
-                f,
-                "is corrupt: its header claims {count} {what}, more than a file of {size} bytes can hold"
-            ),
+            GgufError::Truncated { at, size, what } => {
+                write!(f, "is cut off in its GGUF header: {what} runs past the end of the file at byte {at} of {size}")
+            }
+            GgufError::Absurd { what, count, size } => {
+                write!(f, "is corrupt: its header claims {count} {what}, more than a file of {size} bytes can hold")
+            }
             GgufError::Invalid(s) => write!(f, "is corrupt: {s}"),
-            GgufError::DataTruncated { needed, size } => write!(
-                f,
-                "is cut off in its tensor data: the tensors need {needed} bytes but the file has {size}"
-            ),
+            GgufError::DataTruncated { needed, size } => {
+                write!(f, "is cut off in its tensor data: the tensors need {needed} bytes but the file has {size}")
+            }
         }
     }
 }
@@ -163,11 +160,7 @@ impl From<io::Error> for GgufError {
 }
 
 fn escape(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .flat_map(|b| std::ascii::escape_default(*b))
-        .map(char::from)
-        .collect()
+    bytes.iter().flat_map(|b| std::ascii::escape_default(*b)).map(char::from).collect()
 }
 
 fn guess_format(magic: &[u8]) -> &'static str {
@@ -314,11 +307,7 @@ struct Cursor<R> {
 impl<R: Read> Cursor<R> {
     fn need(&self, n: u64, what: &dyn Fn() -> String) -> Result<(), GgufError> {
         if self.size.saturating_sub(self.pos) < n {
-            return Err(GgufError::Truncated {
-                at: self.size,
-                size: self.size,
-                what: what(),
-            });
+            return Err(GgufError::Truncated { at: self.size, size: self.size, what: what() });
         }
         Ok(())
     }
@@ -329,11 +318,7 @@ impl<R: Read> Cursor<R> {
         let mut buf = vec![0u8; len];
         self.r.read_exact(&mut buf).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
-                GgufError::Truncated {
-                    at: self.size,
-                    size: self.size,
-                    what: what(),
-                }
+                GgufError::Truncated { at: self.size, size: self.size, what: what() }
             } else {
                 GgufError::Io(e)
             }
@@ -374,11 +359,7 @@ impl<R: Read> Cursor<R> {
         self.need(n, what)?;
         let copied = io::copy(&mut (&mut self.r).take(n), &mut io::sink())?;
         if copied != n {
-            return Err(GgufError::Truncated {
-                at: self.size,
-                size: self.size,
-                what: what(),
-            });
+            return Err(GgufError::Truncated { at: self.size, size: self.size, what: what() });
         }
         self.pos += n;
         Ok(())
@@ -407,12 +388,7 @@ impl<R: Read> Cursor<R> {
                     4..=6 => 4,
                     8 | 10..=12 => 8,
                     9 => 12,
-                    other => {
-                        return Err(GgufError::Invalid(format!(
-                            "{} has array element type {other}",
-                            what()
-                        )))
-                    }
+                    other => return Err(GgufError::Invalid(format!("{} has array element type {other}", what()))),
                 };
                 if len.saturating_mul(min) > self.size.saturating_sub(self.pos) {
                     return Err(GgufError::Absurd {
@@ -433,18 +409,9 @@ impl<R: Read> Cursor<R> {
                 } else {
                     self.skip(len * min, what)?;
                 }
-                Value::Array {
-                    elem_type,
-                    len,
-                    items,
-                }
+                Value::Array { elem_type, len, items }
             }
-            other => {
-                return Err(GgufError::Invalid(format!(
-                    "{} has unknown value type {other}",
-                    what()
-                )))
-            }
+            other => return Err(GgufError::Invalid(format!("{} has unknown value type {other}", what()))),
         })
     }
 }
@@ -461,20 +428,13 @@ impl Gguf {
         if size == 0 {
             return Err(GgufError::Empty);
         }
-        let mut c = Cursor {
-            r: BufReader::with_capacity(1 << 16, file),
-            pos: 0,
-            size,
-        };
+        let mut c = Cursor { r: BufReader::with_capacity(1 << 16, file), pos: 0, size };
         if size < 4 {
             return Err(GgufError::TooShortForHeader { size });
         }
         let magic: [u8; 4] = c.arr(&|| "the magic".into())?;
         if &magic != MAGIC {
-            return Err(GgufError::NotGguf {
-                magic,
-                guess: guess_format(&magic),
-            });
+            return Err(GgufError::NotGguf { magic, guess: guess_format(&magic) });
         }
         if size < 24 {
             return Err(GgufError::TooShortForHeader { size });
@@ -490,18 +450,10 @@ impl Gguf {
         // plausible (reading on reports where it ends), else a corrupt header.
         let left = size - c.pos;
         if n_kv.saturating_mul(13) > left && n_kv > PLAUSIBLE_COUNT {
-            return Err(GgufError::Absurd {
-                what: "metadata keys".into(),
-                count: n_kv,
-                size,
-            });
+            return Err(GgufError::Absurd { what: "metadata keys".into(), count: n_kv, size });
         }
         if n_tensors.saturating_mul(32) > left && n_tensors > PLAUSIBLE_COUNT {
-            return Err(GgufError::Absurd {
-                what: "tensors".into(),
-                count: n_tensors,
-                size,
-            });
+            return Err(GgufError::Absurd { what: "tensors".into(), count: n_tensors, size });
         }
 
         let mut metadata = BTreeMap::new();
@@ -530,22 +482,12 @@ impl Gguf {
             }
             let ggml_type = c.u32(&what)?;
             let offset = c.u64(&what)?;
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-            });
+            tensors.push(TensorInfo { name, dims, ggml_type, offset });
         }
 
-        let alignment = metadata
-            .get("general.alignment")
-            .and_then(Value::as_u64)
-            .unwrap_or(DEFAULT_ALIGNMENT);
+        let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(DEFAULT_ALIGNMENT);
         if alignment == 0 || !alignment.is_power_of_two() {
-            return Err(GgufError::Invalid(format!(
-                "general.alignment is {alignment}, not a power of two"
-            )));
+            return Err(GgufError::Invalid(format!("general.alignment is {alignment}, not a power of two")));
         }
         let data_offset = c.pos.div_ceil(alignment) * alignment;
 
@@ -570,13 +512,7 @@ impl Gguf {
             return Err(GgufError::DataTruncated { needed, size });
         }
 
-        Ok(Gguf {
-            version,
-            metadata,
-            tensors,
-            data_offset,
-            file_size: size,
-        })
+        Ok(Gguf { version, metadata, tensors, data_offset, file_size: size })
     }
 
     #[must_use]
@@ -624,8 +560,7 @@ impl Writer {
 
     /// Adds a tensor; `data` must already be in `ggml_type`'s encoding.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, data: Vec<u8>) -> &mut Self {
-        self.tensors
-            .push((name.to_string(), dims.to_vec(), ggml_type, data));
+        self.tensors.push((name.to_string(), dims.to_vec(), ggml_type, data));
         self
     }
 
@@ -714,9 +649,7 @@ fn write_value<W: Write>(out: &mut W, v: &Value, with_type: bool) -> io::Result<
         Value::U64(x) => out.write_all(&x.to_le_bytes()),
         Value::I64(x) => out.write_all(&x.to_le_bytes()),
         Value::F64(x) => out.write_all(&x.to_le_bytes()),
-        Value::Array {
-            elem_type, items, ..
-        } => {
+        Value::Array { elem_type, items, .. } => {
             out.write_all(&elem_type.to_le_bytes())?;
             out.write_all(&(items.len() as u64).to_le_bytes())?;
             for it in items {

@@ -10,5 +10,8 @@ pub mod gguf;
 pub mod model;
 pub mod ngl;
 pub mod probe;
+pub mod profile;
+pub mod report;
 pub mod stats;
 pub mod synth;
+pub mod tune;

@@ -2,19 +2,15 @@
 
 use clap::Parser;
 
-use ngl_tune::cli::{normalize_args, Cli};
+use ngl_tune::cli::{default_to_tune, normalize_args, Cli};
 use ngl_tune::error::{exit, exit_code};
 
 fn main() {
-    let args = normalize_args(std::env::args());
+    let args = default_to_tune(normalize_args(std::env::args()));
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() {
-                exit::BAD_INPUT
-            } else {
-                exit::OK
-            };
+            let code = if e.use_stderr() { exit::BAD_INPUT } else { exit::OK };
             let _ = e.print();
             std::process::exit(code);
         }

@@ -78,21 +78,14 @@ impl ModelInfo {
     pub fn offloaded_bytes(&self, ngl: u32) -> u64 {
         let (n_rep, output) = self.placement(ngl);
         let n = self.layer_bytes.len();
-        let rep: u64 = self.layer_bytes[n.saturating_sub(n_rep as usize)..]
-            .iter()
-            .sum();
+        let rep: u64 = self.layer_bytes[n.saturating_sub(n_rep as usize)..].iter().sum();
         rep + if output { self.output_bytes } else { 0 }
     }
 
     /// Short description in llama-bench's `model_type` style: "gemma3 270M Q4_K_M".
     #[must_use]
     pub fn model_type(&self) -> String {
-        format!(
-            "{} {} {}",
-            self.architecture,
-            human_params(self.n_params),
-            self.quantization
-        )
+        format!("{} {} {}", self.architecture, human_params(self.n_params), self.quantization)
     }
 }
 
@@ -122,18 +115,18 @@ pub fn check_model_path(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             Err(bad(format!("{shown}: no such file; pass the path of a .gguf model")))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(bad(format!(
-            "{shown}: permission denied; make the model readable (chmod a+r) or run as its owner"
-        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(bad(format!("{shown}: permission denied; make the model readable (chmod a+r) or run as its owner")))
+        }
         Err(e) => Err(bad(format!("{shown}: cannot be read ({e}); pass the path of a .gguf model"))),
-        Ok(m) if m.is_dir() => Err(bad(format!(
-            "{shown} is a directory, not a GGUF file; pass the path of a .gguf model inside it"
-        ))),
+        Ok(m) if m.is_dir() => {
+            Err(bad(format!("{shown} is a directory, not a GGUF file; pass the path of a .gguf model inside it")))
+        }
         Ok(_) => match std::fs::File::open(path) {
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(bad(format!(
-                "{shown}: permission denied; make the model readable (chmod a+r) or run as its owner"
-            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                Err(bad(format!("{shown}: permission denied; make the model readable (chmod a+r) or run as its owner")))
+            }
             Err(e) => Err(bad(format!("{shown}: cannot be opened ({e}); pass the path of a .gguf model"))),
         },
     }
@@ -175,11 +168,8 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
             g.tensors.len()
         )));
     }
-    let n_layer = u32::try_from(n_layer).map_err(|_| {
-        bad(format!(
-            "{shown} claims {n_layer} layers; the file is corrupt"
-        ))
-    })?;
+    let n_layer =
+        u32::try_from(n_layer).map_err(|_| bad(format!("{shown} claims {n_layer} layers; the file is corrupt")))?;
 
     let mut layer_bytes = vec![0u64; n_layer as usize];
     let mut bytes_by_type: BTreeMap<String, u64> = BTreeMap::new();
@@ -190,9 +180,7 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
     let sizes = tensor_sizes(g);
     for (t, bytes) in g.tensors.iter().zip(&sizes) {
         n_params += t.n_elements();
-        *bytes_by_type
-            .entry(gguf::type_name(t.ggml_type).to_string())
-            .or_default() += bytes;
+        *bytes_by_type.entry(gguf::type_name(t.ggml_type).to_string()).or_default() += bytes;
         if let Some(rest) = t.name.strip_prefix("blk.") {
             let idx = rest.split('.').next().and_then(|s| s.parse::<usize>().ok());
             if let Some(slot) = idx.and_then(|i| layer_bytes.get_mut(i)) {
@@ -219,18 +207,10 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
         .get_u64("general.file_type")
         .and_then(gguf::file_type_name)
         .map(str::to_string)
-        .or_else(|| {
-            bytes_by_type
-                .iter()
-                .max_by_key(|(_, b)| **b)
-                .map(|(t, _)| t.clone())
-        })
+        .or_else(|| bytes_by_type.iter().max_by_key(|(_, b)| **b).map(|(t, _)| t.clone()))
         .unwrap_or_else(|| "unknown".into());
 
-    let file_name = path
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let file_name = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     Ok(ModelInfo {
         path: path.to_path_buf(),
         file_name,
@@ -252,12 +232,9 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
         ctx_train: key("context_length").unwrap_or(0),
         n_embd: key("embedding_length").unwrap_or(0),
         n_head: key("attention.head_count").unwrap_or(0),
-        n_head_kv: key("attention.head_count_kv")
-            .or_else(|| key("attention.head_count"))
-            .unwrap_or(0),
+        n_head_kv: key("attention.head_count_kv").or_else(|| key("attention.head_count")).unwrap_or(0),
         n_vocab: g.array_len("tokenizer.ggml.tokens").unwrap_or(0),
-        sha256_16m: sha256_prefix(path, ID_PREFIX_BYTES)
-            .map_err(|e| bad(format!("{shown}: cannot be read ({e})")))?,
+        sha256_16m: sha256_prefix(path, ID_PREFIX_BYTES).map_err(|e| bad(format!("{shown}: cannot be read ({e})")))?,
         architecture: arch,
     })
 }
@@ -272,11 +249,7 @@ fn tensor_sizes(g: &Gguf) -> Vec<u64> {
         .iter()
         .map(|t| {
             t.n_bytes().unwrap_or_else(|| {
-                let next = offsets
-                    .iter()
-                    .find(|o| **o > t.offset)
-                    .copied()
-                    .unwrap_or(data_len);
+                let next = offsets.iter().find(|o| **o > t.offset).copied().unwrap_or(data_len);
                 next - t.offset
             })
         })

@@ -44,15 +44,11 @@ fn parse_item(item: &str, what: &str) -> Result<Vec<u32>> {
         (rest, None)
     };
     if last.is_empty() {
-        return Err(bad(format!(
-            "{what} range '{item}' has no end; write first-last, e.g. 0-40 or 0-40+10"
-        )));
+        return Err(bad(format!("{what} range '{item}' has no end; write first-last, e.g. 0-40 or 0-40+10")));
     }
     let last = num(last, item, what)?;
     if last < first {
-        return Err(bad(format!(
-            "{what} range '{item}' ends before it starts; write first-last with first <= last"
-        )));
+        return Err(bad(format!("{what} range '{item}' ends before it starts; write first-last with first <= last")));
     }
     let mut v = Vec::new();
     match op {
@@ -60,9 +56,7 @@ fn parse_item(item: &str, what: &str) -> Result<Vec<u32>> {
         Some(('+', s)) => {
             let step = num(s, item, what)?;
             if step == 0 {
-                return Err(bad(format!(
-                    "{what} range '{item}' has step 0; use a step of 1 or more"
-                )));
+                return Err(bad(format!("{what} range '{item}' has step 0; use a step of 1 or more")));
             }
             v.extend((first..=last).step_by(step as usize));
         }
@@ -112,15 +106,9 @@ mod tests {
         assert_eq!(parse_list("0-40+10", "x").unwrap(), vec![0, 10, 20, 30, 40]);
         assert_eq!(parse_list("0-35+10", "x").unwrap(), vec![0, 10, 20, 30]);
         assert_eq!(parse_list("1-3", "x").unwrap(), vec![1, 2, 3]);
-        assert_eq!(
-            parse_list("1-64*2", "x").unwrap(),
-            vec![1, 2, 4, 8, 16, 32, 64]
-        );
+        assert_eq!(parse_list("1-64*2", "x").unwrap(), vec![1, 2, 4, 8, 16, 32, 64]);
         assert_eq!(parse_list("5", "x").unwrap(), vec![5]);
-        assert_eq!(
-            parse_all(&["0".into(), "8-9".into()], "x").unwrap(),
-            vec![0, 8, 9]
-        );
+        assert_eq!(parse_all(&["0".into(), "8-9".into()], "x").unwrap(), vec![0, 8, 9]);
     }
 
     #[test]

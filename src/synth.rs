@@ -73,11 +73,7 @@ impl SynthSpec {
 pub const N_VOCAB: u64 = 3 + 256;
 
 fn vocab(w: &mut Writer) {
-    let mut tokens = vec![
-        Value::Str("<unk>".into()),
-        Value::Str("<s>".into()),
-        Value::Str("</s>".into()),
-    ];
+    let mut tokens = vec![Value::Str("<unk>".into()), Value::Str("<s>".into()), Value::Str("</s>".into())];
     let mut types = vec![Value::I32(2), Value::I32(3), Value::I32(3)];
     for b in 0..=255u8 {
         tokens.push(Value::Str(format!("<0x{b:02X}>")));
@@ -85,30 +81,9 @@ fn vocab(w: &mut Writer) {
     }
     let scores = (0..N_VOCAB).map(|_| Value::F32(0.0)).collect::<Vec<_>>();
     w.kv("tokenizer.ggml.model", Value::Str("llama".into()));
-    w.kv(
-        "tokenizer.ggml.tokens",
-        Value::Array {
-            elem_type: 8,
-            len: N_VOCAB,
-            items: tokens,
-        },
-    );
-    w.kv(
-        "tokenizer.ggml.scores",
-        Value::Array {
-            elem_type: 6,
-            len: N_VOCAB,
-            items: scores,
-        },
-    );
-    w.kv(
-        "tokenizer.ggml.token_type",
-        Value::Array {
-            elem_type: 5,
-            len: N_VOCAB,
-            items: types,
-        },
-    );
+    w.kv("tokenizer.ggml.tokens", Value::Array { elem_type: 8, len: N_VOCAB, items: tokens });
+    w.kv("tokenizer.ggml.scores", Value::Array { elem_type: 6, len: N_VOCAB, items: scores });
+    w.kv("tokenizer.ggml.token_type", Value::Array { elem_type: 5, len: N_VOCAB, items: types });
     w.kv("tokenizer.ggml.unknown_token_id", Value::U32(0));
     w.kv("tokenizer.ggml.bos_token_id", Value::U32(1));
     w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
@@ -131,52 +106,22 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     let (e, ff, h, hkv) = (spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv);
     let head_dim = e / h;
     w.kv("general.architecture", Value::Str(arch.into()));
-    w.kv(
-        "general.name",
-        Value::Str(format!("synthetic-{arch}-{}L", spec.n_layer)),
-    );
+    w.kv("general.name", Value::Str(format!("synthetic-{arch}-{}L", spec.n_layer)));
     w.kv("general.file_type", Value::U32(0));
-    w.kv(
-        &format!("{arch}.context_length"),
-        Value::U32(spec.ctx_train),
-    );
+    w.kv(&format!("{arch}.context_length"), Value::U32(spec.ctx_train));
     w.kv(&format!("{arch}.embedding_length"), Value::U32(e as u32));
     w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer));
-    w.kv(
-        &format!("{arch}.feed_forward_length"),
-        Value::U32(ff as u32),
-    );
-    w.kv(
-        &format!("{arch}.attention.head_count"),
-        Value::U32(h as u32),
-    );
-    w.kv(
-        &format!("{arch}.attention.head_count_kv"),
-        Value::U32(hkv as u32),
-    );
-    w.kv(
-        &format!("{arch}.attention.layer_norm_rms_epsilon"),
-        Value::F32(1e-5),
-    );
+    w.kv(&format!("{arch}.feed_forward_length"), Value::U32(ff as u32));
+    w.kv(&format!("{arch}.attention.head_count"), Value::U32(h as u32));
+    w.kv(&format!("{arch}.attention.head_count_kv"), Value::U32(hkv as u32));
+    w.kv(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
     w.kv(&format!("{arch}.rope.freq_base"), Value::F32(10000.0));
     if moe {
         w.kv(&format!("{arch}.expert_count"), Value::U32(spec.n_expert));
-        w.kv(
-            &format!("{arch}.expert_used_count"),
-            Value::U32(spec.n_expert_used.max(1)),
-        );
-        w.kv(
-            &format!("{arch}.expert_feed_forward_length"),
-            Value::U32(ff as u32),
-        );
-        w.kv(
-            &format!("{arch}.attention.key_length"),
-            Value::U32(head_dim as u32),
-        );
-        w.kv(
-            &format!("{arch}.attention.value_length"),
-            Value::U32(head_dim as u32),
-        );
+        w.kv(&format!("{arch}.expert_used_count"), Value::U32(spec.n_expert_used.max(1)));
+        w.kv(&format!("{arch}.expert_feed_forward_length"), Value::U32(ff as u32));
+        w.kv(&format!("{arch}.attention.key_length"), Value::U32(head_dim as u32));
+        w.kv(&format!("{arch}.attention.value_length"), Value::U32(head_dim as u32));
     }
     vocab(&mut w);
 
@@ -199,11 +144,7 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
         rand_tensor(&mut w, &format!("{p}.attn_q.weight"), &[e, head_dim * h]);
         rand_tensor(&mut w, &format!("{p}.attn_k.weight"), &[e, kv_dim]);
         rand_tensor(&mut w, &format!("{p}.attn_v.weight"), &[e, kv_dim]);
-        rand_tensor(
-            &mut w,
-            &format!("{p}.attn_output.weight"),
-            &[head_dim * h, e],
-        );
+        rand_tensor(&mut w, &format!("{p}.attn_output.weight"), &[head_dim * h, e]);
         ones(&mut w, &format!("{p}.ffn_norm.weight"), e);
         if moe {
             ones(&mut w, &format!("{p}.attn_q_norm.weight"), head_dim);

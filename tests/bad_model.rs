@@ -37,44 +37,22 @@ fn empty_file() {
 #[test]
 fn random_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let bytes: Vec<u8> = (0..4096u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    check_all(
-        &write(dir.path(), "random.gguf", &bytes),
-        "is not a GGUF file",
-    );
+    let bytes: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    check_all(&write(dir.path(), "random.gguf", &bytes), "is not a GGUF file");
 }
 
 #[test]
 fn zip_and_png_renamed() {
     let dir = tempfile::tempdir().unwrap();
-    check_all(
-        &write(
-            dir.path(),
-            "zip.gguf",
-            b"PK\x03\x04\x14\x00\x00\x00rest of a zip",
-        ),
-        "a zip archive",
-    );
-    check_all(
-        &write(
-            dir.path(),
-            "png.gguf",
-            b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR",
-        ),
-        "a PNG image",
-    );
+    check_all(&write(dir.path(), "zip.gguf", b"PK\x03\x04\x14\x00\x00\x00rest of a zip"), "a zip archive");
+    check_all(&write(dir.path(), "png.gguf", b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR"), "a PNG image");
 }
 
 #[test]
 fn truncated_in_header() {
     let dir = tempfile::tempdir().unwrap();
     let full = std::fs::read(synth(dir.path(), 2)).unwrap();
-    check_all(
-        &write(dir.path(), "cut-header.gguf", &full[..300]),
-        "cut off in its GGUF header",
-    );
+    check_all(&write(dir.path(), "cut-header.gguf", &full[..300]), "cut off in its GGUF header");
     check_all(&write(dir.path(), "cut-magic.gguf", &full[..10]), "cut off");
 }
 
@@ -82,10 +60,7 @@ fn truncated_in_header() {
 fn truncated_in_tensor_data() {
     let dir = tempfile::tempdir().unwrap();
     let full = std::fs::read(synth(dir.path(), 2)).unwrap();
-    check_all(
-        &write(dir.path(), "cut-data.gguf", &full[..full.len() - 1000]),
-        "cut off in its tensor data",
-    );
+    check_all(&write(dir.path(), "cut-data.gguf", &full[..full.len() - 1000]), "cut off in its tensor data");
 }
 
 #[test]
@@ -96,10 +71,7 @@ fn absurd_counts() {
     h.extend(4_000_000_000u64.to_le_bytes());
     h.extend(1u64.to_le_bytes());
     h.extend([0u8; 64]);
-    check_all(
-        &write(dir.path(), "tensors.gguf", &h),
-        "claims 4000000000 tensors",
-    );
+    check_all(&write(dir.path(), "tensors.gguf", &h), "claims 4000000000 tensors");
     let mut k = b"GGUF".to_vec();
     k.extend(3u32.to_le_bytes());
     k.extend(0u64.to_le_bytes());
@@ -114,8 +86,7 @@ fn vocabulary_only() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("vocab.gguf");
     let mut w = Writer::new();
-    w.kv("general.architecture", Value::Str("llama".into()))
-        .kv("tokenizer.ggml.model", Value::Str("llama".into()));
+    w.kv("general.architecture", Value::Str("llama".into())).kv("tokenizer.ggml.model", Value::Str("llama".into()));
     let mut f = std::fs::File::create(&p).unwrap();
     w.write_to(&mut f).unwrap();
     drop(f);

@@ -56,32 +56,15 @@ fn synthetic_40_layers_bench_json_has_llama_bench_fields() {
         assert_eq!(r["status"], "ok", "{r}");
         assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
         assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
-        let s: Vec<f64> = r["samples_ts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
+        let s: Vec<f64> = r["samples_ts"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         let mean = s.iter().sum::<f64>() / s.len() as f64;
-        assert!(
-            (mean - r["avg_ts"].as_f64().unwrap()).abs() < 1e-6 * mean,
-            "avg_ts is the mean of samples_ts"
-        );
+        assert!((mean - r["avg_ts"].as_f64().unwrap()).abs() < 1e-6 * mean, "avg_ts is the mean of samples_ts");
         assert_eq!(r["n_threads"], 2);
     }
-    let ngls: Vec<u64> = rows
-        .iter()
-        .map(|r| r["n_gpu_layers"].as_u64().unwrap())
-        .collect();
+    let ngls: Vec<u64> = rows.iter().map(|r| r["n_gpu_layers"].as_u64().unwrap()).collect();
     assert_eq!(ngls, vec![0, 0, 10, 10, 99, 99]);
-    assert_eq!(
-        (rows[0]["n_prompt"].as_u64(), rows[0]["n_gen"].as_u64()),
-        (Some(32), Some(0))
-    );
-    assert_eq!(
-        (rows[1]["n_prompt"].as_u64(), rows[1]["n_gen"].as_u64()),
-        (Some(0), Some(8))
-    );
+    assert_eq!((rows[0]["n_prompt"].as_u64(), rows[0]["n_gen"].as_u64()), (Some(32), Some(0)));
+    assert_eq!((rows[1]["n_prompt"].as_u64(), rows[1]["n_gen"].as_u64()), (Some(0), Some(8)));
 }
 
 #[test]
@@ -89,46 +72,27 @@ fn output_formats_md_csv_jsonl() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     let m = m.to_str().unwrap();
-    let base = [
-        "bench", m, "-ngl", "0", "-p", "8", "-n", "4", "-r", "1", "-t", "1",
-    ];
+    let base = ["bench", m, "-ngl", "0", "-p", "8", "-n", "4", "-r", "1", "-t", "1"];
 
     let md = run(&[&base[..], &["-o", "md"]].concat());
     assert!(md.status.success(), "{}", stderr(&md));
     let t = stdout(&md);
     let lines: Vec<&str> = t.lines().collect();
     assert_eq!(lines.len(), 4, "{t}");
-    assert!(
-        lines[0].starts_with("| model |") && lines[0].contains("| t/s |"),
-        "{t}"
-    );
-    assert!(
-        lines[2].contains("| pp8 |") && lines[3].contains("| tg4 |"),
-        "{t}"
-    );
+    assert!(lines[0].starts_with("| model |") && lines[0].contains("| t/s |"), "{t}");
+    assert!(lines[2].contains("| pp8 |") && lines[3].contains("| tg4 |"), "{t}");
 
     let csv = run(&[&base[..], &["-o", "csv"]].concat());
     let t = stdout(&csv);
     let lines: Vec<&str> = t.lines().collect();
     assert_eq!(lines.len(), 3, "{t}");
     let header: Vec<&str> = lines[0].split(',').collect();
-    assert!(
-        header.contains(&"avg_ts")
-            && header.contains(&"n_gpu_layers")
-            && header.contains(&"stddev_ts")
-    );
-    assert_eq!(
-        lines[1].matches("\",\"").count() + 1,
-        header.len(),
-        "every field quoted once"
-    );
+    assert!(header.contains(&"avg_ts") && header.contains(&"n_gpu_layers") && header.contains(&"stddev_ts"));
+    assert_eq!(lines[1].matches("\",\"").count() + 1, header.len(), "every field quoted once");
 
     let jl = run(&[&base[..], &["-o", "jsonl"]].concat());
     let t = stdout(&jl);
-    let rows: Vec<serde_json::Value> = t
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows: Vec<serde_json::Value> = t.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[1]["n_gen"], 4);
 }
@@ -138,23 +102,12 @@ fn llama_log_stays_off_the_terminal_unless_verbose() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     let m = m.to_str().unwrap();
-    let quiet = run(&[
-        "bench", m, "-ngl", "0", "-p", "8", "-n", "0", "-r", "1", "-q",
-    ]);
+    let quiet = run(&["bench", m, "-ngl", "0", "-p", "8", "-n", "0", "-r", "1", "-q"]);
     assert!(quiet.status.success());
-    assert!(
-        !stderr(&quiet).contains("llama_model_loader"),
-        "{}",
-        stderr(&quiet)
-    );
-    let loud = run(&[
-        "bench", m, "-ngl", "0", "-p", "8", "-n", "0", "-r", "1", "-q", "-v",
-    ]);
+    assert!(!stderr(&quiet).contains("llama_model_loader"), "{}", stderr(&quiet));
+    let loud = run(&["bench", m, "-ngl", "0", "-p", "8", "-n", "0", "-r", "1", "-q", "-v"]);
     assert!(loud.status.success());
-    assert!(
-        stderr(&loud).contains("llama_model_loader"),
-        "verbose shows llama.cpp's log"
-    );
+    assert!(stderr(&loud).contains("llama_model_loader"), "verbose shows llama.cpp's log");
 }
 
 #[test]
@@ -164,25 +117,16 @@ fn a_crashing_trial_is_a_failed_row_and_the_others_are_measured() {
     let m = m.to_str().unwrap();
     for (fault, signal) in [("abort@2", "SIGABRT"), ("segv@2", "SIGSEGV")] {
         let o = run_env(
-            &[
-                "bench", m, "-ngl", "0,2,5", "-p", "8", "-n", "4", "-r", "1", "-o", "json",
-            ],
+            &["bench", m, "-ngl", "0,2,5", "-p", "8", "-n", "4", "-r", "1", "-o", "json"],
             &[("NGL_TUNE_TEST_FAULT", fault)],
         );
         let rows = json_rows(&o);
         assert_eq!(rows.len(), 6, "{rows:?}");
         let status: Vec<&str> = rows.iter().map(|r| r["status"].as_str().unwrap()).collect();
-        assert_eq!(
-            status,
-            ["ok", "ok", "crashed", "crashed", "ok", "ok"],
-            "{fault}"
-        );
+        assert_eq!(status, ["ok", "ok", "crashed", "crashed", "ok", "ok"], "{fault}");
         let reason = rows[2]["reason"].as_str().unwrap();
         assert!(reason.contains(signal), "{fault}: {reason}");
-        assert!(
-            reason.contains("injecting test fault"),
-            "the last stderr line is kept: {reason}"
-        );
+        assert!(reason.contains("injecting test fault"), "the last stderr line is kept: {reason}");
         assert!(rows[2]["avg_ts"].is_null());
         assert!(stderr(&o).contains("1 of 3 trials did not complete"));
     }
@@ -215,10 +159,7 @@ fn a_hanging_trial_is_killed_at_its_timeout() {
     let rows = json_rows(&o);
     assert_eq!(rows[0]["status"], "ok");
     assert_eq!(rows[1]["status"], "timeout");
-    assert!(rows[1]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("3s trial timeout"));
+    assert!(rows[1]["reason"].as_str().unwrap().contains("3s trial timeout"));
     assert!(t0.elapsed().as_secs() < 60);
 }
 
@@ -228,10 +169,7 @@ fn bad_workload_options_exit_2() {
     let m = synth(dir.path(), 2);
     let m = m.to_str().unwrap();
     assert_bad_input(&run(&["bench", m, "-t", "0"]), "-t 0");
-    assert_bad_input(
-        &run(&["bench", m, "-p", "0", "-n", "0"]),
-        "nothing to measure",
-    );
+    assert_bad_input(&run(&["bench", m, "-p", "0", "-n", "0"]), "nothing to measure");
     assert_bad_input(&run(&["bench", m, "-ngl", "10-"]), "has no end");
     assert_bad_input(&run(&["bench", m, "-ngl", "5-1"]), "ends before it starts");
     assert_bad_input(&run(&["bench", m, "-ngl", "a"]), "not a number");
@@ -242,26 +180,10 @@ fn bad_workload_options_exit_2() {
 #[test]
 fn real_model_bench_json() {
     let m = real_model();
-    let o = run(&[
-        "bench",
-        m.to_str().unwrap(),
-        "-ngl",
-        "0",
-        "-p",
-        "32",
-        "-n",
-        "8",
-        "-r",
-        "2",
-        "-t",
-        "2",
-        "-o",
-        "json",
-    ]);
+    let o =
+        run(&["bench", m.to_str().unwrap(), "-ngl", "0", "-p", "32", "-n", "8", "-r", "2", "-t", "2", "-o", "json"]);
     let rows = json_rows(&o);
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["model_type"], "gemma3 268M Q4_K_M");
-    assert!(rows
-        .iter()
-        .all(|r| r["status"] == "ok" && r["avg_ts"].as_f64().unwrap() > 0.0));
+    assert!(rows.iter().all(|r| r["status"] == "ok" && r["avg_ts"].as_f64().unwrap() > 0.0));
 }

@@ -22,10 +22,7 @@ fn synthetic_40_layer_model_is_inspected() {
     let per_layer = (4 * 128 * 128 + 3 * 128 * 256 + 2 * 128) * 4;
     let layers = v["layer_bytes"].as_array().unwrap();
     assert_eq!(layers.len(), 40);
-    assert!(
-        layers.iter().all(|b| b.as_u64() == Some(per_layer)),
-        "{layers:?}"
-    );
+    assert!(layers.iter().all(|b| b.as_u64() == Some(per_layer)), "{layers:?}");
     // Output layer: output.weight (128 x 259) + output_norm (128).
     assert_eq!(v["output_bytes"], (128 * 259 + 128) * 4);
     assert_eq!(v["output_tied"], false);
@@ -41,13 +38,8 @@ fn synthetic_40_layer_model_is_inspected() {
 fn moe_model_reports_experts() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("moe.gguf");
-    ngl_tune::synth::write_model(
-        &p,
-        &ngl_tune::synth::SynthSpec::default()
-            .with_n_layer(3)
-            .with_experts(4, 2),
-    )
-    .unwrap();
+    ngl_tune::synth::write_model(&p, &ngl_tune::synth::SynthSpec::default().with_n_layer(3).with_experts(4, 2))
+        .unwrap();
     let o = run(&["inspect", p.to_str().unwrap(), "--json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();

@@ -14,11 +14,7 @@ use serde::{Deserialize, Serialize};
 
 static CAPTURED: Mutex<String> = Mutex::new(String::new());
 
-unsafe extern "C" fn capture(
-    _level: llama_cpp_sys_2::ggml_log_level,
-    text: *const c_char,
-    _data: *mut c_void,
-) {
+unsafe extern "C" fn capture(_level: llama_cpp_sys_2::ggml_log_level, text: *const c_char, _data: *mut c_void) {
     if text.is_null() {
         return;
     }
@@ -44,10 +40,7 @@ pub fn install() {
 /// Returns and clears what was captured since the last call.
 #[must_use]
 pub fn take() -> String {
-    CAPTURED
-        .lock()
-        .map(|mut b| std::mem::take(&mut *b))
-        .unwrap_or_default()
+    CAPTURED.lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default()
 }
 
 /// One "<buffer type> <kind> buffer size = N MiB" line.
@@ -82,11 +75,7 @@ pub fn parse_buffers(log: &str) -> Vec<BufferLine> {
         let Some((left, right)) = line.split_once(" buffer size =") else {
             continue;
         };
-        let Some(mib) = right
-            .trim()
-            .strip_suffix("MiB")
-            .and_then(|v| v.trim().parse::<f64>().ok())
-        else {
+        let Some(mib) = right.trim().strip_suffix("MiB").and_then(|v| v.trim().parse::<f64>().ok()) else {
             continue;
         };
         // left: "llama_kv_cache:    Vulkan0 KV" or "load_tensors:   CPU_Mapped model"
@@ -96,11 +85,7 @@ pub fn parse_buffers(log: &str) -> Vec<BufferLine> {
         let buffer_type = words.join(" ");
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let bytes = (mib * 1024.0 * 1024.0).round() as u64;
-        out.push(BufferLine {
-            buffer_type,
-            kind: kind.to_string(),
-            bytes,
-        });
+        out.push(BufferLine { buffer_type, kind: kind.to_string(), bytes });
     }
     out
 }

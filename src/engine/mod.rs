@@ -4,6 +4,7 @@
 //! `worker` runs inside the child (hidden `__trial` subcommand); `runner`
 //! spawns it, watches it, and turns whatever happened into a [`TrialResult`].
 
+pub mod interrupt;
 pub mod logs;
 pub mod runner;
 pub mod worker;
@@ -118,10 +119,7 @@ impl TestResult {
     pub fn from_samples(n_prompt: u32, n_gen: u32, n_ctx: u32, samples_ns: Vec<u64>) -> Self {
         let n_tokens = f64::from(n_prompt + n_gen);
         #[allow(clippy::cast_precision_loss)]
-        let samples_ts: Vec<f64> = samples_ns
-            .iter()
-            .map(|ns| n_tokens * 1e9 / (*ns as f64).max(1.0))
-            .collect();
+        let samples_ts: Vec<f64> = samples_ns.iter().map(|ns| n_tokens * 1e9 / (*ns as f64).max(1.0)).collect();
         #[allow(clippy::cast_precision_loss)]
         let ns_f: Vec<f64> = samples_ns.iter().map(|v| *v as f64).collect();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -183,22 +181,11 @@ impl TrialResult {
     /// the largest device context of the trial's tests.
     #[must_use]
     pub fn accounted_device_bytes(&self) -> u64 {
-        let model: u64 = self
-            .model_buffers
-            .iter()
-            .filter(|b| b.on_device())
-            .map(|b| b.bytes)
-            .sum();
+        let model: u64 = self.model_buffers.iter().filter(|b| b.on_device()).map(|b| b.bytes).sum();
         let ctx = self
             .tests
             .iter()
-            .map(|t| {
-                t.context_buffers
-                    .iter()
-                    .filter(|b| b.on_device())
-                    .map(|b| b.bytes)
-                    .sum::<u64>()
-            })
+            .map(|t| t.context_buffers.iter().filter(|b| b.on_device()).map(|b| b.bytes).sum::<u64>())
             .max()
             .unwrap_or(0);
         model + ctx
@@ -207,11 +194,7 @@ impl TrialResult {
     /// Device model-buffer bytes only (weights).
     #[must_use]
     pub fn device_model_bytes(&self) -> u64 {
-        self.model_buffers
-            .iter()
-            .filter(|b| b.on_device())
-            .map(|b| b.bytes)
-            .sum()
+        self.model_buffers.iter().filter(|b| b.on_device()).map(|b| b.bytes).sum()
     }
 
     /// The trustworthy sampled device memory: NVML's device-wide figures
@@ -230,21 +213,12 @@ impl TrialResult {
     /// Peak resident memory of the worker process.
     #[must_use]
     pub fn peak_host_rss(&self) -> Option<u64> {
-        self.sampled
-            .iter()
-            .find(|m| m.source == "host")
-            .and_then(|m| m.peak_pid_used)
+        self.sampled.iter().find(|m| m.source == "host").and_then(|m| m.peak_pid_used)
     }
 
     #[must_use]
     pub fn test(&self, pp: bool) -> Option<&TestResult> {
-        self.tests.iter().find(|t| {
-            if pp {
-                t.n_prompt > 0 && t.n_gen == 0
-            } else {
-                t.n_gen > 0 && t.n_prompt == 0
-            }
-        })
+        self.tests.iter().find(|t| if pp { t.n_prompt > 0 && t.n_gen == 0 } else { t.n_gen > 0 && t.n_prompt == 0 })
     }
 
     /// A result for a trial that produced nothing.

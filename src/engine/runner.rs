@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::{TrialResult, TrialSpec, TrialStatus};
+use super::{interrupt, TrialResult, TrialSpec, TrialStatus};
 use crate::probe::host::HostSource;
 use crate::probe::nvml::NvmlSource;
 use crate::probe::{MemorySource, Sampler};
@@ -42,8 +42,7 @@ impl Runner {
     /// # Errors
     /// When the current executable's path cannot be found.
     pub fn current(timeout: Duration, verbose: bool) -> Result<Self> {
-        let exe =
-            std::env::current_exe().context("cannot find the ngl-tune executable to run trials")?;
+        let exe = std::env::current_exe().context("cannot find the ngl-tune executable to run trials")?;
         let nvml_note = crate::probe::nvml::open().err();
         Ok(Runner {
             exe,
@@ -88,11 +87,10 @@ impl Runner {
             .spawn()
             .with_context(|| format!("cannot start the trial worker {}", self.exe.display()))?;
         let pid = child.id();
-        let sampler = (!self.sample_interval.is_zero())
-            .then(|| Sampler::start(self.sources(), self.sample_interval, Some(pid)));
+        let sampler =
+            (!self.sample_interval.is_zero()).then(|| Sampler::start(self.sources(), self.sample_interval, Some(pid)));
         let mut spec = spec.clone();
-        spec.sample_interval_ms =
-            u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
+        spec.sample_interval_ms = u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
         let spec = &spec;
         let spec_json = serde_json::to_string(spec)?;
         if let Some(mut stdin) = child.stdin.take() {
@@ -133,10 +131,7 @@ impl Runner {
         let sampled = sampler.map(Sampler::stop).unwrap_or_default();
         let stdout = out_thread.join().unwrap_or_default();
         let _ = err_thread.join();
-        let tail: Vec<String> = tail
-            .lock()
-            .map(|t| t.iter().cloned().collect())
-            .unwrap_or_default();
+        let tail: Vec<String> = tail.lock().map(|t| t.iter().cloned().collect()).unwrap_or_default();
         let wall_ms = started.elapsed().as_secs_f64() * 1e3;
 
         let parsed = stdout
@@ -154,32 +149,10 @@ impl Runner {
             (false, Some(r)) if status.success() => r,
             (false, _) => {
                 let how = describe_exit(status);
-                let last = tail
-                    .iter()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())
-                    .cloned()
-                    .unwrap_or_default();
-                let oom = tail.iter().any(|l| {
-                    let l = l.to_ascii_lowercase();
-                    l.contains("out of memory")
-                        || l.contains("failed to allocate")
-                        || l.contains("bad_alloc")
-                });
-                let reason = if last.is_empty() {
-                    how
-                } else {
-                    format!("{how}: {last}")
-                };
-                TrialResult::failed(
-                    spec.clone(),
-                    if oom {
-                        TrialStatus::Oom
-                    } else {
-                        TrialStatus::Crashed
-                    },
-                    reason,
-                )
+                let last = telling_line(&tail);
+                let oom = tail.iter().any(|l| mentions_oom(l));
+                let reason = if last.is_empty() { how } else { format!("{how}: {last}") };
+                TrialResult::failed(spec.clone(), if oom { TrialStatus::Oom } else { TrialStatus::Crashed }, reason)
             }
         };
         result.wall_ms = wall_ms;
@@ -190,16 +163,20 @@ impl Runner {
         Ok(result)
     }
 
-    fn wait(
-        &self,
-        child: &mut Child,
-        pid: u32,
-        on_tick: &mut impl FnMut(u32),
-    ) -> Result<(ExitStatus, bool)> {
+    fn wait(&self, child: &mut Child, pid: u32, on_tick: &mut impl FnMut(u32)) -> Result<(ExitStatus, bool)> {
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait()? {
+                // Ctrl-C reaches the worker too: its death is the interrupt, not a crash.
+                if interrupt::requested().is_some() {
+                    return Err(anyhow::Error::new(Interrupted));
+                }
                 return Ok((status, false));
+            }
+            if interrupt::requested().is_some() {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(anyhow::Error::new(Interrupted));
             }
             if started.elapsed() >= self.timeout {
                 let _ = child.kill();
@@ -211,6 +188,53 @@ impl Runner {
         }
     }
 }
+
+/// The line of a worker's last words that best says what went wrong: one
+/// about memory, else one naming an error, else the last.
+#[must_use]
+pub fn telling_line(tail: &[String]) -> String {
+    let lines: Vec<&str> = tail.iter().map(|l| l.trim()).filter(|l| !l.is_empty()).collect();
+    lines
+        .iter()
+        .rev()
+        .find(|l| mentions_oom(l))
+        .or_else(|| lines.iter().rev().find(|l| l.to_ascii_lowercase().contains("error")))
+        .or_else(|| lines.last())
+        .map_or_else(String::new, |l| (*l).to_string())
+}
+
+/// Whether a log line says memory ran out (host or device).
+#[must_use]
+pub fn mentions_oom(text: &str) -> bool {
+    let l = text.to_ascii_lowercase();
+    [
+        "out of memory",
+        "failed to allocate",
+        "cannot allocate memory",
+        "unable to allocate",
+        "outofdevicememory",
+        "outofhostmemory",
+        "cudamalloc failed",
+        "not enough memory",
+        "bad_alloc",
+        "memory allocation of",
+    ]
+    .iter()
+    .any(|p| l.contains(p))
+}
+
+/// The sweep was stopped by SIGINT or SIGTERM while a trial ran; that trial
+/// is discarded, the finished ones are kept by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted by {}", interrupt::requested().map_or("a signal", interrupt::name))
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 /// "killed by signal 6 (SIGABRT)" or "exited with status 7".
 #[must_use]
@@ -245,8 +269,8 @@ pub fn describe_exit(status: ExitStatus) -> String {
 pub fn worker_main() -> Result<()> {
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
-    let spec: TrialSpec = serde_json::from_str(&input)
-        .context("the trial worker expects a TrialSpec as JSON on stdin")?;
+    let spec: TrialSpec =
+        serde_json::from_str(&input).context("the trial worker expects a TrialSpec as JSON on stdin")?;
     let result = super::worker::run(&spec);
     let line = serde_json::to_string(&result)?;
     let mut out = std::io::stdout().lock();

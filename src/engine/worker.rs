@@ -25,15 +25,43 @@ use crate::probe::{MemorySource, Sampler};
 /// affects the hidden worker.
 pub const FAULT_ENV: &str = "NGL_TUNE_TEST_FAULT";
 
-fn inject_fault(ngl: u32) {
-    let Ok(spec) = std::env::var(FAULT_ENV) else {
-        return;
-    };
+/// The fault asked for at this ngl, if any.
+fn fault_at(ngl: u32) -> Option<String> {
+    let spec = std::env::var(FAULT_ENV).ok()?;
     let (kind, at) = match spec.split_once('@') {
         Some((k, n)) => (k.to_string(), n.parse::<u32>().ok()),
         None => (spec.clone(), None),
     };
     if at.is_some_and(|n| n != ngl) {
+        return None;
+    }
+    Some(kind)
+}
+
+/// `oom`: caps the worker's address space a little above what it uses now,
+/// so llama.cpp's own allocations for the model really fail.
+fn inject_memory_limit(ngl: u32) {
+    if fault_at(ngl).as_deref() != Some("oom") {
+        return;
+    }
+    let vm_kib = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmSize:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let limit = (vm_kib + 16 * 1024) * 1024;
+    eprintln!("ngl-tune worker: injecting test fault 'oom' at ngl {ngl}: address space capped at {} MiB", limit >> 20);
+    let rl = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+    // SAFETY: setrlimit with a valid struct only changes this process's limit.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_AS, &raw const rl);
+    }
+}
+
+fn inject_fault(ngl: u32) {
+    let Some(kind) = fault_at(ngl) else { return };
+    if kind == "oom" {
         return;
     }
     eprintln!("ngl-tune worker: injecting test fault '{kind}' at ngl {ngl}");
@@ -57,26 +85,21 @@ fn inject_fault(ngl: u32) {
 
 /// What llama.cpp's log says about a failed allocation.
 fn looks_like_oom(log: &str) -> bool {
-    let l = log.to_ascii_lowercase();
-    [
-        "out of memory",
-        "failed to allocate",
-        "outofdevicememory",
-        "unable to allocate",
-        "cudamalloc failed",
-        "not enough memory",
-    ]
-    .iter()
-    .any(|p| l.contains(p))
+    super::runner::mentions_oom(log)
 }
 
+/// The most telling line of a failure: the last one that names an error.
 fn last_error_line(log: &str) -> String {
-    log.lines()
+    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    lines
+        .iter()
         .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("no log output")
-        .to_string()
+        .find(|l| {
+            let l = l.to_ascii_lowercase();
+            l.contains("error") && !l.contains("failed to load model")
+        })
+        .or_else(|| lines.last())
+        .map_or_else(|| "no log output".to_string(), |l| (*l).to_string())
 }
 
 /// Runs the trial. Never panics on llama.cpp errors: they become the result's
@@ -90,22 +113,12 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
 
     let backend = match LlamaBackend::init() {
         Ok(b) => b,
-        Err(e) => {
-            return fail(
-                result,
-                TrialStatus::Failed,
-                format!("llama.cpp backend init failed: {e}"),
-            )
-        }
+        Err(e) => return fail(result, TrialStatus::Failed, format!("llama.cpp backend init failed: {e}")),
     };
     result.devices = crate::probe::ggml::devices();
     let sampler = (spec.sample_interval_ms > 0).then(|| {
         let source: Box<dyn MemorySource> = Box::new(GgmlSource::new());
-        Sampler::start(
-            vec![source],
-            Duration::from_millis(spec.sample_interval_ms),
-            None,
-        )
+        Sampler::start(vec![source], Duration::from_millis(spec.sample_interval_ms), None)
     });
     let result = measure_trial(spec, &backend, result);
     let mut result = result;
@@ -117,6 +130,7 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
 }
 
 fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResult) -> TrialResult {
+    inject_memory_limit(spec.n_gpu_layers);
     let params = LlamaModelParams::default().with_n_gpu_layers(spec.n_gpu_layers);
     let t_load = Instant::now();
     let model = LlamaModel::load_from_file(backend, &spec.model, &params);
@@ -124,16 +138,8 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
     let model = match model {
         Ok(m) => m,
         Err(e) => {
-            let status = if looks_like_oom(&load_log) {
-                TrialStatus::Oom
-            } else {
-                TrialStatus::Failed
-            };
-            return fail(
-                result,
-                status,
-                format!("model load failed ({e}): {}", last_error_line(&load_log)),
-            );
+            let status = if looks_like_oom(&load_log) { TrialStatus::Oom } else { TrialStatus::Failed };
+            return fail(result, status, format!("model load failed ({e}): {}", last_error_line(&load_log)));
         }
     };
     result.t_load_ms = t_load.elapsed().as_secs_f64() * 1e3;
@@ -153,47 +159,22 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
             .with_n_ubatch(spec.n_ubatch)
             .with_n_threads(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
             .with_n_threads_batch(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
-            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(
-                spec.flash_attn,
-            ));
+            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(spec.flash_attn));
         let ctx = model.new_context(backend, cparams);
         let ctx_log = logs::take();
         let mut ctx = match ctx {
             Ok(c) => c,
             Err(e) => {
-                let status = if looks_like_oom(&ctx_log) {
-                    TrialStatus::Oom
-                } else {
-                    TrialStatus::Failed
-                };
-                return fail(
-                    result,
-                    status,
-                    format!(
-                        "context creation failed ({e}): {}",
-                        last_error_line(&ctx_log)
-                    ),
-                );
+                let status = if looks_like_oom(&ctx_log) { TrialStatus::Oom } else { TrialStatus::Failed };
+                return fail(result, status, format!("context creation failed ({e}): {}", last_error_line(&ctx_log)));
             }
         };
         let mut samples = Vec::with_capacity(spec.repetitions as usize);
-        let measured = measure(
-            &mut ctx,
-            &model,
-            &mut rng,
-            spec,
-            n_prompt,
-            n_gen,
-            &mut samples,
-        );
+        let measured = measure(&mut ctx, &model, &mut rng, spec, n_prompt, n_gen, &mut samples);
         let run_log = logs::take();
         if let Err(e) = measured {
             let log = format!("{ctx_log}{run_log}");
-            let status = if looks_like_oom(&log) {
-                TrialStatus::Oom
-            } else {
-                TrialStatus::Failed
-            };
+            let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
             return fail(result, status, format!("{e}: {}", last_error_line(&log)));
         }
         let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples);
@@ -222,11 +203,7 @@ fn measure(
 ) -> Result<(), String> {
     let vocab = model.vocab();
     let n_vocab = model.n_vocab().max(1);
-    let bos = if vocab.should_add_bos() {
-        Some(vocab.bos())
-    } else {
-        None
-    };
+    let bos = if vocab.should_add_bos() { Some(vocab.bos()) } else { None };
     if spec.warmup {
         if n_prompt > 0 {
             test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.n_batch)?;
@@ -272,8 +249,7 @@ fn test_prompt(
             tokens.push(t);
         }
         let mut batch = LlamaBatch::get_one(&tokens).map_err(|e| format!("batch: {e}"))?;
-        ctx.decode(&mut batch)
-            .map_err(|e| format!("prompt decode failed ({e})"))?;
+        ctx.decode(&mut batch).map_err(|e| format!("prompt decode failed ({e})"))?;
         processed += n;
     }
     ctx.synchronize();
@@ -292,8 +268,7 @@ fn test_gen(
     for _ in 0..n_gen {
         let one = [token];
         let mut batch = LlamaBatch::get_one(&one).map_err(|e| format!("batch: {e}"))?;
-        ctx.decode(&mut batch)
-            .map_err(|e| format!("generation decode failed ({e})"))?;
+        ctx.decode(&mut batch).map_err(|e| format!("generation decode failed ({e})"))?;
         ctx.synchronize();
         token = LlamaToken::new(rng.random_range(0..n_vocab));
     }

@@ -45,16 +45,8 @@ pub fn budget_notes(devices: &[LlamaDevice]) -> Vec<String> {
         .iter()
         .filter(|d| d.is_offload_target() && !has_budget(d))
         .map(|d| {
-            let short = d
-                .description
-                .split_whitespace()
-                .next()
-                .unwrap_or(&d.description)
-                .trim_end_matches(',');
-            format!(
-                "{} ({short}) reports no memory budget: using llama.cpp's accounted memory",
-                d.name
-            )
+            let short = d.description.split_whitespace().next().unwrap_or(&d.description).trim_end_matches(',');
+            format!("{} ({short}) reports no memory budget: using llama.cpp's accounted memory", d.name)
         })
         .collect()
 }
@@ -141,9 +133,6 @@ mod tests {
         assert!(!has_budget(&dev("Some GPU", 8 << 30, 8 << 30)));
         let mut cpu = dev("Intel Xeon", 1, 1);
         cpu.kind = "cpu".into();
-        assert!(
-            budget_notes(&[cpu]).is_empty(),
-            "the CPU is not an offload target"
-        );
+        assert!(budget_notes(&[cpu]).is_empty(), "the CPU is not an offload target");
     }
 }

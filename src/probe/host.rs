@@ -12,9 +12,7 @@ pub struct HostSource {
 impl HostSource {
     #[must_use]
     pub fn new() -> Self {
-        HostSource {
-            sys: System::new_with_specifics(RefreshKind::nothing()),
-        }
+        HostSource { sys: System::new_with_specifics(RefreshKind::nothing()) }
     }
 }
 

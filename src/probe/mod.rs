@@ -84,17 +84,9 @@ pub struct Sampler {
     handle: Option<JoinHandle<BTreeMap<String, Acc>>>,
 }
 
-fn record(
-    acc: &mut BTreeMap<String, Acc>,
-    source: &str,
-    samples: Vec<DeviceSample>,
-    baseline: bool,
-) {
+fn record(acc: &mut BTreeMap<String, Acc>, source: &str, samples: Vec<DeviceSample>, baseline: bool) {
     for s in samples {
-        let a = acc.entry(s.device.clone()).or_insert_with(|| Acc {
-            source: source.to_string(),
-            ..Acc::default()
-        });
+        let a = acc.entry(s.device.clone()).or_insert_with(|| Acc { source: source.to_string(), ..Acc::default() });
         a.total = s.total;
         if baseline && a.n == 0 {
             a.baseline = s.used;
@@ -112,11 +104,7 @@ impl Sampler {
     /// Takes a baseline reading now, then samples every `interval` on a
     /// thread. `pid` is the process whose own use is attributed.
     #[must_use]
-    pub fn start(
-        mut sources: Vec<Box<dyn MemorySource>>,
-        interval: Duration,
-        pid: Option<u32>,
-    ) -> Sampler {
+    pub fn start(mut sources: Vec<Box<dyn MemorySource>>, interval: Duration, pid: Option<u32>) -> Sampler {
         let mut acc: BTreeMap<String, Acc> = BTreeMap::new();
         for s in &mut sources {
             let name = s.name();
@@ -136,8 +124,7 @@ impl Sampler {
                     break;
                 }
                 // Wakes at once when told to stop.
-                let Ok((guard, _)) = cv.wait_timeout_while(guard, interval, |stopped| !*stopped)
-                else {
+                let Ok((guard, _)) = cv.wait_timeout_while(guard, interval, |stopped| !*stopped) else {
                     break;
                 };
                 if *guard {
@@ -146,21 +133,14 @@ impl Sampler {
             }
             acc
         });
-        Sampler {
-            stop,
-            handle: Some(handle),
-        }
+        Sampler { stop, handle: Some(handle) }
     }
 
     /// Stops the thread and returns per-device statistics.
     #[must_use]
     pub fn stop(mut self) -> Vec<MemoryStats> {
         self.signal();
-        let acc = self
-            .handle
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default();
+        let acc = self.handle.take().and_then(|h| h.join().ok()).unwrap_or_default();
         acc.into_iter()
             .map(|(device, a)| MemoryStats {
                 source: a.source,
@@ -169,11 +149,7 @@ impl Sampler {
                 baseline_used: a.baseline,
                 peak_used: a.peak,
                 #[allow(clippy::cast_possible_truncation)]
-                mean_used: if a.n == 0 {
-                    0
-                } else {
-                    (a.sum / u128::from(a.n)) as u64
-                },
+                mean_used: if a.n == 0 { 0 } else { (a.sum / u128::from(a.n)) as u64 },
                 peak_pid_used: a.peak_pid,
                 n_samples: a.n,
             })
@@ -325,15 +301,9 @@ pub fn fingerprint(hw: &Hardware) -> String {
         ));
     }
     for d in hw.llama_devices.iter().filter(|d| d.is_offload_target()) {
-        parts.push(format!(
-            "dev:{}:{}:{}",
-            d.backend, d.description, d.memory_total
-        ));
+        parts.push(format!("dev:{}:{}:{}", d.backend, d.description, d.memory_total));
     }
-    parts.push(format!(
-        "cpu:{}:{}:{}",
-        hw.cpu.brand, hw.cpu.physical_cores, hw.cpu.logical_cores
-    ));
+    parts.push(format!("cpu:{}:{}:{}", hw.cpu.brand, hw.cpu.physical_cores, hw.cpu.logical_cores));
     parts.push(format!("ram:{}", (hw.ram.total + (1 << 29)) >> 30));
     parts.push(format!("llama:{}", hw.llama_cpp_revision));
     parts.push(format!("backends:{}", hw.backends.join(",")));
@@ -356,11 +326,7 @@ pub fn machine_id() -> String {
     let mut h = Sha256::new();
     h.update(raw.as_bytes());
     let host = sysinfo::System::host_name().unwrap_or_default();
-    let host: String = host
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-        .take(24)
-        .collect();
+    let host: String = host.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(24).collect();
     let id = &format!("{:x}", h.finalize())[..12];
     if host.is_empty() {
         id.to_string()
@@ -384,25 +350,12 @@ pub fn hardware(llama_devices: Vec<LlamaDevice>) -> Hardware {
     sys.refresh_memory();
     let logical = u32::try_from(sys.cpus().len()).unwrap_or(0);
     let cpu = CpuInfo {
-        brand: sys
-            .cpus()
-            .first()
-            .map(|c| c.brand().trim().to_string())
-            .unwrap_or_default(),
-        physical_cores: sysinfo::System::physical_core_count()
-            .and_then(|n| u32::try_from(n).ok())
-            .unwrap_or(logical),
+        brand: sys.cpus().first().map(|c| c.brand().trim().to_string()).unwrap_or_default(),
+        physical_cores: sysinfo::System::physical_core_count().and_then(|n| u32::try_from(n).ok()).unwrap_or(logical),
         logical_cores: logical,
     };
-    let cgroup_limit = sys
-        .cgroup_limits()
-        .map(|c| c.total_memory)
-        .filter(|t| *t > 0 && *t < sys.total_memory());
-    let ram = RamInfo {
-        total: sys.total_memory(),
-        available: sys.available_memory(),
-        cgroup_limit,
-    };
+    let cgroup_limit = sys.cgroup_limits().map(|c| c.total_memory).filter(|t| *t > 0 && *t < sys.total_memory());
+    let ram = RamInfo { total: sys.total_memory(), available: sys.available_memory(), cgroup_limit };
     let mut notes = Vec::new();
     if let Some(n) = &nvml_note {
         notes.push(n.clone());
@@ -449,10 +402,7 @@ pub fn devices_in_child(exe: &std::path::Path) -> anyhow::Result<Vec<LlamaDevice
         .output()
         .with_context(|| format!("cannot run {} to list llama.cpp devices", exe.display()))?;
     if !out.status.success() {
-        anyhow::bail!(
-            "listing llama.cpp devices failed ({})",
-            crate::engine::runner::describe_exit(out.status)
-        );
+        anyhow::bail!("listing llama.cpp devices failed ({})", crate::engine::runner::describe_exit(out.status));
     }
     serde_json::from_slice(&out.stdout).context("the device list from __devices is not valid JSON")
 }
@@ -486,10 +436,7 @@ mod tests {
     fn sampler_reports_baseline_peak_mean_and_stops_fast() {
         let calls = Arc::new(Mutex::new(0));
         let s = Sampler::start(
-            vec![Box::new(Fake {
-                used: 100,
-                calls: Arc::clone(&calls),
-            })],
+            vec![Box::new(Fake { used: 100, calls: Arc::clone(&calls) })],
             Duration::from_millis(5),
             Some(7),
         );
@@ -499,10 +446,7 @@ mod tests {
         assert!(elapsed_ms(t) < 50.0, "stop took {} ms", elapsed_ms(t));
         let st = &stats[0];
         assert_eq!(st.device, "dev0");
-        assert_eq!(
-            st.baseline_used, 110,
-            "the first reading, taken before the trial"
-        );
+        assert_eq!(st.baseline_used, 110, "the first reading, taken before the trial");
         let n = *calls.lock().unwrap();
         assert!(n >= 3, "sampled {n} times");
         assert_eq!(st.n_samples, n);
@@ -515,11 +459,7 @@ mod tests {
     #[test]
     fn a_long_interval_still_stops_within_50ms() {
         let calls = Arc::new(Mutex::new(0));
-        let s = Sampler::start(
-            vec![Box::new(Fake { used: 0, calls })],
-            Duration::from_secs(10),
-            None,
-        );
+        let s = Sampler::start(vec![Box::new(Fake { used: 0, calls })], Duration::from_secs(10), None);
         std::thread::sleep(Duration::from_millis(20));
         let t = Instant::now();
         let _ = s.stop();
@@ -532,16 +472,8 @@ mod tests {
             gpus: vec![],
             nvml: None,
             llama_devices: vec![],
-            cpu: CpuInfo {
-                brand: "X".into(),
-                physical_cores: 2,
-                logical_cores: 2,
-            },
-            ram: RamInfo {
-                total: 24 << 30,
-                available: 20 << 30,
-                cgroup_limit: None,
-            },
+            cpu: CpuInfo { brand: "X".into(), physical_cores: 2, logical_cores: 2 },
+            ram: RamInfo { total: 24 << 30, available: 20 << 30, cgroup_limit: None },
             os: "Debian".into(),
             kernel: "6".into(),
             llama_cpp_revision: "r1".into(),
@@ -557,11 +489,7 @@ mod tests {
         assert_eq!(base.len(), 16);
         let mut free = hw();
         free.ram.available = 1;
-        assert_eq!(
-            fingerprint(&free),
-            base,
-            "free memory does not change the fingerprint"
-        );
+        assert_eq!(fingerprint(&free), base, "free memory does not change the fingerprint");
         let mut drv = hw();
         drv.gpus.push(GpuInfo {
             index: 0,

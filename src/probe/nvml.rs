@@ -17,10 +17,7 @@ use super::{DeviceSample, GpuInfo, MemorySource};
 pub fn open() -> Result<Nvml, String> {
     match Nvml::init() {
         Ok(n) => Ok(n),
-        Err(first) => match Nvml::builder()
-            .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
-            .init()
-        {
+        Err(first) => match Nvml::builder().lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1")).init() {
             Ok(n) => Ok(n),
             Err(second) => Err(describe_init_error(&first, &second)),
         },
@@ -36,12 +33,8 @@ pub fn describe_init_error(first: &NvmlError, second: &NvmlError) -> String {
     }
     let e = if is_missing(second) { first } else { second };
     match e {
-        NvmlError::DriverNotLoaded => {
-            "NVML not available (the NVIDIA driver is not loaded)".to_string()
-        }
-        NvmlError::NoPermission => {
-            "NVML not available (no permission to talk to the NVIDIA driver)".to_string()
-        }
+        NvmlError::DriverNotLoaded => "NVML not available (the NVIDIA driver is not loaded)".to_string(),
+        NvmlError::NoPermission => "NVML not available (no permission to talk to the NVIDIA driver)".to_string(),
         NvmlError::FailedToLoadSymbol(s) => {
             format!("NVML not available (libnvidia-ml lacks symbol {s}: driver too old?)")
         }
@@ -141,12 +134,7 @@ impl MemorySource for NvmlSource {
                 let graphics = d.running_graphics_processes().unwrap_or_default();
                 pid_used(&compute, &graphics, p)
             });
-            out.push(DeviceSample {
-                device: format!("nvml{i}"),
-                used: m.used,
-                total: m.total,
-                pid_used: pid_bytes,
-            });
+            out.push(DeviceSample { device: format!("nvml{i}"), used: m.used, total: m.total, pid_used: pid_bytes });
         }
         out
     }
@@ -172,11 +160,7 @@ mod tests {
         assert_eq!(pid_used(&compute, &graphics, 42), Some(5000));
         assert_eq!(pid_used(&compute, &graphics, 99), Some(8));
         assert_eq!(pid_used(&compute, &graphics, 1234), None);
-        assert_eq!(
-            pid_used(&[p(5, None)], &[], 5),
-            None,
-            "WDDM reports no per-process figure"
-        );
+        assert_eq!(pid_used(&[p(5, None)], &[], 5), None, "WDDM reports no per-process figure");
     }
 
     #[test]
@@ -190,10 +174,7 @@ mod tests {
     fn init_errors_are_sentences() {
         let lib = || NvmlError::LibloadingError(libloading_error());
         let msg = describe_init_error(&lib(), &lib());
-        assert_eq!(
-            msg,
-            "NVML not available (libnvidia-ml.so.1 not found: no NVIDIA driver on this machine)"
-        );
+        assert_eq!(msg, "NVML not available (libnvidia-ml.so.1 not found: no NVIDIA driver on this machine)");
         assert_eq!(
             describe_init_error(&lib(), &NvmlError::DriverNotLoaded),
             "NVML not available (the NVIDIA driver is not loaded)"
@@ -203,7 +184,6 @@ mod tests {
 
     fn libloading_error() -> libloading::Error {
         // SAFETY: loading a library that does not exist only returns an error.
-        unsafe { libloading::Library::new("libngl-tune-does-not-exist.so") }
-            .expect_err("no such library")
+        unsafe { libloading::Library::new("libngl-tune-does-not-exist.so") }.expect_err("no such library")
     }
 }

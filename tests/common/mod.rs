@@ -18,20 +18,12 @@ pub fn synth(dir: &Path, n_layer: u32) -> PathBuf {
 /// The real test model, fetched by scripts/fetch-model (scripts/test runs it first).
 pub fn real_model() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor/models/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model (scripts/test does)",
-        p.display()
-    );
+    assert!(p.exists(), "{} is missing: run scripts/fetch-model (scripts/test does)", p.display());
     p
 }
 
 pub fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("NGL_TUNE_TEST_FAULT")
-        .output()
-        .expect("run ngl-tune")
+    Command::new(BIN).args(args).env_remove("NGL_TUNE_TEST_FAULT").output().expect("run ngl-tune")
 }
 
 pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -55,16 +47,61 @@ pub fn stderr(o: &Output) -> String {
 /// containing `needle`; no panic, nothing on stdout.
 pub fn assert_bad_input(o: &Output, needle: &str) {
     let err = stderr(o);
-    assert_eq!(
-        o.status.code(),
-        Some(2),
-        "expected exit 2, got {:?}; stderr: {err}",
-        o.status
-    );
+    assert_eq!(o.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", o.status);
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line on stderr, got: {err}");
     assert!(lines[0].starts_with("error: "), "not an error line: {err}");
     assert!(err.contains(needle), "stderr lacks '{needle}': {err}");
     assert!(!err.contains("panicked"), "panic: {err}");
     assert!(o.stdout.is_empty(), "stdout not empty: {}", stdout(o));
+}
+
+/// Validates a profile against profiles/profile.schema.json; returns the errors.
+pub fn schema_errors(profile: &serde_json::Value) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/profile.schema.json");
+    let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let v = jsonschema::validator_for(&schema).expect("the schema compiles");
+    v.iter_errors(profile).map(|e| format!("{} at {}", e, e.instance_path())).collect()
+}
+
+/// Every *.json profile under a store directory (not checkpoints).
+pub fn profiles_in(store: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(machines) = std::fs::read_dir(store) else { return out };
+    for m in machines.flatten() {
+        if let Ok(files) = std::fs::read_dir(m.path()) {
+            for f in files.flatten() {
+                let p = f.path();
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                if name.ends_with(".json") && !name.ends_with(".checkpoint.json") && !name.starts_with('.') {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn checkpoints_in(store: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(machines) = std::fs::read_dir(store) else { return out };
+    for m in machines.flatten() {
+        if let Ok(files) = std::fs::read_dir(m.path()) {
+            out.extend(files.flatten().map(|f| f.path()).filter(|p| p.to_string_lossy().ends_with(".checkpoint.json")));
+        }
+    }
+    out
+}
+
+pub fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Tests whose assertions depend on measured speed hold this, so they never
+/// compete with each other for the two cores (cargo runs test binaries one
+/// at a time, and this serializes the tests inside one).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

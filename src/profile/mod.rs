@@ -1,0 +1,212 @@
+//! The profile: everything a tuning run measured and decided, as versioned
+//! JSON (`profiles/profile.schema.json`), keyed by machine and model.
+
+pub mod store;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::TrialResult;
+use crate::model::ModelInfo;
+use crate::probe::Hardware;
+use crate::tune::choose::{Decision, Objective};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Who wrote a profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+    pub llama_cpp_revision: String,
+}
+
+impl Tool {
+    #[must_use]
+    pub fn this() -> Self {
+        Tool {
+            name: "ngl-tune".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            llama_cpp_revision: crate::engine::LLAMA_CPP_REVISION.into(),
+        }
+    }
+}
+
+/// Which model a profile is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    pub file_name: String,
+    pub path: PathBuf,
+    pub file_size: u64,
+    /// sha256 of the first 16 MiB.
+    pub sha256_16m: String,
+    /// Modification time (seconds since the epoch), to notice a replaced file.
+    pub mtime: u64,
+    pub architecture: String,
+    pub n_layer: u32,
+    pub n_layer_full: u32,
+    pub quantization: String,
+    pub n_params: u64,
+    pub n_expert: u32,
+}
+
+impl ModelIdentity {
+    #[must_use]
+    pub fn of(m: &ModelInfo) -> Self {
+        let mtime = std::fs::metadata(&m.path)
+            .and_then(|md| md.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let path = std::fs::canonicalize(&m.path).unwrap_or_else(|_| m.path.clone());
+        ModelIdentity {
+            file_name: m.file_name.clone(),
+            path,
+            file_size: m.file_size,
+            sha256_16m: m.sha256_16m.clone(),
+            mtime,
+            architecture: m.architecture.clone(),
+            n_layer: m.n_layer,
+            n_layer_full: m.n_layer_full,
+            quantization: m.quantization.clone(),
+            n_params: m.n_params,
+            n_expert: m.n_expert,
+        }
+    }
+
+    /// Short id used in file names.
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.sha256_16m[..self.sha256_16m.len().min(12)]
+    }
+}
+
+/// The settings a tuning ran with; a re-tune reuses them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub target_vram: f64,
+    pub vram_budget_bytes: Option<u64>,
+    pub n_ctx: u32,
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    pub repetitions: u32,
+    pub n_threads: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub flash_attn: i8,
+    pub objective: Objective,
+    /// The grid asked for (`None`: the default grid).
+    pub grid: Option<Vec<u32>>,
+    pub quick: bool,
+    pub no_skip: bool,
+    pub trial_timeout_s: u64,
+    pub sample_interval_ms: u64,
+}
+
+/// How device memory was measured and what the cap is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryPolicy {
+    /// "nvml", "ggml" (llama.cpp device free/total) or "accounted" (llama.cpp's own allocations).
+    pub source: String,
+    /// The offload device the cap applies to ("Vulkan0 (llvmpipe)", "nvml0 (NVIDIA H200)").
+    pub device: String,
+    pub device_total_bytes: Option<u64>,
+    /// Device memory in use before the trials (other processes, driver).
+    pub baseline_bytes: u64,
+    /// What a setting may cost: min(target × total − baseline, budget).
+    pub cap_bytes: f64,
+    /// How the cap was derived, in words.
+    pub cap_reason: String,
+}
+
+/// One trial and why it was run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileTrial {
+    /// "grid", "confirm" or "threads".
+    pub role: String,
+    /// Memory this setting cost in the policy's currency (bytes), when known.
+    pub mem_bytes: Option<f64>,
+    /// Device-wide peak (sampled) or baseline + accounted, and its share of the device.
+    pub device_peak_bytes: Option<u64>,
+    pub device_share: Option<f64>,
+    pub over_cap: bool,
+    #[serde(flatten)]
+    pub result: TrialResult,
+}
+
+/// Predicted against measured memory at one grid point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitCheck {
+    pub ngl: u32,
+    pub measured_bytes: f64,
+    pub fitted_bytes: f64,
+    pub error_pct: f64,
+}
+
+/// The answer, in the forms people paste.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    pub n_gpu_layers: u32,
+    pub n_threads: u32,
+    pub n_ctx: u32,
+    /// The recommended setting was measured (not only predicted).
+    pub measured: bool,
+    pub tg_ts: Option<f64>,
+    pub pp_ts: Option<f64>,
+    pub mem_bytes: Option<f64>,
+    /// Ollama Modelfile lines.
+    pub modelfile: Vec<String>,
+    /// llama.cpp flags.
+    pub llama_cpp_args: String,
+}
+
+impl Recommendation {
+    #[must_use]
+    pub fn lines(ngl: u32, threads: u32, ctx: u32) -> (Vec<String>, String) {
+        (
+            vec![
+                format!("PARAMETER num_gpu {ngl}"),
+                format!("PARAMETER num_thread {threads}"),
+                format!("PARAMETER num_ctx {ctx}"),
+            ],
+            format!("-ngl {ngl} -t {threads} -c {ctx}"),
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub schema_version: u32,
+    pub tool: Tool,
+    pub created_at: String,
+    pub machine_id: String,
+    pub fingerprint: String,
+    pub hardware: Hardware,
+    pub model: ModelIdentity,
+    pub settings: Settings,
+    pub memory: MemoryPolicy,
+    /// ngl has no effect (no GPU device in this build or machine): threads were tuned instead.
+    pub no_gpu: bool,
+    pub trials: Vec<ProfileTrial>,
+    /// Grid values not run because a smaller one ran out of memory.
+    pub skipped: Vec<u32>,
+    pub decision: Decision,
+    pub memory_fit_check: Vec<FitCheck>,
+    pub recommendation: Recommendation,
+    pub notes: Vec<String>,
+    /// Wall time of the whole tuning, seconds.
+    pub wall_s: f64,
+}
+
+/// Unfinished work, saved after every trial so an interrupt loses nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub schema_version: u32,
+    pub kind: String,
+    pub created_at: String,
+    pub model: ModelIdentity,
+    pub fingerprint: String,
+    pub settings: Settings,
+    pub trials: Vec<ProfileTrial>,
+}

@@ -1,0 +1,180 @@
+//! The profile store on disk: where profiles live, atomic writes (temp file,
+//! fsync, rename, fsync of the directory), checkpoints.
+//!
+//! Layout: `<store>/<machine id>/<model stem>-<model id>.json`, and beside it
+//! `<model stem>-<model id>.checkpoint.json` while a tuning is unfinished.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::{Checkpoint, ModelIdentity, Profile, SCHEMA_VERSION};
+use crate::error::bad;
+
+/// The store directory: `--profiles`, else `NGL_TUNE_PROFILES` (clap reads
+/// it), else `$XDG_DATA_HOME/ngl-tune/profiles`, else
+/// `~/.local/share/ngl-tune/profiles`.
+#[must_use]
+pub fn default_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("ngl-tune/profiles");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".local/share/ngl-tune/profiles")
+}
+
+/// Checks that a store path is usable (a directory, or absent).
+///
+/// # Errors
+/// `BadInput` when it names a file.
+pub fn check_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(bad(format!(
+            "--profiles {} is a file, not a directory; pass a directory for the profile store",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+fn stem(model: &ModelIdentity) -> String {
+    let s = model.file_name.strip_suffix(".gguf").unwrap_or(&model.file_name);
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect()
+}
+
+#[must_use]
+pub fn profile_path(store: &Path, machine: &str, model: &ModelIdentity) -> PathBuf {
+    store.join(machine).join(format!("{}-{}.json", stem(model), model.id()))
+}
+
+#[must_use]
+pub fn checkpoint_path(store: &Path, machine: &str, model: &ModelIdentity) -> PathBuf {
+    store.join(machine).join(format!("{}-{}.checkpoint.json", stem(model), model.id()))
+}
+
+/// Writes `bytes` to `path` so that readers see the old file or the new one,
+/// never a torn one. On any error the old file is untouched and the
+/// temporary file is removed.
+///
+/// # Errors
+/// I/O errors, with the path named.
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        let hint = match e.raw_os_error() {
+            Some(libc::ENOSPC) => "; the disk is full: free space and run again (the previous file is intact)",
+            Some(libc::EROFS) => "; the file system is read-only: pass --profiles with a writable directory",
+            Some(libc::EACCES | libc::EPERM) => "; no permission: pass --profiles with a directory you can write",
+            _ => "",
+        };
+        return Err(anyhow::anyhow!("cannot write {}: {e}{hint}", path.display()));
+    }
+    Ok(())
+}
+
+/// Writes a profile atomically.
+///
+/// # Errors
+/// As [`atomic_write`].
+pub fn write_profile(path: &Path, p: &Profile) -> Result<()> {
+    let mut json = serde_json::to_vec_pretty(p)?;
+    json.push(b'\n');
+    atomic_write(path, &json)
+}
+
+/// Reads a profile, naming the file and the problem when it is not one.
+///
+/// # Errors
+/// `BadInput` for a file that is not a profile this version reads.
+pub fn read_profile(path: &Path) -> Result<Profile> {
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("{}: cannot be read ({e})", path.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| bad(format!("{} is not JSON ({e}); it is not an ngl-tune profile", path.display())))?;
+    match v.get("schema_version").and_then(serde_json::Value::as_u64) {
+        Some(n) if n == u64::from(SCHEMA_VERSION) => {}
+        Some(n) => {
+            return Err(bad(format!(
+                "{} has schema_version {n}; this ngl-tune reads version {SCHEMA_VERSION}: use a matching ngl-tune or re-tune",
+                path.display()
+            )))
+        }
+        None => return Err(bad(format!("{} has no schema_version; it is not an ngl-tune profile", path.display()))),
+    }
+    serde_json::from_value(v)
+        .map_err(|e| bad(format!("{} is not a complete profile ({e}); re-tune to replace it", path.display())))
+}
+
+/// Saves the checkpoint after a trial.
+///
+/// # Errors
+/// As [`atomic_write`].
+pub fn write_checkpoint(path: &Path, c: &Checkpoint) -> Result<()> {
+    atomic_write(path, &serde_json::to_vec_pretty(c)?)
+}
+
+/// Loads a checkpoint, if there is a readable one.
+#[must_use]
+pub fn read_checkpoint(path: &Path) -> Option<Checkpoint> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let c: Checkpoint = serde_json::from_str(&text).ok()?;
+    (c.schema_version == SCHEMA_VERSION && c.kind == "checkpoint").then_some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a/b/x.json");
+        atomic_write(&p, b"one").unwrap();
+        atomic_write(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        atomic_write(&p, b"old").unwrap();
+        // A directory where the temp file should go makes the write fail.
+        let tmp = dir.path().join(format!(".x.json.tmp.{}", std::process::id()));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(atomic_write(&p, b"new").is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+    }
+
+    #[test]
+    fn reading_names_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.json");
+        std::fs::write(&p, "not json").unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("is not JSON"));
+        std::fs::write(&p, r#"{"schema_version": 99}"#).unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("schema_version 99"));
+        std::fs::write(&p, r#"{"schema_version": 1}"#).unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("not a complete profile"));
+        std::fs::write(&p, r#"{"x": 1}"#).unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("no schema_version"));
+    }
+}

@@ -1,0 +1,96 @@
+//! What a person reads after tuning: the measured table, the choice and why,
+//! and the lines to paste.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::engine::TrialStatus;
+use crate::model::human_bytes;
+use crate::profile::Profile;
+
+fn ts(mean_sd: Option<(f64, f64)>) -> String {
+    mean_sd.map_or("-".to_string(), |(m, s)| format!("{m:.2} ± {s:.2}"))
+}
+
+/// The trial table: ngl, pp and tg t/s ± sd, peak device memory and share, status.
+#[must_use]
+pub fn trial_table(p: &Profile) -> String {
+    let mut s = String::new();
+    let mem_head = if p.memory.source == "accounted" { "device memory (accounted)" } else { "peak device memory" };
+    let _ = writeln!(s, "| ngl | threads | pp t/s | tg t/s | {mem_head} | status |");
+    let _ = writeln!(s, "| --: | ------: | -----: | -----: | ---: | ------ |");
+    let mut rows: Vec<_> = p.trials.iter().collect();
+    rows.sort_by_key(|t| (t.result.spec.n_gpu_layers, t.result.spec.n_threads));
+    for t in rows {
+        let r = &t.result;
+        let pp = r.test(true).map(|x| (x.avg_ts, x.stddev_ts));
+        let tg = r.test(false).map(|x| (x.avg_ts, x.stddev_ts));
+        let mem = match (t.device_peak_bytes, t.device_share) {
+            (Some(b), Some(sh)) if r.status == TrialStatus::Ok || b > 0 => {
+                format!("{} ({:.1}%)", human_bytes(b), sh * 100.0)
+            }
+            (Some(b), None) => human_bytes(b),
+            _ => "-".to_string(),
+        };
+        let mut status = r.status.as_str().to_string();
+        if t.over_cap {
+            status.push_str(", over cap");
+        }
+        if t.role == "confirm" {
+            status.push_str(" (confirmation)");
+        }
+        if let Some(why) = r.reason.as_deref().filter(|_| r.status != TrialStatus::Ok) {
+            let _ = write!(status, ": {}", why.replace('|', "/"));
+        }
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.spec.n_gpu_layers,
+            r.spec.n_threads,
+            ts(pp),
+            ts(tg),
+            mem,
+            status
+        );
+    }
+    for n in &p.skipped {
+        let _ = writeln!(s, "| {n} | - | - | - | - | skipped: a smaller ngl ran out of memory |");
+    }
+    s
+}
+
+/// The whole report printed by the tuner.
+#[must_use]
+pub fn tune_report(p: &Profile, path: &Path) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} ({} {}, {} layers + output) on {}",
+        p.model.file_name, p.model.architecture, p.model.quantization, p.model.n_layer, p.memory.device
+    );
+    if !p.no_gpu {
+        let _ = writeln!(s, "cap: {} [memory: {}]", p.memory.cap_reason, p.memory.source);
+    }
+    let _ = writeln!(s);
+    s.push_str(&trial_table(p));
+    let _ = writeln!(s);
+    let d = &p.decision;
+    for r in &d.reasons {
+        let _ = writeln!(s, "{r}");
+    }
+    if !p.no_gpu {
+        let _ = writeln!(s, "{}", d.knee_note);
+    }
+    for n in &d.fit_notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    let rec = &p.recommendation;
+    let _ = writeln!(s);
+    let _ = writeln!(s, "Ollama Modelfile:");
+    for l in &rec.modelfile {
+        let _ = writeln!(s, "  {l}");
+    }
+    let _ = writeln!(s, "llama.cpp:  {}", rec.llama_cpp_args);
+    let _ = writeln!(s, "profile:    {}", path.display());
+    s
+}

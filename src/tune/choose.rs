@@ -1,0 +1,450 @@
+//! The decision, a pure function of measured points: the largest ngl under
+//! the memory cap, the best setting for the objective under it (any integer,
+//! not only grid points), the knee, and the reasons in words.
+
+use serde::{Deserialize, Serialize};
+
+use super::fit::{Curve, LinearFit};
+use super::knee::kneedle;
+use crate::model::human_bytes;
+
+/// What "best" means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// Token generation speed (chat, the default).
+    Tg,
+    /// Prompt processing speed (long prompts, RAG).
+    Pp,
+    /// Time for one request of n_prompt + n_gen tokens.
+    Mixed,
+}
+
+impl Objective {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Objective::Tg => "tg",
+            Objective::Pp => "pp",
+            Objective::Mixed => "mixed",
+        }
+    }
+}
+
+/// One measured setting, reduced to what the decision needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub ngl: u32,
+    /// Completed (false for oom, crashed, timeout, failed).
+    pub ok: bool,
+    /// Out of memory: this and every larger ngl are over the cap.
+    pub oom: bool,
+    pub tg: Option<f64>,
+    pub pp: Option<f64>,
+    /// Memory this setting costs, in the currency the cap is in (bytes).
+    pub mem: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inputs {
+    pub points: Vec<Point>,
+    /// ngl of full offload (n_layer + 1).
+    pub full: u32,
+    /// Memory cap in the same currency as `Point::mem`.
+    pub cap: f64,
+    pub objective: Objective,
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    /// Name of the offload device, for the reasons ("Vulkan0 (llvmpipe)").
+    pub device: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fits {
+    /// Seconds per generated token against ngl (partial offload).
+    pub tg_time: Option<LinearFit>,
+    /// Seconds per prompt token against ngl (partial offload).
+    pub pp_time: Option<LinearFit>,
+    /// Memory against ngl (partial offload).
+    pub memory: Option<LinearFit>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Knee {
+    pub ngl: u32,
+    pub tg: f64,
+    pub mem: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub recommended_ngl: u32,
+    /// The recommendation was predicted, not measured: confirm it.
+    pub needs_confirmation: bool,
+    /// Largest ngl whose (measured or fitted) memory stays under the cap.
+    pub max_ngl_under_cap: Option<u32>,
+    pub predicted_tg: Option<f64>,
+    pub predicted_pp: Option<f64>,
+    pub predicted_mem: Option<f64>,
+    /// Grid or confirmation settings over the cap (measured or predicted).
+    pub over_cap: Vec<u32>,
+    pub knee: Option<Knee>,
+    pub knee_note: String,
+    /// Offloading only made things slower.
+    pub offload_hurts: bool,
+    pub fits: Fits,
+    /// Where the data do not follow the model, in words.
+    pub fit_notes: Vec<String>,
+    /// Why this setting, in two or three lines.
+    pub reasons: Vec<String>,
+}
+
+fn curve(points: &[Point], full: u32, f: impl Fn(&Point) -> Option<f64>) -> Curve {
+    Curve::new(points.iter().filter(|p| p.ok).filter_map(|p| f(p).map(|v| (p.ngl, v))).collect(), full)
+}
+
+/// Objective value (higher is better) from predicted speeds.
+fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
+    match obj {
+        Objective::Tg => tg,
+        Objective::Pp => pp,
+        Objective::Mixed => {
+            let t = f64::from(n_prompt) / pp? + f64::from(n_gen) / tg?;
+            (t > 0.0).then(|| 1.0 / t)
+        }
+    }
+}
+
+#[must_use]
+#[allow(clippy::too_many_lines)]
+pub fn decide(inp: &Inputs) -> Decision {
+    let full = inp.full;
+    // Time per token is what is linear in ngl; speeds are its inverse.
+    let tg_time = curve(&inp.points, full, |p| p.tg.filter(|v| *v > 0.0).map(|v| 1.0 / v));
+    let pp_time = curve(&inp.points, full, |p| p.pp.filter(|v| *v > 0.0).map(|v| 1.0 / v));
+    let mem = curve(&inp.points, full, |p| p.mem);
+    let first_oom = inp.points.iter().filter(|p| p.oom).map(|p| p.ngl).min();
+
+    let mem_at = |ngl: u32| mem.extrapolate(ngl);
+    let under = |ngl: u32| -> Option<bool> {
+        if first_oom.is_some_and(|o| ngl >= o) {
+            return Some(false);
+        }
+        mem_at(ngl).map(|m| m <= inp.cap)
+    };
+    let max_ngl_under_cap = (0..=full).rev().find(|n| under(*n) == Some(true));
+    let over_cap: Vec<u32> = inp.points.iter().map(|p| p.ngl).filter(|n| under(*n) == Some(false)).collect();
+
+    let predict_tg = |n: u32| tg_time.predict(n).filter(|t| *t > 0.0).map(|t| 1.0 / t);
+    let predict_pp = |n: u32| pp_time.predict(n).filter(|t| *t > 0.0).map(|t| 1.0 / t);
+
+    let mut best: Option<(u32, f64)> = None;
+    if let Some(max) = max_ngl_under_cap {
+        for n in 0..=max {
+            if under(n) != Some(true) {
+                continue;
+            }
+            let Some(s) = score(inp.objective, inp.n_prompt, inp.n_gen, predict_tg(n), predict_pp(n)) else {
+                continue;
+            };
+            // Strictly better only: ties go to fewer layers (less memory).
+            if best.is_none_or(|(_, b)| s > b * (1.0 + 1e-9)) {
+                best = Some((n, s));
+            }
+        }
+    }
+
+    let ok_points: Vec<&Point> = inp.points.iter().filter(|p| p.ok).collect();
+    let measured_score = |p: &Point| score(inp.objective, inp.n_prompt, inp.n_gen, p.tg, p.pp);
+    let zero = ok_points.iter().find(|p| p.ngl == 0).and_then(|p| measured_score(p));
+    let best_offload = ok_points
+        .iter()
+        .filter(|p| p.ngl > 0)
+        .filter_map(|p| measured_score(p).map(|s| (p.ngl, s)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let offload_hurts = matches!((zero, best_offload), (Some(z), Some((_, b))) if b < z);
+
+    let mut fit_notes = Vec::new();
+    if let Some(f) = &tg_time.fit {
+        if f.slope > 0.0 {
+            fit_notes.push(format!(
+                "offloading makes generation slower here: each layer moved to {} adds {:.2} ms per token",
+                inp.device,
+                f.slope * 1e3
+            ));
+        }
+        if f.n >= 3 && f.r2 < 0.9 {
+            fit_notes.push(format!(
+                "time per token does not follow a straight line in ngl (R² {:.2}); the measured points decide, not the fit",
+                f.r2
+            ));
+        }
+    }
+    if let Some(f) = &mem.fit {
+        if f.n >= 3 && f.max_rel_residual() > 0.05 {
+            fit_notes.push(format!(
+                "device memory is not linear in ngl (largest residual {:.0}%); predictions between grid points are rough",
+                f.max_rel_residual() * 100.0
+            ));
+        }
+    }
+
+    let (mut rec, mut needs_confirmation) = match best {
+        Some((n, _)) => (n, tg_time.measured_at(n).is_none() && pp_time.measured_at(n).is_none()),
+        None => (0, false),
+    };
+    if offload_hurts {
+        rec = 0;
+        needs_confirmation = false;
+    }
+
+    // Knee among measured settings under the cap: throughput against memory.
+    let mut knee_pts: Vec<(f64, f64, u32)> = ok_points
+        .iter()
+        .filter(|p| under(p.ngl) == Some(true))
+        .filter_map(|p| Some((p.mem?, measured_score(p)?, p.ngl)))
+        .collect();
+    knee_pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let xy: Vec<(f64, f64)> = knee_pts.iter().map(|p| (p.0, p.1)).collect();
+    let increasing = xy.len() >= 2 && xy[xy.len() - 1].1 > xy[0].1;
+    let knee = if increasing { kneedle(&xy) } else { None }.map(|i| Knee {
+        ngl: knee_pts[i].2,
+        tg: ok_points.iter().find(|p| p.ngl == knee_pts[i].2).and_then(|p| p.tg).unwrap_or(0.0),
+        mem: knee_pts[i].0,
+    });
+    let obj = inp.objective.as_str();
+    let knee_note = match (&knee, best) {
+        (Some(k), Some((bn, bs))) if bn > k.ngl => {
+            let ks = knee_pts.iter().find(|p| p.2 == k.ngl).map_or(0.0, |p| p.1);
+            let extra = mem_at(bn).unwrap_or(k.mem) - k.mem;
+            format!(
+                "knee at ngl {}: the {} layers past it buy {:+.0}% {obj} for {} more device memory",
+                k.ngl,
+                bn - k.ngl,
+                (bs / ks - 1.0) * 100.0,
+                human_bytes(extra.max(0.0) as u64)
+            )
+        }
+        (Some(k), _) => format!("knee at ngl {}: layers past it pay less per byte", k.ngl),
+        (None, _) if !increasing && knee_pts.len() >= 2 => {
+            "no knee: offloading more layers does not raise throughput here".to_string()
+        }
+        (None, _) if knee_pts.len() < 3 => "no knee: too few settings under the cap to find one".to_string(),
+        (None, _) => {
+            "no knee below the cap: every layer offloaded helps at least as much as the last (convex curve)".to_string()
+        }
+    };
+
+    let predicted_tg = predict_tg(rec);
+    let predicted_pp = predict_pp(rec);
+    let predicted_mem = mem_at(rec);
+    let cap_s = human_bytes(inp.cap.max(0.0) as u64);
+    let mut reasons = Vec::new();
+    if offload_hurts {
+        let (bn, _) = best_offload.unwrap_or((0, 0.0));
+        let tg0 = ok_points.iter().find(|p| p.ngl == 0).and_then(|p| p.tg);
+        let tgb = ok_points.iter().find(|p| p.ngl == bn).and_then(|p| p.tg);
+        reasons.push(format!(
+            "ngl 0: offloading to {} is slower than the CPU here (tg {:.2} t/s at ngl 0, {:.2} t/s at ngl {bn}, the best offloaded setting)",
+            inp.device,
+            tg0.unwrap_or(0.0),
+            tgb.unwrap_or(0.0)
+        ));
+        reasons.push(
+            "keep every layer on the CPU; a faster GPU or a newer driver may change this, so re-tune then".to_string(),
+        );
+    } else if let Some(max) = max_ngl_under_cap {
+        let what = if needs_confirmation { "predicted" } else { "measured" };
+        reasons.push(format!(
+            "ngl {rec}: best {obj} under the {cap_s} cap ({what} tg {}, pp {}, device memory {})",
+            predicted_tg.map_or("?".into(), |v| format!("{v:.2} t/s")),
+            predicted_pp.map_or("?".into(), |v| format!("{v:.2} t/s")),
+            predicted_mem.map_or("?".into(), |v| human_bytes(v.max(0.0) as u64)),
+        ));
+        if max >= full && rec == full {
+            reasons.push("everything fits: full offload, output layer included".to_string());
+        } else if max < full {
+            reasons.push(format!(
+                "ngl {} is the most that fits under the cap; full offload (ngl {full}) needs {}",
+                max,
+                mem_at(full).map_or("more than the cap".into(), |m| human_bytes(m.max(0.0) as u64))
+            ));
+        }
+    } else {
+        reasons.push(format!("nothing measured fits under the {cap_s} cap; even ngl 0 needs more"));
+    }
+
+    Decision {
+        recommended_ngl: rec,
+        needs_confirmation,
+        max_ngl_under_cap,
+        predicted_tg,
+        predicted_pp,
+        predicted_mem,
+        over_cap,
+        knee,
+        knee_note,
+        offload_hurts,
+        fits: Fits { tg_time: tg_time.fit.clone(), pp_time: pp_time.fit.clone(), memory: mem.fit.clone() },
+        fit_notes,
+        reasons,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+    /// llama-bench README, 7B Q4_0 (35 layers with output): tg at ngl 10/20/30/34/35,
+    /// memory 0.5 GiB + 0.1 GiB per layer.
+    fn readme_points() -> Vec<Point> {
+        [(10, 13.45), (20, 21.36), (30, 40.04), (34, 71.76), (35, 131.66)]
+            .iter()
+            .map(|&(n, tg)| Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(mem(n)) })
+            .collect()
+    }
+
+    fn mem(ngl: u32) -> f64 {
+        0.5 * GIB + 0.1 * GIB * f64::from(ngl)
+    }
+
+    fn inputs(points: Vec<Point>, cap: f64) -> Inputs {
+        Inputs { points, full: 35, cap, objective: Objective::Tg, n_prompt: 512, n_gen: 128, device: "CUDA0".into() }
+    }
+
+    #[test]
+    fn everything_fits_means_full_offload() {
+        let d = decide(&inputs(readme_points(), 80.0 * GIB));
+        assert_eq!(d.recommended_ngl, 35);
+        assert!(!d.needs_confirmation);
+        assert_eq!(d.max_ngl_under_cap, Some(35));
+        assert!(d.over_cap.is_empty());
+        assert!(!d.offload_hurts);
+        assert!(d.reasons[1].contains("full offload"), "{:?}", d.reasons);
+    }
+
+    #[test]
+    fn cap_between_grid_points_picks_an_unmeasured_setting_to_confirm() {
+        // 3.75 GiB fits ngl <= 32 (0.5 + 3.2 = 3.7 GiB), not 33.
+        let d = decide(&inputs(readme_points(), 3.75 * GIB));
+        assert_eq!(d.max_ngl_under_cap, Some(32));
+        assert_eq!(d.recommended_ngl, 32);
+        assert!(d.needs_confirmation, "32 was not measured");
+        assert_eq!(d.over_cap, vec![34, 35]);
+        let tg = d.predicted_tg.unwrap();
+        assert!(tg > 40.04 && tg < 71.76, "predicted between its neighbours: {tg}");
+        assert!(d.predicted_mem.unwrap() <= 3.75 * GIB);
+        assert!(d.reasons[1].contains("ngl 32 is the most that fits"), "{:?}", d.reasons);
+    }
+
+    #[test]
+    fn cap_on_a_grid_point_picks_it_measured() {
+        let d = decide(&inputs(readme_points(), mem(30) + 1.0));
+        assert_eq!(d.recommended_ngl, 30);
+        assert!(!d.needs_confirmation);
+        let d = decide(&inputs(readme_points(), mem(20) + 1.0));
+        assert_eq!(d.recommended_ngl, 20);
+    }
+
+    #[test]
+    fn nothing_fits() {
+        let d = decide(&inputs(readme_points(), 0.1 * GIB));
+        assert_eq!(d.max_ngl_under_cap, None);
+        assert_eq!(d.recommended_ngl, 0);
+        assert!(d.reasons[0].contains("nothing measured fits"), "{:?}", d.reasons);
+    }
+
+    #[test]
+    fn convex_readme_curve_has_no_knee() {
+        let d = decide(&inputs(readme_points(), 80.0 * GIB));
+        assert!(d.knee.is_none());
+        assert!(d.knee_note.starts_with("no knee below the cap"), "{}", d.knee_note);
+    }
+
+    #[test]
+    fn concave_curve_gets_its_knee_and_what_past_it_buys() {
+        let pts: Vec<Point> = [(0, 10.0), (10, 40.0), (20, 60.0), (30, 64.0), (35, 66.0)]
+            .iter()
+            .map(|&(n, tg)| Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(mem(n)) })
+            .collect();
+        let d = decide(&inputs(pts, 80.0 * GIB));
+        assert_eq!(d.recommended_ngl, 35);
+        let k = d.knee.expect("concave curve has a knee");
+        assert_eq!(k.ngl, 20);
+        assert!(d.knee_note.contains("knee at ngl 20: the 15 layers past it buy +10% tg"), "{}", d.knee_note);
+    }
+
+    #[test]
+    fn offloading_that_only_hurts_recommends_zero() {
+        // llvmpipe: gemma-3-270m tg 40 t/s at ngl 0, 5.5 at ngl 10, 3 at 19.
+        let pts: Vec<Point> = [(0, 40.0), (10, 5.5), (19, 3.0)]
+            .iter()
+            .map(|&(n, tg)| Point {
+                ngl: n,
+                ok: true,
+                oom: false,
+                tg: Some(tg),
+                pp: None,
+                mem: Some(f64::from(n) * 1e6),
+            })
+            .collect();
+        let mut i = inputs(pts, 2.0 * GIB);
+        i.full = 19;
+        i.device = "Vulkan0 (llvmpipe)".into();
+        let d = decide(&i);
+        assert_eq!(d.recommended_ngl, 0);
+        assert!(d.offload_hurts);
+        assert!(!d.needs_confirmation);
+        assert!(d.reasons[0].contains("offloading to Vulkan0 (llvmpipe) is slower than the CPU"), "{:?}", d.reasons);
+        assert!(d.knee_note.contains("does not raise throughput"), "{}", d.knee_note);
+    }
+
+    #[test]
+    fn oom_marks_that_setting_and_above_over_the_cap() {
+        let mut pts = readme_points();
+        pts[3] = Point { ngl: 34, ok: false, oom: true, tg: None, pp: None, mem: None };
+        pts.pop();
+        let d = decide(&inputs(pts, 80.0 * GIB));
+        assert_eq!(d.max_ngl_under_cap, Some(33));
+        assert_eq!(d.over_cap, vec![34]);
+        assert_eq!(d.recommended_ngl, 30, "no speed prediction past the last measured point");
+    }
+
+    #[test]
+    fn slower_with_offload_is_said_in_words() {
+        let pts: Vec<Point> = [(0, 40.0), (5, 30.0), (10, 20.0), (15, 10.0)]
+            .iter()
+            .map(|&(n, tg)| Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(f64::from(n)) })
+            .collect();
+        let mut i = inputs(pts, 1e12);
+        i.full = 20;
+        let d = decide(&i);
+        assert!(d.fit_notes.iter().any(|n| n.contains("offloading makes generation slower")), "{:?}", d.fit_notes);
+    }
+
+    #[test]
+    fn mixed_and_pp_objectives() {
+        // pp prefers full offload, tg is flat: mixed follows pp.
+        let pts: Vec<Point> = [(0, 10.0, 100.0), (10, 10.0, 400.0), (20, 10.0, 900.0)]
+            .iter()
+            .map(|&(n, tg, pp)| Point {
+                ngl: n,
+                ok: true,
+                oom: false,
+                tg: Some(tg),
+                pp: Some(pp),
+                mem: Some(f64::from(n)),
+            })
+            .collect();
+        let mut i = inputs(pts, 1e12);
+        i.full = 20;
+        i.objective = Objective::Pp;
+        assert_eq!(decide(&i).recommended_ngl, 20);
+        i.objective = Objective::Mixed;
+        assert_eq!(decide(&i).recommended_ngl, 20);
+        i.objective = Objective::Tg;
+        assert_eq!(decide(&i).recommended_ngl, 0, "ties go to fewer layers");
+    }
+}

@@ -1,0 +1,549 @@
+//! The tuner: plan a grid, run every trial in its own worker with the memory
+//! sampler, checkpoint after each, fit, choose, confirm, write the profile.
+
+pub mod choose;
+pub mod fit;
+pub mod knee;
+pub mod plan;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::bench::now_rfc3339;
+use crate::engine::runner::{Interrupted, Runner};
+use crate::engine::{TrialResult, TrialSpec, TrialStatus};
+use crate::model::{human_bytes, ModelInfo};
+use crate::probe::{self, Hardware, LlamaDevice};
+use crate::profile::store;
+use crate::profile::{
+    Checkpoint, FitCheck, MemoryPolicy, ModelIdentity, Profile, ProfileTrial, Recommendation, Settings, Tool,
+    SCHEMA_VERSION,
+};
+use choose::{decide, Decision, Inputs, Point};
+
+/// Most confirmation trials before the tuner settles for what it measured.
+const MAX_CONFIRMATIONS: usize = 5;
+
+#[derive(Debug, Clone)]
+pub struct TuneOptions {
+    pub settings: Settings,
+    pub store: PathBuf,
+    pub resume: bool,
+    pub verbose: bool,
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct TuneOutcome {
+    pub profile: Profile,
+    pub path: PathBuf,
+    /// Said to the user once (missing sources, resumed work, ...).
+    pub notes: Vec<String>,
+}
+
+/// How device memory is measured on this machine and the cap that follows.
+#[must_use]
+pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<MemoryPolicy> {
+    #[allow(clippy::cast_precision_loss)]
+    let mk = |source: &str, device: String, total: u64, baseline: u64| {
+        let by_target = target * total as f64 - baseline as f64;
+        let mut cap = by_target;
+        let mut reason = format!(
+            "{:.0}% of {} on {device}{} = {}",
+            target * 100.0,
+            human_bytes(total),
+            if baseline > 0 { format!(", less {} already in use", human_bytes(baseline)) } else { String::new() },
+            human_bytes(by_target.max(0.0) as u64)
+        );
+        if let Some(b) = budget {
+            if (b as f64) < by_target {
+                cap = b as f64;
+                reason = format!("--vram-budget {} (stricter than {reason})", human_bytes(b));
+            }
+        }
+        MemoryPolicy {
+            source: source.to_string(),
+            device,
+            device_total_bytes: Some(total),
+            baseline_bytes: baseline,
+            cap_bytes: cap,
+            cap_reason: reason,
+        }
+    };
+    if let Some(g) = hw.gpus.iter().max_by_key(|g| g.memory_total.unwrap_or(0)) {
+        let total = g.memory_total.unwrap_or(0);
+        let baseline = total.saturating_sub(g.memory_free.unwrap_or(total));
+        return Some(mk("nvml", format!("nvml{} ({})", g.index, g.name), total, baseline));
+    }
+    let offload: Vec<&LlamaDevice> = hw.llama_devices.iter().filter(|d| d.is_offload_target()).collect();
+    let dev = offload.iter().max_by_key(|d| d.memory_total)?;
+    let short = dev.description.split(" (").next().unwrap_or(&dev.description);
+    let name = format!("{} ({short})", dev.name);
+    if probe::ggml::has_budget(dev) {
+        Some(mk("ggml", name, dev.memory_total, dev.memory_total - dev.memory_free))
+    } else {
+        Some(mk("accounted", name, dev.memory_total, 0))
+    }
+}
+
+/// What a trial cost in the policy's currency, and the device-wide peak.
+#[must_use]
+#[allow(clippy::cast_precision_loss)]
+pub fn trial_memory(r: &TrialResult, policy: &MemoryPolicy) -> (Option<f64>, Option<u64>) {
+    match policy.source.as_str() {
+        "nvml" | "ggml" => {
+            let Some(m) = r.sampled.iter().filter(|m| m.source == policy.source).max_by_key(|m| m.peak_used) else {
+                return (None, None);
+            };
+            let own = m.peak_pid_used.unwrap_or_else(|| m.peak_used.saturating_sub(m.baseline_used));
+            (Some(own as f64), Some(m.peak_used))
+        }
+        _ => {
+            if r.status != TrialStatus::Ok && r.model_buffers.is_empty() {
+                return (None, None);
+            }
+            let acc = r.accounted_device_bytes();
+            (Some(acc as f64), Some(policy.baseline_bytes + acc))
+        }
+    }
+}
+
+fn point(t: &ProfileTrial) -> Point {
+    let r = &t.result;
+    Point {
+        ngl: r.spec.n_gpu_layers,
+        ok: r.status == TrialStatus::Ok,
+        oom: r.status == TrialStatus::Oom,
+        tg: r.test(false).map(|x| x.avg_ts),
+        pp: r.test(true).map(|x| x.avg_ts),
+        mem: t.mem_bytes,
+    }
+}
+
+fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32) -> TrialSpec {
+    TrialSpec {
+        model: info.path.clone(),
+        n_gpu_layers: ngl,
+        n_prompt: s.n_prompt,
+        n_gen: s.n_gen,
+        n_batch: s.n_batch,
+        n_ubatch: s.n_ubatch,
+        n_threads: threads,
+        n_ctx: Some(s.n_ctx),
+        repetitions: s.repetitions,
+        warmup: true,
+        flash_attn: s.flash_attn,
+        seed: 1234,
+        sample_interval_ms: s.sample_interval_ms,
+    }
+}
+
+struct Sweep<'a> {
+    info: &'a ModelInfo,
+    opts: &'a TuneOptions,
+    runner: Runner,
+    policy: Option<MemoryPolicy>,
+    trials: Vec<ProfileTrial>,
+    checkpoint: Checkpoint,
+    checkpoint_path: PathBuf,
+    bar: ProgressBar,
+}
+
+impl Sweep<'_> {
+    fn run(&mut self, role: &str, ngl: u32, threads: u32) -> Result<&ProfileTrial> {
+        self.bar.set_message(format!("ngl {ngl}{}", last_tg(&self.trials)));
+        let r = self.runner.run(&spec(self.info, &self.opts.settings, ngl, threads), |_| {}).map_err(|e| {
+            if e.is::<Interrupted>() {
+                self.bar.abandon();
+                let kept = if self.trials.is_empty() {
+                    "no trial had finished".to_string()
+                } else {
+                    format!(
+                        "{} finished trials are kept in {}; run the same command with --resume to continue",
+                        self.trials.len(),
+                        self.checkpoint_path.display()
+                    )
+                };
+                e.context(format!("stopped at ngl {ngl}: {kept}"))
+            } else {
+                e
+            }
+        })?;
+        let (mem, peak) = self.policy.as_ref().map_or((None, None), |p| trial_memory(&r, p));
+        #[allow(clippy::cast_precision_loss)]
+        let share = peak.zip(self.policy.as_ref().and_then(|p| p.device_total_bytes)).map(|(b, t)| b as f64 / t as f64);
+        let over_cap = self.policy.as_ref().is_some_and(|p| mem.is_some_and(|m| m > p.cap_bytes));
+        self.trials.push(ProfileTrial {
+            role: role.to_string(),
+            mem_bytes: mem,
+            device_peak_bytes: peak,
+            device_share: share,
+            over_cap,
+            result: r,
+        });
+        self.checkpoint.trials.clone_from(&self.trials);
+        store::write_checkpoint(&self.checkpoint_path, &self.checkpoint)?;
+        self.bar.inc(1);
+        self.bar.set_message(format!("ngl {ngl} done{}", last_tg(&self.trials)));
+        Ok(self.trials.last().expect("just pushed"))
+    }
+
+    fn done(&self, role: &str, ngl: u32, threads: u32) -> bool {
+        self.trials
+            .iter()
+            .any(|t| t.role == role && t.result.spec.n_gpu_layers == ngl && t.result.spec.n_threads == threads)
+    }
+}
+
+fn last_tg(trials: &[ProfileTrial]) -> String {
+    trials
+        .iter()
+        .rev()
+        .find_map(|t| t.result.test(false))
+        .map_or(String::new(), |t| format!(" | last tg {:.2} t/s", t.avg_ts))
+}
+
+fn inputs(trials: &[ProfileTrial], info: &ModelInfo, s: &Settings, policy: &MemoryPolicy) -> Inputs {
+    Inputs {
+        points: trials.iter().filter(|t| t.role != "threads").map(point).collect(),
+        full: info.n_layer_full,
+        cap: policy.cap_bytes,
+        objective: s.objective,
+        n_prompt: s.n_prompt,
+        n_gen: s.n_gen,
+        device: policy.device.clone(),
+    }
+}
+
+/// Runs the whole tuning and writes the profile.
+///
+/// # Errors
+/// Worker start failures, an interrupt (the checkpoint keeps finished
+/// trials), or a profile that cannot be written.
+#[allow(clippy::too_many_lines)]
+pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
+    let started = Instant::now();
+    let s = &opts.settings;
+    let exe = std::env::current_exe()?;
+    let devices = probe::devices_in_child(&exe)?;
+    let hw = probe::hardware(devices);
+    let identity = ModelIdentity::of(info);
+    let path = store::profile_path(&opts.store, &hw.machine_id, &identity);
+    let checkpoint_path = store::checkpoint_path(&opts.store, &hw.machine_id, &identity);
+    let policy = memory_policy(&hw, s.target_vram, s.vram_budget_bytes);
+    let mut notes = hw.notes.clone();
+
+    let fresh = Checkpoint {
+        schema_version: SCHEMA_VERSION,
+        kind: "checkpoint".into(),
+        created_at: now_rfc3339(),
+        model: identity.clone(),
+        fingerprint: hw.fingerprint.clone(),
+        settings: s.clone(),
+        trials: Vec::new(),
+    };
+    let previous = store::read_checkpoint(&checkpoint_path);
+    let checkpoint = match previous {
+        Some(c) if opts.resume && c.model == identity && c.settings == *s && c.fingerprint == hw.fingerprint => {
+            notes.push(format!("resuming: {} finished trials from {}", c.trials.len(), checkpoint_path.display()));
+            c
+        }
+        Some(_) if opts.resume => {
+            notes.push(format!(
+                "{} is for other settings, another model file or changed hardware; starting fresh",
+                checkpoint_path.display()
+            ));
+            fresh
+        }
+        None if opts.resume => {
+            notes.push("nothing to resume (no checkpoint for this model and machine); starting fresh".into());
+            fresh
+        }
+        Some(c) => {
+            notes.push(format!(
+                "an unfinished tuning ({} trials) was replaced; --resume would have continued it",
+                c.trials.len()
+            ));
+            fresh
+        }
+        None => fresh,
+    };
+
+    let no_gpu = policy.is_none();
+    // Without a GPU device ngl does nothing: only thread counts are measured.
+    let grid = if no_gpu {
+        Vec::new()
+    } else {
+        match &s.grid {
+            Some(g) => plan::normalize(g, info.n_layer_full),
+            None => plan::default_grid(info.n_layer_full, 10),
+        }
+    };
+    let bar = if opts.progress && std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(grid.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {elapsed_precise} [{bar:25}] {pos}/{len} trials, about {eta} left | {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut sweep = Sweep {
+        info,
+        opts,
+        runner: Runner::current(Duration::from_secs(s.trial_timeout_s), opts.verbose)?
+            .with_sample_interval(Duration::from_millis(s.sample_interval_ms)),
+        policy: policy.clone(),
+        trials: checkpoint.trials.clone(),
+        checkpoint,
+        checkpoint_path: checkpoint_path.clone(),
+        bar,
+    };
+    sweep.bar.set_position(sweep.trials.len() as u64);
+
+    let mut skipped = Vec::new();
+    for &ngl in &grid {
+        if sweep.done("grid", ngl, s.n_threads) {
+            continue;
+        }
+        let oom_below =
+            sweep.trials.iter().any(|t| t.result.status == TrialStatus::Oom && t.result.spec.n_gpu_layers < ngl);
+        if oom_below && !s.no_skip {
+            skipped.push(ngl);
+            sweep.bar.inc(1);
+            continue;
+        }
+        sweep.run("grid", ngl, s.n_threads)?;
+    }
+
+    let (decision, rec_ngl, rec_threads) = if let Some(policy) = &policy {
+        let mut d = decide(&inputs(&sweep.trials, info, s, policy));
+        let mut confirmations = 0;
+        while d.needs_confirmation && confirmations < MAX_CONFIRMATIONS {
+            confirmations += 1;
+            sweep.bar.inc_length(1);
+            let ngl = d.recommended_ngl;
+            if !sweep.done("confirm", ngl, s.n_threads) {
+                sweep.run("confirm", ngl, s.n_threads)?;
+            }
+            d = decide(&inputs(&sweep.trials, info, s, policy));
+        }
+        if d.needs_confirmation {
+            notes.push(format!("after {MAX_CONFIRMATIONS} confirmation trials the prediction still moved; the recommendation is predicted, not measured"));
+        }
+        (d.clone(), d.recommended_ngl, s.n_threads)
+    } else {
+        tune_threads(&mut sweep, &hw)?
+    };
+    sweep.bar.finish_and_clear();
+
+    let trials = sweep.trials;
+    let fit_checks = policy.as_ref().map(|_| fit_check(&trials, &decision, info.n_layer_full)).unwrap_or_default();
+    let rec_trial = trials.iter().find(|t| {
+        t.result.spec.n_gpu_layers == rec_ngl
+            && t.result.spec.n_threads == rec_threads
+            && t.result.status == TrialStatus::Ok
+    });
+    let (modelfile, args) = Recommendation::lines(rec_ngl, rec_threads, s.n_ctx);
+    let recommendation = Recommendation {
+        n_gpu_layers: rec_ngl,
+        n_threads: rec_threads,
+        n_ctx: s.n_ctx,
+        measured: rec_trial.is_some(),
+        tg_ts: rec_trial.and_then(|t| t.result.test(false)).map(|t| t.avg_ts).or(decision.predicted_tg),
+        pp_ts: rec_trial.and_then(|t| t.result.test(true)).map(|t| t.avg_ts).or(decision.predicted_pp),
+        mem_bytes: rec_trial.and_then(|t| t.mem_bytes).or(decision.predicted_mem),
+        modelfile,
+        llama_cpp_args: args,
+    };
+    let profile = Profile {
+        schema_version: SCHEMA_VERSION,
+        tool: Tool::this(),
+        created_at: now_rfc3339(),
+        machine_id: hw.machine_id.clone(),
+        fingerprint: hw.fingerprint.clone(),
+        memory: policy.unwrap_or_else(|| MemoryPolicy {
+            source: "none".into(),
+            device: "none".into(),
+            device_total_bytes: None,
+            baseline_bytes: 0,
+            cap_bytes: 0.0,
+            cap_reason: "no GPU device: ngl has no effect".into(),
+        }),
+        hardware: hw,
+        model: identity,
+        settings: s.clone(),
+        no_gpu,
+        trials,
+        skipped,
+        decision,
+        memory_fit_check: fit_checks,
+        recommendation,
+        notes: notes.clone(),
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    store::write_profile(&path, &profile)?;
+    let _ = std::fs::remove_file(&checkpoint_path);
+    Ok(TuneOutcome { profile, path, notes })
+}
+
+/// No GPU: ngl does nothing, so measure thread counts (physical, logical,
+/// half) at ngl 0 and keep the fastest.
+fn tune_threads(sweep: &mut Sweep<'_>, hw: &Hardware) -> Result<(Decision, u32, u32)> {
+    let mut counts =
+        vec![hw.cpu.physical_cores.max(1), hw.cpu.logical_cores.max(1), (hw.cpu.physical_cores / 2).max(1)];
+    counts.push(sweep.opts.settings.n_threads);
+    counts.sort_unstable();
+    counts.dedup();
+    sweep.bar.set_length(counts.len() as u64);
+    for &t in &counts {
+        if !sweep.done("threads", 0, t) {
+            sweep.run("threads", 0, t)?;
+        }
+    }
+    let best = sweep
+        .trials
+        .iter()
+        .filter(|t| t.role == "threads" && t.result.status == TrialStatus::Ok)
+        .filter_map(|t| t.result.test(false).map(|x| (t.result.spec.n_threads, x.avg_ts)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let (threads, tg) = best.unwrap_or((sweep.opts.settings.n_threads, 0.0));
+    let tried: Vec<String> = sweep
+        .trials
+        .iter()
+        .filter(|t| t.role == "threads")
+        .map(|t| {
+            t.result.test(false).map_or_else(
+                || format!("-t {} {}", t.result.spec.n_threads, t.result.status.as_str()),
+                |x| format!("-t {} {:.2} t/s", t.result.spec.n_threads, x.avg_ts),
+            )
+        })
+        .collect();
+    let d = Decision {
+        recommended_ngl: 0,
+        needs_confirmation: false,
+        max_ngl_under_cap: None,
+        predicted_tg: Some(tg),
+        predicted_pp: None,
+        predicted_mem: None,
+        over_cap: Vec::new(),
+        knee: None,
+        knee_note: "no GPU device: no knee to find".into(),
+        offload_hurts: false,
+        fits: choose::Fits { tg_time: None, pp_time: None, memory: None },
+        fit_notes: Vec::new(),
+        reasons: vec![
+            "ngl has no effect here (no GPU device in this build or on this machine): every layer runs on the CPU"
+                .into(),
+            format!("tuned threads instead: -t {threads} is fastest ({})", tried.join(", ")),
+        ],
+    };
+    Ok((d, 0, threads))
+}
+
+/// The memory fit against each measured grid point (partial offload and
+/// full offload predicted from the partial-offload line; ngl 0 is its own point).
+#[must_use]
+pub fn fit_check(trials: &[ProfileTrial], d: &Decision, full: u32) -> Vec<FitCheck> {
+    let Some(fit) = &d.fits.memory else { return Vec::new() };
+    trials
+        .iter()
+        .filter(|t| t.result.status == TrialStatus::Ok && t.result.spec.n_gpu_layers > 0)
+        .filter_map(|t| {
+            let ngl = t.result.spec.n_gpu_layers.min(full);
+            let m = t.mem_bytes?;
+            let f = fit.at(f64::from(ngl));
+            Some(FitCheck {
+                ngl,
+                measured_bytes: m,
+                fitted_bytes: f,
+                error_pct: if m > 0.0 { (f - m) / m * 100.0 } else { 0.0 },
+            })
+        })
+        .collect()
+}
+
+/// Parses "8GiB", "512MiB", "8G", "1.5 GB", "123456" (bytes).
+///
+/// # Errors
+/// `BadInput` naming the value and the accepted forms.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| {
+        crate::error::bad(format!("--vram-budget '{s}' is not a size; write it like 8GiB, 512MiB or 6G"))
+    })?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "kb" => 1e3,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "mb" => 1e6,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "gb" => 1e9,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "tb" => 1e12,
+        _ => {
+            return Err(crate::error::bad(format!(
+                "--vram-budget '{s}' has an unknown unit '{unit}'; use B, KiB, MiB, GiB or TiB (8GiB)"
+            )))
+        }
+    };
+    let bytes = n * mult;
+    if !bytes.is_finite() || bytes < 1.0 {
+        return Err(crate::error::bad(format!("--vram-budget '{s}' is zero; give a positive size like 8GiB")));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
+}
+
+/// Parses and checks `--target-vram`.
+///
+/// # Errors
+/// `BadInput` unless 0 < F <= 1.
+pub fn parse_target(s: &str) -> Result<f64> {
+    let f: f64 = s.trim().parse().map_err(|_| {
+        crate::error::bad(format!("--target-vram '{s}' is not a number; give a fraction of device memory like 0.9"))
+    })?;
+    if f.is_nan() || f <= 0.0 || f > 1.0 {
+        return Err(crate::error::bad(format!(
+            "--target-vram {s} is outside (0, 1]; give the share of device memory to use, like 0.9"
+        )));
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("6G").unwrap(), 6 << 30);
+        assert_eq!(parse_size("1.5 GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("0").unwrap_err().to_string().contains("zero"));
+        assert!(parse_size("lots").unwrap_err().to_string().contains("not a size"));
+        assert!(parse_size("8 parsecs").unwrap_err().to_string().contains("unknown unit"));
+    }
+
+    #[test]
+    fn targets() {
+        assert!((parse_target("0.9").unwrap() - 0.9).abs() < 1e-12);
+        assert_eq!(parse_target("1").unwrap(), 1.0);
+        for bad in ["0", "-0.5", "1.5", "NaN", "abc", "inf"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The tuner end to end: real offload to llvmpipe (vulkan build), budgets,
+//! interrupts and resume, the no-GPU path, bad options.
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const VK: (&str, &str) = ("GGML_VK_VISIBLE_DEVICES", "0");
+
+fn ngls(profile: &serde_json::Value) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = profile["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["role"].as_str().unwrap().to_string(), t["spec"]["n_gpu_layers"].as_u64().unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn only_profile(store: &Path) -> serde_json::Value {
+    let p = profiles_in(store);
+    assert_eq!(p.len(), 1, "{p:?}");
+    let v = read_json(&p[0]);
+    let errs = schema_errors(&v);
+    assert!(errs.is_empty(), "profile does not validate: {errs:?}");
+    v
+}
+
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn gemma_on_llvmpipe_recommends_zero_and_says_why() {
+    let _serial = serial();
+    let m = real_model();
+    let store = tempfile::tempdir().unwrap();
+    let o = run_env(
+        &[m.to_str().unwrap(), "--ngl", "0,10,99", "-p", "8", "-n", "8", "-r", "1", "-c", "512", "-t", "2", "--profiles", store.path().to_str().unwrap()],
+        &[VK],
+    );
+    let out = stdout(&o);
+    assert!(o.status.success(), "{}\n{out}", stderr(&o));
+    assert!(out.contains("ngl 0: offloading to Vulkan0 (llvmpipe) is slower than the CPU here"), "{out}");
+    assert!(out.contains("PARAMETER num_gpu 0") && out.contains("PARAMETER num_thread 2") && out.contains("PARAMETER num_ctx 512"), "{out}");
+    assert!(out.contains("-ngl 0 -t 2 -c 512"), "{out}");
+    assert!(out.contains("| 19 |"), "99 means full offload, ngl 19: {out}");
+    let p = only_profile(store.path());
+    assert_eq!(p["recommendation"]["n_gpu_layers"], 0);
+    assert_eq!(p["decision"]["offload_hurts"], true);
+    assert_eq!(p["memory"]["source"], "accounted");
+    assert_eq!(p["model"]["n_layer_full"], 19);
+    assert!(out.contains(&p["machine_id"].as_str().unwrap().to_string()), "the profile path is printed");
+    assert!(checkpoints_in(store.path()).is_empty(), "the checkpoint is removed once the profile is written");
+}
+
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn a_budget_between_grid_points_is_respected_and_the_memory_fit_holds() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 40);
+    let store = dir.path().join("store");
+    // Accounted device memory at -c 256: about 8.8 MB at ngl 10, 16.7 MB at 20, 24.5 MB at 30.
+    let o = run_env(
+        &[m.to_str().unwrap(), "--vram-budget", "20MB", "-p", "8", "-n", "4", "-r", "1", "-c", "256", "--profiles", store.to_str().unwrap(), "--json", "-q"],
+        &[VK],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints the profile");
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    assert_eq!(p, only_profile(&store), "--json prints what was stored");
+    let budget = 20e6;
+    assert_eq!(p["memory"]["cap_bytes"].as_f64().unwrap(), budget);
+    assert!(p["memory"]["cap_reason"].as_str().unwrap().starts_with("--vram-budget"));
+    // The memory fit predicts every offloaded grid point within 5%.
+    let checks = p["memory_fit_check"].as_array().unwrap();
+    assert_eq!(checks.len(), 5, "ngl 10, 20, 30, 40, 41: {checks:?}");
+    for c in checks {
+        assert!(c["error_pct"].as_f64().unwrap().abs() < 5.0, "{c}");
+    }
+    for t in p["trials"].as_array().unwrap() {
+        let ngl = t["spec"]["n_gpu_layers"].as_u64().unwrap();
+        let over = t["mem_bytes"].as_f64().unwrap() > budget;
+        assert_eq!(t["over_cap"].as_bool().unwrap(), over, "ngl {ngl}");
+        assert_eq!(over, ngl >= 30, "ngl {ngl}: only 30 and above exceed 20 MB");
+    }
+    let d = &p["decision"];
+    let max = d["max_ngl_under_cap"].as_u64().unwrap();
+    assert!((20..30).contains(&max), "largest setting under the budget lies between the grid points: {max}");
+    assert_eq!(d["over_cap"], serde_json::json!([30, 40, 41]));
+    assert!(p["recommendation"]["mem_bytes"].as_f64().unwrap() <= budget);
+    assert!(p["recommendation"]["n_gpu_layers"].as_u64().unwrap() <= max);
+}
+
+fn wait_for_trials(store: &Path, n: usize, limit: Duration) {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(c) = checkpoints_in(store).first() {
+            if let Ok(t) = std::fs::read_to_string(c) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&t) {
+                    if v["trials"].as_array().map_or(0, Vec::len) >= n {
+                        return;
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the checkpoint never held {n} trials");
+}
+
+fn interrupted_run(model: &Path, store: &Path, hang_at: u32, signal: i32, finished: usize) {
+    let mut child = Command::new(BIN)
+        .args([model.to_str().unwrap(), "-p", "8", "-n", "4", "-r", "1", "-c", "256", "--profiles", store.to_str().unwrap(), "--resume"])
+        .env(VK.0, VK.1)
+        .env("NGL_TUNE_TEST_FAULT", format!("hang@{hang_at}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_trials(store, finished, Duration::from_secs(120));
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: sending a signal to our own child.
+    unsafe {
+        libc::kill(child.id() as i32, signal);
+    }
+    let t0 = Instant::now();
+    let o = loop {
+        if child.try_wait().unwrap().is_some() {
+            break child.wait_with_output().unwrap();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the tuner did not stop on signal {signal}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains(&format!("stopped at ngl {hang_at}")), "{err}");
+    assert!(err.contains("run the same command with --resume to continue"), "{err}");
+    assert!(profiles_in(store).is_empty(), "no profile from an interrupted run");
+    let cp = read_json(&checkpoints_in(store)[0]);
+    assert_eq!(cp["trials"].as_array().unwrap().len(), finished, "every finished trial is kept");
+}
+
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn an_interrupted_run_resumes_to_the_same_trials() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 40);
+    let store = dir.path().join("store");
+    interrupted_run(&m, &store, 20, libc::SIGINT, 2);
+    interrupted_run(&m, &store, 40, libc::SIGTERM, 4);
+    let o = run_env(&[m.to_str().unwrap(), "-p", "8", "-n", "4", "-r", "1", "-c", "256", "--profiles", store.to_str().unwrap(), "--resume", "-q"], &[VK]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("resuming: 4 finished trials"), "{}", stderr(&o));
+    let resumed = only_profile(&store);
+    assert!(checkpoints_in(&store).is_empty());
+
+    let fresh_store = dir.path().join("fresh");
+    let o = run_env(&[m.to_str().unwrap(), "-p", "8", "-n", "4", "-r", "1", "-c", "256", "--profiles", fresh_store.to_str().unwrap(), "-q"], &[VK]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fresh = only_profile(&fresh_store);
+    assert_eq!(ngls(&resumed), ngls(&fresh));
+    assert_eq!(ngls(&fresh).iter().map(|t| t.1).collect::<Vec<_>>(), [0, 10, 20, 30, 40, 41]);
+    assert_eq!(resumed["recommendation"]["n_gpu_layers"], fresh["recommendation"]["n_gpu_layers"]);
+}
+
+#[test]
+fn an_out_of_memory_trial_skips_larger_settings() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 40);
+    let store = dir.path().join("store");
+    // CPU-only run of the oom hook: the worker's address space is capped, so
+    // llama.cpp's mmap of the model really fails at ngl 20.
+    let o = run_env(
+        &[m.to_str().unwrap(), "--ngl", "0,10,20,30", "-p", "8", "-n", "4", "-r", "1", "-c", "256", "--profiles", store.to_str().unwrap(), "--json", "-q"],
+        &[VK, ("NGL_TUNE_TEST_FAULT", "oom@20")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let status: Vec<(u64, &str)> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["spec"]["n_gpu_layers"].as_u64().unwrap(), t["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(status, [(0, "ok"), (10, "ok"), (20, "oom")]);
+    assert_eq!(p["skipped"], serde_json::json!([30]));
+    assert!(p["trials"][2]["reason"].as_str().unwrap().contains("Cannot allocate memory"), "{}", p["trials"][2]["reason"]);
+    assert!(p["recommendation"]["n_gpu_layers"].as_u64().unwrap() < 20);
+}
+
+#[test]
+fn without_a_gpu_device_threads_are_tuned_instead() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 4);
+    let store = dir.path().join("store");
+    // No GGML_VK_VISIBLE_DEVICES: ggml hides llvmpipe, so there is no GPU device.
+    let o = run(&[m.to_str().unwrap(), "-p", "8", "-n", "8", "-r", "1", "--profiles", store.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.contains("ngl has no effect here"), "{out}");
+    assert!(out.contains("tuned threads instead: -t "), "{out}");
+    assert!(out.contains("PARAMETER num_gpu 0") && out.contains("PARAMETER num_thread "), "{out}");
+    let p = only_profile(&store);
+    assert_eq!(p["no_gpu"], true);
+    assert!(p["trials"].as_array().unwrap().iter().all(|t| t["role"] == "threads" && t["spec"]["n_gpu_layers"] == 0));
+    let best = p["recommendation"]["n_threads"].as_u64().unwrap();
+    assert!(best >= 1);
+}
+
+#[test]
+fn bad_tune_options_exit_2_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 2);
+    let m = m.to_str().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["--target-vram", "0"], "outside (0, 1]"),
+        (vec!["--target-vram", "-0.5"], "outside (0, 1]"),
+        (vec!["--target-vram", "1.5"], "outside (0, 1]"),
+        (vec!["--target-vram", "NaN"], "outside (0, 1]"),
+        (vec!["--target-vram", "abc"], "is not a number"),
+        (vec!["--vram-budget", "lots"], "is not a size"),
+        (vec!["--vram-budget", "0"], "is zero"),
+        (vec!["--ngl", "10-"], "has no end"),
+        (vec!["-t", "0"], "-t 0"),
+        (vec!["-p", "0", "-n", "0"], "nothing to measure"),
+    ] {
+        let mut a = vec![m, "--profiles", s];
+        a.extend(args);
+        assert_bad_input(&run(&a), needle);
+    }
+    assert!(!store.exists(), "nothing was written");
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "x").unwrap();
+    assert_bad_input(&run(&[m, "--profiles", file.to_str().unwrap()]), "is a file, not a directory");
+}
+
+#[test]
+fn example_profiles_validate_and_read_back() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let p = e.path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.ends_with(".json") || name == "profile.schema.json" {
+            continue;
+        }
+        n += 1;
+        let v = read_json(&p);
+        assert!(schema_errors(&v).is_empty(), "{name}: {:?}", schema_errors(&v));
+        let prof = ngl_tune::profile::store::read_profile(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(prof.model.file_name, "gemma-3-270m-q4_k_m.gguf");
+        assert_eq!(prof.recommendation.modelfile[0], format!("PARAMETER num_gpu {}", prof.recommendation.n_gpu_layers));
+    }
+    assert!(n >= 2, "profiles/ holds the CPU and the vulkan example");
+}
