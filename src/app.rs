@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::bench::{self, BenchOptions};
-use crate::cli::{BenchArgs, Cli, Command, HwArgs, InspectArgs, ObjectiveArg, TuneArgs, Workload};
+use crate::cli::{BenchArgs, Cli, Command, EmitArgs, HwArgs, InspectArgs, ObjectiveArg, TuneArgs, Workload};
 use crate::error::{bad, exit};
 use crate::model::{self, human_bytes, ModelInfo};
 
@@ -26,6 +26,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(exit::OK)
         }
         Command::Hw(a) => cmd_hw(&a),
+        Command::Emit(a) => cmd_emit(&a),
         Command::Synth(a) => {
             let spec = crate::synth::SynthSpec::default()
                 .with_n_layer(a.layers)
@@ -111,7 +112,11 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     };
     crate::engine::interrupt::install();
     let opts = crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet };
+    if let Some(c) = &a.chart {
+        check_output_path(c, "--chart")?;
+    }
     let outcome = crate::tune::tune(&info, &opts)?;
+    write_extras(&outcome.profile, a.chart.as_deref(), a.write_modelfile.as_deref())?;
     let mut out = std::io::stdout().lock();
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
@@ -310,4 +315,97 @@ pub fn render_hw(hw: &crate::probe::Hardware) -> String {
         s += &format!("note: {n}\n");
     }
     s
+}
+
+/// Refuses an output path whose directory does not exist or that is a directory.
+fn check_output_path(p: &std::path::Path, opt: &str) -> Result<()> {
+    if p.is_dir() {
+        return Err(bad(format!("{opt} {} is a directory; pass a file path", p.display())));
+    }
+    if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(bad(format!(
+                "{opt} {}: directory {} does not exist; create it or pass another path",
+                p.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `--chart` and `--write-modelfile`, shared by the tuner and `emit`.
+fn write_extras(
+    p: &crate::profile::Profile,
+    chart: Option<&std::path::Path>,
+    modelfile: Option<&std::path::Path>,
+) -> Result<()> {
+    use crate::emit::modelfile::WriteOutcome;
+    if let Some(c) = chart {
+        let svg = crate::emit::chart::svg(p)?;
+        crate::profile::store::atomic_write(c, svg.as_bytes())?;
+        eprintln!("chart written to {}", c.display());
+    }
+    if let Some(m) = modelfile {
+        match crate::emit::modelfile::write(m, p)? {
+            WriteOutcome::Created => eprintln!("{} created", m.display()),
+            WriteOutcome::Updated => eprintln!("{} updated (the previous version is {}.bak)", m.display(), m.display()),
+            WriteOutcome::Unchanged => eprintln!("{} already has these settings; unchanged", m.display()),
+        }
+    }
+    Ok(())
+}
+
+/// A profile named directly, or the store's profile of a model on this machine.
+///
+/// # Errors
+/// `BadInput` when there is none or it is not a profile.
+pub fn load_profile(source: &std::path::Path, store: Option<&std::path::Path>) -> Result<crate::profile::Profile> {
+    use crate::profile::store;
+    model::check_model_path(source)
+        .map_err(|_| bad(format!("{}: no such file; pass a profile (.json) or a model (.gguf)", source.display())))?;
+    let mut head = [0u8; 4];
+    let is_gguf = std::fs::File::open(source)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .is_ok_and(|()| &head == crate::gguf::MAGIC);
+    if !is_gguf {
+        return store::read_profile(source);
+    }
+    let info = model::inspect(source)?;
+    let identity = crate::profile::ModelIdentity::of(&info);
+    let dir = store.map_or_else(store::default_dir, std::path::Path::to_path_buf);
+    let machine = crate::probe::machine_id();
+    let path = store::profile_path(&dir, &machine, &identity);
+    if !path.exists() {
+        return Err(bad(format!(
+            "no profile of {} for this machine in {}; tune it first: ngl-tune {}",
+            info.file_name,
+            dir.display(),
+            source.display()
+        )));
+    }
+    store::read_profile(&path)
+}
+
+fn cmd_emit(a: &EmitArgs) -> Result<i32> {
+    if let Some(c) = &a.chart {
+        check_output_path(c, "--chart")?;
+    }
+    if let Some(m) = &a.write_modelfile {
+        check_output_path(m, "--write-modelfile")?;
+    }
+    let p = load_profile(&a.source, a.profiles.as_deref())?;
+    let format = match a.format {
+        Some(f) => Some(f.format()),
+        None if a.chart.is_some() || a.write_modelfile.is_some() => None,
+        None => Some(crate::emit::Format::Modelfile),
+    };
+    if let Some(f) = format {
+        let text = crate::emit::render(&p, f)?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+    }
+    write_extras(&p, a.chart.as_deref(), a.write_modelfile.as_deref())?;
+    Ok(exit::OK)
 }

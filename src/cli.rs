@@ -27,6 +27,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Show what a GGUF model is: architecture, layers, bytes per layer, experts
     Inspect(InspectArgs),
+    /// Write a profile as Modelfile lines, llama.cpp flags, llama-server env, Ollama options, tables, a chart
+    Emit(EmitArgs),
     /// What this machine has: GPUs (NVML), llama.cpp devices, CPU, RAM, fingerprint
     Hw(HwArgs),
     /// Internal: write a synthetic GGUF model (tests and benchmarks)
@@ -179,12 +181,70 @@ pub struct TuneArgs {
     /// Print the profile JSON instead of the report
     #[arg(long)]
     pub json: bool,
+    /// Also update this Ollama Modelfile in place with the recommendation (old file kept as PATH.bak)
+    #[arg(long, value_name = "PATH")]
+    pub write_modelfile: Option<PathBuf>,
+    /// Also draw the tuning curve as an SVG chart
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<PathBuf>,
     /// Show llama.cpp's log
     #[arg(short = 'v', long)]
     pub verbose: bool,
     /// No progress bar
     #[arg(short = 'q', long)]
     pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmitFormat {
+    /// FROM and PARAMETER num_gpu / num_thread / num_ctx lines of an Ollama Modelfile
+    Modelfile,
+    /// -m PATH -ngl N -t T -c C for llama-cli / llama-server
+    LlamaCpp,
+    /// LLAMA_ARG_* environment for llama-server
+    LlamaServerEnv,
+    /// The JSON `options` object of Ollama's API
+    OllamaOptions,
+    /// The profile itself
+    Json,
+    /// The trial table as markdown
+    Md,
+    /// The trial table as CSV
+    Csv,
+}
+
+impl EmitFormat {
+    #[must_use]
+    pub fn format(self) -> crate::emit::Format {
+        use crate::emit::Format;
+        match self {
+            EmitFormat::Modelfile => Format::Modelfile,
+            EmitFormat::LlamaCpp => Format::LlamaCpp,
+            EmitFormat::LlamaServerEnv => Format::LlamaServerEnv,
+            EmitFormat::OllamaOptions => Format::OllamaOptions,
+            EmitFormat::Json => Format::Json,
+            EmitFormat::Md => Format::Md,
+            EmitFormat::Csv => Format::Csv,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct EmitArgs {
+    /// A profile (.json), or a model whose profile for this machine is in the store
+    pub source: PathBuf,
+    /// Output format [default: modelfile, unless only --chart or --write-modelfile is asked for]
+    #[arg(short = 'f', long, value_enum)]
+    pub format: Option<EmitFormat>,
+    /// Update this Ollama Modelfile in place (only num_gpu, num_thread and num_ctx change; the old file is kept as PATH.bak)
+    #[arg(long, value_name = "PATH")]
+    pub write_modelfile: Option<PathBuf>,
+    /// Draw the tuning curve as an SVG chart
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<PathBuf>,
+    /// Profile store directory, for a model path [default: $XDG_DATA_HOME/ngl-tune/profiles]
+    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
+    pub profiles: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -219,7 +279,8 @@ pub struct InspectArgs {
 }
 
 /// Subcommand names; anything else in first position is a model for `tune`.
-pub const SUBCOMMANDS: [&str; 8] = ["tune", "bench", "inspect", "hw", "help", "__trial", "__devices", "__synth"];
+pub const SUBCOMMANDS: [&str; 9] =
+    ["tune", "bench", "inspect", "hw", "emit", "help", "__trial", "__devices", "__synth"];
 
 /// `ngl-tune MODEL ...` means `ngl-tune tune MODEL ...`.
 #[must_use]

@@ -4,6 +4,7 @@
 pub mod app;
 pub mod bench;
 pub mod cli;
+pub mod emit;
 pub mod engine;
 pub mod error;
 pub mod gguf;

@@ -115,14 +115,24 @@ fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Option<
     }
 }
 
+/// The three models the decision uses: seconds per generated token, seconds
+/// per prompt token, and memory, each against ngl.
+#[must_use]
+pub fn curves(inp: &Inputs) -> (Curve, Curve, Curve) {
+    let full = inp.full;
+    // Time per token is what is linear in ngl; speeds are its inverse.
+    (
+        curve(&inp.points, full, |p| p.tg.filter(|v| *v > 0.0).map(|v| 1.0 / v)),
+        curve(&inp.points, full, |p| p.pp.filter(|v| *v > 0.0).map(|v| 1.0 / v)),
+        curve(&inp.points, full, |p| p.mem),
+    )
+}
+
 #[must_use]
 #[allow(clippy::too_many_lines)]
 pub fn decide(inp: &Inputs) -> Decision {
     let full = inp.full;
-    // Time per token is what is linear in ngl; speeds are its inverse.
-    let tg_time = curve(&inp.points, full, |p| p.tg.filter(|v| *v > 0.0).map(|v| 1.0 / v));
-    let pp_time = curve(&inp.points, full, |p| p.pp.filter(|v| *v > 0.0).map(|v| 1.0 / v));
-    let mem = curve(&inp.points, full, |p| p.mem);
+    let (tg_time, pp_time, mem) = curves(inp);
     let first_oom = inp.points.iter().filter(|p| p.oom).map(|p| p.ngl).min();
 
     let mem_at = |ngl: u32| mem.extrapolate(ngl);

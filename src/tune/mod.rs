@@ -207,6 +207,20 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
         .map_or(String::new(), |t| format!(" | last tg {:.2} t/s", t.avg_ts))
 }
 
+/// The decision's inputs as a stored profile holds them.
+#[must_use]
+pub fn profile_inputs(p: &Profile) -> Inputs {
+    Inputs {
+        points: p.trials.iter().filter(|t| t.role != "threads").map(point).collect(),
+        full: p.model.n_layer_full,
+        cap: p.memory.cap_bytes,
+        objective: p.settings.objective,
+        n_prompt: p.settings.n_prompt,
+        n_gen: p.settings.n_gen,
+        device: p.memory.device.clone(),
+    }
+}
+
 fn inputs(trials: &[ProfileTrial], info: &ModelInfo, s: &Settings, policy: &MemoryPolicy) -> Inputs {
     Inputs {
         points: trials.iter().filter(|t| t.role != "threads").map(point).collect(),
@@ -372,7 +386,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         fingerprint: hw.fingerprint.clone(),
         memory: policy.unwrap_or_else(|| MemoryPolicy {
             source: "none".into(),
-            device: "none".into(),
+            device: "the CPU (no GPU device)".into(),
             device_total_bytes: None,
             baseline_bytes: 0,
             cap_bytes: 0.0,
