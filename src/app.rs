@@ -27,6 +27,11 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Command::Hw(a) => cmd_hw(&a),
         Command::Emit(a) => cmd_emit(&a),
+        Command::Check { model } => {
+            let verdict = crate::engine::worker::check_loadable(&model);
+            println!("{}", serde_json::json!({ "ok": verdict.is_ok(), "error": verdict.err() }));
+            Ok(exit::OK)
+        }
         Command::Synth(a) => {
             let spec = crate::synth::SynthSpec::default()
                 .with_n_layer(a.layers)
@@ -87,6 +92,13 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     let w = &a.workload;
     let threads = check_workload(w, &info)?;
     let grid = if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) };
+    if let Some(c) = &a.chart {
+        check_output_path(c, "--chart")?;
+    }
+    if let Some(m) = &a.write_modelfile {
+        check_output_path(m, "--write-modelfile")?;
+    }
+    check_loadable(&info)?;
     let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
     let settings = Settings {
         target_vram: target,
@@ -112,9 +124,6 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     };
     crate::engine::interrupt::install();
     let opts = crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet };
-    if let Some(c) = &a.chart {
-        check_output_path(c, "--chart")?;
-    }
     let outcome = crate::tune::tune(&info, &opts)?;
     write_extras(&outcome.profile, a.chart.as_deref(), a.write_modelfile.as_deref())?;
     let mut out = std::io::stdout().lock();
@@ -128,10 +137,41 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     Ok(exit::OK)
 }
 
+/// Asks a child process whether llama.cpp can load the model at all (its
+/// architecture, hyperparameters and vocabulary), so a model this llama.cpp
+/// cannot run is bad input, not a sweep of failed trials.
+///
+/// # Errors
+/// `BadInput` with llama.cpp's reason.
+pub fn check_loadable(info: &ModelInfo) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(exe)
+        .arg("__check")
+        .arg(&info.path)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    if v["ok"] == true {
+        return Ok(());
+    }
+    let why = v["error"].as_str().map_or_else(|| crate::engine::runner::describe_exit(out.status), str::to_string);
+    if why.contains("unknown model architecture") {
+        return Err(bad(format!(
+            "{} has architecture '{}', which this llama.cpp ({}) does not support; use a model of a supported architecture or an ngl-tune built on a newer llama.cpp",
+            info.path.display(),
+            info.architecture,
+            crate::engine::LLAMA_CPP_REVISION
+        )));
+    }
+    Err(bad(format!("llama.cpp cannot load {}: {why}; check the model file", info.path.display())))
+}
+
 fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let info = model::inspect(&a.model)?;
     let threads = check_workload(&a.workload, &info)?;
     let ngl = crate::ngl::parse_all(&a.ngl, "-ngl")?;
+    check_loadable(&info)?;
     let w = &a.workload;
     let opts = BenchOptions {
         model: a.model.clone(),

@@ -34,6 +34,9 @@ pub enum Command {
     /// Internal: write a synthetic GGUF model (tests and benchmarks)
     #[command(name = "__synth", hide = true)]
     Synth(SynthArgs),
+    /// Internal: check that llama.cpp can load a model's header and vocabulary
+    #[command(name = "__check", hide = true)]
+    Check { model: PathBuf },
     /// Internal: print llama.cpp's devices as JSON
     #[command(name = "__devices", hide = true)]
     Devices,
@@ -278,15 +281,13 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
-/// Subcommand names; anything else in first position is a model for `tune`.
-pub const SUBCOMMANDS: [&str; 9] =
-    ["tune", "bench", "inspect", "hw", "emit", "help", "__trial", "__devices", "__synth"];
-
 /// `ngl-tune MODEL ...` means `ngl-tune tune MODEL ...`.
 #[must_use]
 pub fn default_to_tune(mut args: Vec<String>) -> Vec<String> {
     if let Some(first) = args.get(1) {
-        if !first.starts_with('-') && !SUBCOMMANDS.contains(&first.as_str()) {
+        use clap::CommandFactory;
+        let known = first == "help" || Cli::command().get_subcommands().any(|c| c.get_name() == first);
+        if !first.starts_with('-') && !known {
             args.insert(1, "tune".to_string());
         }
     }

@@ -274,3 +274,24 @@ fn test_gen(
     }
     Ok(())
 }
+
+/// Loads only the model's vocabulary and hyperparameters: enough for
+/// llama.cpp to reject an architecture it does not know, without loading
+/// weights. Returns llama.cpp's own error line on failure.
+///
+/// # Errors
+/// The reason llama.cpp gave.
+pub fn check_loadable(path: &std::path::Path) -> Result<(), String> {
+    logs::install();
+    let backend = LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?;
+    let params = LlamaModelParams::default().with_vocab_only(true);
+    let loaded = LlamaModel::load_from_file(&backend, path, &params);
+    let log = logs::take();
+    match loaded {
+        Ok(_) => Ok(()),
+        Err(e) => Err(log
+            .lines()
+            .find(|l| l.contains("error loading model"))
+            .map_or_else(|| format!("{e}: {}", last_error_line(&log)), |l| l.trim().to_string())),
+    }
+}

@@ -150,6 +150,7 @@ struct Sweep<'a> {
     trials: Vec<ProfileTrial>,
     checkpoint: Checkpoint,
     checkpoint_path: PathBuf,
+    checkpoint_failed: bool,
     bar: ProgressBar,
 }
 
@@ -186,7 +187,15 @@ impl Sweep<'_> {
             result: r,
         });
         self.checkpoint.trials.clone_from(&self.trials);
-        store::write_checkpoint(&self.checkpoint_path, &self.checkpoint)?;
+        if let Err(e) = store::write_checkpoint(&self.checkpoint_path, &self.checkpoint) {
+            // Measuring goes on: the trials are in memory and go into the profile.
+            if !self.checkpoint_failed {
+                self.bar.suspend(|| {
+                    eprintln!("warning: {e:#}; tuning goes on, but an interrupt now would lose the finished trials");
+                });
+                self.checkpoint_failed = true;
+            }
+        }
         self.bar.inc(1);
         self.bar.set_message(format!("ngl {ngl} done{}", last_tg(&self.trials)));
         Ok(self.trials.last().expect("just pushed"))
@@ -319,6 +328,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         trials: checkpoint.trials.clone(),
         checkpoint,
         checkpoint_path: checkpoint_path.clone(),
+        checkpoint_failed: false,
         bar,
     };
     sweep.bar.set_position(sweep.trials.len() as u64);
@@ -404,7 +414,23 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         notes: notes.clone(),
         wall_s: started.elapsed().as_secs_f64(),
     };
-    store::write_profile(&path, &profile)?;
+    if let Err(e) = store::write_profile(&path, &profile) {
+        // Never lose a finished tuning: keep it somewhere, and say where.
+        let fallback = std::env::temp_dir().join(format!(
+            "ngl-tune-{}-{}-{}.json",
+            profile.model.file_name.trim_end_matches(".gguf"),
+            profile.model.id(),
+            std::process::id()
+        ));
+        let saved = match store::write_profile(&fallback, &profile) {
+            Ok(()) => format!("this run's profile was saved to {}", fallback.display()),
+            Err(_) => {
+                println!("{}", serde_json::to_string_pretty(&profile)?);
+                "this run's profile is printed above".to_string()
+            }
+        };
+        return Err(e.context(format!("the tuning finished but its profile could not be stored; {saved}")));
+    }
     let _ = std::fs::remove_file(&checkpoint_path);
     Ok(TuneOutcome { profile, path, notes })
 }
