@@ -6,7 +6,10 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::bench::{self, BenchOptions};
-use crate::cli::{BenchArgs, Cli, Command, EmitArgs, HwArgs, InspectArgs, ObjectiveArg, TuneArgs, Workload};
+use crate::cli::{
+    BenchArgs, Cli, Command, EmitArgs, HistoryArgs, HwArgs, InspectArgs, ObjectiveArg, ReprofileArgs, TuneArgs,
+    Workload,
+};
 use crate::error::{bad, exit};
 use crate::model::{self, human_bytes, ModelInfo};
 
@@ -27,6 +30,11 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Command::Hw(a) => cmd_hw(&a),
         Command::Emit(a) => cmd_emit(&a),
+        Command::Reprofile(a) => cmd_reprofile(&a),
+        Command::History(a) => cmd_history(&a),
+        Command::Profiles(a) => match a.command {
+            crate::cli::ProfilesCommand::List { profiles, json } => cmd_profiles_list(profiles.as_deref(), json),
+        },
         Command::Check { model } => {
             let verdict = crate::engine::worker::check_loadable(&model);
             println!("{}", serde_json::json!({ "ok": verdict.is_ok(), "error": verdict.err() }));
@@ -124,6 +132,12 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     };
     crate::engine::interrupt::install();
     let opts = crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet };
+    let _lock = crate::profile::lock::StoreLock::acquire(
+        &opts.store,
+        &crate::probe::machine_id(),
+        a.no_wait,
+        &format!("ngl-tune tune {}", info.file_name),
+    )?;
     let outcome = crate::tune::tune(&info, &opts)?;
     write_extras(&outcome.profile, a.chart.as_deref(), a.write_modelfile.as_deref())?;
     let mut out = std::io::stdout().lock();
@@ -401,30 +415,7 @@ fn write_extras(
 /// # Errors
 /// `BadInput` when there is none or it is not a profile.
 pub fn load_profile(source: &std::path::Path, store: Option<&std::path::Path>) -> Result<crate::profile::Profile> {
-    use crate::profile::store;
-    model::check_model_path(source)
-        .map_err(|_| bad(format!("{}: no such file; pass a profile (.json) or a model (.gguf)", source.display())))?;
-    let mut head = [0u8; 4];
-    let is_gguf = std::fs::File::open(source)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
-        .is_ok_and(|()| &head == crate::gguf::MAGIC);
-    if !is_gguf {
-        return store::read_profile(source);
-    }
-    let info = model::inspect(source)?;
-    let identity = crate::profile::ModelIdentity::of(&info);
-    let dir = store.map_or_else(store::default_dir, std::path::Path::to_path_buf);
-    let machine = crate::probe::machine_id();
-    let path = store::profile_path(&dir, &machine, &identity);
-    if !path.exists() {
-        return Err(bad(format!(
-            "no profile of {} for this machine in {}; tune it first: ngl-tune {}",
-            info.file_name,
-            dir.display(),
-            source.display()
-        )));
-    }
-    store::read_profile(&path)
+    crate::profile::store::read_profile(&resolve_profile_path(source, store)?)
 }
 
 fn cmd_emit(a: &EmitArgs) -> Result<i32> {
@@ -447,5 +438,223 @@ fn cmd_emit(a: &EmitArgs) -> Result<i32> {
         out.flush()?;
     }
     write_extras(&p, a.chart.as_deref(), a.write_modelfile.as_deref())?;
+    Ok(exit::OK)
+}
+
+fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
+    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    crate::profile::store::check_dir(&store)?;
+    let max_age = crate::reprofile::parse_duration(&a.max_age)?;
+    let threshold: f64 =
+        a.drift_threshold.trim().parse().ok().filter(|t: &f64| t.is_finite() && *t >= 0.0 && *t < 1.0).ok_or_else(
+            || {
+                bad(format!(
+                    "--drift-threshold {} is not a fraction in [0, 1); give the smallest change that counts, like 0.05",
+                    a.drift_threshold
+                ))
+            },
+        )?;
+    if let Some(d) = &a.update_modelfiles {
+        if !d.is_dir() {
+            return Err(bad(format!(
+                "--update-modelfiles {} is not a directory; pass the directory that holds your Modelfiles",
+                d.display()
+            )));
+        }
+    }
+    crate::engine::interrupt::install();
+    let _lock =
+        crate::profile::lock::StoreLock::acquire(&store, &crate::probe::machine_id(), a.no_wait, "ngl-tune reprofile")?;
+    let opts = crate::reprofile::ReprofileOptions {
+        store,
+        max_age,
+        dry_run: a.dry_run,
+        threshold,
+        update_modelfiles: a.update_modelfiles.clone(),
+        verbose: a.verbose,
+        progress: !a.quiet && !a.json,
+    };
+    let json = a.json;
+    let mut say = |line: &str| {
+        if !json {
+            println!("{line}");
+        }
+    };
+    let summary = crate::reprofile::reprofile(&opts, &mut say)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        println!(
+            "summary: {} re-tuned, {} fresh, {} missing, {} invalid, {} failed; {} regressions, {} improvements, {} recommendations changed",
+            summary.retuned,
+            summary.fresh,
+            summary.missing,
+            summary.invalid,
+            summary.failed,
+            summary.regressions,
+            summary.improvements,
+            summary.recommendations_changed
+        );
+    }
+    Ok(summary.exit_code)
+}
+
+/// One version of a profile, for `history`.
+#[derive(Debug, serde::Serialize)]
+struct Version {
+    created_at: String,
+    file: std::path::PathBuf,
+    fingerprint: String,
+    llama_cpp_revision: String,
+    n_gpu_layers: u32,
+    n_threads: u32,
+    tg_ts: Option<f64>,
+    pp_ts: Option<f64>,
+    current: bool,
+}
+
+fn cmd_history(a: &HistoryArgs) -> Result<i32> {
+    use crate::profile::store;
+    let current_path = resolve_profile_path(&a.source, a.profiles.as_deref())?;
+    let current = store::read_profile(&current_path)?;
+    let store_dir =
+        current_path.parent().and_then(std::path::Path::parent).map(std::path::Path::to_path_buf).unwrap_or_default();
+    let hist = store::history_dir(&store_dir, &current.machine_id, &current.model);
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&hist)
+        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect())
+        .unwrap_or_default();
+    files.sort();
+    let mut versions = Vec::new();
+    for f in files.iter().chain(std::iter::once(&current_path)) {
+        match store::read_profile(f) {
+            Ok(p) => versions.push(Version {
+                created_at: p.created_at.clone(),
+                file: f.clone(),
+                fingerprint: p.fingerprint.clone(),
+                llama_cpp_revision: p.tool.llama_cpp_revision.clone(),
+                n_gpu_layers: p.recommendation.n_gpu_layers,
+                n_threads: p.recommendation.n_threads,
+                tg_ts: p.recommendation.tg_ts,
+                pp_ts: p.recommendation.pp_ts,
+                current: f == &current_path,
+            }),
+            Err(e) => eprintln!("warning: {e:#}; skipped"),
+        }
+    }
+    versions.sort_by(|x, y| x.created_at.cmp(&y.created_at).then(x.current.cmp(&y.current)));
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&versions)?)?;
+        return Ok(exit::OK);
+    }
+    writeln!(out, "{} on {}: {} versions", current.model.file_name, current.machine_id, versions.len())?;
+    writeln!(out, "| made | fingerprint | llama.cpp | ngl | threads | tg t/s | pp t/s | |")?;
+    writeln!(out, "| ---- | ----------- | --------- | --: | ------: | -----: | -----: | - |")?;
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
+    for v in &versions {
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            v.created_at,
+            v.fingerprint,
+            v.llama_cpp_revision,
+            v.n_gpu_layers,
+            v.n_threads,
+            f(v.tg_ts),
+            f(v.pp_ts),
+            if v.current { "current" } else { "" }
+        )?;
+    }
+    Ok(exit::OK)
+}
+
+/// The profile file for a model (this machine, in the store) or a profile path.
+fn resolve_profile_path(source: &std::path::Path, store: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
+    use crate::profile::store as st;
+    model::check_model_path(source)
+        .map_err(|_| bad(format!("{}: no such file; pass a profile (.json) or a model (.gguf)", source.display())))?;
+    let mut head = [0u8; 4];
+    let is_gguf = std::fs::File::open(source)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .is_ok_and(|()| &head == crate::gguf::MAGIC);
+    if !is_gguf {
+        return Ok(source.to_path_buf());
+    }
+    let info = model::inspect(source)?;
+    let identity = crate::profile::ModelIdentity::of(&info);
+    let dir = store.map_or_else(st::default_dir, std::path::Path::to_path_buf);
+    let path = st::profile_path(&dir, &crate::probe::machine_id(), &identity);
+    if !path.exists() {
+        return Err(bad(format!(
+            "no profile of {} for this machine in {}; tune it first: ngl-tune {}",
+            info.file_name,
+            dir.display(),
+            source.display()
+        )));
+    }
+    Ok(path)
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Listed {
+    machine: String,
+    model: String,
+    file: std::path::PathBuf,
+    n_gpu_layers: u32,
+    n_threads: u32,
+    n_ctx: u32,
+    tg_ts: Option<f64>,
+    created_at: String,
+    age_s: u64,
+    this_machine: bool,
+}
+
+fn cmd_profiles_list(store: Option<&std::path::Path>, json: bool) -> Result<i32> {
+    use crate::profile::store as st;
+    let dir = store.map_or_else(st::default_dir, std::path::Path::to_path_buf);
+    st::check_dir(&dir)?;
+    let me = crate::probe::machine_id();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut rows = Vec::new();
+    for m in st::machines(&dir) {
+        for f in st::profile_files(&m) {
+            match st::read_profile(&f) {
+                Ok(p) => rows.push(Listed {
+                    machine: p.machine_id.clone(),
+                    model: p.model.file_name.clone(),
+                    file: f.clone(),
+                    n_gpu_layers: p.recommendation.n_gpu_layers,
+                    n_threads: p.recommendation.n_threads,
+                    n_ctx: p.recommendation.n_ctx,
+                    tg_ts: p.recommendation.tg_ts,
+                    age_s: st::parse_rfc3339(&p.created_at).map_or(0, |t| now.saturating_sub(t)),
+                    created_at: p.created_at,
+                    this_machine: p.machine_id == me,
+                }),
+                Err(e) => eprintln!("warning: {e:#}; skipped"),
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+        return Ok(exit::OK);
+    }
+    writeln!(out, "| machine | model | ngl | threads | ctx | tg t/s | age |")?;
+    writeln!(out, "| ------- | ----- | --: | ------: | --: | -----: | --: |")?;
+    for r in &rows {
+        writeln!(
+            out,
+            "| {}{} | {} | {} | {} | {} | {} | {} |",
+            r.machine,
+            if r.this_machine { " (this machine)" } else { "" },
+            r.model,
+            r.n_gpu_layers,
+            r.n_threads,
+            r.n_ctx,
+            r.tg_ts.map_or("-".into(), |t| format!("{t:.2}")),
+            crate::reprofile::human_age(r.age_s)
+        )?;
+    }
     Ok(exit::OK)
 }

@@ -29,6 +29,12 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Write a profile as Modelfile lines, llama.cpp flags, llama-server env, Ollama options, tables, a chart
     Emit(EmitArgs),
+    /// Nightly: re-tune this machine's stale profiles, test for drift, keep history
+    Reprofile(ReprofileArgs),
+    /// How tg, pp and the recommendation moved over time for a model or profile
+    History(HistoryArgs),
+    /// Profiles in the store, from every machine
+    Profiles(ProfilesArgs),
     /// What this machine has: GPUs (NVML), llama.cpp devices, CPU, RAM, fingerprint
     Hw(HwArgs),
     /// Internal: write a synthetic GGUF model (tests and benchmarks)
@@ -178,6 +184,9 @@ pub struct TuneArgs {
     /// Continue an interrupted tuning of this model from its checkpoint
     #[arg(long)]
     pub resume: bool,
+    /// Exit at once if another tuner holds the store instead of waiting
+    #[arg(long)]
+    pub no_wait: bool,
     /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
     #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
     pub profiles: Option<PathBuf>,
@@ -248,6 +257,68 @@ pub struct EmitArgs {
     /// Profile store directory, for a model path [default: $XDG_DATA_HOME/ngl-tune/profiles]
     #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
     pub profiles: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReprofileArgs {
+    /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
+    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
+    pub profiles: Option<PathBuf>,
+    /// Re-tune profiles older than this (7d, 12h, 30m)
+    #[arg(long, default_value = "7d", value_name = "AGE")]
+    pub max_age: String,
+    /// Only list what would be re-tuned and why
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Smallest change (fraction) that counts as drift; a change must also be significant (Welch's t-test, p < 0.05)
+    #[arg(long, default_value = "0.05", value_name = "F", allow_hyphen_values = true)]
+    pub drift_threshold: String,
+    /// Rewrite the Modelfiles in DIR whose FROM is a model whose recommendation changed
+    #[arg(long, value_name = "DIR")]
+    pub update_modelfiles: Option<PathBuf>,
+    /// Exit at once if another tuner holds the store instead of waiting
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print a JSON summary for monitoring
+    #[arg(long)]
+    pub json: bool,
+    /// Show llama.cpp's log
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// No progress bars
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// A model (its profile for this machine) or a profile (.json)
+    pub source: PathBuf,
+    /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
+    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
+    pub profiles: Option<PathBuf>,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ProfilesArgs {
+    #[command(subcommand)]
+    pub command: ProfilesCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfilesCommand {
+    /// Every profile in the store: machine, model, recommendation, age
+    List {
+        /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
+        #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
+        profiles: Option<PathBuf>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -13,6 +13,7 @@ pub mod ngl;
 pub mod probe;
 pub mod profile;
 pub mod report;
+pub mod reprofile;
 pub mod stats;
 pub mod synth;
 pub mod tune;

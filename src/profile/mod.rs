@@ -1,6 +1,7 @@
 //! The profile: everything a tuning run measured and decided, as versioned
 //! JSON (`profiles/profile.schema.json`), keyed by machine and model.
 
+pub mod lock;
 pub mod store;
 
 use std::path::PathBuf;

@@ -178,3 +178,97 @@ mod tests {
         assert!(read_profile(&p).unwrap_err().to_string().contains("no schema_version"));
     }
 }
+
+/// Where replaced versions of a profile are kept:
+/// `<store>/<machine>/history/<model stem>-<model id>/<created_at>.json`.
+#[must_use]
+pub fn history_dir(store: &Path, machine: &str, model: &ModelIdentity) -> PathBuf {
+    store.join(machine).join("history").join(format!("{}-{}", stem(model), model.id()))
+}
+
+/// Copies the profile at `current` into its history directory before it is
+/// replaced, named by its creation time.
+///
+/// # Errors
+/// Write errors (the caller then does not replace the profile).
+pub fn archive(current: &Path, history: &Path) -> Result<Option<PathBuf>> {
+    let Ok(bytes) = std::fs::read(current) else { return Ok(None) };
+    let created = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("created_at").and_then(serde_json::Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| "unknown-time".to_string());
+    let base = created.replace(':', "-");
+    let mut dest = history.join(format!("{base}.json"));
+    let mut n = 1;
+    while dest.exists() {
+        n += 1;
+        dest = history.join(format!("{base}.{n}.json"));
+    }
+    atomic_write(&dest, &bytes)?;
+    Ok(Some(dest))
+}
+
+/// Every profile file of one machine directory (not checkpoints, history or
+/// temporary files), sorted.
+#[must_use]
+pub fn profile_files(machine_dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(machine_dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    p.is_file() && n.ends_with(".json") && !n.ends_with(".checkpoint.json") && !n.starts_with('.')
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Machine directories of a store, sorted.
+#[must_use]
+pub fn machines(store: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(store)
+        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC time as ngl-tune writes it
+/// ("2026-11-30T05:44:32Z").
+#[must_use]
+pub fn parse_rfc3339(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' || b[19] != b'Z'
+    {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_round_trips() {
+        for secs in [0u64, 951_782_400, 1_764_474_000, 1_796_000_123] {
+            assert_eq!(parse_rfc3339(&crate::bench::rfc3339(secs)), Some(secs));
+        }
+        assert_eq!(parse_rfc3339("yesterday"), None);
+    }
+}

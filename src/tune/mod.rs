@@ -414,7 +414,10 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         notes: notes.clone(),
         wall_s: started.elapsed().as_secs_f64(),
     };
-    if let Err(e) = store::write_profile(&path, &profile) {
+    // Keep the version being replaced: history is what re-profiling compares against.
+    let archived = store::archive(&path, &store::history_dir(&opts.store, &profile.machine_id, &profile.model));
+    let written = archived.and_then(|_| store::write_profile(&path, &profile));
+    if let Err(e) = written {
         // Never lose a finished tuning: keep it somewhere, and say where.
         let fallback = std::env::temp_dir().join(format!(
             "ngl-tune-{}-{}-{}.json",

@@ -1,0 +1,508 @@
+//! Nightly re-profiling: decide which of this machine's profiles are stale
+//! and why, re-tune them with their original settings, test the new
+//! measurements against the old for drift, and report in words or JSON.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::engine::TrialStatus;
+use crate::model::sha256_prefix;
+use crate::probe::Hardware;
+use crate::profile::store;
+use crate::profile::{Profile, ProfileTrial, Tool};
+use crate::stats::{mean, welch};
+
+/// Significance level for drift: a change must be both this unlikely under
+/// "no change" and larger than the threshold.
+pub const ALPHA: f64 = 0.05;
+
+/// Why a profile no longer describes this machine, in words.
+#[must_use]
+pub fn hardware_changes(old: &Hardware, new: &Hardware) -> Vec<String> {
+    let mut v = Vec::new();
+    let n = old.gpus.len().max(new.gpus.len());
+    for i in 0..n {
+        match (old.gpus.get(i), new.gpus.get(i)) {
+            (Some(a), Some(b)) => {
+                if a.name != b.name {
+                    v.push(format!("GPU {i}: {} → {}", a.name, b.name));
+                }
+                if a.driver_version != b.driver_version {
+                    v.push(format!(
+                        "GPU {i} driver {} → {}",
+                        a.driver_version.as_deref().unwrap_or("?"),
+                        b.driver_version.as_deref().unwrap_or("?")
+                    ));
+                }
+                if a.memory_total != b.memory_total {
+                    v.push(format!("GPU {i} memory {:?} → {:?} bytes", a.memory_total, b.memory_total));
+                }
+            }
+            (Some(a), None) => {
+                v.push(format!("GPU {i} ({}, driver {}) is gone", a.name, a.driver_version.as_deref().unwrap_or("?")))
+            }
+            (None, Some(b)) => v.push(format!("new GPU {i}: {}", b.name)),
+            (None, None) => {}
+        }
+    }
+    let devs = |h: &Hardware| -> Vec<String> {
+        h.llama_devices
+            .iter()
+            .filter(|d| d.is_offload_target())
+            .map(|d| format!("{} {}", d.name, d.description))
+            .collect()
+    };
+    if devs(old) != devs(new) {
+        v.push(format!("llama.cpp devices [{}] → [{}]", devs(old).join(", "), devs(new).join(", ")));
+    }
+    if old.cpu != new.cpu {
+        v.push(format!("CPU {} → {}", old.cpu.brand, new.cpu.brand));
+    }
+    if (old.ram.total + (1 << 29)) >> 30 != (new.ram.total + (1 << 29)) >> 30 {
+        v.push(format!(
+            "RAM {} → {}",
+            crate::model::human_bytes(old.ram.total),
+            crate::model::human_bytes(new.ram.total)
+        ));
+    }
+    if old.llama_cpp_revision != new.llama_cpp_revision {
+        v.push(format!("llama.cpp {} → {}", old.llama_cpp_revision, new.llama_cpp_revision));
+    }
+    if old.backends != new.backends {
+        v.push(format!("backends {} → {}", old.backends.join(","), new.backends.join(",")));
+    }
+    if v.is_empty() && old.fingerprint != new.fingerprint {
+        v.push(format!("hardware fingerprint {} → {}", old.fingerprint, new.fingerprint));
+    }
+    v
+}
+
+/// What is wrong with the model file a profile was made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelState {
+    Same,
+    Changed(String),
+    Gone,
+}
+
+/// Compares the model file with the profile's record: size and mtime first
+/// (cheap), the sha256 of the first 16 MiB only when those moved.
+#[must_use]
+pub fn model_state(p: &Profile) -> ModelState {
+    let Ok(md) = std::fs::metadata(&p.model.path) else { return ModelState::Gone };
+    let mtime =
+        md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+    if md.len() == p.model.file_size && mtime == p.model.mtime {
+        return ModelState::Same;
+    }
+    match sha256_prefix(&p.model.path, crate::model::ID_PREFIX_BYTES) {
+        Ok(h) if h != p.model.sha256_16m => ModelState::Changed("model file changed (its first 16 MiB differ)".into()),
+        Ok(_) if md.len() != p.model.file_size => {
+            ModelState::Changed(format!("model file size {} → {} bytes", p.model.file_size, md.len()))
+        }
+        Ok(_) => ModelState::Same,
+        Err(_) => ModelState::Gone,
+    }
+}
+
+/// Every reason a profile is stale; empty when it is fresh.
+#[must_use]
+pub fn stale_reasons(p: &Profile, hw: &Hardware, now: u64, max_age: Duration) -> Vec<String> {
+    let mut r = Vec::new();
+    if p.fingerprint != hw.fingerprint {
+        r.extend(hardware_changes(&p.hardware, hw));
+    }
+    let tool = Tool::this();
+    if p.tool.version != tool.version {
+        r.push(format!("ngl-tune {} → {}", p.tool.version, tool.version));
+    }
+    if p.tool.llama_cpp_revision != tool.llama_cpp_revision && !r.iter().any(|x| x.starts_with("llama.cpp")) {
+        r.push(format!("llama.cpp {} → {}", p.tool.llama_cpp_revision, tool.llama_cpp_revision));
+    }
+    if let ModelState::Changed(why) = model_state(p) {
+        r.push(why);
+    }
+    let age = store::parse_rfc3339(&p.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
+    if age > max_age.as_secs() || max_age.is_zero() {
+        r.push(format!("{} old (max age {})", human_age(age), human_age(max_age.as_secs())));
+    }
+    r
+}
+
+#[must_use]
+pub fn human_age(secs: u64) -> String {
+    if secs == u64::MAX {
+        "of unknown age".into()
+    } else if secs >= 86_400 {
+        format!("{:.1}d", secs as f64 / 86_400.0)
+    } else if secs >= 3600 {
+        format!("{:.1}h", secs as f64 / 3600.0)
+    } else if secs >= 60 {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// Parses "7d", "12h", "30m", "45s", "2w" (a bare number is seconds).
+///
+/// # Errors
+/// `BadInput` naming the value.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let t = s.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| crate::error::bad(format!("--max-age '{s}' is not a duration; write it like 7d, 12h or 30m")))?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(crate::error::bad(format!("--max-age '{s}' has an unknown unit; use s, m, h, d or w"))),
+    };
+    Ok(Duration::from_secs(n.saturating_mul(mult)))
+}
+
+/// One measured quantity compared between the previous and the new profile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub n_gpu_layers: u32,
+    pub n_threads: u32,
+    /// "pp512" or "tg128".
+    pub test: String,
+    pub old_ts: f64,
+    pub new_ts: f64,
+    pub change_pct: f64,
+    pub p_value: Option<f64>,
+    /// "regression", "improvement" or "same".
+    pub verdict: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Drift {
+    pub comparisons: Vec<Comparison>,
+    pub regressions: usize,
+    pub improvements: usize,
+    /// (old, new) recommended ngl when it changed.
+    pub recommendation_changed: Option<(u32, u32)>,
+    pub threads_changed: Option<(u32, u32)>,
+}
+
+fn key(t: &ProfileTrial) -> (u32, u32) {
+    (t.result.spec.n_gpu_layers, t.result.spec.n_threads)
+}
+
+/// Compares every setting measured in both profiles, test by test, with
+/// Welch's t-test on the raw samples and a minimum effect size.
+#[must_use]
+pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
+    let mut comparisons = Vec::new();
+    for nt in new.trials.iter().filter(|t| t.result.status == TrialStatus::Ok) {
+        let Some(ot) = old.trials.iter().find(|o| key(o) == key(nt) && o.result.status == TrialStatus::Ok) else {
+            continue;
+        };
+        for ntest in &nt.result.tests {
+            let Some(otest) = ot.result.tests.iter().find(|x| x.n_prompt == ntest.n_prompt && x.n_gen == ntest.n_gen)
+            else {
+                continue;
+            };
+            let (om, nm) = (mean(&otest.samples_ts), mean(&ntest.samples_ts));
+            if om <= 0.0 {
+                continue;
+            }
+            let change = (nm - om) / om;
+            let p = welch(&otest.samples_ts, &ntest.samples_ts).map(|w| w.2);
+            let significant = p.is_none_or(|p| p < ALPHA);
+            let verdict = if change <= -threshold && significant {
+                "regression"
+            } else if change >= threshold && significant {
+                "improvement"
+            } else {
+                "same"
+            };
+            comparisons.push(Comparison {
+                n_gpu_layers: key(nt).0,
+                n_threads: key(nt).1,
+                test: ntest.name(),
+                old_ts: om,
+                new_ts: nm,
+                change_pct: change * 100.0,
+                p_value: p,
+                verdict: verdict.into(),
+            });
+        }
+    }
+    let (o, n) = (&old.recommendation, &new.recommendation);
+    Drift {
+        regressions: comparisons.iter().filter(|c| c.verdict == "regression").count(),
+        improvements: comparisons.iter().filter(|c| c.verdict == "improvement").count(),
+        comparisons,
+        recommendation_changed: (o.n_gpu_layers != n.n_gpu_layers).then_some((o.n_gpu_layers, n.n_gpu_layers)),
+        threads_changed: (o.n_threads != n.n_threads).then_some((o.n_threads, n.n_threads)),
+    }
+}
+
+/// What happened to one profile.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    pub profile: PathBuf,
+    pub model: String,
+    pub model_path: PathBuf,
+    /// "fresh", "stale" (dry run), "retuned", "model_missing", "invalid", "failed".
+    pub status: String,
+    pub reasons: Vec<String>,
+    pub drift: Option<Drift>,
+    pub error: Option<String>,
+    pub updated_modelfiles: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub machine_id: String,
+    pub store: PathBuf,
+    pub fingerprint: String,
+    pub dry_run: bool,
+    pub entries: Vec<Entry>,
+    pub retuned: usize,
+    pub fresh: usize,
+    pub missing: usize,
+    pub invalid: usize,
+    pub failed: usize,
+    pub regressions: usize,
+    pub improvements: usize,
+    pub recommendations_changed: usize,
+    /// 0 nothing regressed, 3 a regression, 1 a re-tune failed.
+    pub exit_code: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReprofileOptions {
+    pub store: PathBuf,
+    pub max_age: Duration,
+    pub dry_run: bool,
+    pub threshold: f64,
+    pub update_modelfiles: Option<PathBuf>,
+    pub verbose: bool,
+    pub progress: bool,
+}
+
+/// Modelfiles in `dir` whose FROM names `model` (relative FROMs are taken
+/// from the Modelfile's directory).
+#[must_use]
+pub fn modelfiles_for(dir: &Path, model: &Path) -> Vec<PathBuf> {
+    let target = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else { return out };
+    let mut files: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
+    files.sort();
+    for f in files {
+        if f.extension().is_some_and(|e| e == "bak") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        let from = text.lines().map(str::trim).find_map(|l| {
+            let (kw, rest) = l.split_once(char::is_whitespace)?;
+            kw.eq_ignore_ascii_case("from").then(|| rest.trim().trim_matches('"').to_string())
+        });
+        let Some(from) = from else { continue };
+        let p = Path::new(&from);
+        let p = if p.is_absolute() { p.to_path_buf() } else { f.parent().unwrap_or(Path::new(".")).join(p) };
+        if std::fs::canonicalize(&p).is_ok_and(|c| c == target) {
+            out.push(f);
+        }
+    }
+    out
+}
+
+/// Runs the nightly job over this machine's profiles.
+///
+/// # Errors
+/// When the store cannot be listed or devices cannot be probed; a failed
+/// re-tune is an entry, not an error.
+#[allow(clippy::too_many_lines)]
+pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<Summary> {
+    let exe = std::env::current_exe()?;
+    let hw = crate::probe::hardware(crate::probe::devices_in_child(&exe)?);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let files = store::profile_files(&opts.store.join(&hw.machine_id));
+    let mut entries = Vec::new();
+    say(&format!("reprofile: {} profiles of machine {} in {}", files.len(), hw.machine_id, opts.store.display()));
+    for path in files {
+        let old = match store::read_profile(&path) {
+            Ok(p) => p,
+            Err(e) => {
+                say(&format!("  invalid  {e:#}; skipped (left as it is)"));
+                entries.push(Entry {
+                    profile: path.clone(),
+                    model: String::new(),
+                    model_path: PathBuf::new(),
+                    status: "invalid".into(),
+                    reasons: vec![format!("{e:#}")],
+                    drift: None,
+                    error: None,
+                    updated_modelfiles: Vec::new(),
+                });
+                continue;
+            }
+        };
+        let mut entry = Entry {
+            profile: path.clone(),
+            model: old.model.file_name.clone(),
+            model_path: old.model.path.clone(),
+            status: String::new(),
+            reasons: Vec::new(),
+            drift: None,
+            error: None,
+            updated_modelfiles: Vec::new(),
+        };
+        if old.machine_id != hw.machine_id {
+            entry.status = "invalid".into();
+            entry
+                .reasons
+                .push(format!("made on machine {}, not this one ({}); left alone", old.machine_id, hw.machine_id));
+            say(&format!("  invalid  {}: {}", path.display(), entry.reasons[0]));
+            entries.push(entry);
+            continue;
+        }
+        if model_state(&old) == ModelState::Gone {
+            entry.status = "model_missing".into();
+            entry.reasons.push(format!("model file {} is gone", old.model.path.display()));
+            say(&format!("  missing  {}: {}; skipped", old.model.file_name, entry.reasons[0]));
+            entries.push(entry);
+            continue;
+        }
+        entry.reasons = stale_reasons(&old, &hw, now, opts.max_age);
+        if entry.reasons.is_empty() {
+            entry.status = "fresh".into();
+            let age = store::parse_rfc3339(&old.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
+            say(&format!("  fresh    {} ({} old): skipped", old.model.file_name, human_age(age)));
+            entries.push(entry);
+            continue;
+        }
+        if opts.dry_run {
+            entry.status = "stale".into();
+            say(&format!("  stale    {}: {}; would re-tune", old.model.file_name, entry.reasons.join("; ")));
+            entries.push(entry);
+            continue;
+        }
+        say(&format!("  stale    {}: {}; re-tuning", old.model.file_name, entry.reasons.join("; ")));
+        match retune(&old, opts) {
+            Ok(new) => {
+                let d = drift(&old, &new, opts.threshold);
+                for c in d.comparisons.iter().filter(|c| c.verdict != "same") {
+                    say(&format!(
+                        "           {} {} at ngl {} -t {}: {:.2} → {:.2} t/s ({:+.1}%, p {})",
+                        c.verdict.to_uppercase(),
+                        c.test,
+                        c.n_gpu_layers,
+                        c.n_threads,
+                        c.old_ts,
+                        c.new_ts,
+                        c.change_pct,
+                        c.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
+                    ));
+                }
+                if let Some((a, b)) = d.recommendation_changed {
+                    say(&format!("           recommendation changed: ngl {a} → ngl {b}"));
+                }
+                if d.regressions == 0 && d.improvements == 0 {
+                    say(&format!(
+                        "           no drift beyond {:.0}% in {} comparisons",
+                        opts.threshold * 100.0,
+                        d.comparisons.len()
+                    ));
+                }
+                if d.recommendation_changed.is_some() || d.threads_changed.is_some() {
+                    if let Some(dir) = &opts.update_modelfiles {
+                        for mf in modelfiles_for(dir, &new.model.path) {
+                            match crate::emit::modelfile::write(&mf, &new) {
+                                Ok(_) => {
+                                    say(&format!("           updated {}", mf.display()));
+                                    entry.updated_modelfiles.push(mf);
+                                }
+                                Err(e) => say(&format!("           could not update {}: {e:#}", mf.display())),
+                            }
+                        }
+                    }
+                }
+                entry.status = "retuned".into();
+                entry.drift = Some(d);
+            }
+            Err(e) => {
+                if e.is::<crate::engine::runner::Interrupted>() {
+                    return Err(e);
+                }
+                say(&format!("           re-tune FAILED: {e:#}"));
+                entry.status = "failed".into();
+                entry.error = Some(format!("{e:#}"));
+            }
+        }
+        entries.push(entry);
+    }
+    let count = |s: &str| entries.iter().filter(|e| e.status == s).count();
+    let regressions: usize = entries.iter().filter_map(|e| e.drift.as_ref()).map(|d| d.regressions).sum();
+    let failed = count("failed");
+    let exit_code = if failed > 0 {
+        crate::error::exit::FAILURE
+    } else if regressions > 0 {
+        crate::error::exit::REGRESSION
+    } else {
+        crate::error::exit::OK
+    };
+    Ok(Summary {
+        machine_id: hw.machine_id.clone(),
+        store: opts.store.clone(),
+        fingerprint: hw.fingerprint.clone(),
+        dry_run: opts.dry_run,
+        retuned: count("retuned"),
+        fresh: count("fresh"),
+        missing: count("model_missing"),
+        invalid: count("invalid"),
+        failed,
+        regressions,
+        improvements: entries.iter().filter_map(|e| e.drift.as_ref()).map(|d| d.improvements).sum(),
+        recommendations_changed: entries
+            .iter()
+            .filter_map(|e| e.drift.as_ref())
+            .filter(|d| d.recommendation_changed.is_some())
+            .count(),
+        entries,
+        exit_code,
+    })
+}
+
+fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
+    let info = crate::model::inspect(&old.model.path)?;
+    let mut settings = old.settings.clone();
+    // Thread counts follow the machine (a new CPU has other cores).
+    if settings.n_threads == 0 {
+        settings.n_threads = crate::bench::default_threads();
+    }
+    let t = crate::tune::TuneOptions {
+        settings,
+        store: opts.store.clone(),
+        resume: false,
+        verbose: opts.verbose,
+        progress: opts.progress,
+    };
+    Ok(crate::tune::tune(&info, &t)?.profile)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86_400));
+        assert_eq!(parse_duration("12h").unwrap(), Duration::from_secs(43_200));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3y").is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! Nightly re-profiling: staleness, drift, history, exit codes, the store
+//! lock, Modelfile updates, and profiles that are not ours to touch.
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use common::*;
+
+/// Tunes the real model CPU-only (threads), small workload: stable numbers in seconds.
+fn tuned_store(dir: &Path) -> (PathBuf, PathBuf) {
+    let store = dir.join("store");
+    let m = real_model();
+    let o = run(&[m.to_str().unwrap(), "-p", "32", "-n", "32", "-r", "3", "--profiles", store.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = profiles_in(&store).pop().unwrap();
+    (store, p)
+}
+
+fn reprofile(store: &Path, extra: &[&str]) -> std::process::Output {
+    let mut a = vec!["reprofile", "--profiles", store.to_str().unwrap(), "-q"];
+    a.extend_from_slice(extra);
+    run(&a)
+}
+
+fn edit(p: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v = read_json(p);
+    f(&mut v);
+    std::fs::write(p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn fresh_is_skipped_fast_and_a_driver_change_is_retuned_with_its_reason() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, p) = tuned_store(dir.path());
+    let t0 = Instant::now();
+    let o = reprofile(&store, &[]);
+    let took = t0.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("fresh    gemma-3-270m-q4_k_m.gguf"), "{}", stdout(&o));
+    assert!(took.as_secs_f64() < 1.0, "a fresh profile is skipped in under a second: {took:?}");
+
+    edit(&p, |v| {
+        v["fingerprint"] = "0123456789abcdef".into();
+        v["hardware"]["gpus"] = serde_json::json!([{
+            "index": 0, "name": "NVIDIA H200", "uuid": "GPU-0", "driver_version": "550.54.15",
+            "memory_total": 150_000_000_000u64, "memory_free": 149_000_000_000u64,
+            "pcie_gen_current": 5, "pcie_gen_max": 5, "pcie_width_current": 16, "pcie_width_max": 16,
+            "memory_bus_width_bits": 6144, "memory_clock_max_mhz": 2619, "bandwidth_gbs": 4022.0
+        }]);
+    });
+    let dry = reprofile(&store, &["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0));
+    assert!(stdout(&dry).contains("would re-tune"), "{}", stdout(&dry));
+    assert!(
+        profiles_in(&store).len() == 1 && read_json(&p)["fingerprint"] == "0123456789abcdef",
+        "dry run writes nothing"
+    );
+
+    let o = reprofile(&store, &[]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
+    assert!(
+        out.contains("stale    gemma-3-270m-q4_k_m.gguf: GPU 0 (NVIDIA H200, driver 550.54.15) is gone; re-tuning"),
+        "{out}"
+    );
+    assert_ne!(read_json(&p)["fingerprint"], "0123456789abcdef", "re-tuned on this hardware");
+    assert!(schema_errors(&read_json(&p)).is_empty());
+}
+
+#[test]
+fn a_previous_profile_20_percent_faster_is_a_regression_and_noise_is_not() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, p) = tuned_store(dir.path());
+
+    // Same machine, measured again: within noise, exit 0.
+    let o = reprofile(&store, &["--max-age", "0s", "--json"]);
+    let s: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
+    assert_eq!(o.status.code(), Some(0), "{s:#}");
+    assert_eq!(s["regressions"], 0, "{s:#}");
+    assert_eq!(s["retuned"], 1);
+    assert_eq!(s["exit_code"], 0);
+    let cmp = s["entries"][0]["drift"]["comparisons"].as_array().unwrap();
+    assert!(cmp.len() >= 2, "every setting measured in both is compared: {cmp:?}");
+
+    // The previous profile claims 20% more speed than this machine gives: a regression, exit 3.
+    edit(&p, |v| {
+        for t in v["trials"].as_array_mut().unwrap() {
+            for test in t["tests"].as_array_mut().unwrap() {
+                let s: Vec<f64> =
+                    test["samples_ts"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() * 1.2).collect();
+                test["avg_ts"] = (s.iter().sum::<f64>() / s.len() as f64).into();
+                test["samples_ts"] = serde_json::json!(s);
+            }
+        }
+    });
+    let o = reprofile(&store, &["--max-age", "0s"]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(3), "{out}");
+    assert!(out.contains("REGRESSION tg32 at ngl 0"), "{out}");
+    assert!(out.contains("regressions"), "{out}");
+
+    // History: every replaced version is kept, and listed in order.
+    let h = run(&["history", real_model().to_str().unwrap(), "--profiles", store.to_str().unwrap(), "--json"]);
+    assert!(h.status.success(), "{}", stderr(&h));
+    let versions: Vec<serde_json::Value> = serde_json::from_str(&stdout(&h)).unwrap();
+    assert_eq!(versions.len(), 3, "the first tune and two re-tunes: {versions:#?}");
+    let times: Vec<&str> = versions.iter().map(|v| v["created_at"].as_str().unwrap()).collect();
+    let mut sorted = times.clone();
+    sorted.sort();
+    assert_eq!(times, sorted);
+    assert_eq!(versions[2]["current"], true);
+    let text = stdout(&run(&["history", p.to_str().unwrap()]));
+    assert!(text.contains("3 versions") && text.contains("current"), "{text}");
+}
+
+#[test]
+fn two_reprofiles_at_once_take_turns_and_lose_nothing() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, p) = tuned_store(dir.path());
+    let spawn = |extra: &[&str]| {
+        let mut a = vec!["reprofile", "--profiles", store.to_str().unwrap(), "--max-age", "0s", "-q"];
+        a.extend_from_slice(extra);
+        Command::new(BIN).args(&a).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let first = spawn(&[]);
+    let second = spawn(&[]);
+    // While they run, a third that will not wait is turned away.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let third = reprofile(&store, &["--max-age", "0s", "--no-wait"]);
+    let a = first.wait_with_output().unwrap();
+    let b = second.wait_with_output().unwrap();
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    assert_eq!(b.status.code(), Some(0), "{}", stderr(&b));
+    let waited = [&a, &b].iter().filter(|o| stderr(o).contains("waiting for ")).count();
+    assert_eq!(waited, 1, "exactly one waited: {} / {}", stderr(&a), stderr(&b));
+    assert_eq!(third.status.code(), Some(1), "{}", stderr(&third));
+    assert!(stderr(&third).contains("is in use by"), "{}", stderr(&third));
+    // Both re-tunes landed: two replaced versions in history, a valid current profile.
+    let h = run(&["history", p.to_str().unwrap(), "--json"]);
+    let versions: Vec<serde_json::Value> = serde_json::from_str(&stdout(&h)).unwrap();
+    assert_eq!(versions.len(), 3, "{versions:#?}");
+    assert!(schema_errors(&read_json(&p)).is_empty());
+    let stray: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}
+
+#[test]
+fn profiles_that_are_not_ours_are_named_skipped_and_left_alone() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, p) = tuned_store(dir.path());
+    let mdir = p.parent().unwrap();
+    let bad = [
+        ("notjson.json", "{ this is not json".to_string()),
+        ("future.json", r#"{"schema_version": 99}"#.to_string()),
+        ("partial.json", r#"{"schema_version": 1, "machine_id": "x"}"#.to_string()),
+    ];
+    for (n, c) in &bad {
+        std::fs::write(mdir.join(n), c).unwrap();
+    }
+    let mut other = read_json(&p);
+    other["machine_id"] = "another-host".into();
+    let other_text = serde_json::to_string_pretty(&other).unwrap();
+    std::fs::write(mdir.join("other.json"), &other_text).unwrap();
+    let o = reprofile(&store, &[]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("notjson.json is not JSON"), "{out}");
+    assert!(out.contains("future.json has schema_version 99"), "{out}");
+    assert!(out.contains("partial.json is not a complete profile"), "{out}");
+    assert!(out.contains("made on machine another-host, not this one"), "{out}");
+    for (n, c) in &bad {
+        assert_eq!(&std::fs::read_to_string(mdir.join(n)).unwrap(), c, "{n} untouched");
+    }
+    assert_eq!(std::fs::read_to_string(mdir.join("other.json")).unwrap(), other_text);
+    let h = run(&["history", mdir.join("future.json").to_str().unwrap()]);
+    assert_bad_input(&h, "schema_version 99");
+}
+
+#[test]
+fn changed_recommendations_update_the_modelfiles_that_use_the_model() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, p) = tuned_store(dir.path());
+    let mdir = dir.path().join("modelfiles");
+    std::fs::create_dir(&mdir).unwrap();
+    let model = real_model();
+    let ours = format!("FROM {}\nSYSTEM \"\"\"Be brief.\"\"\"\nPARAMETER num_thread 1\n", model.display());
+    let theirs = "FROM /models/other.gguf\nPARAMETER num_thread 1\n";
+    std::fs::write(mdir.join("gemma.modelfile"), &ours).unwrap();
+    std::fs::write(mdir.join("other.modelfile"), theirs).unwrap();
+    // The old profile recommended 1 thread; this machine is fastest with more.
+    edit(&p, |v| {
+        v["recommendation"]["n_threads"] = 1.into();
+    });
+    let o = reprofile(&store, &["--max-age", "0s", "--update-modelfiles", mdir.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert!(o.status.code() == Some(0) || o.status.code() == Some(3), "{out}");
+    let new = read_json(&p);
+    let threads = new["recommendation"]["n_threads"].as_u64().unwrap();
+    if threads != 1 {
+        assert!(out.contains("updated"), "{out}");
+        let text = std::fs::read_to_string(mdir.join("gemma.modelfile")).unwrap();
+        assert!(text.contains(&format!("PARAMETER num_thread {threads}")), "{text}");
+        assert!(text.contains("SYSTEM \"\"\"Be brief.\"\"\""));
+        assert_eq!(std::fs::read_to_string(mdir.join("gemma.modelfile.bak")).unwrap(), ours);
+    }
+    assert_eq!(
+        std::fs::read_to_string(mdir.join("other.modelfile")).unwrap(),
+        theirs,
+        "other models' Modelfiles are left alone"
+    );
+}
+
+#[test]
+fn profiles_list_shows_every_machine() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, p) = tuned_store(dir.path());
+    let mut other = read_json(&p);
+    other["machine_id"] = "gpu-node-7".into();
+    let odir = store.join("gpu-node-7");
+    std::fs::create_dir_all(&odir).unwrap();
+    std::fs::write(odir.join(p.file_name().unwrap()), serde_json::to_string(&other).unwrap()).unwrap();
+    let o = run(&["profiles", "list", "--profiles", store.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(rows.len(), 2);
+    let machines: Vec<&str> = rows.iter().map(|r| r["machine"].as_str().unwrap()).collect();
+    assert!(machines.contains(&"gpu-node-7"));
+    assert_eq!(rows.iter().filter(|r| r["this_machine"] == true).count(), 1);
+    let text = stdout(&run(&["profiles", "list", "--profiles", store.to_str().unwrap()]));
+    assert!(text.contains("(this machine)") && text.contains("gpu-node-7"), "{text}");
+    // A re-profile of this machine leaves the other machine's profile alone.
+    let before = std::fs::read(odir.join(p.file_name().unwrap())).unwrap();
+    let _ = reprofile(&store, &["--max-age", "0s"]);
+    assert_eq!(std::fs::read(odir.join(p.file_name().unwrap())).unwrap(), before);
+}
