@@ -23,6 +23,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Bench(a) => cmd_bench(&a),
         Command::Inspect(a) => cmd_inspect(&a),
         Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
+        Command::Predict => crate::engine::predict::predict_main().map(|()| exit::OK),
         Command::Devices => {
             let devices = crate::probe::ggml::devices();
             println!("{}", serde_json::to_string(&devices)?);

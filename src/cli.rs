@@ -43,6 +43,9 @@ pub enum Command {
     /// Internal: check that llama.cpp can load a model's header and vocabulary
     #[command(name = "__check", hide = true)]
     Check { model: PathBuf },
+    /// Internal: predict device memory by llama.cpp's dry run (spec as JSON on stdin)
+    #[command(name = "__predict", hide = true)]
+    Predict,
     /// Internal: print llama.cpp's devices as JSON
     #[command(name = "__devices", hide = true)]
     Devices,

@@ -84,6 +84,36 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     for n in &d.fit_notes {
         let _ = writeln!(s, "note: {n}");
     }
+    if let Some(pr) = &p.prediction {
+        if !pr.predicted_over_cap.is_empty() {
+            let v: Vec<String> = pr.predicted_over_cap.iter().map(ToString::to_string).collect();
+            let _ =
+                writeln!(s, "not run: ngl {} (llama.cpp's dry run predicts more memory than the cap)", v.join(", "));
+        }
+        if let Some(e) = pr.max_error_pct {
+            let _ = writeln!(
+                s,
+                "llama.cpp's dry-run memory prediction was within {e:.2}% of what it allocated at every measured ngl"
+            );
+        }
+        if let Some(f) = &pr.llama_fit {
+            match f.n_gpu_layers {
+                Some(n) => {
+                    let ngl = if n < 0 { p.model.n_layer_full } else { u32::try_from(n).unwrap_or(0) };
+                    let tg = pr.llama_fit_tg_ts.map_or(String::new(), |t| format!(", measured tg {t:.2} t/s"));
+                    let _ = writeln!(
+                        s,
+                        "llama.cpp's own fit (same memory margin) would choose ngl {ngl}{tg}; measured best: ngl {}{}",
+                        p.recommendation.n_gpu_layers,
+                        p.recommendation.tg_ts.map_or(String::new(), |t| format!(", tg {t:.2} t/s"))
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "llama.cpp's own fit found no setting: {}", f.error.as_deref().unwrap_or("?"));
+                }
+            }
+        }
+    }
     let rec = &p.recommendation;
     let _ = writeln!(s);
     let _ = writeln!(s, "Ollama Modelfile:");

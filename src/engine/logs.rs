@@ -13,6 +13,12 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 static CAPTURED: Mutex<String> = Mutex::new(String::new());
+static ECHO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Keep llama.cpp's log off stderr (it is still captured).
+pub fn quiet() {
+    ECHO.store(false, std::sync::atomic::Ordering::Relaxed);
+}
 
 unsafe extern "C" fn capture(_level: llama_cpp_sys_2::ggml_log_level, text: *const c_char, _data: *mut c_void) {
     if text.is_null() {
@@ -20,7 +26,9 @@ unsafe extern "C" fn capture(_level: llama_cpp_sys_2::ggml_log_level, text: *con
     }
     // SAFETY: llama.cpp passes a NUL-terminated string valid for this call.
     let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-    let _ = std::io::stderr().write_all(text.as_bytes());
+    if ECHO.load(std::sync::atomic::Ordering::Relaxed) {
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    }
     if let Ok(mut buf) = CAPTURED.lock() {
         buf.push_str(&text);
     }

@@ -6,6 +6,7 @@
 
 pub mod interrupt;
 pub mod logs;
+pub mod predict;
 pub mod runner;
 pub mod worker;
 

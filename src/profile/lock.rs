@@ -58,13 +58,20 @@ impl StoreLock {
         let dir = store.join(machine);
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let path = dir.join(".lock");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("cannot open the store lock {}", path.display()))?;
+        let mut file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| {
+                let hint = match e.raw_os_error() {
+                    Some(libc::EROFS) => {
+                        "; the store is on a read-only file system: pass --profiles with a writable directory"
+                    }
+                    Some(libc::EACCES | libc::EPERM) => {
+                        "; no permission: pass --profiles with a directory you can write"
+                    }
+                    Some(libc::ENOSPC) => "; the disk is full: free space and run again",
+                    _ => "",
+                };
+                anyhow::anyhow!("cannot open the store lock {}: {e}{hint}", path.display())
+            })?;
         let mut said = false;
         while !try_flock(&file) {
             let who = holder(&mut file);

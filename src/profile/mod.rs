@@ -132,8 +132,33 @@ pub struct ProfileTrial {
     pub device_peak_bytes: Option<u64>,
     pub device_share: Option<f64>,
     pub over_cap: bool,
+    /// Device memory llama.cpp's dry run predicted for this setting.
+    #[serde(default)]
+    pub predicted_bytes: Option<u64>,
+    /// (predicted - accounted) / accounted, in percent.
+    #[serde(default)]
+    pub prediction_error_pct: Option<f64>,
+    /// Sampled own peak minus the prediction (driver overhead and the like),
+    /// where a trustworthy sampler exists.
+    #[serde(default)]
+    pub sampled_minus_predicted_bytes: Option<i64>,
     #[serde(flatten)]
     pub result: TrialResult,
+}
+
+/// llama.cpp's own view before any trial: the dry-run memory prediction per
+/// grid setting and what its `--fit` would choose for the same margin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictionReport {
+    pub predictions: Vec<crate::engine::predict::Prediction>,
+    pub llama_fit: Option<crate::engine::predict::LlamaFit>,
+    /// Grid values not run because their predicted memory is over the cap.
+    pub predicted_over_cap: Vec<u32>,
+    /// Largest |prediction error| against llama.cpp's accounted memory over the measured settings, percent.
+    pub max_error_pct: Option<f64>,
+    /// Measured throughput at llama.cpp's fit choice and at ngl-tune's, when both were measured.
+    pub llama_fit_tg_ts: Option<f64>,
+    pub error: Option<String>,
 }
 
 /// Predicted against measured memory at one grid point.
@@ -195,6 +220,9 @@ pub struct Profile {
     pub decision: Decision,
     pub memory_fit_check: Vec<FitCheck>,
     pub recommendation: Recommendation,
+    /// llama.cpp's dry-run prediction and fit choice (absent in profiles made before they existed).
+    #[serde(default)]
+    pub prediction: Option<PredictionReport>,
     pub notes: Vec<String>,
     /// Wall time of the whole tuning, seconds.
     pub wall_s: f64,

@@ -152,6 +152,7 @@ struct Sweep<'a> {
     checkpoint_path: PathBuf,
     checkpoint_failed: bool,
     bar: ProgressBar,
+    predicted: Vec<crate::engine::predict::Prediction>,
 }
 
 impl Sweep<'_> {
@@ -178,12 +179,28 @@ impl Sweep<'_> {
         #[allow(clippy::cast_precision_loss)]
         let share = peak.zip(self.policy.as_ref().and_then(|p| p.device_total_bytes)).map(|(b, t)| b as f64 / t as f64);
         let over_cap = self.policy.as_ref().is_some_and(|p| mem.is_some_and(|m| m > p.cap_bytes));
+        let predicted =
+            self.predicted.iter().find(|p| p.n_gpu_layers == ngl && p.error.is_none()).map(|p| p.device_bytes);
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
+        let (prediction_error_pct, sampled_minus_predicted_bytes) = match predicted {
+            Some(pb) if r.status == TrialStatus::Ok => {
+                let acc = r.accounted_device_bytes();
+                let err = (acc > 0).then(|| (pb as f64 - acc as f64) / acc as f64 * 100.0);
+                let sampled =
+                    self.policy.as_ref().filter(|p| p.source != "accounted").and(mem).map(|m| m as i64 - pb as i64);
+                (err, sampled)
+            }
+            _ => (None, None),
+        };
         self.trials.push(ProfileTrial {
             role: role.to_string(),
             mem_bytes: mem,
             device_peak_bytes: peak,
             device_share: share,
             over_cap,
+            predicted_bytes: predicted,
+            prediction_error_pct,
+            sampled_minus_predicted_bytes,
             result: r,
         });
         self.checkpoint.trials.clone_from(&self.trials);
@@ -330,11 +347,27 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         checkpoint_path: checkpoint_path.clone(),
         checkpoint_failed: false,
         bar,
+        predicted: Vec::new(),
     };
     sweep.bar.set_position(sweep.trials.len() as u64);
 
+    let mut prediction = policy.as_ref().map(|p| predict(&exe, info, s, p, &grid));
+    if let Some(pr) = &prediction {
+        sweep.predicted.clone_from(&pr.predictions);
+        if let Some(e) = &pr.error {
+            notes.push(format!(
+                "llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured"
+            ));
+        }
+    }
+    let predicted_over: Vec<u32> = prediction.as_ref().map(|p| p.predicted_over_cap.clone()).unwrap_or_default();
+
     let mut skipped = Vec::new();
     for &ngl in &grid {
+        if predicted_over.contains(&ngl) {
+            sweep.bar.inc(1);
+            continue;
+        }
         if sweep.done("grid", ngl, s.n_threads) {
             continue;
         }
@@ -370,6 +403,23 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     sweep.bar.finish_and_clear();
 
     let trials = sweep.trials;
+    if let Some(pr) = prediction.as_mut() {
+        pr.max_error_pct = trials.iter().filter_map(|t| t.prediction_error_pct).map(f64::abs).reduce(f64::max);
+        let fit_ngl = pr.llama_fit.as_ref().and_then(|f| f.n_gpu_layers).map(|n| {
+            if n < 0 {
+                info.n_layer_full
+            } else {
+                u32::try_from(n).unwrap_or(0).min(info.n_layer_full)
+            }
+        });
+        pr.llama_fit_tg_ts = fit_ngl.and_then(|n| {
+            trials
+                .iter()
+                .find(|t| t.result.spec.n_gpu_layers.min(info.n_layer_full) == n && t.result.status == TrialStatus::Ok)
+                .and_then(|t| t.result.test(false))
+                .map(|x| x.avg_ts)
+        });
+    }
     let fit_checks = policy.as_ref().map(|_| fit_check(&trials, &decision, info.n_layer_full)).unwrap_or_default();
     let rec_trial = trials.iter().find(|t| {
         t.result.spec.n_gpu_layers == rec_ngl
@@ -411,6 +461,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         decision,
         memory_fit_check: fit_checks,
         recommendation,
+        prediction,
         notes: notes.clone(),
         wall_s: started.elapsed().as_secs_f64(),
     };
@@ -436,6 +487,58 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     }
     let _ = std::fs::remove_file(&checkpoint_path);
     Ok(TuneOutcome { profile, path, notes })
+}
+
+/// Asks llama.cpp, before any trial, what every grid setting will allocate
+/// on the device (its dry run) and what its own fit would choose for the
+/// same memory margin.
+fn predict(
+    exe: &std::path::Path,
+    info: &ModelInfo,
+    s: &Settings,
+    policy: &MemoryPolicy,
+    grid: &[u32],
+) -> crate::profile::PredictionReport {
+    use crate::engine::predict::{predict_in_child, PredictSpec};
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let margin =
+        policy.device_total_bytes.map(|t| (t as f64 - policy.baseline_bytes as f64 - policy.cap_bytes).max(0.0) as u64);
+    let spec = PredictSpec {
+        model: info.path.clone(),
+        ngl: grid.to_vec(),
+        n_ctx: s.n_ctx,
+        n_batch: s.n_batch,
+        n_ubatch: s.n_ubatch,
+        flash_attn: s.flash_attn,
+        fit_margin_bytes: margin,
+    };
+    match predict_in_child(exe, &spec) {
+        Ok(out) => {
+            #[allow(clippy::cast_precision_loss)]
+            let predicted_over_cap = out
+                .predictions
+                .iter()
+                .filter(|p| p.n_gpu_layers > 0 && p.error.is_none() && p.device_bytes as f64 > policy.cap_bytes)
+                .map(|p| p.n_gpu_layers)
+                .collect();
+            crate::profile::PredictionReport {
+                predictions: out.predictions,
+                llama_fit: out.llama_fit,
+                predicted_over_cap,
+                max_error_pct: None,
+                llama_fit_tg_ts: None,
+                error: None,
+            }
+        }
+        Err(e) => crate::profile::PredictionReport {
+            predictions: Vec::new(),
+            llama_fit: None,
+            predicted_over_cap: Vec::new(),
+            max_error_pct: None,
+            llama_fit_tg_ts: None,
+            error: Some(format!("{e:#}")),
+        },
+    }
 }
 
 /// No GPU: ngl does nothing, so measure thread counts (physical, logical,

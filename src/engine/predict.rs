@@ -1,0 +1,192 @@
+//! Memory prediction by llama.cpp's own dry run: the model is loaded and the
+//! context created with no allocation, and llama.cpp reports per buffer type
+//! what it would allocate (weights, KV cache, compute buffers). This is what
+//! llama.cpp's `--fit` reads. Runs in a child process (hidden `__predict`) so
+//! the parent never initializes a GPU backend.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+extern "C" {
+    fn ngl_tune_predict(
+        path: *const c_char,
+        n_gpu_layers: i32,
+        n_ctx: u32,
+        n_batch: u32,
+        n_ubatch: u32,
+        flash_attn: i32,
+        cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64, u64),
+        user: *mut c_void,
+    ) -> c_int;
+}
+
+/// What llama.cpp would allocate in one buffer type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PredictedBuffer {
+    pub buffer_type: String,
+    pub is_host: bool,
+    pub model: u64,
+    pub context: u64,
+    pub compute: u64,
+}
+
+/// The dry run's answer at one ngl.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    pub n_gpu_layers: u32,
+    /// Bytes on accelerator devices (not host buffers): model + context + compute.
+    pub device_bytes: u64,
+    pub device_model_bytes: u64,
+    pub buffers: Vec<PredictedBuffer>,
+    /// Why llama.cpp could not predict this setting.
+    pub error: Option<String>,
+}
+
+/// What to predict: the tuning settings and the ngl values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictSpec {
+    pub model: PathBuf,
+    pub ngl: Vec<u32>,
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub flash_attn: i8,
+    /// Also ask llama.cpp's own fit (`common_fit_params`) which ngl it would
+    /// choose when this many bytes must stay free on each device.
+    #[serde(default)]
+    pub fit_margin_bytes: Option<u64>,
+}
+
+/// What llama.cpp's `--fit` would choose for the same memory margin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaFit {
+    pub margin_bytes: u64,
+    /// ngl it chose (llama.cpp's -1 means all layers: reported as full offload).
+    pub n_gpu_layers: Option<i32>,
+    /// Why there is no answer ("could not find allocations that fit", ...).
+    pub error: Option<String>,
+}
+
+/// All dry-run answers of one `__predict` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictOutput {
+    pub predictions: Vec<Prediction>,
+    pub llama_fit: Option<LlamaFit>,
+}
+
+fn llama_fit(spec: &PredictSpec, margin: u64) -> LlamaFit {
+    use llama_cpp_2::context::params::LlamaContextParams;
+    use llama_cpp_2::model::params::LlamaModelParams;
+    let mut mp = Box::pin(LlamaModelParams::default());
+    let mut cp = LlamaContextParams::default()
+        .with_n_ctx(std::num::NonZeroU32::new(spec.n_ctx))
+        .with_n_batch(spec.n_batch)
+        .with_n_ubatch(spec.n_ubatch);
+    // SAFETY: llama_max_devices has no preconditions.
+    let n_dev = unsafe { llama_cpp_sys_2::llama_max_devices() };
+    let mut margins = vec![usize::try_from(margin).unwrap_or(usize::MAX); n_dev];
+    let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
+    let r = mp.as_mut().fit_params(&path, &mut cp, &mut margins, spec.n_ctx, llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR);
+    let _ = super::logs::take();
+    match r {
+        Ok(_) => LlamaFit { margin_bytes: margin, n_gpu_layers: Some(mp.n_gpu_layers()), error: None },
+        Err(e) => LlamaFit { margin_bytes: margin, n_gpu_layers: None, error: Some(e.to_string()) },
+    }
+}
+
+extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, model: u64, context: u64, compute: u64) {
+    // SAFETY: `user` is the Vec passed by `predict_one` for the duration of the call.
+    let out = unsafe { &mut *user.cast::<Vec<PredictedBuffer>>() };
+    let name = if buft.is_null() {
+        String::new()
+    } else {
+        // SAFETY: llama.cpp passes a NUL-terminated buffer-type name.
+        unsafe { CStr::from_ptr(buft) }.to_string_lossy().into_owned()
+    };
+    out.push(PredictedBuffer { buffer_type: name, is_host: is_host != 0, model, context, compute });
+}
+
+/// One dry run in this process (the backend must be initialized).
+fn predict_one(spec: &PredictSpec, ngl: u32) -> Prediction {
+    let mut buffers: Vec<PredictedBuffer> = Vec::new();
+    let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
+    // SAFETY: valid C string, a callback that only touches `buffers`, which outlives the call.
+    let rc = unsafe {
+        ngl_tune_predict(
+            path.as_ptr(),
+            i32::try_from(ngl).unwrap_or(i32::MAX),
+            spec.n_ctx,
+            spec.n_batch,
+            spec.n_ubatch,
+            i32::from(spec.flash_attn),
+            collect,
+            (&raw mut buffers).cast::<c_void>(),
+        )
+    };
+    let log = super::logs::take();
+    let error = match rc {
+        0 => None,
+        1 => Some(format!("dry-run model load failed: {}", last_line(&log))),
+        _ => Some(format!("dry-run context creation failed: {}", last_line(&log))),
+    };
+    let device = |f: fn(&PredictedBuffer) -> u64| -> u64 {
+        buffers.iter().filter(|b| !b.is_host && super::logs::is_device_buffer_type(&b.buffer_type)).map(f).sum()
+    };
+    Prediction {
+        n_gpu_layers: ngl,
+        device_bytes: device(|b| b.model + b.context + b.compute),
+        device_model_bytes: device(|b| b.model),
+        buffers,
+        error,
+    }
+}
+
+fn last_line(log: &str) -> String {
+    log.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no log output").to_string()
+}
+
+/// Entry point of the hidden `__predict` subcommand: spec on stdin, one JSON
+/// array of predictions on stdout.
+///
+/// # Errors
+/// When stdin does not hold a spec.
+pub fn predict_main() -> Result<()> {
+    use std::io::Read;
+    let mut input = String::new();
+    std::io::stdin().read_to_string(&mut input)?;
+    let spec: PredictSpec = serde_json::from_str(&input).context("__predict expects a PredictSpec as JSON on stdin")?;
+    super::logs::install();
+    super::logs::quiet();
+    let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
+    let predictions: Vec<Prediction> = spec.ngl.iter().map(|n| predict_one(&spec, *n)).collect();
+    let llama_fit = spec.fit_margin_bytes.map(|m| llama_fit(&spec, m));
+    println!("{}", serde_json::to_string(&PredictOutput { predictions, llama_fit })?);
+    Ok(())
+}
+
+/// Runs the predictions in a child process.
+///
+/// # Errors
+/// When the child cannot run or answers nonsense.
+pub fn predict_in_child(exe: &Path, spec: &PredictSpec) -> Result<PredictOutput> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(exe)
+        .arg("__predict")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start the memory prediction")?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(serde_json::to_string(spec)?.as_bytes());
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        anyhow::bail!("memory prediction failed ({})", super::runner::describe_exit(out.status));
+    }
+    serde_json::from_slice(&out.stdout).context("the memory prediction printed no valid JSON")
+}
