@@ -130,6 +130,7 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         no_skip: a.no_skip,
         trial_timeout_s: w.trial_timeout,
         sample_interval_ms: w.sample_interval_ms,
+        search: a.search.clone(),
     };
     crate::engine::interrupt::install();
     let opts = crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet };

@@ -178,6 +178,10 @@ pub struct TuneArgs {
     /// What to maximize
     #[arg(long, value_enum, default_value_t = ObjectiveArg::Tg)]
     pub objective: ObjectiveArg,
+    /// How to choose what to measure: every grid value, or adaptively (0, the largest setting
+    /// predicted under the cap, one or two interior points, then confirmation)
+    #[arg(long, value_parser = ["grid", "adaptive"], default_value = "grid")]
+    pub search: String,
     /// A short pass: -p 128 -n 32 -r 2 unless given
     #[arg(long)]
     pub quick: bool,

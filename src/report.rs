@@ -114,6 +114,13 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
             }
         }
     }
+    if let Some(sr) = &p.search {
+        let _ = writeln!(
+            s,
+            "search: {}, {} trials in {:.1} s (the full grid has {} settings)",
+            sr.mode, sr.trials, sr.trial_wall_s, sr.grid_size
+        );
+    }
     let rec = &p.recommendation;
     let _ = writeln!(s);
     let _ = writeln!(s, "Ollama Modelfile:");

@@ -263,7 +263,8 @@ fn an_interrupted_run_resumes_to_the_same_trials() {
     assert!(o.status.success(), "{}", stderr(&o));
     let fresh = only_profile(&fresh_store);
     assert_eq!(ngls(&resumed), ngls(&fresh));
-    assert_eq!(ngls(&fresh).iter().map(|t| t.1).collect::<Vec<_>>(), [0, 10, 20, 30, 40, 41]);
+    let grid: Vec<u64> = ngls(&fresh).iter().filter(|t| t.0 == "grid").map(|t| t.1).collect();
+    assert_eq!(grid, [0, 10, 20, 30, 40, 41]);
     // The dry run matched llama.cpp's accounting within 2% at every ngl of the 40-layer model.
     for t in fresh["trials"].as_array().unwrap() {
         let e = t["prediction_error_pct"].as_f64().unwrap();
@@ -386,4 +387,46 @@ fn example_profiles_validate_and_read_back() {
         assert_eq!(prof.recommendation.modelfile[0], format!("PARAMETER num_gpu {}", prof.recommendation.n_gpu_layers));
     }
     assert!(n >= 2, "profiles/ holds the CPU and the vulkan example");
+}
+
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn adaptive_search_reaches_the_grids_answer_with_fewer_trials() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 40);
+    let mut answers = Vec::new();
+    for mode in ["grid", "adaptive"] {
+        let store = dir.path().join(mode);
+        let o = run_env(
+            &[
+                m.to_str().unwrap(),
+                "--search",
+                mode,
+                "-p",
+                "8",
+                "-n",
+                "4",
+                "-r",
+                "1",
+                "-c",
+                "256",
+                "--profiles",
+                store.to_str().unwrap(),
+                "--json",
+                "-q",
+            ],
+            &[VK],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+        answers.push((p["recommendation"]["n_gpu_layers"].as_u64().unwrap(), p["search"].clone()));
+    }
+    let (grid, adaptive) = (&answers[0], &answers[1]);
+    assert_eq!(grid.0, adaptive.0, "same recommendation");
+    assert_eq!(grid.1["trials"], 6);
+    assert_eq!(adaptive.1["mode"], "adaptive");
+    assert_eq!(adaptive.1["trials"], 3, "0, full offload, one interior point: offloading only hurts here");
+    assert_eq!(adaptive.1["grid_size"], 6);
 }

@@ -103,6 +103,26 @@ pub struct Settings {
     pub no_skip: bool,
     pub trial_timeout_s: u64,
     pub sample_interval_ms: u64,
+    /// "grid" (every grid value) or "adaptive" (0, the largest setting
+    /// predicted under the cap, one or two interior points, confirmation).
+    #[serde(default = "default_search")]
+    pub search: String,
+}
+
+fn default_search() -> String {
+    "grid".to_string()
+}
+
+/// How much measuring the search took, against what the full grid would have.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchReport {
+    pub mode: String,
+    /// Trials run for the ngl decision (threads trials not counted).
+    pub trials: usize,
+    /// Seconds spent in those trials.
+    pub trial_wall_s: f64,
+    /// Settings the full default grid has.
+    pub grid_size: usize,
 }
 
 /// How device memory was measured and what the cap is.
@@ -223,6 +243,8 @@ pub struct Profile {
     /// llama.cpp's dry-run prediction and fit choice (absent in profiles made before they existed).
     #[serde(default)]
     pub prediction: Option<PredictionReport>,
+    #[serde(default)]
+    pub search: Option<SearchReport>,
     pub notes: Vec<String>,
     /// Wall time of the whole tuning, seconds.
     pub wall_s: f64,

@@ -315,14 +315,12 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
 
     let no_gpu = policy.is_none();
     // Without a GPU device ngl does nothing: only thread counts are measured.
-    let grid = if no_gpu {
-        Vec::new()
-    } else {
-        match &s.grid {
-            Some(g) => plan::normalize(g, info.n_layer_full),
-            None => plan::default_grid(info.n_layer_full, 10),
-        }
+    let full_grid = match &s.grid {
+        Some(g) => plan::normalize(g, info.n_layer_full),
+        None => plan::default_grid(info.n_layer_full, 10),
     };
+    let adaptive = s.search == "adaptive" && s.grid.is_none();
+    let grid = if no_gpu || adaptive { Vec::new() } else { full_grid.clone() };
     let bar = if opts.progress && std::io::stderr().is_terminal() {
         let b = ProgressBar::new(grid.len() as u64);
         b.set_style(
@@ -351,7 +349,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     };
     sweep.bar.set_position(sweep.trials.len() as u64);
 
-    let mut prediction = policy.as_ref().map(|p| predict(&exe, info, s, p, &grid));
+    let mut prediction = policy.as_ref().map(|p| predict(&exe, info, s, p, &full_grid));
     if let Some(pr) = &prediction {
         sweep.predicted.clone_from(&pr.predictions);
         if let Some(e) = &pr.error {
@@ -380,6 +378,11 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         }
         sweep.run("grid", ngl, s.n_threads)?;
     }
+    if adaptive && !no_gpu {
+        let cap = policy.as_ref().map_or(f64::INFINITY, |p| p.cap_bytes);
+        let n_max = largest_predicted_under(&sweep.predicted, cap, info.n_layer_full);
+        adaptive_search(&mut sweep, n_max)?;
+    }
 
     let (decision, rec_ngl, rec_threads) = if let Some(policy) = &policy {
         let mut d = decide(&inputs(&sweep.trials, info, s, policy));
@@ -396,12 +399,30 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         if d.needs_confirmation {
             notes.push(format!("after {MAX_CONFIRMATIONS} confirmation trials the prediction still moved; the recommendation is predicted, not measured"));
         }
-        (d.clone(), d.recommended_ngl, s.n_threads)
+        // Layers left on the CPU make the thread count matter: measure it there.
+        let mut threads = s.n_threads;
+        if d.recommended_ngl < info.n_layer_full && !d.needs_confirmation {
+            let (best, _, tried) = measure_threads(&mut sweep, &hw, d.recommended_ngl)?;
+            threads = best;
+            d.reasons.push(format!(
+                "layers stay on the CPU at ngl {}: -t {best} is fastest there ({})",
+                d.recommended_ngl,
+                tried.join(", ")
+            ));
+        }
+        (d.clone(), d.recommended_ngl, threads)
     } else {
         tune_threads(&mut sweep, &hw)?
     };
     sweep.bar.finish_and_clear();
 
+    let decision_trials: Vec<&ProfileTrial> = sweep.trials.iter().filter(|t| t.role != "threads").collect();
+    let search = (!no_gpu).then(|| crate::profile::SearchReport {
+        mode: if adaptive { "adaptive".into() } else { "grid".into() },
+        trials: decision_trials.len(),
+        trial_wall_s: decision_trials.iter().map(|t| t.result.wall_ms).sum::<f64>() / 1e3,
+        grid_size: full_grid.len(),
+    });
     let trials = sweep.trials;
     if let Some(pr) = prediction.as_mut() {
         pr.max_error_pct = trials.iter().filter_map(|t| t.prediction_error_pct).map(f64::abs).reduce(f64::max);
@@ -462,6 +483,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         memory_fit_check: fit_checks,
         recommendation,
         prediction,
+        search,
         notes: notes.clone(),
         wall_s: started.elapsed().as_secs_f64(),
     };
@@ -541,38 +563,127 @@ fn predict(
     }
 }
 
-/// No GPU: ngl does nothing, so measure thread counts (physical, logical,
-/// half) at ngl 0 and keep the fastest.
-fn tune_threads(sweep: &mut Sweep<'_>, hw: &Hardware) -> Result<(Decision, u32, u32)> {
+/// The largest ngl whose dry-run prediction stays under the cap, with
+/// memory taken as linear between the predicted grid points; full offload
+/// when nothing was predicted.
+#[must_use]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn largest_predicted_under(predicted: &[crate::engine::predict::Prediction], cap: f64, full: u32) -> u32 {
+    let mut pts: Vec<(u32, f64)> =
+        predicted.iter().filter(|p| p.error.is_none()).map(|p| (p.n_gpu_layers, p.device_bytes as f64)).collect();
+    pts.sort_by_key(|p| p.0);
+    if pts.is_empty() {
+        return full;
+    }
+    let mut best = 0;
+    for w in pts.windows(2) {
+        let ((n0, m0), (n1, m1)) = (w[0], w[1]);
+        if m1 <= cap {
+            best = n1;
+        } else if m0 <= cap && m1 > m0 {
+            let x = f64::from(n0) + (cap - m0) / (m1 - m0) * f64::from(n1 - n0);
+            best = best.max(x.floor() as u32);
+            break;
+        } else {
+            break;
+        }
+    }
+    best.min(full)
+}
+
+/// Adaptive search: ngl 0 and the largest setting predicted under the cap,
+/// then one interior point (two when offloading pays, to fit the line); the
+/// decision and its confirmation loop do the rest. `measure` runs a setting
+/// and returns its tg (None when it failed).
+///
+/// # Errors
+/// What `measure` returns.
+pub fn adaptive_points(n_max: u32, measure: &mut dyn FnMut(u32) -> Result<Option<f64>>) -> Result<()> {
+    let tg0 = measure(0)?;
+    if n_max == 0 {
+        return Ok(());
+    }
+    let mut top = n_max;
+    let mut tg_top = measure(top)?;
+    // Out of memory despite the prediction: step down.
+    for _ in 0..3 {
+        if tg_top.is_some() || top < 2 {
+            break;
+        }
+        top = top * 3 / 4;
+        tg_top = measure(top)?;
+    }
+    if top >= 2 {
+        let tg_mid = measure(top / 2)?;
+        let pays = matches!((tg0, tg_top), (Some(a), Some(b)) if b > a);
+        if pays && top >= 4 && tg_mid.is_some() {
+            measure(top * 3 / 4)?;
+        }
+    }
+    Ok(())
+}
+
+fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32) -> Result<()> {
+    let t = sweep.opts.settings.n_threads;
+    adaptive_points(n_max, &mut |ngl| {
+        if !sweep.trials.iter().any(|x| x.result.spec.n_gpu_layers == ngl && x.role != "threads") {
+            sweep.bar.inc_length(1);
+            sweep.run("grid", ngl, t)?;
+        }
+        Ok(sweep
+            .trials
+            .iter()
+            .find(|x| x.result.spec.n_gpu_layers == ngl && x.result.status == TrialStatus::Ok)
+            .and_then(|x| x.result.test(false))
+            .map(|x| x.avg_ts))
+    })
+}
+
+/// Measures thread counts (physical cores, logical cores, half the physical
+/// ones, and the configured count) at `ngl`, reusing trials already run there,
+/// and returns the fastest for the objective with what was tried, in words.
+fn measure_threads(sweep: &mut Sweep<'_>, hw: &Hardware, ngl: u32) -> Result<(u32, f64, Vec<String>)> {
     let mut counts =
         vec![hw.cpu.physical_cores.max(1), hw.cpu.logical_cores.max(1), (hw.cpu.physical_cores / 2).max(1)];
     counts.push(sweep.opts.settings.n_threads);
     counts.sort_unstable();
     counts.dedup();
-    sweep.bar.set_length(counts.len() as u64);
-    for &t in &counts {
-        if !sweep.done("threads", 0, t) {
-            sweep.run("threads", 0, t)?;
-        }
+    let at = |t: &ProfileTrial, n: u32| t.result.spec.n_gpu_layers == ngl && t.result.spec.n_threads == n;
+    let todo: Vec<u32> = counts.iter().copied().filter(|n| !sweep.trials.iter().any(|t| at(t, *n))).collect();
+    sweep.bar.inc_length(todo.len() as u64);
+    for t in todo {
+        sweep.run("threads", ngl, t)?;
     }
-    let best = sweep
-        .trials
+    let s = &sweep.opts.settings;
+    let measured: Vec<(u32, Option<f64>, &str)> = counts
         .iter()
-        .filter(|t| t.role == "threads" && t.result.status == TrialStatus::Ok)
-        .filter_map(|t| t.result.test(false).map(|x| (t.result.spec.n_threads, x.avg_ts)))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
-    let (threads, tg) = best.unwrap_or((sweep.opts.settings.n_threads, 0.0));
-    let tried: Vec<String> = sweep
-        .trials
-        .iter()
-        .filter(|t| t.role == "threads")
+        .filter_map(|n| sweep.trials.iter().find(|t| at(t, *n)))
         .map(|t| {
-            t.result.test(false).map_or_else(
-                || format!("-t {} {}", t.result.spec.n_threads, t.result.status.as_str()),
-                |x| format!("-t {} {:.2} t/s", t.result.spec.n_threads, x.avg_ts),
-            )
+            let tg = t.result.test(false).map(|x| x.avg_ts);
+            let pp = t.result.test(true).map(|x| x.avg_ts);
+            let score = match s.objective {
+                choose::Objective::Tg => tg,
+                choose::Objective::Pp => pp,
+                choose::Objective::Mixed => {
+                    tg.zip(pp).map(|(g, p)| 1.0 / (f64::from(s.n_prompt) / p + f64::from(s.n_gen) / g))
+                }
+            };
+            (t.result.spec.n_threads, score.filter(|_| t.result.status == TrialStatus::Ok), t.result.status.as_str())
         })
         .collect();
+    let best = measured.iter().filter_map(|(n, sc, _)| sc.map(|v| (*n, v))).max_by(|a, b| a.1.total_cmp(&b.1));
+    let (threads, score) = best.unwrap_or((s.n_threads, 0.0));
+    let tried = measured
+        .iter()
+        .map(|(n, sc, st)| sc.map_or_else(|| format!("-t {n} {st}"), |v| format!("-t {n} {v:.2} t/s")))
+        .collect();
+    Ok((threads, score, tried))
+}
+
+/// No GPU: ngl does nothing, so measure thread counts (physical, logical,
+/// half) at ngl 0 and keep the fastest.
+fn tune_threads(sweep: &mut Sweep<'_>, hw: &Hardware) -> Result<(Decision, u32, u32)> {
+    let (threads, tg, tried) = measure_threads(sweep, hw, 0)?;
     let d = Decision {
         recommended_ngl: 0,
         needs_confirmation: false,
@@ -682,6 +793,98 @@ mod tests {
         assert!(parse_size("0").unwrap_err().to_string().contains("zero"));
         assert!(parse_size("lots").unwrap_err().to_string().contains("not a size"));
         assert!(parse_size("8 parsecs").unwrap_err().to_string().contains("unknown unit"));
+    }
+
+    #[test]
+    fn largest_setting_under_the_cap_from_predictions() {
+        use crate::engine::predict::Prediction;
+        let p = |n: u32, b: u64| Prediction {
+            n_gpu_layers: n,
+            device_bytes: b,
+            device_model_bytes: b,
+            buffers: vec![],
+            error: None,
+        };
+        let preds = [p(0, 0), p(10, 100), p(20, 200), p(30, 300), p(35, 400)];
+        assert_eq!(largest_predicted_under(&preds, 1000.0, 35), 35);
+        assert_eq!(largest_predicted_under(&preds, 250.0, 35), 25);
+        assert_eq!(largest_predicted_under(&preds, 100.0, 35), 10);
+        assert_eq!(largest_predicted_under(&preds, 50.0, 35), 5);
+        assert_eq!(largest_predicted_under(&[], 50.0, 35), 35, "no prediction: try full offload");
+    }
+
+    /// A GPU-shaped world: the llama-bench README's 7B Q4_0 (tg 13.45 / 21.36 /
+    /// 40.04 / 71.76 / 131.66 at ngl 10 / 20 / 30 / 34 / 35, about 8 at ngl 0),
+    /// time per token interpolated between them, memory 0.5 GiB + 0.1 GiB per layer.
+    fn readme_world(ngl: u32) -> (f64, f64) {
+        let pts = [(0.0, 8.0), (10.0, 13.45), (20.0, 21.36), (30.0, 40.04), (34.0, 71.76), (35.0, 131.66)];
+        let x = f64::from(ngl);
+        let tg = pts
+            .windows(2)
+            .find(|w| x >= w[0].0 && x <= w[1].0)
+            .map(|w| {
+                let (t0, t1) = (1.0 / w[0].1, 1.0 / w[1].1);
+                1.0 / (t0 + (x - w[0].0) / (w[1].0 - w[0].0) * (t1 - t0))
+            })
+            .unwrap_or(8.0);
+        (tg, (0.5 + 0.1 * x) * 1024.0 * 1024.0 * 1024.0)
+    }
+
+    fn decide_on(ngls: &[u32], cap: f64, world: fn(u32) -> (f64, f64)) -> u32 {
+        use choose::{decide, Inputs, Objective, Point};
+        let mut measured: Vec<u32> = ngls.to_vec();
+        loop {
+            let points = measured
+                .iter()
+                .map(|&n| {
+                    let (tg, mem) = world(n);
+                    Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(mem) }
+                })
+                .collect();
+            let d = decide(&Inputs {
+                points,
+                full: 35,
+                cap,
+                objective: Objective::Tg,
+                n_prompt: 512,
+                n_gen: 128,
+                device: "GPU".into(),
+            });
+            if !d.needs_confirmation || measured.len() > 12 {
+                return d.recommended_ngl;
+            }
+            measured.push(d.recommended_ngl);
+        }
+    }
+
+    #[test]
+    fn adaptive_reaches_the_grids_answer_on_gpu_shaped_curves_with_fewer_trials() {
+        const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+        let grid = plan::default_grid(35, 10);
+        for cap in [80.0 * GIB, 3.75 * GIB, 3.05 * GIB, 2.0 * GIB] {
+            let n_max = ((cap / GIB - 0.5) / 0.1).floor().clamp(0.0, 35.0) as u32;
+            let mut seen = Vec::new();
+            adaptive_points(n_max, &mut |n| {
+                seen.push(n);
+                Ok(Some(readme_world(n).0))
+            })
+            .unwrap();
+            let by_grid = decide_on(&grid, cap, readme_world);
+            let by_adaptive = decide_on(&seen, cap, readme_world);
+            assert_eq!(by_adaptive, by_grid, "cap {} GiB: adaptive measured {seen:?}", cap / GIB);
+            assert!(seen.len() <= grid.len(), "{seen:?}");
+        }
+    }
+
+    #[test]
+    fn adaptive_stops_early_when_offloading_only_hurts() {
+        let mut seen = Vec::new();
+        adaptive_points(41, &mut |n| {
+            seen.push(n);
+            Ok(Some(if n == 0 { 800.0 } else { 800.0 / (1.0 + f64::from(n)) }))
+        })
+        .unwrap();
+        assert_eq!(seen, [0, 41, 20], "0, the top, one interior point");
     }
 
     #[test]
