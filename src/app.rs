@@ -245,15 +245,21 @@ fn print_notes(notes: &[String]) {
     }
 }
 
+/// `--json` prints the value, otherwise the human rendering.
+fn print_json_or_text(json: bool, value: &impl serde::Serialize, text: impl FnOnce() -> String) -> Result<i32> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(value)?)?;
+    } else {
+        write!(out, "{}", text())?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
 fn cmd_inspect(a: &InspectArgs) -> Result<i32> {
     let info = model::inspect(&a.model)?;
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&info)?)?;
-    } else {
-        write!(out, "{}", render_inspect(&info))?;
-    }
-    Ok(exit::OK)
+    print_json_or_text(a.json, &info, || render_inspect(&info))
 }
 
 /// Human-readable `inspect` output.
@@ -305,13 +311,7 @@ fn cmd_hw(a: &HwArgs) -> Result<i32> {
     let exe = std::env::current_exe()?;
     let devices = crate::probe::devices_in_child(&exe)?;
     let hw = crate::probe::hardware(devices);
-    let mut out = std::io::stdout().lock();
-    if a.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&hw)?)?;
-    } else {
-        write!(out, "{}", render_hw(&hw))?;
-    }
-    Ok(exit::OK)
+    print_json_or_text(a.json, &hw, || render_hw(&hw))
 }
 
 /// Human-readable `hw` output.
@@ -429,7 +429,7 @@ fn cmd_emit(a: &EmitArgs) -> Result<i32> {
     }
     let p = load_profile(&a.source, a.profiles.as_deref())?;
     let format = match a.format {
-        Some(f) => Some(f.format()),
+        Some(f) => Some(f),
         None if a.chart.is_some() || a.write_modelfile.is_some() => None,
         None => Some(crate::emit::Format::Modelfile),
     };

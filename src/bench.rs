@@ -50,21 +50,10 @@ pub fn cpu_brand() -> String {
     s.cpus().first().map(|c| c.brand().trim().to_string()).unwrap_or_default()
 }
 
-/// Backends compiled into this build, llama-bench style ("CPU", "Vulkan").
+/// Backends compiled into this build, llama-bench style ("Vulkan,CPU").
 #[must_use]
 pub fn compiled_backends() -> String {
-    let mut b = Vec::new();
-    if cfg!(feature = "cuda") {
-        b.push("CUDA");
-    }
-    if cfg!(feature = "vulkan") {
-        b.push("Vulkan");
-    }
-    if cfg!(feature = "metal") {
-        b.push("Metal");
-    }
-    b.push("CPU");
-    b.join(",")
+    crate::probe::compiled_backends().join(",")
 }
 
 impl BenchOptions {

@@ -214,47 +214,13 @@ pub struct TuneArgs {
     pub quiet: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum EmitFormat {
-    /// FROM and PARAMETER num_gpu / num_thread / num_ctx lines of an Ollama Modelfile
-    Modelfile,
-    /// -m PATH -ngl N -t T -c C for llama-cli / llama-server
-    LlamaCpp,
-    /// LLAMA_ARG_* environment for llama-server
-    LlamaServerEnv,
-    /// The JSON `options` object of Ollama's API
-    OllamaOptions,
-    /// The profile itself
-    Json,
-    /// The trial table as markdown
-    Md,
-    /// The trial table as CSV
-    Csv,
-}
-
-impl EmitFormat {
-    #[must_use]
-    pub fn format(self) -> crate::emit::Format {
-        use crate::emit::Format;
-        match self {
-            EmitFormat::Modelfile => Format::Modelfile,
-            EmitFormat::LlamaCpp => Format::LlamaCpp,
-            EmitFormat::LlamaServerEnv => Format::LlamaServerEnv,
-            EmitFormat::OllamaOptions => Format::OllamaOptions,
-            EmitFormat::Json => Format::Json,
-            EmitFormat::Md => Format::Md,
-            EmitFormat::Csv => Format::Csv,
-        }
-    }
-}
-
 #[derive(Debug, Args)]
 pub struct EmitArgs {
     /// A profile (.json), or a model whose profile for this machine is in the store
     pub source: PathBuf,
     /// Output format [default: modelfile, unless only --chart or --write-modelfile is asked for]
     #[arg(short = 'f', long, value_enum)]
-    pub format: Option<EmitFormat>,
+    pub format: Option<crate::emit::Format>,
     /// Update this Ollama Modelfile in place (only num_gpu, num_thread and num_ctx change; the old file is kept as PATH.bak)
     #[arg(long, value_name = "PATH")]
     pub write_modelfile: Option<PathBuf>,

@@ -119,8 +119,13 @@ fn a_budget_between_grid_points_is_respected_and_the_memory_fit_holds() {
     assert!(p["memory"]["cap_reason"].as_str().unwrap().starts_with("--vram-budget"));
     // llama.cpp's dry run predicts 30, 40 and 41 over the 20 MB budget: they are marked and not run.
     assert_eq!(p["prediction"]["predicted_over_cap"], serde_json::json!([30, 40, 41]));
-    let measured: Vec<u64> =
-        p["trials"].as_array().unwrap().iter().map(|t| t["spec"]["n_gpu_layers"].as_u64().unwrap()).collect();
+    let measured: Vec<u64> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["role"] == "grid")
+        .map(|t| t["spec"]["n_gpu_layers"].as_u64().unwrap())
+        .collect();
     assert_eq!(measured, [0, 10, 20]);
     // The memory fit predicts every grid point within 5%: measured ones against
     // their measurement, the others against llama.cpp's dry run.
@@ -307,6 +312,7 @@ fn an_out_of_memory_trial_skips_larger_settings() {
         .as_array()
         .unwrap()
         .iter()
+        .filter(|t| t["role"] == "grid")
         .map(|t| (t["spec"]["n_gpu_layers"].as_u64().unwrap(), t["status"].as_str().unwrap()))
         .collect();
     assert_eq!(status, [(0, "ok"), (10, "ok"), (20, "oom")]);

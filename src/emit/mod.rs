@@ -14,14 +14,21 @@ use crate::engine::TrialStatus;
 use crate::profile::Profile;
 
 /// Output formats of `ngl-tune emit`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
+    /// FROM and PARAMETER num_gpu / num_thread / num_ctx lines of an Ollama Modelfile
     Modelfile,
+    /// -m PATH -ngl N -t T -c C for llama-cli / llama-server
     LlamaCpp,
+    /// LLAMA_ARG_* environment for llama-server
     LlamaServerEnv,
+    /// The JSON `options` object of Ollama's API
     OllamaOptions,
+    /// The profile itself
     Json,
+    /// The trial table as markdown
     Md,
+    /// The trial table as CSV
     Csv,
 }
 
