@@ -189,9 +189,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let ngl = crate::ngl::parse_all(&a.ngl, "-ngl")?;
     check_loadable(&info)?;
     let w = &a.workload;
+    let n_cpu_moe = crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?;
     let opts = BenchOptions {
         model: a.model.clone(),
         ngl,
+        n_cpu_moe,
         n_prompt: w.n_prompt.unwrap_or(512),
         n_gen: w.n_gen.unwrap_or(128),
         repetitions: w.repetitions.unwrap_or(5),

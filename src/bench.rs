@@ -18,6 +18,8 @@ use crate::model::{human_bytes, human_params, ModelInfo};
 pub struct BenchOptions {
     pub model: PathBuf,
     pub ngl: Vec<u32>,
+    /// `--n-cpu-moe` values; every ngl is measured with each.
+    pub n_cpu_moe: Vec<u32>,
     pub n_prompt: u32,
     pub n_gen: u32,
     pub repetitions: u32,
@@ -57,7 +59,7 @@ pub fn compiled_backends() -> String {
 }
 
 impl BenchOptions {
-    fn spec(&self, ngl: u32) -> TrialSpec {
+    fn spec(&self, ngl: u32, n_cpu_moe: u32) -> TrialSpec {
         TrialSpec {
             model: self.model.clone(),
             n_gpu_layers: ngl,
@@ -72,6 +74,7 @@ impl BenchOptions {
             flash_attn: self.flash_attn,
             seed: 1234,
             sample_interval_ms: 20,
+            n_cpu_moe,
         }
     }
 }
@@ -84,7 +87,7 @@ impl BenchOptions {
 pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
     let runner = Runner::current(opts.timeout, opts.verbose)?.with_sample_interval(opts.sample_interval);
     let bar = if opts.progress && std::io::stderr().is_terminal() {
-        let b = ProgressBar::new(opts.ngl.len() as u64);
+        let b = ProgressBar::new((opts.ngl.len() * opts.n_cpu_moe.len().max(1)) as u64);
         b.set_style(
             ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -95,16 +98,19 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
         ProgressBar::hidden()
     };
     let mut results = Vec::new();
+    let moe = if opts.n_cpu_moe.is_empty() { vec![0] } else { opts.n_cpu_moe.clone() };
     for &ngl in &opts.ngl {
-        bar.set_message(format!("ngl {ngl}"));
-        let r = runner.run(&opts.spec(ngl), |_| {})?;
-        if let Some(tg) = r.test(false) {
-            bar.println(format!("ngl {ngl}: tg {:.2} t/s", tg.avg_ts));
-        } else if r.status != TrialStatus::Ok {
-            bar.println(format!("ngl {ngl}: {}", r.status.as_str()));
+        for &k in &moe {
+            bar.set_message(format!("ngl {ngl}"));
+            let r = runner.run(&opts.spec(ngl, k), |_| {})?;
+            if let Some(tg) = r.test(false) {
+                bar.println(format!("ngl {ngl}: tg {:.2} t/s", tg.avg_ts));
+            } else if r.status != TrialStatus::Ok {
+                bar.println(format!("ngl {ngl}: {}", r.status.as_str()));
+            }
+            results.push(r);
+            bar.inc(1);
         }
-        results.push(r);
-        bar.inc(1);
     }
     bar.finish_and_clear();
     Ok(results)
@@ -215,7 +221,7 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             type_k: "f16",
             type_v: "f16",
             n_gpu_layers: s.n_gpu_layers,
-            n_cpu_moe: 0,
+            n_cpu_moe: s.n_cpu_moe,
             flash_attn: r.flash_attn,
             use_mmap: true,
             embeddings: false,

@@ -137,6 +137,9 @@ pub struct BenchArgs {
     /// Layers on the GPU: a list and ranges as llama-bench (0,10,99 or 0-40+10); 99 means all (llama-bench: -ngl)
     #[arg(long = "n-gpu-layers", default_value = "99")]
     pub ngl: Vec<String>,
+    /// Layers whose MoE expert tensors stay on the CPU, as llama.cpp's --n-cpu-moe (list and ranges as -ngl; llama-bench: -ncmoe)
+    #[arg(long = "n-cpu-moe", default_value = "0")]
+    pub n_cpu_moe: Vec<String>,
     #[command(flatten)]
     pub workload: Workload,
     /// Output format

@@ -39,6 +39,9 @@ pub fn trial_table(p: &Profile) -> String {
         if t.role == "confirm" {
             status.push_str(" (confirmation)");
         }
+        if t.role == "moe" {
+            status.push_str(&format!(" (--n-cpu-moe {})", r.spec.n_cpu_moe));
+        }
         if let Some(why) = r.reason.as_deref().filter(|_| r.status != TrialStatus::Ok) {
             let _ = write!(status, ": {}", why.replace('|', "/"));
         }

@@ -436,3 +436,107 @@ fn adaptive_search_reaches_the_grids_answer_with_fewer_trials() {
     assert_eq!(adaptive.1["trials"], 3, "0, full offload, one interior point: offloading only hurts here");
     assert_eq!(adaptive.1["grid_size"], 6);
 }
+
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn a_moe_model_is_tuned_over_n_cpu_moe_and_its_flags_load() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("moe.gguf");
+    ngl_tune::synth::write_model(&m, &ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_experts(4, 2))
+        .unwrap();
+    let store = dir.path().join("store");
+    let o = run_env(
+        &[
+            m.to_str().unwrap(),
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "-c",
+            "256",
+            "--profiles",
+            store.to_str().unwrap(),
+            "--json",
+            "-q",
+        ],
+        &[VK],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    let mut moe: Vec<u64> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["role"] == "moe")
+        .map(|t| {
+            assert_eq!(t["spec"]["n_gpu_layers"], 5, "expert offload runs with every layer on the GPU");
+            assert_eq!(t["status"], "ok", "{t}");
+            t["spec"]["n_cpu_moe"].as_u64().unwrap()
+        })
+        .collect();
+    moe.sort_unstable();
+    assert_eq!(moe, [0, 1, 2, 3, 4], "tuned over n_cpu_moe");
+    assert!(p["decision"]["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r.as_str().unwrap().contains("mixture of experts")));
+    // Experts on the CPU take device memory away: the memory falls as n_cpu_moe rises.
+    let mem = |k: u64| {
+        p["trials"].as_array().unwrap().iter().find(|t| t["role"] == "moe" && t["spec"]["n_cpu_moe"] == k).unwrap()
+            ["mem_bytes"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(mem(4) < mem(2) && mem(2) < mem(0), "{} {} {}", mem(4), mem(2), mem(0));
+
+    // A profile recommending expert offload emits flags llama.cpp loads.
+    let mut q = p.clone();
+    q["recommendation"]["n_gpu_layers"] = 5.into();
+    q["recommendation"]["n_cpu_moe"] = 2.into();
+    q["recommendation"]["ollama_num_gpu"] = 0.into();
+    let qp = dir.path().join("moe-profile.json");
+    std::fs::write(&qp, serde_json::to_string(&q).unwrap()).unwrap();
+    let flags = stdout(&run(&["emit", qp.to_str().unwrap(), "--format", "llama-cpp"]));
+    assert!(
+        flags.trim_end().ends_with("-ngl 5 -t 2 -c 256 --n-cpu-moe 2") || flags.contains("--n-cpu-moe 2"),
+        "{flags}"
+    );
+    let words: Vec<&str> = flags.split_whitespace().collect();
+    let value = |flag: &str| words[words.iter().position(|w| *w == flag).unwrap() + 1].to_string();
+    let b = run_env(
+        &[
+            "bench",
+            &value("-m"),
+            "-ngl",
+            &value("-ngl"),
+            "--n-cpu-moe",
+            &value("--n-cpu-moe"),
+            "-c",
+            &value("-c"),
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ],
+        &[VK],
+    );
+    assert!(b.status.success(), "{}", stderr(&b));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&b)).unwrap();
+    assert!(rows.iter().all(|r| r["status"] == "ok" && r["n_cpu_moe"] == 2 && r["layers_offloaded"] == 5), "{rows:?}");
+    let env = stdout(&run(&["emit", qp.to_str().unwrap(), "--format", "llama-server-env"]));
+    assert!(env.contains("LLAMA_ARG_N_CPU_MOE=2"), "{env}");
+    let mf = stdout(&run(&["emit", qp.to_str().unwrap()]));
+    assert!(
+        mf.contains("--n-cpu-moe 2") && mf.contains("PARAMETER num_gpu 0"),
+        "Ollama gets the best whole-layer split: {mf}"
+    );
+}

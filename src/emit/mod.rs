@@ -87,18 +87,25 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
     let r = &p.recommendation;
     Ok(match f {
         Format::Modelfile => modelfile::render(p),
-        Format::LlamaCpp => {
-            format!("-m {} -ngl {} -t {} -c {}\n", shell_quote(&model_path(p)), r.n_gpu_layers, r.n_threads, r.n_ctx)
-        }
-        Format::LlamaServerEnv => format!(
-            "LLAMA_ARG_MODEL={}\nLLAMA_ARG_N_GPU_LAYERS={}\nLLAMA_ARG_THREADS={}\nLLAMA_ARG_CTX_SIZE={}\n",
+        Format::LlamaCpp => format!(
+            "-m {} -ngl {} -t {} -c {}{}\n",
             shell_quote(&model_path(p)),
             r.n_gpu_layers,
             r.n_threads,
-            r.n_ctx
+            r.n_ctx,
+            if r.n_cpu_moe > 0 { format!(" --n-cpu-moe {}", r.n_cpu_moe) } else { String::new() }
+        ),
+        Format::LlamaServerEnv => format!(
+            "LLAMA_ARG_MODEL={}\nLLAMA_ARG_N_GPU_LAYERS={}\nLLAMA_ARG_THREADS={}\nLLAMA_ARG_CTX_SIZE={}\n{}",
+            shell_quote(&model_path(p)),
+            r.n_gpu_layers,
+            r.n_threads,
+            r.n_ctx,
+            if r.n_cpu_moe > 0 { format!("LLAMA_ARG_N_CPU_MOE={}\n", r.n_cpu_moe) } else { String::new() }
         ),
         Format::OllamaOptions => {
-            let o = OllamaOptions { num_gpu: r.n_gpu_layers, num_thread: r.n_threads, num_ctx: r.n_ctx };
+            let num_gpu = r.ollama_num_gpu.unwrap_or(r.n_gpu_layers);
+            let o = OllamaOptions { num_gpu, num_thread: r.n_threads, num_ctx: r.n_ctx };
             serde_json::to_string_pretty(&serde_json::json!({ "options": o }))? + "\n"
         }
         Format::Json => serde_json::to_string_pretty(p)? + "\n",
@@ -110,6 +117,7 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
 struct TableRow {
     ngl: u32,
     threads: u32,
+    n_cpu_moe: u32,
     n_prompt: u32,
     n_gen: u32,
     avg_ts: Option<f64>,
@@ -133,6 +141,7 @@ fn table_rows(p: &Profile) -> Vec<TableRow> {
         let base = |n_prompt, n_gen, avg_ts, stddev_ts| TableRow {
             ngl: r.spec.n_gpu_layers,
             threads: r.spec.n_threads,
+            n_cpu_moe: r.spec.n_cpu_moe,
             n_prompt,
             n_gen,
             avg_ts,
@@ -179,7 +188,11 @@ fn markdown(p: &Profile) -> String {
             (Some(b), None) => crate::model::human_bytes(b),
             _ => "-".into(),
         };
-        let status = if r.role == "grid" { r.status.clone() } else { format!("{} ({})", r.status, r.role) };
+        let status = match r.role.as_str() {
+            "grid" => r.status.clone(),
+            "moe" => format!("{} (--n-cpu-moe {})", r.status, r.n_cpu_moe),
+            role => format!("{} ({role})", r.status),
+        };
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} |",
@@ -197,15 +210,16 @@ fn markdown(p: &Profile) -> String {
 
 fn csv(p: &Profile) -> String {
     let mut s = String::from(
-        "model_filename,n_gpu_layers,n_threads,n_ctx,n_prompt,n_gen,avg_ts,stddev_ts,device_bytes,device_share,status,role\n",
+        "model_filename,n_gpu_layers,n_cpu_moe,n_threads,n_ctx,n_prompt,n_gen,avg_ts,stddev_ts,device_bytes,device_share,status,role\n",
     );
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.6}"));
     for r in table_rows(p) {
         let _ = writeln!(
             s,
-            "\"{}\",{},{},{},{},{},{},{},{},{},\"{}\",\"{}\"",
+            "\"{}\",{},{},{},{},{},{},{},{},{},{},\"{}\",\"{}\"",
             p.model.file_name.replace('"', "\"\""),
             r.ngl,
+            r.n_cpu_moe,
             r.threads,
             p.settings.n_ctx,
             r.n_prompt,

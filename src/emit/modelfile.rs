@@ -18,7 +18,7 @@ pub const OWNED: [&str; 3] = ["num_gpu", "num_thread", "num_ctx"];
 #[must_use]
 pub fn params(p: &Profile) -> Vec<(&'static str, u32)> {
     let r = &p.recommendation;
-    vec![("num_gpu", r.n_gpu_layers), ("num_thread", r.n_threads), ("num_ctx", r.n_ctx)]
+    vec![("num_gpu", r.ollama_num_gpu.unwrap_or(r.n_gpu_layers)), ("num_thread", r.n_threads), ("num_ctx", r.n_ctx)]
 }
 
 /// A complete Modelfile for the profile's model.
@@ -32,6 +32,12 @@ pub fn render(p: &Profile) -> String {
         p.created_at,
         p.model.path.display()
     );
+    if p.recommendation.n_cpu_moe > 0 {
+        s.push_str(&format!(
+            "# llama.cpp is faster with -ngl {} --n-cpu-moe {}; Ollama has no expert offload, so num_gpu is the best whole-layer split\n",
+            p.recommendation.n_gpu_layers, p.recommendation.n_cpu_moe
+        ));
+    }
     for (k, v) in params(p) {
         s.push_str(&format!("PARAMETER {k} {v}\n"));
     }

@@ -47,6 +47,17 @@ pub struct TrialSpec {
     /// Memory sampling interval in milliseconds (0: no sampling).
     #[serde(default = "default_interval")]
     pub sample_interval_ms: u64,
+    /// Layers (from the first) whose expert tensors stay on the CPU, as
+    /// llama.cpp's `--n-cpu-moe`; 0 for dense models.
+    #[serde(default)]
+    pub n_cpu_moe: u32,
+}
+
+/// llama.cpp's pattern for one layer's expert tensors (common.h's
+/// `LLM_FFN_EXPS_REGEX`), as `--n-cpu-moe` builds it.
+#[must_use]
+pub fn cpu_moe_pattern(layer: u32) -> String {
+    format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 }
 
 fn default_interval() -> u64 {

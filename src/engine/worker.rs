@@ -131,7 +131,14 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
 
 fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResult) -> TrialResult {
     inject_memory_limit(spec.n_gpu_layers);
-    let params = LlamaModelParams::default().with_n_gpu_layers(spec.n_gpu_layers);
+    let mut params = Box::pin(LlamaModelParams::default().with_n_gpu_layers(spec.n_gpu_layers));
+    for layer in 0..spec.n_cpu_moe {
+        // llama.cpp keeps the pattern's pointer for the model's life; this
+        // process lives one trial, so leaking the few strings is the owner.
+        let pattern: &'static std::ffi::CStr =
+            Box::leak(std::ffi::CString::new(super::cpu_moe_pattern(layer)).unwrap_or_default().into_boxed_c_str());
+        params.as_mut().add_cpu_buft_override(pattern);
+    }
     let t_load = Instant::now();
     let model = LlamaModel::load_from_file(backend, &spec.model, &params);
     let load_log = logs::take();

@@ -193,7 +193,14 @@ pub struct FitCheck {
 /// The answer, in the forms people paste.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recommendation {
+    /// ngl for llama.cpp (full offload when `n_cpu_moe` > 0).
     pub n_gpu_layers: u32,
+    /// Layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe); 0 for none.
+    #[serde(default)]
+    pub n_cpu_moe: u32,
+    /// Ollama has no expert offload: the best whole-layer split, when it differs from `n_gpu_layers`.
+    #[serde(default)]
+    pub ollama_num_gpu: Option<u32>,
     pub n_threads: u32,
     pub n_ctx: u32,
     /// The recommended setting was measured (not only predicted).

@@ -124,7 +124,7 @@ fn point(t: &ProfileTrial) -> Point {
     }
 }
 
-fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32) -> TrialSpec {
+fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32, n_cpu_moe: u32) -> TrialSpec {
     TrialSpec {
         model: info.path.clone(),
         n_gpu_layers: ngl,
@@ -139,6 +139,7 @@ fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32) -> TrialSpec {
         flash_attn: s.flash_attn,
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
+        n_cpu_moe,
     }
 }
 
@@ -157,30 +158,38 @@ struct Sweep<'a> {
 
 impl Sweep<'_> {
     fn run(&mut self, role: &str, ngl: u32, threads: u32) -> Result<&ProfileTrial> {
+        self.run_moe(role, ngl, threads, 0)
+    }
+
+    fn run_moe(&mut self, role: &str, ngl: u32, threads: u32, n_cpu_moe: u32) -> Result<&ProfileTrial> {
         self.bar.set_message(format!("ngl {ngl}{}", last_tg(&self.trials)));
-        let r = self.runner.run(&spec(self.info, &self.opts.settings, ngl, threads), |_| {}).map_err(|e| {
-            if e.is::<Interrupted>() {
-                self.bar.abandon();
-                let kept = if self.trials.is_empty() {
-                    "no trial had finished".to_string()
+        let r =
+            self.runner.run(&spec(self.info, &self.opts.settings, ngl, threads, n_cpu_moe), |_| {}).map_err(|e| {
+                if e.is::<Interrupted>() {
+                    self.bar.abandon();
+                    let kept = if self.trials.is_empty() {
+                        "no trial had finished".to_string()
+                    } else {
+                        format!(
+                            "{} finished trials are kept in {}; run the same command with --resume to continue",
+                            self.trials.len(),
+                            self.checkpoint_path.display()
+                        )
+                    };
+                    e.context(format!("stopped at ngl {ngl}: {kept}"))
                 } else {
-                    format!(
-                        "{} finished trials are kept in {}; run the same command with --resume to continue",
-                        self.trials.len(),
-                        self.checkpoint_path.display()
-                    )
-                };
-                e.context(format!("stopped at ngl {ngl}: {kept}"))
-            } else {
-                e
-            }
-        })?;
+                    e
+                }
+            })?;
         let (mem, peak) = self.policy.as_ref().map_or((None, None), |p| trial_memory(&r, p));
         #[allow(clippy::cast_precision_loss)]
         let share = peak.zip(self.policy.as_ref().and_then(|p| p.device_total_bytes)).map(|(b, t)| b as f64 / t as f64);
         let over_cap = self.policy.as_ref().is_some_and(|p| mem.is_some_and(|m| m > p.cap_bytes));
-        let predicted =
-            self.predicted.iter().find(|p| p.n_gpu_layers == ngl && p.error.is_none()).map(|p| p.device_bytes);
+        let predicted = self
+            .predicted
+            .iter()
+            .find(|p| p.n_gpu_layers == ngl && p.error.is_none() && n_cpu_moe == 0)
+            .map(|p| p.device_bytes);
         #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
         let (prediction_error_pct, sampled_minus_predicted_bytes) = match predicted {
             Some(pb) if r.status == TrialStatus::Ok => {
@@ -219,9 +228,12 @@ impl Sweep<'_> {
     }
 
     fn done(&self, role: &str, ngl: u32, threads: u32) -> bool {
-        self.trials
-            .iter()
-            .any(|t| t.role == role && t.result.spec.n_gpu_layers == ngl && t.result.spec.n_threads == threads)
+        self.trials.iter().any(|t| {
+            t.role == role
+                && t.result.spec.n_gpu_layers == ngl
+                && t.result.spec.n_threads == threads
+                && t.result.spec.n_cpu_moe == 0
+        })
     }
 }
 
@@ -237,7 +249,7 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
 #[must_use]
 pub fn profile_inputs(p: &Profile) -> Inputs {
     Inputs {
-        points: p.trials.iter().filter(|t| t.role != "threads").map(point).collect(),
+        points: p.trials.iter().filter(|t| t.role != "threads" && t.role != "moe").map(point).collect(),
         full: p.model.n_layer_full,
         cap: p.memory.cap_bytes,
         objective: p.settings.objective,
@@ -249,7 +261,7 @@ pub fn profile_inputs(p: &Profile) -> Inputs {
 
 fn inputs(trials: &[ProfileTrial], info: &ModelInfo, s: &Settings, policy: &MemoryPolicy) -> Inputs {
     Inputs {
-        points: trials.iter().filter(|t| t.role != "threads").map(point).collect(),
+        points: trials.iter().filter(|t| t.role != "threads" && t.role != "moe").map(point).collect(),
         full: info.n_layer_full,
         cap: policy.cap_bytes,
         objective: s.objective,
@@ -384,7 +396,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         adaptive_search(&mut sweep, n_max)?;
     }
 
-    let (decision, rec_ngl, rec_threads) = if let Some(policy) = &policy {
+    let (decision, dense_ngl, rec_threads, rec_moe) = if let Some(policy) = &policy {
         let mut d = decide(&inputs(&sweep.trials, info, s, policy));
         let mut confirmations = 0;
         while d.needs_confirmation && confirmations < MAX_CONFIRMATIONS {
@@ -399,9 +411,20 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         if d.needs_confirmation {
             notes.push(format!("after {MAX_CONFIRMATIONS} confirmation trials the prediction still moved; the recommendation is predicted, not measured"));
         }
+        // Mixture of experts: all layers on the GPU but the experts of the
+        // first K on the CPU (llama.cpp's --n-cpu-moe) often beats any whole-layer split.
+        let moe = if info.is_moe() && !d.needs_confirmation && d.recommended_ngl < info.n_layer_full {
+            Some(tune_moe(&mut sweep, info, &d)?)
+        } else {
+            None
+        };
+        if let Some((_, reason)) = &moe {
+            d.reasons.push(reason.clone());
+        }
+        let moe_k = moe.map_or(0, |m| m.0);
         // Layers left on the CPU make the thread count matter: measure it there.
         let mut threads = s.n_threads;
-        if d.recommended_ngl < info.n_layer_full && !d.needs_confirmation {
+        if d.recommended_ngl < info.n_layer_full && !d.needs_confirmation && moe_k == 0 {
             let (best, _, tried) = measure_threads(&mut sweep, &hw, d.recommended_ngl)?;
             threads = best;
             d.reasons.push(format!(
@@ -410,13 +433,15 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
                 tried.join(", ")
             ));
         }
-        (d.clone(), d.recommended_ngl, threads)
+        (d.clone(), d.recommended_ngl, threads, moe_k)
     } else {
-        tune_threads(&mut sweep, &hw)?
+        let (d, n, t) = tune_threads(&mut sweep, &hw)?;
+        (d, n, t, 0)
     };
     sweep.bar.finish_and_clear();
 
-    let decision_trials: Vec<&ProfileTrial> = sweep.trials.iter().filter(|t| t.role != "threads").collect();
+    let decision_trials: Vec<&ProfileTrial> =
+        sweep.trials.iter().filter(|t| t.role != "threads" && t.role != "moe").collect();
     let search = (!no_gpu).then(|| crate::profile::SearchReport {
         mode: if adaptive { "adaptive".into() } else { "grid".into() },
         trials: decision_trials.len(),
@@ -442,13 +467,21 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         });
     }
     let fit_checks = policy.as_ref().map(|_| fit_check(&trials, &decision, info.n_layer_full)).unwrap_or_default();
+    // With expert offload every layer is on the GPU but the first K layers' experts.
+    let rec_ngl = if rec_moe > 0 { info.n_layer_full } else { dense_ngl };
     let rec_trial = trials.iter().find(|t| {
         t.result.spec.n_gpu_layers == rec_ngl
             && t.result.spec.n_threads == rec_threads
+            && t.result.spec.n_cpu_moe == rec_moe
             && t.result.status == TrialStatus::Ok
     });
-    let (modelfile, args) = Recommendation::lines(rec_ngl, rec_threads, s.n_ctx);
+    let (modelfile, mut args) = Recommendation::lines(dense_ngl, rec_threads, s.n_ctx);
+    if rec_moe > 0 {
+        args = format!("-ngl {rec_ngl} -t {rec_threads} -c {} --n-cpu-moe {rec_moe}", s.n_ctx);
+    }
     let recommendation = Recommendation {
+        n_cpu_moe: rec_moe,
+        ollama_num_gpu: (rec_moe > 0).then_some(dense_ngl),
         n_gpu_layers: rec_ngl,
         n_threads: rec_threads,
         n_ctx: s.n_ctx,
@@ -639,6 +672,91 @@ fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32) -> Result<()> {
     })
 }
 
+/// The `--n-cpu-moe` values worth measuring: none, a quarter, half, three
+/// quarters and all of the layers.
+#[must_use]
+pub fn moe_grid(n_layer: u32) -> Vec<u32> {
+    let mut g: Vec<u32> = [0, n_layer / 4, n_layer / 2, n_layer * 3 / 4, n_layer].to_vec();
+    g.sort_unstable();
+    g.dedup();
+    g
+}
+
+/// Measures full offload with the experts of the first K layers on the CPU
+/// for K in [`moe_grid`] (most experts on the CPU first: least memory), and
+/// returns the K to recommend (0: the whole-layer split stays best) with the
+/// reason in words.
+fn tune_moe(sweep: &mut Sweep<'_>, info: &ModelInfo, d: &Decision) -> Result<(u32, String)> {
+    let s = sweep.opts.settings.clone();
+    let full = info.n_layer_full;
+    let grid = moe_grid(info.n_layer);
+    sweep.bar.inc_length(grid.len() as u64);
+    for &k in grid.iter().rev() {
+        let exists = sweep
+            .trials
+            .iter()
+            .any(|t| t.role == "moe" && t.result.spec.n_gpu_layers == full && t.result.spec.n_cpu_moe == k);
+        if !exists {
+            sweep.run_moe("moe", full, s.n_threads, k)?;
+        }
+    }
+    let score = |t: &ProfileTrial| -> Option<f64> {
+        let tg = t.result.test(false).map(|x| x.avg_ts);
+        let pp = t.result.test(true).map(|x| x.avg_ts);
+        match s.objective {
+            choose::Objective::Tg => tg,
+            choose::Objective::Pp => pp,
+            choose::Objective::Mixed => {
+                tg.zip(pp).map(|(g, p)| 1.0 / (f64::from(s.n_prompt) / p + f64::from(s.n_gen) / g))
+            }
+        }
+    };
+    let best_moe = sweep
+        .trials
+        .iter()
+        .filter(|t| t.role == "moe" && t.result.status == TrialStatus::Ok && !t.over_cap)
+        .filter_map(|t| score(t).map(|v| (t.result.spec.n_cpu_moe, v, t.mem_bytes)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let dense = sweep
+        .trials
+        .iter()
+        .find(|t| {
+            t.role != "moe"
+                && t.result.spec.n_gpu_layers == d.recommended_ngl
+                && t.result.spec.n_cpu_moe == 0
+                && t.result.status == TrialStatus::Ok
+        })
+        .and_then(score);
+    let tried: Vec<String> = sweep
+        .trials
+        .iter()
+        .filter(|t| t.role == "moe")
+        .map(|t| {
+            let v = score(t).map_or_else(|| t.result.status.as_str().to_string(), |v| format!("{v:.2} t/s"));
+            format!("K={} {v}{}", t.result.spec.n_cpu_moe, if t.over_cap { " (over cap)" } else { "" })
+        })
+        .collect();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(match (best_moe, dense) {
+        (Some((k, v, mem)), Some(dv)) if v > dv => (
+            k,
+            format!(
+                "mixture of experts: every layer on the GPU with the experts of the first {k} on the CPU (--n-cpu-moe {k}) is fastest: {v:.2} t/s in {} against {dv:.2} at ngl {} ({})",
+                mem.map_or_else(|| "?".to_string(), |m| crate::model::human_bytes(m.max(0.0) as u64)),
+                d.recommended_ngl,
+                tried.join(", ")
+            ),
+        ),
+        _ => (
+            0,
+            format!(
+                "mixture of experts: --n-cpu-moe at full offload measured ({}); the whole-layer split stays best",
+                tried.join(", ")
+            ),
+        ),
+    })
+}
+
 /// Measures thread counts (physical cores, logical cores, half the physical
 /// ones, and the configured count) at `ngl`, reusing trials already run there,
 /// and returns the fastest for the objective with what was tried, in words.
@@ -648,7 +766,9 @@ fn measure_threads(sweep: &mut Sweep<'_>, hw: &Hardware, ngl: u32) -> Result<(u3
     counts.push(sweep.opts.settings.n_threads);
     counts.sort_unstable();
     counts.dedup();
-    let at = |t: &ProfileTrial, n: u32| t.result.spec.n_gpu_layers == ngl && t.result.spec.n_threads == n;
+    let at = |t: &ProfileTrial, n: u32| {
+        t.result.spec.n_gpu_layers == ngl && t.result.spec.n_threads == n && t.result.spec.n_cpu_moe == 0
+    };
     let todo: Vec<u32> = counts.iter().copied().filter(|n| !sweep.trials.iter().any(|t| at(t, *n))).collect();
     sweep.bar.inc_length(todo.len() as u64);
     for t in todo {
@@ -713,7 +833,7 @@ pub fn fit_check(trials: &[ProfileTrial], d: &Decision, full: u32) -> Vec<FitChe
     let Some(fit) = &d.fits.memory else { return Vec::new() };
     trials
         .iter()
-        .filter(|t| t.result.status == TrialStatus::Ok && t.result.spec.n_gpu_layers > 0)
+        .filter(|t| t.result.status == TrialStatus::Ok && t.result.spec.n_gpu_layers > 0 && t.role != "moe")
         .filter_map(|t| {
             let ngl = t.result.spec.n_gpu_layers.min(full);
             let m = t.mem_bytes?;
