@@ -10,8 +10,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     version,
     about = "Find, by measurement, how many layers of a GGUF model belong on the GPU",
     long_about = "Find, by measurement, how many layers of a GGUF model belong on the GPU.\n\n\
-        Exit codes: 0 ok, 1 failure, 2 bad input or usage, 3 regression found.\n\
-        llama-bench's short options -ngl, -ub and -fa are accepted as written."
+        Exit codes: 0 ok, 1 failure, 2 bad input or usage, 3 regression found (reprofile),\n\
+        130 stopped by SIGINT/SIGTERM (finished trials kept; continue with --resume).\n\
+        llama-bench's short options -ngl, -ncmoe, -ub and -fa are accepted as written."
 )]
 pub struct Cli {
     #[command(subcommand)]
