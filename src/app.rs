@@ -288,7 +288,11 @@ pub fn render_inspect(m: &ModelInfo) -> String {
     s += &format!(
         "output layer   {}{}\n",
         human_bytes(m.output_bytes),
-        if m.output_tied { " (tied to token_embd)" } else { "" }
+        if m.output_tied {
+            " (output_norm only: the output weight is tied to token_embd, which stays on the CPU)"
+        } else {
+            ""
+        }
     );
     s += &format!("token_embd     {} (stays on the CPU)\n", human_bytes(m.token_embd_bytes));
     s += &format!("all offloaded  {}\n", human_bytes(m.offloaded_bytes(m.n_layer_full)));
