@@ -146,7 +146,10 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
     } else {
-        print_notes(&outcome.notes);
+        // The noise warning belongs beside the numbers, in the report.
+        let notes: Vec<String> =
+            outcome.notes.iter().filter(|n| !n.starts_with("noisy measurement")).cloned().collect();
+        print_notes(&notes);
         write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
     }
     out.flush()?;

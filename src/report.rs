@@ -87,6 +87,9 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     for n in &d.fit_notes {
         let _ = writeln!(s, "note: {n}");
     }
+    for n in p.notes.iter().filter(|n| n.starts_with("noisy measurement")) {
+        let _ = writeln!(s, "warning: {n}");
+    }
     if let Some(pr) = &p.prediction {
         if !pr.predicted_over_cap.is_empty() {
             let v: Vec<String> = pr.predicted_over_cap.iter().map(ToString::to_string).collect();

@@ -449,6 +449,9 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         grid_size: full_grid.len(),
     });
     let trials = sweep.trials;
+    if let Some(n) = noise_note(&trials) {
+        notes.push(n);
+    }
     if let Some(pr) = prediction.as_mut() {
         pr.max_error_pct = trials.iter().filter_map(|t| t.prediction_error_pct).map(f64::abs).reduce(f64::max);
         let fit_ngl = pr.llama_fit.as_ref().and_then(|f| f.n_gpu_layers).map(|n| {
@@ -542,6 +545,34 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     }
     let _ = std::fs::remove_file(&checkpoint_path);
     Ok(TuneOutcome { profile, path, notes })
+}
+
+/// Share of the mean above which a test's repetitions count as noisy.
+pub const NOISY: f64 = 0.10;
+
+/// A warning, in words the user can act on, when repetitions of a test
+/// varied so much that something else was probably using the machine.
+#[must_use]
+pub fn noise_note(trials: &[ProfileTrial]) -> Option<String> {
+    let worst = trials
+        .iter()
+        .filter(|t| t.result.status == TrialStatus::Ok)
+        .flat_map(|t| t.result.tests.iter().map(move |x| (t, x)))
+        .filter(|(_, x)| x.avg_ts > 0.0 && x.samples_ts.len() > 1)
+        .map(|(t, x)| (t, x, x.stddev_ts / x.avg_ts))
+        .max_by(|a, b| a.2.total_cmp(&b.2))?;
+    let (t, x, cv) = worst;
+    (cv > NOISY).then(|| {
+        format!(
+            "noisy measurement: {} at ngl {} -t {} varied by {:.0}% between repetitions ({:.2} ± {:.2} t/s); something else was probably using the machine: re-run when it is idle, or with more repetitions (-r)",
+            x.name(),
+            t.result.spec.n_gpu_layers,
+            t.result.spec.n_threads,
+            cv * 100.0,
+            x.avg_ts,
+            x.stddev_ts
+        )
+    })
 }
 
 /// Asks llama.cpp, before any trial, what every grid setting will allocate
@@ -1005,6 +1036,49 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, [0, 41, 20], "0, the top, one interior point");
+    }
+
+    #[test]
+    fn noisy_repetitions_are_said_in_words() {
+        use crate::engine::{TestResult, TrialResult, TrialSpec, TrialStatus};
+        let spec = TrialSpec {
+            model: "m.gguf".into(),
+            n_gpu_layers: 0,
+            n_prompt: 0,
+            n_gen: 32,
+            n_batch: 2048,
+            n_ubatch: 512,
+            n_threads: 2,
+            n_ctx: Some(4096),
+            repetitions: 3,
+            warmup: true,
+            flash_attn: -1,
+            seed: 1,
+            sample_interval_ms: 20,
+            n_cpu_moe: 0,
+        };
+        let trial = |samples_ns: Vec<u64>| {
+            let mut r = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
+            r.reason = None;
+            r.tests.push(TestResult::from_samples(0, 32, 4096, samples_ns));
+            ProfileTrial {
+                role: "grid".into(),
+                mem_bytes: None,
+                device_peak_bytes: None,
+                device_share: None,
+                over_cap: false,
+                predicted_bytes: None,
+                prediction_error_pct: None,
+                sampled_minus_predicted_bytes: None,
+                result: r,
+            }
+        };
+        let steady = trial(vec![1_000_000_000, 1_010_000_000, 995_000_000]);
+        assert_eq!(noise_note(std::slice::from_ref(&steady)), None);
+        let noisy = trial(vec![1_000_000_000, 2_500_000_000, 1_000_000_000]);
+        let note = noise_note(&[steady, noisy]).expect("noisy");
+        assert!(note.starts_with("noisy measurement: tg32 at ngl 0 -t 2 varied by"), "{note}");
+        assert!(note.contains("re-run when it is idle"), "{note}");
     }
 
     #[test]
