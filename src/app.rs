@@ -233,15 +233,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
 pub fn device_notes() -> Result<Vec<String>> {
     let exe = std::env::current_exe()?;
     let devices = crate::probe::devices_in_child(&exe)?;
-    let mut notes = Vec::new();
-    if let Err(why) = crate::probe::nvml::open() {
-        notes.push(why);
-    }
-    notes.extend(crate::probe::ggml::budget_notes(&devices));
-    if let Some(n) = crate::probe::no_gpu_note(&devices) {
-        notes.push(n);
-    }
-    Ok(notes)
+    Ok(crate::probe::hardware(devices).notes)
 }
 
 fn print_notes(notes: &[String]) {

@@ -45,13 +45,6 @@ pub fn default_threads() -> u32 {
         .max(1)
 }
 
-#[must_use]
-pub fn cpu_brand() -> String {
-    let mut s = sysinfo::System::new();
-    s.refresh_cpu_all();
-    s.cpus().first().map(|c| c.brand().trim().to_string()).unwrap_or_default()
-}
-
 /// Backends compiled into this build, llama-bench style ("Vulkan,CPU").
 #[must_use]
 pub fn compiled_backends() -> String {
@@ -197,7 +190,7 @@ pub fn rfc3339(secs: u64) -> String {
 /// Flattens trial results into rows.
 #[must_use]
 pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<Row> {
-    let cpu = cpu_brand();
+    let cpu = crate::probe::cpu_brand();
     let backends = compiled_backends();
     let time = now_rfc3339();
     let mut out = Vec::new();

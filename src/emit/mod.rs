@@ -32,31 +32,6 @@ pub enum Format {
     Csv,
 }
 
-impl Format {
-    pub const ALL: [Format; 7] = [
-        Format::Modelfile,
-        Format::LlamaCpp,
-        Format::LlamaServerEnv,
-        Format::OllamaOptions,
-        Format::Json,
-        Format::Md,
-        Format::Csv,
-    ];
-
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Modelfile => "modelfile",
-            Format::LlamaCpp => "llama-cpp",
-            Format::LlamaServerEnv => "llama-server-env",
-            Format::OllamaOptions => "ollama-options",
-            Format::Json => "json",
-            Format::Md => "md",
-            Format::Csv => "csv",
-        }
-    }
-}
-
 /// Shell-quotes a path when it needs it.
 #[must_use]
 pub fn shell_quote(s: &str) -> String {

@@ -267,6 +267,14 @@ pub fn compiled_backends() -> Vec<String> {
     b
 }
 
+/// The CPU's brand string ("Intel(R) Xeon(R) Processor").
+#[must_use]
+pub fn cpu_brand() -> String {
+    let mut s = sysinfo::System::new();
+    s.refresh_cpu_all();
+    s.cpus().first().map(|c| c.brand().trim().to_string()).unwrap_or_default()
+}
+
 /// The sentence for a build or machine where ngl does nothing.
 #[must_use]
 pub fn no_gpu_note(devices: &[LlamaDevice]) -> Option<String> {
@@ -350,7 +358,7 @@ pub fn hardware(llama_devices: Vec<LlamaDevice>) -> Hardware {
     sys.refresh_memory();
     let logical = u32::try_from(sys.cpus().len()).unwrap_or(0);
     let cpu = CpuInfo {
-        brand: sys.cpus().first().map(|c| c.brand().trim().to_string()).unwrap_or_default(),
+        brand: cpu_brand(),
         physical_cores: sysinfo::System::physical_core_count().and_then(|n| u32::try_from(n).ok()).unwrap_or(logical),
         logical_cores: logical,
     };

@@ -103,8 +103,9 @@ fn curve(points: &[Point], full: u32, f: impl Fn(&Point) -> Option<f64>) -> Curv
     Curve::new(points.iter().filter(|p| p.ok).filter_map(|p| f(p).map(|v| (p.ngl, v))).collect(), full)
 }
 
-/// Objective value (higher is better) from predicted speeds.
-fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
+/// Objective value (higher is better) from measured or predicted speeds.
+#[must_use]
+pub fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
     match obj {
         Objective::Tg => tg,
         Objective::Pp => pp,

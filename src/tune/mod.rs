@@ -703,6 +703,12 @@ fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32) -> Result<()> {
     })
 }
 
+/// A measured trial's value for the tuning objective (higher is better).
+fn trial_score(t: &ProfileTrial, s: &Settings) -> Option<f64> {
+    let speed = |pp: bool| t.result.test(pp).map(|x| x.avg_ts);
+    choose::score(s.objective, s.n_prompt, s.n_gen, speed(false), speed(true))
+}
+
 /// The `--n-cpu-moe` values worth measuring: none, a quarter, half, three
 /// quarters and all of the layers.
 #[must_use]
@@ -731,17 +737,7 @@ fn tune_moe(sweep: &mut Sweep<'_>, info: &ModelInfo, d: &Decision) -> Result<(u3
             sweep.run_moe("moe", full, s.n_threads, k)?;
         }
     }
-    let score = |t: &ProfileTrial| -> Option<f64> {
-        let tg = t.result.test(false).map(|x| x.avg_ts);
-        let pp = t.result.test(true).map(|x| x.avg_ts);
-        match s.objective {
-            choose::Objective::Tg => tg,
-            choose::Objective::Pp => pp,
-            choose::Objective::Mixed => {
-                tg.zip(pp).map(|(g, p)| 1.0 / (f64::from(s.n_prompt) / p + f64::from(s.n_gen) / g))
-            }
-        }
-    };
+    let score = |t: &ProfileTrial| trial_score(t, &s);
     let best_moe = sweep
         .trials
         .iter()
@@ -810,16 +806,8 @@ fn measure_threads(sweep: &mut Sweep<'_>, hw: &Hardware, ngl: u32) -> Result<(u3
         .iter()
         .filter_map(|n| sweep.trials.iter().find(|t| at(t, *n)))
         .map(|t| {
-            let tg = t.result.test(false).map(|x| x.avg_ts);
-            let pp = t.result.test(true).map(|x| x.avg_ts);
-            let score = match s.objective {
-                choose::Objective::Tg => tg,
-                choose::Objective::Pp => pp,
-                choose::Objective::Mixed => {
-                    tg.zip(pp).map(|(g, p)| 1.0 / (f64::from(s.n_prompt) / p + f64::from(s.n_gen) / g))
-                }
-            };
-            (t.result.spec.n_threads, score.filter(|_| t.result.status == TrialStatus::Ok), t.result.status.as_str())
+            let score = trial_score(t, s).filter(|_| t.result.status == TrialStatus::Ok);
+            (t.result.spec.n_threads, score, t.result.status.as_str())
         })
         .collect();
     let best = measured.iter().filter_map(|(n, sc, _)| sc.map(|v| (*n, v))).max_by(|a, b| a.1.total_cmp(&b.1));
