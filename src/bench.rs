@@ -68,6 +68,7 @@ impl BenchOptions {
             seed: 1234,
             sample_interval_ms: 20,
             n_cpu_moe,
+            race: None,
         }
     }
 }

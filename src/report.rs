@@ -121,9 +121,16 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         }
     }
     if let Some(sr) = &p.search {
+        let short = if sr.stopped_early > 0 { format!(", {} cut short", sr.stopped_early) } else { String::new() };
+        let grid = sr.grid_estimate_s.map_or(String::new(), |g| {
+            format!(
+                "; the full grid would take about {g:.1} s: this took {:.0}% of that",
+                sr.trial_wall_s / g.max(1e-9) * 100.0
+            )
+        });
         let _ = writeln!(
             s,
-            "search: {}, {} trials in {:.1} s (the full grid has {} settings)",
+            "search: {}, {} trials{short} in {:.1} s (the full grid has {} settings){grid}",
             sr.mode, sr.trials, sr.trial_wall_s, sr.grid_size
         );
     }

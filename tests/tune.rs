@@ -95,6 +95,8 @@ fn a_budget_between_grid_points_is_respected_and_the_memory_fit_holds() {
             m.to_str().unwrap(),
             "--vram-budget",
             "20MB",
+            "--search",
+            "grid",
             "-p",
             "8",
             "-n",
@@ -174,6 +176,8 @@ fn interrupted_run(model: &Path, store: &Path, hang_at: u32, signal: i32, finish
     let mut child = Command::new(BIN)
         .args([
             model.to_str().unwrap(),
+            "--search",
+            "grid",
             "-p",
             "8",
             "-n",
@@ -227,6 +231,8 @@ fn an_interrupted_run_resumes_to_the_same_trials() {
     let o = run_env(
         &[
             m.to_str().unwrap(),
+            "--search",
+            "grid",
             "-p",
             "8",
             "-n",
@@ -251,6 +257,8 @@ fn an_interrupted_run_resumes_to_the_same_trials() {
     let o = run_env(
         &[
             m.to_str().unwrap(),
+            "--search",
+            "grid",
             "-p",
             "8",
             "-n",
@@ -404,37 +412,40 @@ fn adaptive_search_reaches_the_grids_answer_with_fewer_trials() {
     let mut answers = Vec::new();
     for mode in ["grid", "adaptive"] {
         let store = dir.path().join(mode);
-        let o = run_env(
-            &[
-                m.to_str().unwrap(),
-                "--search",
-                mode,
-                "-p",
-                "8",
-                "-n",
-                "4",
-                "-r",
-                "1",
-                "-c",
-                "256",
-                "--profiles",
-                store.to_str().unwrap(),
-                "--json",
-                "-q",
-            ],
-            &[VK],
-        );
+        let mut args =
+            vec![m.to_str().unwrap(), "-p", "8", "-n", "4", "-r", "2", "-c", "256", "--json", "-q", "--profiles"];
+        args.push(store.to_str().unwrap());
+        if mode == "grid" {
+            args.extend(["--search", "grid"]);
+        }
+        let o = run_env(&args, &[VK]);
         assert!(o.status.success(), "{}", stderr(&o));
         let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
         assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
-        answers.push((p["recommendation"]["n_gpu_layers"].as_u64().unwrap(), p["search"].clone()));
+        answers.push(p);
     }
     let (grid, adaptive) = (&answers[0], &answers[1]);
-    assert_eq!(grid.0, adaptive.0, "same recommendation");
-    assert_eq!(grid.1["trials"], 6);
-    assert_eq!(adaptive.1["mode"], "adaptive");
-    assert_eq!(adaptive.1["trials"], 3, "0, full offload, one interior point: offloading only hurts here");
-    assert_eq!(adaptive.1["grid_size"], 6);
+    assert_eq!(
+        grid["recommendation"]["n_gpu_layers"], adaptive["recommendation"]["n_gpu_layers"],
+        "same recommendation"
+    );
+    assert_eq!(grid["search"]["trials"], 6);
+    assert_eq!(grid["search"]["stopped_early"], 0, "the grid measures every setting in full");
+    let a = &adaptive["search"];
+    assert_eq!(a["mode"], "adaptive", "adaptive is the default");
+    assert_eq!(a["trials"], 2, "ngl 0 and full offload: offloading only hurts on llvmpipe");
+    assert_eq!(a["grid_size"], 6);
+    // Full offload is far slower than ngl 0: its tests stop after one repetition.
+    let top = adaptive["trials"].as_array().unwrap().iter().find(|t| t["spec"]["n_gpu_layers"] == 41).unwrap();
+    assert_eq!(a["stopped_early"], 1, "{top}");
+    for t in top["tests"].as_array().unwrap() {
+        assert_eq!(t["stopped_early"], true, "{t}");
+        assert_eq!(t["samples_ns"].as_array().unwrap().len(), 1, "{t}");
+    }
+    assert!(top["spec"]["race"]["tg_below_ts"].as_f64().unwrap() > 0.0);
+    assert!(a["grid_estimate_s"].as_f64().unwrap() > a["trial_wall_s"].as_f64().unwrap());
+    let notes: Vec<&str> = adaptive["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(notes.iter().any(|n| n.starts_with("adaptive search stopped after the two ends: ngl 41 is")), "{notes:?}");
 }
 
 #[test]

@@ -51,6 +51,33 @@ pub struct TrialSpec {
     /// llama.cpp's `--n-cpu-moe`; 0 for dense models.
     #[serde(default)]
     pub n_cpu_moe: u32,
+    /// Cut the trial short where it is clearly losing (adaptive search).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub race: Option<Race>,
+}
+
+/// Racing: a test whose first repetition is slower than its threshold
+/// stops there; more repetitions would only measure more precisely how
+/// far behind it is. The adaptive search sets the thresholds from the best
+/// speeds measured so far.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct Race {
+    /// t/s below which the pp test stops after one repetition.
+    pub pp_below_ts: Option<f64>,
+    /// t/s below which the tg test stops after one repetition.
+    pub tg_below_ts: Option<f64>,
+}
+
+impl Race {
+    /// The threshold for a test (pp when it has prompt tokens).
+    #[must_use]
+    pub fn below(&self, n_prompt: u32) -> Option<f64> {
+        if n_prompt > 0 {
+            self.pp_below_ts
+        } else {
+            self.tg_below_ts
+        }
+    }
 }
 
 /// llama.cpp's pattern for one layer's expert tensors (common.h's
@@ -122,6 +149,10 @@ pub struct TestResult {
     pub samples_ts: Vec<f64>,
     /// Buffers llama.cpp allocated for this test's context (KV, compute, output).
     pub context_buffers: Vec<BufferLine>,
+    /// Stopped after one repetition: it was far slower than the best
+    /// setting measured so far (see [`Race`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped_early: bool,
 }
 
 impl TestResult {
@@ -146,6 +177,7 @@ impl TestResult {
             samples_ts,
             samples_ns,
             context_buffers: Vec::new(),
+            stopped_early: false,
         }
     }
 

@@ -179,12 +179,16 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
         let mut samples = Vec::with_capacity(spec.repetitions as usize);
         let measured = measure(&mut ctx, &model, &mut rng, spec, n_prompt, n_gen, &mut samples);
         let run_log = logs::take();
-        if let Err(e) = measured {
-            let log = format!("{ctx_log}{run_log}");
-            let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
-            return fail(result, status, format!("{e}: {}", last_error_line(&log)));
-        }
+        let stopped_early = match measured {
+            Ok(stopped) => stopped,
+            Err(e) => {
+                let log = format!("{ctx_log}{run_log}");
+                let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
+                return fail(result, status, format!("{e}: {}", last_error_line(&log)));
+            }
+        };
         let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples);
+        test.stopped_early = stopped_early;
         test.context_buffers = logs::parse_buffers(&ctx_log);
         result.tests.push(test);
         drop(ctx);
@@ -207,7 +211,7 @@ fn measure(
     n_prompt: u32,
     n_gen: u32,
     samples: &mut Vec<u64>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let vocab = model.vocab();
     let n_vocab = model.n_vocab().max(1);
     let bos = if vocab.should_add_bos() { Some(vocab.bos()) } else { None };
@@ -228,9 +232,16 @@ fn measure(
         if n_gen > 0 {
             test_gen(ctx, rng, n_vocab, bos, n_gen)?;
         }
-        samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        samples.push(ns);
+        #[allow(clippy::cast_precision_loss)]
+        let ts = f64::from(n_prompt + n_gen) * 1e9 / (ns as f64).max(1.0);
+        let below = spec.race.and_then(|r| r.below(n_prompt));
+        if samples.len() == 1 && spec.repetitions > 1 && below.is_some_and(|b| ts < b) {
+            return Ok(true);
+        }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// llama-bench's `test_prompt`: random tokens (BOS first when the vocabulary

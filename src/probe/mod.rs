@@ -211,6 +211,15 @@ impl LlamaDevice {
     pub fn is_offload_target(&self) -> bool {
         self.kind == "gpu" || self.kind == "igpu"
     }
+
+    /// A Vulkan implementation that runs on the CPU (Mesa's llvmpipe and
+    /// lavapipe, Google's SwiftShader): ggml lists it as a GPU, but
+    /// offloading to it cannot beat the CPU backend.
+    #[must_use]
+    pub fn is_software_renderer(&self) -> bool {
+        let d = self.description.to_ascii_lowercase();
+        ["llvmpipe", "lavapipe", "swiftshader"].iter().any(|n| d.contains(n))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

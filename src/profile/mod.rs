@@ -103,8 +103,9 @@ pub struct Settings {
     pub no_skip: bool,
     pub trial_timeout_s: u64,
     pub sample_interval_ms: u64,
-    /// "grid" (every grid value) or "adaptive" (0, the largest setting
-    /// predicted under the cap, one or two interior points, confirmation).
+    /// "adaptive" (the default: 0, the largest setting predicted under the
+    /// cap, interior points where they can change the answer, confirmation)
+    /// or "grid" (every grid value). Profiles from before the field: grid.
     #[serde(default = "default_search")]
     pub search: String,
 }
@@ -123,6 +124,14 @@ pub struct SearchReport {
     pub trial_wall_s: f64,
     /// Settings the full default grid has.
     pub grid_size: usize,
+    /// Trials cut short after one repetition because they were far behind
+    /// the best so far (adaptive search only).
+    #[serde(default)]
+    pub stopped_early: usize,
+    /// Adaptive search: what measuring the full grid would have taken,
+    /// estimated from the measured speeds and per-trial costs.
+    #[serde(default)]
+    pub grid_estimate_s: Option<f64>,
 }
 
 /// How device memory was measured and what the cap is.

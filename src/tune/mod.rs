@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::bench::now_rfc3339;
 use crate::engine::runner::{Interrupted, Runner};
-use crate::engine::{TrialResult, TrialSpec, TrialStatus};
+use crate::engine::{Race, TrialResult, TrialSpec, TrialStatus};
 use crate::model::{human_bytes, ModelInfo};
 use crate::probe::{self, Hardware, LlamaDevice};
 use crate::profile::store;
@@ -140,6 +140,7 @@ fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32, n_cpu_moe: u32) 
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
         n_cpu_moe,
+        race: None,
     }
 }
 
@@ -158,29 +159,54 @@ struct Sweep<'a> {
 
 impl Sweep<'_> {
     fn run(&mut self, role: &str, ngl: u32, threads: u32) -> Result<&ProfileTrial> {
-        self.run_moe(role, ngl, threads, 0)
+        self.run_with(role, ngl, threads, 0, None)
     }
 
     fn run_moe(&mut self, role: &str, ngl: u32, threads: u32, n_cpu_moe: u32) -> Result<&ProfileTrial> {
+        self.run_with(role, ngl, threads, n_cpu_moe, None)
+    }
+
+    /// Racing thresholds from the best pp and tg measured so far.
+    fn race(&self) -> Race {
+        let best = |pp: bool| {
+            self.trials
+                .iter()
+                .filter(|t| t.role != "threads" && t.role != "moe" && t.result.status == TrialStatus::Ok)
+                .filter_map(|t| t.result.test(pp).map(|x| x.avg_ts))
+                .reduce(f64::max)
+                .map(|v| v * RACE_SHARE)
+        };
+        Race { pp_below_ts: best(true), tg_below_ts: best(false) }
+    }
+
+    fn run_with(
+        &mut self,
+        role: &str,
+        ngl: u32,
+        threads: u32,
+        n_cpu_moe: u32,
+        race: Option<Race>,
+    ) -> Result<&ProfileTrial> {
         self.bar.set_message(format!("ngl {ngl}{}", last_tg(&self.trials)));
-        let r =
-            self.runner.run(&spec(self.info, &self.opts.settings, ngl, threads, n_cpu_moe), |_| {}).map_err(|e| {
-                if e.is::<Interrupted>() {
-                    self.bar.abandon();
-                    let kept = if self.trials.is_empty() {
-                        "no trial had finished".to_string()
-                    } else {
-                        format!(
-                            "{} finished trials are kept in {}; run the same command with --resume to continue",
-                            self.trials.len(),
-                            self.checkpoint_path.display()
-                        )
-                    };
-                    e.context(format!("stopped at ngl {ngl}: {kept}"))
+        let mut spec = spec(self.info, &self.opts.settings, ngl, threads, n_cpu_moe);
+        spec.race = race.filter(|r| r.pp_below_ts.is_some() || r.tg_below_ts.is_some());
+        let r = self.runner.run(&spec, |_| {}).map_err(|e| {
+            if e.is::<Interrupted>() {
+                self.bar.abandon();
+                let kept = if self.trials.is_empty() {
+                    "no trial had finished".to_string()
                 } else {
-                    e
-                }
-            })?;
+                    format!(
+                        "{} finished trials are kept in {}; run the same command with --resume to continue",
+                        self.trials.len(),
+                        self.checkpoint_path.display()
+                    )
+                };
+                e.context(format!("stopped at ngl {ngl}: {kept}"))
+            } else {
+                e
+            }
+        })?;
         let (mem, peak) = self.policy.as_ref().map_or((None, None), |p| trial_memory(&r, p));
         #[allow(clippy::cast_precision_loss)]
         let share = peak.zip(self.policy.as_ref().and_then(|p| p.device_total_bytes)).map(|(b, t)| b as f64 / t as f64);
@@ -393,7 +419,11 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     if adaptive && !no_gpu {
         let cap = policy.as_ref().map_or(f64::INFINITY, |p| p.cap_bytes);
         let n_max = largest_predicted_under(&sweep.predicted, cap, info.n_layer_full);
-        adaptive_search(&mut sweep, n_max)?;
+        // Expected faster end first, so the other one can be raced.
+        let top_first = hw.llama_devices.iter().any(|d| d.is_offload_target() && !d.is_software_renderer());
+        if let Some(note) = adaptive_search(&mut sweep, n_max, top_first, full_grid.len().saturating_sub(1))? {
+            notes.push(note);
+        }
     }
 
     let (decision, dense_ngl, rec_threads, rec_moe) = if let Some(policy) = &policy {
@@ -442,11 +472,18 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
 
     let decision_trials: Vec<&ProfileTrial> =
         sweep.trials.iter().filter(|t| t.role != "threads" && t.role != "moe").collect();
-    let search = (!no_gpu).then(|| crate::profile::SearchReport {
-        mode: if adaptive { "adaptive".into() } else { "grid".into() },
-        trials: decision_trials.len(),
-        trial_wall_s: decision_trials.iter().map(|t| t.result.wall_ms).sum::<f64>() / 1e3,
-        grid_size: full_grid.len(),
+    let search = (!no_gpu).then(|| {
+        let runnable: Vec<u32> = full_grid.iter().copied().filter(|n| !predicted_over.contains(n)).collect();
+        crate::profile::SearchReport {
+            mode: if adaptive { "adaptive".into() } else { "grid".into() },
+            trials: decision_trials.len(),
+            trial_wall_s: decision_trials.iter().map(|t| t.result.wall_ms).sum::<f64>() / 1e3,
+            grid_size: full_grid.len(),
+            stopped_early: decision_trials.iter().filter(|t| t.result.tests.iter().any(|x| x.stopped_early)).count(),
+            grid_estimate_s: adaptive
+                .then(|| estimate_grid_s(&sweep.trials, &runnable, s, info.n_layer_full))
+                .flatten(),
+        }
     });
     let trials = sweep.trials;
     if let Some(n) = noise_note(&trials) {
@@ -655,52 +692,160 @@ pub fn largest_predicted_under(predicted: &[crate::engine::predict::Prediction],
     best.min(full)
 }
 
-/// Adaptive search: ngl 0 and the largest setting predicted under the cap,
-/// then one interior point (two when offloading pays, to fit the line); the
-/// decision and its confirmation loop do the rest. `measure` runs a setting
-/// and returns its tg (None when it failed).
+/// A racing trial stops a test after one repetition when it is slower than
+/// this share of the best speed measured so far: a gap no repetition noise
+/// closes (repetitions varying by more than 10% are already called noisy).
+pub const RACE_SHARE: f64 = 0.5;
+
+/// Full offload (or the largest setting under the cap) at least this much
+/// slower than ngl 0 means offloading only hurts: no interior point is needed.
+pub const HURTS_BY: f64 = 0.25;
+
+/// Adaptive search. Measures the two ends first: ngl 0 and the largest
+/// setting predicted under the cap (`n_max`), the one expected to be faster
+/// first (`top_first`) so the other can be raced. Time per token is linear in
+/// the layers offloaded plus a split cost that is never negative, so no
+/// partial setting beats both ends: when the top end is clearly slower than
+/// ngl 0 the search stops there and says why. Otherwise one interior point
+/// (two when offloading pays) fits the line, as long as the search stays
+/// under `max_trials` (one less than the grid); the decision and its
+/// confirmation loop do the rest. `measure` runs a setting and returns its
+/// objective score (None when it failed).
 ///
 /// # Errors
 /// What `measure` returns.
-pub fn adaptive_points(n_max: u32, measure: &mut dyn FnMut(u32) -> Result<Option<f64>>) -> Result<()> {
-    let tg0 = measure(0)?;
+pub fn adaptive_points(
+    n_max: u32,
+    top_first: bool,
+    max_trials: usize,
+    measure: &mut dyn FnMut(u32) -> Result<Option<f64>>,
+) -> Result<Option<String>> {
+    let trials = std::cell::Cell::new(0usize);
+    let mut counted = |n: u32| {
+        trials.set(trials.get() + 1);
+        measure(n)
+    };
+    let measure: &mut dyn FnMut(u32) -> Result<Option<f64>> = &mut counted;
     if n_max == 0 {
-        return Ok(());
+        measure(0)?;
+        return Ok(None);
     }
     let mut top = n_max;
-    let mut tg_top = measure(top)?;
-    // Out of memory despite the prediction: step down.
-    for _ in 0..3 {
-        if tg_top.is_some() || top < 2 {
-            break;
+    let mut step_down = |measure: &mut dyn FnMut(u32) -> Result<Option<f64>>| -> Result<(u32, Option<f64>)> {
+        let mut score = measure(top)?;
+        // Out of memory despite the prediction: step down.
+        for _ in 0..3 {
+            if score.is_some() || top < 2 {
+                break;
+            }
+            top = top * 3 / 4;
+            score = measure(top)?;
         }
-        top = top * 3 / 4;
-        tg_top = measure(top)?;
+        Ok((top, score))
+    };
+    let (zero, (top, at_top)) = if top_first {
+        let t = step_down(measure)?;
+        (measure(0)?, t)
+    } else {
+        let z = measure(0)?;
+        (z, step_down(measure)?)
+    };
+    if let (Some(z), Some(t)) = (zero, at_top) {
+        if t < z * (1.0 - HURTS_BY) {
+            return Ok(Some(format!(
+                "adaptive search stopped after the two ends: ngl {top} is {:.0}% slower than ngl 0, and time per token grows linearly with the layers offloaded, so no setting between them can beat ngl 0",
+                (1.0 - t / z) * 100.0
+            )));
+        }
     }
-    if top >= 2 {
-        let tg_mid = measure(top / 2)?;
-        let pays = matches!((tg0, tg_top), (Some(a), Some(b)) if b > a);
-        if pays && top >= 4 && tg_mid.is_some() {
+    // Interior points refine the line and find the knee; never as many
+    // trials as the grid itself.
+    let mut budget = max_trials.saturating_sub(trials.get());
+    if top >= 2 && budget > 0 {
+        let mid = measure(top / 2)?;
+        budget -= 1;
+        let pays = matches!((zero, at_top), (Some(a), Some(b)) if b > a);
+        if pays && top >= 4 && mid.is_some() && budget > 0 {
             measure(top * 3 / 4)?;
         }
     }
-    Ok(())
+    Ok(None)
 }
 
-fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32) -> Result<()> {
+fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32, top_first: bool, max_trials: usize) -> Result<Option<String>> {
     let t = sweep.opts.settings.n_threads;
-    adaptive_points(n_max, &mut |ngl| {
+    adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
         if !sweep.trials.iter().any(|x| x.result.spec.n_gpu_layers == ngl && x.role != "threads") {
             sweep.bar.inc_length(1);
-            sweep.run("grid", ngl, t)?;
+            let race = sweep.race();
+            sweep.run_with("grid", ngl, t, 0, Some(race))?;
         }
+        let s = &sweep.opts.settings;
         Ok(sweep
             .trials
             .iter()
             .find(|x| x.result.spec.n_gpu_layers == ngl && x.result.status == TrialStatus::Ok)
-            .and_then(|x| x.result.test(false))
-            .map(|x| x.avg_ts))
+            .and_then(|x| trial_score(x, s)))
     })
+}
+
+/// What the full grid would have cost, from what was measured: a grid
+/// setting measured in full counts its own wall time; any other is the
+/// trials' mean fixed cost (start, load) plus its warm-up and repetitions
+/// at the speeds the curves give there. `None` without two measured points.
+#[must_use]
+pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full: u32) -> Option<f64> {
+    let ok: Vec<&ProfileTrial> = trials
+        .iter()
+        .filter(|t| t.role != "threads" && t.role != "moe" && t.result.status == TrialStatus::Ok)
+        .collect();
+    let curve = |pp: bool| {
+        let pts = ok
+            .iter()
+            .filter_map(|t| {
+                t.result.test(pp).filter(|x| x.avg_ts > 0.0).map(|x| (t.result.spec.n_gpu_layers, x.avg_ts))
+            })
+            .map(|(n, ts)| (n.min(full), 1.0 / ts))
+            .collect();
+        fit::Curve::new(pts, full)
+    };
+    let (pp_time, tg_time) = (curve(true), curve(false));
+    // Seconds of measuring for `reps` repetitions (warm-up included) at `ngl`.
+    let measuring = |ngl: u32, pp_reps: f64, tg_reps: f64| -> Option<f64> {
+        let mut secs = 0.0;
+        if s.n_prompt > 0 {
+            secs += (pp_reps + 1.0) * f64::from(s.n_prompt) * pp_time.predict(ngl)?;
+        }
+        if s.n_gen > 0 {
+            secs += (tg_reps * f64::from(s.n_gen) + 1.0) * tg_time.predict(ngl)?;
+        }
+        Some(secs)
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let reps_run = |t: &ProfileTrial, pp: bool| t.result.test(pp).map_or(0.0, |x| x.samples_ns.len() as f64);
+    let fixed: Vec<f64> = ok
+        .iter()
+        .filter_map(|t| {
+            let n = t.result.spec.n_gpu_layers.min(full);
+            Some(t.result.wall_ms / 1e3 - measuring(n, reps_run(t, true), reps_run(t, false))?)
+        })
+        .collect();
+    if ok.len() < 2 || fixed.is_empty() {
+        return None;
+    }
+    let fixed = crate::stats::mean(&fixed).max(0.0);
+    let reps = f64::from(s.repetitions);
+    grid.iter()
+        .map(|&n| {
+            let whole = ok
+                .iter()
+                .find(|t| t.result.spec.n_gpu_layers.min(full) == n && t.result.tests.iter().all(|x| !x.stopped_early));
+            match whole {
+                Some(t) => Some(t.result.wall_ms / 1e3),
+                None => Some(fixed + measuring(n, reps, reps)?),
+            }
+        })
+        .sum()
 }
 
 /// A measured trial's value for the tuning objective (higher is better).
@@ -969,7 +1114,7 @@ mod tests {
         (tg, (0.5 + 0.1 * x) * 1024.0 * 1024.0 * 1024.0)
     }
 
-    fn decide_on(ngls: &[u32], cap: f64, world: fn(u32) -> (f64, f64)) -> u32 {
+    fn decide_on(ngls: &[u32], cap: f64, full: u32, world: fn(u32) -> (f64, f64)) -> u32 {
         use choose::{decide, Inputs, Objective, Point};
         let mut measured: Vec<u32> = ngls.to_vec();
         loop {
@@ -982,7 +1127,7 @@ mod tests {
                 .collect();
             let d = decide(&Inputs {
                 points,
-                full: 35,
+                full,
                 cap,
                 objective: Objective::Tg,
                 n_prompt: 512,
@@ -1000,30 +1145,161 @@ mod tests {
     fn adaptive_reaches_the_grids_answer_on_gpu_shaped_curves_with_fewer_trials() {
         const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
         let grid = plan::default_grid(35, 10);
-        for cap in [80.0 * GIB, 3.75 * GIB, 3.05 * GIB, 2.0 * GIB] {
-            let n_max = ((cap / GIB - 0.5) / 0.1).floor().clamp(0.0, 35.0) as u32;
-            let mut seen = Vec::new();
-            adaptive_points(n_max, &mut |n| {
-                seen.push(n);
-                Ok(Some(readme_world(n).0))
-            })
-            .unwrap();
-            let by_grid = decide_on(&grid, cap, readme_world);
-            let by_adaptive = decide_on(&seen, cap, readme_world);
-            assert_eq!(by_adaptive, by_grid, "cap {} GiB: adaptive measured {seen:?}", cap / GIB);
-            assert!(seen.len() <= grid.len(), "{seen:?}");
+        for top_first in [true, false] {
+            for cap in [80.0 * GIB, 3.75 * GIB, 3.05 * GIB, 2.0 * GIB] {
+                let n_max = ((cap / GIB - 0.5) / 0.1).floor().clamp(0.0, 35.0) as u32;
+                let mut seen = Vec::new();
+                let note = adaptive_points(n_max, top_first, grid.len() - 1, &mut |n| {
+                    seen.push(n);
+                    Ok(Some(readme_world(n).0))
+                })
+                .unwrap();
+                assert_eq!(note, None, "offloading pays on this curve: interior points are measured");
+                let by_grid = decide_on(&grid, cap, 35, readme_world);
+                let by_adaptive = decide_on(&seen, cap, 35, readme_world);
+                assert_eq!(by_adaptive, by_grid, "cap {} GiB: adaptive measured {seen:?}", cap / GIB);
+                assert!(seen.len() < grid.len(), "{seen:?}");
+                assert_eq!(seen[0], if top_first { n_max } else { 0 }, "{seen:?}");
+            }
+        }
+    }
+
+    /// A CPU-like offload device (llvmpipe): every layer moved costs time.
+    fn hurting_world(ngl: u32) -> (f64, f64) {
+        (800.0 / (1.0 + f64::from(ngl)), 1e6 * f64::from(ngl))
+    }
+
+    #[test]
+    fn adaptive_stops_after_the_ends_when_offloading_only_hurts() {
+        let mut seen = Vec::new();
+        let note = adaptive_points(41, false, 5, &mut |n| {
+            seen.push(n);
+            Ok(Some(hurting_world(n).0))
+        })
+        .unwrap();
+        assert_eq!(seen, [0, 41], "the two ends decide it");
+        let note = note.expect("the skipped interior is explained");
+        assert!(note.contains("ngl 41 is 98% slower than ngl 0"), "{note}");
+        let grid = plan::default_grid(41, 10);
+        assert_eq!(decide_on(&seen, 1e12, 41, hurting_world), 0);
+        assert_eq!(decide_on(&grid, 1e12, 41, hurting_world), 0, "the grid agrees");
+    }
+
+    #[test]
+    fn adaptive_measures_the_interior_when_the_ends_are_close() {
+        // Full offload 10% slower than ngl 0: within what noise and a
+        // curved line could explain, so the interior is measured.
+        let mut seen = Vec::new();
+        let note = adaptive_points(19, true, 5, &mut |n| {
+            seen.push(n);
+            Ok(Some(if n == 19 { 90.0 } else { 100.0 - f64::from(n) }))
+        })
+        .unwrap();
+        assert_eq!(note, None);
+        assert_eq!(seen, [19, 0, 9]);
+    }
+
+    #[test]
+    fn adaptive_steps_down_from_an_out_of_memory_top() {
+        let mut seen = Vec::new();
+        adaptive_points(40, true, 9, &mut |n| {
+            seen.push(n);
+            Ok((n <= 22).then(|| 10.0 + f64::from(n)))
+        })
+        .unwrap();
+        assert_eq!(seen, [40, 30, 22, 0, 11, 16], "40 and 30 fail, 22 runs; then 0 and two interior points");
+    }
+
+    /// gemma-3-270m on a real GPU, roughly: 19 settings, full offload 4x ngl 0.
+    fn small_gpu_world(ngl: u32) -> (f64, f64) {
+        let t = |n: f64| 1.0 / 100.0 + (1.0 / 400.0 - 1.0 / 100.0) * n / 19.0;
+        (1.0 / t(f64::from(ngl)), 300e6 + 10e6 * f64::from(ngl))
+    }
+
+    #[test]
+    fn adaptive_never_runs_as_many_trials_as_a_small_grid() {
+        let grid = plan::default_grid(19, 10);
+        let mut seen = Vec::new();
+        let note = adaptive_points(19, true, grid.len() - 1, &mut |n| {
+            seen.push(n);
+            Ok(Some(small_gpu_world(n).0))
+        })
+        .unwrap();
+        assert_eq!(note, None);
+        assert_eq!(seen, [19, 0], "the grid has 3 settings: the two ends only");
+        assert_eq!(decide_on(&seen, 1e12, 19, small_gpu_world), 19);
+        assert_eq!(decide_on(&grid, 1e12, 19, small_gpu_world), 19);
+    }
+
+    fn timed_trial(ngl: u32, pp_ts: f64, tg_ts: f64, reps: usize, wall_s: f64) -> ProfileTrial {
+        use crate::engine::{TestResult, TrialResult};
+        let mut spec = spec_for_tests();
+        spec.n_gpu_layers = ngl;
+        let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
+        r.reason = None;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ns = |tokens: f64, ts: f64| vec![(tokens / ts * 1e9) as u64; reps];
+        r.tests.push(TestResult::from_samples(64, 0, 256, ns(64.0, pp_ts)));
+        r.tests.push(TestResult::from_samples(0, 16, 256, ns(16.0, tg_ts)));
+        for t in &mut r.tests {
+            t.stopped_early = reps == 1;
+        }
+        r.wall_ms = wall_s * 1e3;
+        ProfileTrial {
+            role: "grid".into(),
+            mem_bytes: None,
+            device_peak_bytes: None,
+            device_share: None,
+            over_cap: false,
+            predicted_bytes: None,
+            prediction_error_pct: None,
+            sampled_minus_predicted_bytes: None,
+            result: r,
+        }
+    }
+
+    fn spec_for_tests() -> TrialSpec {
+        TrialSpec {
+            model: "m.gguf".into(),
+            n_gpu_layers: 0,
+            n_prompt: 64,
+            n_gen: 16,
+            n_batch: 2048,
+            n_ubatch: 512,
+            n_threads: 2,
+            n_ctx: Some(256),
+            repetitions: 3,
+            warmup: true,
+            flash_attn: -1,
+            seed: 1,
+            sample_interval_ms: 20,
+            n_cpu_moe: 0,
+            race: None,
         }
     }
 
     #[test]
-    fn adaptive_stops_early_when_offloading_only_hurts() {
-        let mut seen = Vec::new();
-        adaptive_points(41, &mut |n| {
-            seen.push(n);
-            Ok(Some(if n == 0 { 800.0 } else { 800.0 / (1.0 + f64::from(n)) }))
-        })
+    fn the_full_grids_time_is_estimated_from_what_was_measured() {
+        let settings: Settings = serde_json::from_value(serde_json::json!({
+            "target_vram": 0.9, "vram_budget_bytes": null, "n_ctx": 256, "n_prompt": 64, "n_gen": 16,
+            "repetitions": 3, "n_threads": 2, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1,
+            "objective": "tg", "grid": null, "quick": false, "no_skip": false, "trial_timeout_s": 600,
+            "sample_interval_ms": 20
+        }))
         .unwrap();
-        assert_eq!(seen, [0, 41, 20], "0, the top, one interior point");
+        // Fixed cost 1 s. ngl 0: pp 64 t/s (1 s a run), tg 16 t/s (1 s a run):
+        // 1 + (3+1)*1 + (3*16+1)/16 = 8.0625 s. ngl 20 cut short after one
+        // repetition: pp 16 t/s (4 s), tg 4 t/s (4 s): 1 + 2*4 + 17/4 = 13.25 s.
+        let zero = timed_trial(0, 64.0, 16.0, 3, 8.0625);
+        let top = timed_trial(20, 16.0, 4.0, 1, 13.25);
+        let trials = [zero, top];
+        // ngl 10 halfway in time per token: pp 1/(1/2 * (1/64 + 1/16)) = 25.6 t/s.
+        let at10 = 1.0 + 4.0 * 64.0 / 25.6 + 49.0 / 6.4;
+        let at20 = 1.0 + 4.0 * 4.0 + 49.0 / 4.0;
+        let est = estimate_grid_s(&trials, &[0, 10, 20], &settings, 20).unwrap();
+        let want = 8.0625 + at10 + at20;
+        assert!((est - want).abs() < 1e-6, "estimated {est}, want {want}");
+        assert_eq!(estimate_grid_s(&trials[..1], &[0, 10, 20], &settings, 20), None, "one point says nothing");
     }
 
     #[test]
@@ -1044,6 +1320,7 @@ mod tests {
             seed: 1,
             sample_interval_ms: 20,
             n_cpu_moe: 0,
+            race: None,
         };
         let trial = |samples_ns: Vec<u64>| {
             let mut r = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
