@@ -8,8 +8,13 @@ use crate::engine::TrialStatus;
 use crate::model::human_bytes;
 use crate::profile::Profile;
 
-fn ts(mean_sd: Option<(f64, f64)>) -> String {
-    mean_sd.map_or("-".to_string(), |(m, s)| format!("{m:.2} ± {s:.2}"))
+fn ts(test: Option<&crate::engine::TestResult>) -> String {
+    match test {
+        None => "-".to_string(),
+        // One sample has no spread to show.
+        Some(x) if x.samples_ns.len() < 2 => format!("{:.2}", x.avg_ts),
+        Some(x) => format!("{:.2} ± {:.2}", x.avg_ts, x.stddev_ts),
+    }
 }
 
 /// The trial table: ngl, pp and tg t/s ± sd, peak device memory and share, status.
@@ -23,8 +28,7 @@ pub fn trial_table(p: &Profile) -> String {
     rows.sort_by_key(|t| (t.result.spec.n_gpu_layers, t.result.spec.n_threads));
     for t in rows {
         let r = &t.result;
-        let pp = r.test(true).map(|x| (x.avg_ts, x.stddev_ts));
-        let tg = r.test(false).map(|x| (x.avg_ts, x.stddev_ts));
+        let (pp, tg) = (r.test(true), r.test(false));
         let mem = match (t.device_peak_bytes, t.device_share) {
             (Some(b), Some(sh)) if r.status == TrialStatus::Ok || b > 0 => {
                 format!("{} ({:.1}%)", human_bytes(b), sh * 100.0)
@@ -38,6 +42,9 @@ pub fn trial_table(p: &Profile) -> String {
         }
         if t.role == "confirm" {
             status.push_str(" (confirmation)");
+        }
+        if r.tests.iter().any(|x| x.stopped_early) {
+            status.push_str(", cut short: far behind the best");
         }
         if t.role == "moe" {
             status.push_str(&format!(" (--n-cpu-moe {})", r.spec.n_cpu_moe));
@@ -96,6 +103,24 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
             let _ =
                 writeln!(s, "not run: ngl {} (llama.cpp's dry run predicts more memory than the cap)", v.join(", "));
         }
+        let gaps: Vec<(u32, i64)> = p
+            .trials
+            .iter()
+            .filter_map(|t| t.sampled_minus_predicted_bytes.map(|g| (t.result.spec.n_gpu_layers, g)))
+            .collect();
+        if let (Some(lo), Some(hi)) = (gaps.iter().min_by_key(|g| g.1), gaps.iter().max_by_key(|g| g.1)) {
+            let signed = |b: i64| format!("{}{}", if b < 0 { "-" } else { "+" }, human_bytes(b.unsigned_abs()));
+            let range = if lo == hi {
+                format!("{} at ngl {}", signed(lo.1), lo.0)
+            } else {
+                format!("{} (ngl {}) to {} (ngl {})", signed(lo.1), lo.0, signed(hi.1), hi.0)
+            };
+            let _ = writeln!(
+                s,
+                "sampled {} memory minus llama.cpp's prediction: {range} (what llama.cpp does not count: driver context, allocator slack)",
+                p.memory.source
+            );
+        }
         if let Some(e) = pr.max_error_pct {
             let _ = writeln!(
                 s,
@@ -143,4 +168,51 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     let _ = writeln!(s, "llama.cpp:  {}", rec.llama_cpp_args);
     let _ = writeln!(s, "profile:    {}", path.display());
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example() -> Profile {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-vulkan-llvmpipe.json");
+        crate::profile::store::read_profile(&p).expect("the example profile reads")
+    }
+
+    #[test]
+    fn the_sampled_gap_to_the_prediction_is_shown_where_it_was_measured() {
+        let mut p = example();
+        let out = tune_report(&p, Path::new("x.json"));
+        assert!(!out.contains("minus llama.cpp's prediction"), "accounted memory has no gap: {out}");
+        p.memory.source = "nvml".into();
+        let gaps = [300i64 << 20, 512 << 20, 420 << 20];
+        for (t, g) in p.trials.iter_mut().zip(gaps) {
+            t.sampled_minus_predicted_bytes = Some(g);
+        }
+        let out = tune_report(&p, Path::new("x.json"));
+        let line = out.lines().find(|l| l.contains("minus llama.cpp's prediction")).expect(&out);
+        assert!(
+            line.starts_with(
+                "sampled nvml memory minus llama.cpp's prediction: +300.00 MiB (ngl 0) to +512.00 MiB (ngl 10)"
+            ),
+            "{line}"
+        );
+        assert!(line.ends_with("(what llama.cpp does not count: driver context, allocator slack)"), "{line}");
+    }
+
+    #[test]
+    fn a_trial_cut_short_shows_one_sample_and_says_so() {
+        let mut p = example();
+        let t = &mut p.trials[1].result;
+        for x in &mut t.tests {
+            x.samples_ns.truncate(1);
+            x.samples_ts.truncate(1);
+            x.stopped_early = true;
+        }
+        let n = t.spec.n_gpu_layers;
+        let table = trial_table(&p);
+        let row = table.lines().find(|l| l.starts_with(&format!("| {n} |"))).expect(&table);
+        assert!(row.contains("cut short: far behind the best"), "{row}");
+        assert!(!row.contains('±'), "one sample has no spread: {row}");
+    }
 }

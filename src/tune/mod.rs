@@ -112,6 +112,30 @@ pub fn trial_memory(r: &TrialResult, policy: &MemoryPolicy) -> (Option<f64>, Opt
     }
 }
 
+/// How a dry-run prediction held up in a finished trial: its error in
+/// percent against llama.cpp's accounted memory, and, where a sampler is
+/// trustworthy (NVML, or a llama.cpp device that reports its budget), the
+/// sampled memory the trial cost minus the prediction: what llama.cpp does
+/// not count (driver context, allocator slack).
+#[must_use]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+pub fn prediction_check(
+    predicted: Option<u64>,
+    r: &TrialResult,
+    policy: Option<&MemoryPolicy>,
+    mem: Option<f64>,
+) -> (Option<f64>, Option<i64>) {
+    match predicted {
+        Some(pb) if r.status == TrialStatus::Ok => {
+            let acc = r.accounted_device_bytes();
+            let err = (acc > 0).then(|| (pb as f64 - acc as f64) / acc as f64 * 100.0);
+            let sampled = policy.filter(|p| p.source != "accounted").and(mem).map(|m| m as i64 - pb as i64);
+            (err, sampled)
+        }
+        _ => (None, None),
+    }
+}
+
 fn point(t: &ProfileTrial) -> Point {
     let r = &t.result;
     Point {
@@ -216,17 +240,8 @@ impl Sweep<'_> {
             .iter()
             .find(|p| p.n_gpu_layers == ngl && p.error.is_none() && n_cpu_moe == 0)
             .map(|p| p.device_bytes);
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
-        let (prediction_error_pct, sampled_minus_predicted_bytes) = match predicted {
-            Some(pb) if r.status == TrialStatus::Ok => {
-                let acc = r.accounted_device_bytes();
-                let err = (acc > 0).then(|| (pb as f64 - acc as f64) / acc as f64 * 100.0);
-                let sampled =
-                    self.policy.as_ref().filter(|p| p.source != "accounted").and(mem).map(|m| m as i64 - pb as i64);
-                (err, sampled)
-            }
-            _ => (None, None),
-        };
+        let (prediction_error_pct, sampled_minus_predicted_bytes) =
+            prediction_check(predicted, &r, self.policy.as_ref(), mem);
         self.trials.push(ProfileTrial {
             role: role.to_string(),
             mem_bytes: mem,
@@ -1300,6 +1315,32 @@ mod tests {
         let want = 8.0625 + at10 + at20;
         assert!((est - want).abs() < 1e-6, "estimated {est}, want {want}");
         assert_eq!(estimate_grid_s(&trials[..1], &[0, 10, 20], &settings, 20), None, "one point says nothing");
+    }
+
+    #[test]
+    fn the_gap_to_the_sampled_peak_is_reported_only_where_a_sampler_is_trusted() {
+        use crate::engine::logs::BufferLine;
+        let mut r = crate::engine::TrialResult::failed(spec_for_tests(), TrialStatus::Ok, String::new());
+        r.reason = None;
+        r.model_buffers.push(BufferLine { buffer_type: "CUDA0".into(), kind: "model".into(), bytes: 1000 << 20 });
+        let policy = |source: &str| MemoryPolicy {
+            source: source.into(),
+            device: "nvml0 (NVIDIA H200)".into(),
+            device_total_bytes: Some(140 << 30),
+            baseline_bytes: 0,
+            cap_bytes: 100e9,
+            cap_reason: String::new(),
+        };
+        // NVML saw 1.5 GiB for this trial; llama.cpp predicted and accounted 1000 MiB.
+        let sampled = Some(1536.0 * 1024.0 * 1024.0);
+        let (err, gap) = prediction_check(Some(1000 << 20), &r, Some(&policy("nvml")), sampled);
+        assert_eq!(err, Some(0.0));
+        assert_eq!(gap, Some(536 << 20), "the CUDA context and what else llama.cpp does not count");
+        let (err, gap) = prediction_check(Some(1010 << 20), &r, Some(&policy("accounted")), sampled);
+        assert!((err.unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(gap, None, "accounted memory is no sample");
+        r.status = TrialStatus::Oom;
+        assert_eq!(prediction_check(Some(1000 << 20), &r, Some(&policy("nvml")), sampled), (None, None));
     }
 
     #[test]
