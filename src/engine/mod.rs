@@ -66,6 +66,10 @@ pub struct Race {
     pub pp_below_ts: Option<f64>,
     /// t/s below which the tg test stops after one repetition.
     pub tg_below_ts: Option<f64>,
+    /// The raced test is the whole objective: it runs first, and once it
+    /// falls behind the trial's other tests are not run at all.
+    #[serde(default)]
+    pub skip_rest: bool,
 }
 
 impl Race {
@@ -93,7 +97,9 @@ fn default_interval() -> u64 {
 
 impl TrialSpec {
     /// The tests this trial runs, as llama-bench splits them: a pp test
-    /// (n_prompt, 0) and a tg test (0, n_gen), each skipped when zero.
+    /// (n_prompt, 0) and a tg test (0, n_gen), each skipped when zero; a
+    /// raced test first (each test has its own context, so the order does
+    /// not change what is measured).
     #[must_use]
     pub fn tests(&self) -> Vec<(u32, u32)> {
         let mut t = Vec::new();
@@ -102,6 +108,9 @@ impl TrialSpec {
         }
         if self.n_gen > 0 {
             t.push((0, self.n_gen));
+        }
+        if let Some(r) = self.race {
+            t.sort_by_key(|(p, _)| r.below(*p).is_none());
         }
         t
     }
@@ -284,5 +293,38 @@ impl TrialResult {
             sampled: Vec::new(),
             devices: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raced_test_runs_first() {
+        let mut spec = TrialSpec {
+            model: "m.gguf".into(),
+            n_gpu_layers: 19,
+            n_prompt: 128,
+            n_gen: 32,
+            n_batch: 2048,
+            n_ubatch: 512,
+            n_threads: 2,
+            n_ctx: Some(4096),
+            repetitions: 2,
+            warmup: true,
+            flash_attn: -1,
+            seed: 1,
+            sample_interval_ms: 20,
+            n_cpu_moe: 0,
+            race: None,
+        };
+        assert_eq!(spec.tests(), [(128, 0), (0, 32)], "llama-bench's order");
+        spec.race = Some(Race { pp_below_ts: None, tg_below_ts: Some(20.0), skip_rest: true });
+        assert_eq!(spec.tests(), [(0, 32), (128, 0)]);
+        spec.race = Some(Race { pp_below_ts: Some(50.0), tg_below_ts: Some(20.0), skip_rest: false });
+        assert_eq!(spec.tests(), [(128, 0), (0, 32)]);
+        let back: TrialSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec, "the worker gets the race on its stdin");
     }
 }

@@ -159,6 +159,10 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     for (n_prompt, n_gen) in spec.tests() {
+        if result.tests.iter().any(|t| t.stopped_early) && spec.race.is_some_and(|r| r.skip_rest) {
+            // Far behind on the objective: the other tests cannot change the decision.
+            break;
+        }
         let n_ctx = spec.n_ctx.unwrap_or(n_prompt + n_gen).max(1);
         let cparams = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(n_ctx))

@@ -23,7 +23,7 @@ use crate::profile::{
     Checkpoint, FitCheck, MemoryPolicy, ModelIdentity, Profile, ProfileTrial, Recommendation, Settings, Tool,
     SCHEMA_VERSION,
 };
-use choose::{decide, Decision, Inputs, Point};
+use choose::{decide, Decision, Inputs, Objective, Point};
 
 /// Most confirmation trials before the tuner settles for what it measured.
 const MAX_CONFIRMATIONS: usize = 5;
@@ -190,7 +190,9 @@ impl Sweep<'_> {
         self.run_with(role, ngl, threads, n_cpu_moe, None)
     }
 
-    /// Racing thresholds from the best pp and tg measured so far.
+    /// Racing thresholds from the best speeds measured so far: the
+    /// objective's test alone decides (tg or pp), or each test for itself
+    /// when the objective mixes both.
     fn race(&self) -> Race {
         let best = |pp: bool| {
             self.trials
@@ -200,7 +202,11 @@ impl Sweep<'_> {
                 .reduce(f64::max)
                 .map(|v| v * RACE_SHARE)
         };
-        Race { pp_below_ts: best(true), tg_below_ts: best(false) }
+        match self.opts.settings.objective {
+            Objective::Tg => Race { pp_below_ts: None, tg_below_ts: best(false), skip_rest: true },
+            Objective::Pp => Race { pp_below_ts: best(true), tg_below_ts: None, skip_rest: true },
+            Objective::Mixed => Race { pp_below_ts: best(true), tg_below_ts: best(false), skip_rest: false },
+        }
     }
 
     fn run_with(
@@ -806,8 +812,10 @@ fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32, top_first: bool, max_trial
 
 /// What the full grid would have cost, from what was measured: a grid
 /// setting measured in full counts its own wall time; any other is the
-/// trials' mean fixed cost (start, load) plus its warm-up and repetitions
-/// at the speeds the curves give there. `None` without two measured points.
+/// trials' mean fixed cost (start, load) plus its warm-ups and repetitions
+/// at the speeds the curves give there (the nearest measured speed where a
+/// curve cannot say, as for the pp of settings whose pp was never run).
+/// `None` without two measured points.
 #[must_use]
 pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full: u32) -> Option<f64> {
     let ok: Vec<&ProfileTrial> = trials
@@ -825,19 +833,22 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
         fit::Curve::new(pts, full)
     };
     let (pp_time, tg_time) = (curve(true), curve(false));
-    // Seconds of measuring for `reps` repetitions (warm-up included) at `ngl`.
-    let measuring = |ngl: u32, pp_reps: f64, tg_reps: f64| -> Option<f64> {
+    let per_token = |c: &fit::Curve, n: u32| {
+        c.predict(n).or_else(|| c.measured.iter().min_by_key(|(m, _)| m.abs_diff(n)).map(|p| p.1))
+    };
+    // Seconds of measuring at `ngl`: each test run (`Some(repetitions)`) with its warm-up.
+    let measuring = |ngl: u32, pp_reps: Option<f64>, tg_reps: Option<f64>| -> Option<f64> {
         let mut secs = 0.0;
-        if s.n_prompt > 0 {
-            secs += (pp_reps + 1.0) * f64::from(s.n_prompt) * pp_time.predict(ngl)?;
+        if let Some(r) = pp_reps {
+            secs += (r + 1.0) * f64::from(s.n_prompt) * per_token(&pp_time, ngl)?;
         }
-        if s.n_gen > 0 {
-            secs += (tg_reps * f64::from(s.n_gen) + 1.0) * tg_time.predict(ngl)?;
+        if let Some(r) = tg_reps {
+            secs += (r * f64::from(s.n_gen) + 1.0) * per_token(&tg_time, ngl)?;
         }
         Some(secs)
     };
     #[allow(clippy::cast_precision_loss)]
-    let reps_run = |t: &ProfileTrial, pp: bool| t.result.test(pp).map_or(0.0, |x| x.samples_ns.len() as f64);
+    let reps_run = |t: &ProfileTrial, pp: bool| t.result.test(pp).map(|x| x.samples_ns.len() as f64);
     let fixed: Vec<f64> = ok
         .iter()
         .filter_map(|t| {
@@ -850,14 +861,17 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
     }
     let fixed = crate::stats::mean(&fixed).max(0.0);
     let reps = f64::from(s.repetitions);
+    let (pp_reps, tg_reps) = ((s.n_prompt > 0).then_some(reps), (s.n_gen > 0).then_some(reps));
     grid.iter()
         .map(|&n| {
-            let whole = ok
-                .iter()
-                .find(|t| t.result.spec.n_gpu_layers.min(full) == n && t.result.tests.iter().all(|x| !x.stopped_early));
+            let whole = ok.iter().find(|t| {
+                t.result.spec.n_gpu_layers.min(full) == n
+                    && t.result.tests.iter().all(|x| !x.stopped_early)
+                    && t.result.tests.len() == t.result.spec.tests().len()
+            });
             match whole {
                 Some(t) => Some(t.result.wall_ms / 1e3),
-                None => Some(fixed + measuring(n, reps, reps)?),
+                None => Some(fixed + measuring(n, pp_reps, tg_reps)?),
             }
         })
         .sum()
@@ -1260,6 +1274,10 @@ mod tests {
             t.stopped_early = reps == 1;
         }
         r.wall_ms = wall_s * 1e3;
+        grid_trial(r)
+    }
+
+    fn grid_trial(r: crate::engine::TrialResult) -> ProfileTrial {
         ProfileTrial {
             role: "grid".into(),
             mem_bytes: None,
@@ -1315,6 +1333,13 @@ mod tests {
         let want = 8.0625 + at10 + at20;
         assert!((est - want).abs() < 1e-6, "estimated {est}, want {want}");
         assert_eq!(estimate_grid_s(&trials[..1], &[0, 10, 20], &settings, 20), None, "one point says nothing");
+        // Raced on tg alone, the top's pp never ran: the nearest measured pp (ngl 0) stands in.
+        let mut tg_only = timed_trial(20, 16.0, 4.0, 1, 1.0 + 17.0 / 4.0);
+        tg_only.result.tests.retain(|x| x.n_gen > 0);
+        let trials = [trials[0].clone(), tg_only];
+        let est = estimate_grid_s(&trials, &[0, 10, 20], &settings, 20).unwrap();
+        let want = 8.0625 + (1.0 + 4.0 + 49.0 / 6.4) + (1.0 + 4.0 + 49.0 / 4.0);
+        assert!((est - want).abs() < 1e-6, "estimated {est}, want {want}");
     }
 
     #[test]
@@ -1345,39 +1370,12 @@ mod tests {
 
     #[test]
     fn noisy_repetitions_are_said_in_words() {
-        use crate::engine::{TestResult, TrialResult, TrialSpec, TrialStatus};
-        let spec = TrialSpec {
-            model: "m.gguf".into(),
-            n_gpu_layers: 0,
-            n_prompt: 0,
-            n_gen: 32,
-            n_batch: 2048,
-            n_ubatch: 512,
-            n_threads: 2,
-            n_ctx: Some(4096),
-            repetitions: 3,
-            warmup: true,
-            flash_attn: -1,
-            seed: 1,
-            sample_interval_ms: 20,
-            n_cpu_moe: 0,
-            race: None,
-        };
+        use crate::engine::{TestResult, TrialResult};
         let trial = |samples_ns: Vec<u64>| {
-            let mut r = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
+            let mut r = TrialResult::failed(spec_for_tests(), TrialStatus::Ok, String::new());
             r.reason = None;
             r.tests.push(TestResult::from_samples(0, 32, 4096, samples_ns));
-            ProfileTrial {
-                role: "grid".into(),
-                mem_bytes: None,
-                device_peak_bytes: None,
-                device_share: None,
-                over_cap: false,
-                predicted_bytes: None,
-                prediction_error_pct: None,
-                sampled_minus_predicted_bytes: None,
-                result: r,
-            }
+            grid_trial(r)
         };
         let steady = trial(vec![1_000_000_000, 1_010_000_000, 995_000_000]);
         assert_eq!(noise_note(std::slice::from_ref(&steady)), None);
