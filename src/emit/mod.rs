@@ -101,6 +101,8 @@ struct TableRow {
     share: Option<f64>,
     status: String,
     role: String,
+    /// One repetition only: far behind the best (adaptive search's racing).
+    stopped_early: bool,
 }
 
 fn table_rows(p: &Profile) -> Vec<TableRow> {
@@ -125,6 +127,7 @@ fn table_rows(p: &Profile) -> Vec<TableRow> {
             share: t.device_share,
             status: status.clone(),
             role: t.role.clone(),
+            stopped_early: false,
         };
         if r.tests.is_empty() || r.status != TrialStatus::Ok {
             for (np, ng) in r.spec.tests() {
@@ -132,7 +135,9 @@ fn table_rows(p: &Profile) -> Vec<TableRow> {
             }
         } else {
             for x in &r.tests {
-                rows.push(base(x.n_prompt, x.n_gen, Some(x.avg_ts), Some(x.stddev_ts)));
+                let mut row = base(x.n_prompt, x.n_gen, Some(x.avg_ts), Some(x.stddev_ts));
+                row.stopped_early = x.stopped_early;
+                rows.push(row);
             }
         }
     }
@@ -155,6 +160,7 @@ fn markdown(p: &Profile) -> String {
     let _ = writeln!(s, "| ----- | -----------: | --------: | ---- | --: | ------------: | ------ |");
     for r in table_rows(p) {
         let ts = match (r.avg_ts, r.stddev_ts) {
+            (Some(a), _) if r.stopped_early => format!("{a:.2}"),
             (Some(a), Some(sd)) => format!("{a:.2} ± {sd:.2}"),
             _ => "-".into(),
         };
@@ -163,11 +169,14 @@ fn markdown(p: &Profile) -> String {
             (Some(b), None) => crate::model::human_bytes(b),
             _ => "-".into(),
         };
-        let status = match r.role.as_str() {
+        let mut status = match r.role.as_str() {
             "grid" => r.status.clone(),
             "moe" => format!("{} (--n-cpu-moe {})", r.status, r.n_cpu_moe),
             role => format!("{} ({role})", r.status),
         };
+        if r.stopped_early {
+            status.push_str(", cut short after one repetition");
+        }
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} |",
@@ -219,5 +228,22 @@ mod tests {
         assert_eq!(shell_quote("/models/a-b_c.gguf"), "/models/a-b_c.gguf");
         assert_eq!(shell_quote("/my models/x.gguf"), "'/my models/x.gguf'");
         assert_eq!(shell_quote("it's.gguf"), "'it'\\''s.gguf'");
+    }
+
+    #[test]
+    fn a_row_cut_short_says_so_in_markdown() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-vulkan-llvmpipe.json");
+        let mut p = crate::profile::store::read_profile(&path).unwrap();
+        let top = p.trials.iter_mut().max_by_key(|t| t.result.spec.n_gpu_layers).unwrap();
+        top.result.tests.retain(|x| x.n_gen > 0);
+        for x in &mut top.result.tests {
+            x.stopped_early = true;
+        }
+        let md = markdown(&p);
+        let row = md.lines().find(|l| l.contains("| 19 | 2 | tg")).expect(&md);
+        assert!(row.ends_with("| ok, cut short after one repetition |"), "{row}");
+        assert!(!row.contains('±'), "{row}");
+        assert!(!md.contains("| 19 | 2 | pp"), "the pp test that never ran has no row: {md}");
     }
 }
