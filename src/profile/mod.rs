@@ -104,7 +104,7 @@ pub struct Settings {
     pub trial_timeout_s: u64,
     pub sample_interval_ms: u64,
     /// "adaptive" (the default: 0, the largest setting predicted under the
-    /// cap, interior points where they can change the answer, confirmation)
+    /// cap, interior points unless those two decide it, confirmation)
     /// or "grid" (every grid value). Profiles from before the field: grid.
     #[serde(default = "default_search")]
     pub search: String,
