@@ -74,12 +74,17 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
             cap_reason: reason,
         }
     };
+    // NVML may see a GPU this llama.cpp cannot use (a CPU-only build): then
+    // ngl does nothing, whatever the card.
+    let offload: Vec<&LlamaDevice> = hw.llama_devices.iter().filter(|d| d.is_offload_target()).collect();
+    if offload.is_empty() {
+        return None;
+    }
     if let Some(g) = hw.gpus.iter().max_by_key(|g| g.memory_total.unwrap_or(0)) {
         let total = g.memory_total.unwrap_or(0);
         let baseline = total.saturating_sub(g.memory_free.unwrap_or(total));
         return Some(mk("nvml", format!("nvml{} ({})", g.index, g.name), total, baseline));
     }
-    let offload: Vec<&LlamaDevice> = hw.llama_devices.iter().filter(|d| d.is_offload_target()).collect();
     let dev = offload.iter().max_by_key(|d| d.memory_total)?;
     let short = dev.description.split(" (").next().unwrap_or(&dev.description);
     let name = format!("{} ({short})", dev.name);
