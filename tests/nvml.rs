@@ -86,6 +86,7 @@ fn the_gap_between_prediction_and_the_nvml_peak_is_in_the_profile() {
         assert!(t["prediction_error_pct"].as_f64().unwrap().abs() < 2.0, "{}", t["prediction_error_pct"]);
     }
     assert!(out.contains("sampled nvml memory minus llama.cpp's prediction: +"), "{out}");
+    assert!(!stderr(&o).contains("accounted memory"), "NVML is what the cap uses: {}", stderr(&o));
 }
 
 #[test]

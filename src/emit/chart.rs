@@ -51,10 +51,11 @@ pub fn svg(p: &Profile) -> Result<String> {
     let speed = |c: &crate::tune::fit::Curve| -> Vec<(f64, f64)> {
         (0..=n_full).filter_map(|n| c.predict(n).filter(|t| *t > 0.0).map(|t| (f64::from(n), 1.0 / t))).collect()
     };
-    let tg_fit = speed(&tg_c);
-    let pp_fit = speed(&pp_c);
-    let mem_fit: Vec<(f64, f64)> =
-        (0..=n_full).filter_map(|n| mem_c.predict(n).map(|m| (f64::from(n), m / MIB))).collect();
+    // One point is no line (a test measured at one setting only): no model drawn or listed.
+    let line = |v: Vec<(f64, f64)>| if v.len() < 2 { Vec::new() } else { v };
+    let tg_fit = line(speed(&tg_c));
+    let pp_fit = line(speed(&pp_c));
+    let mem_fit = line((0..=n_full).filter_map(|n| mem_c.predict(n).map(|m| (f64::from(n), m / MIB))).collect());
 
     // Headroom keeps the data below the legend in the upper right.
     let y_max = tg.iter().chain(&pp).chain(&tg_fit).chain(&pp_fit).map(|v| v.1).fold(1.0, f64::max) * 1.4;
@@ -177,4 +178,24 @@ pub fn svg(p: &Profile) -> Result<String> {
         root.present().map_err(err)?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_measured_at_one_setting_gets_no_model_line_or_legend() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-vulkan-llvmpipe.json");
+        let mut p = crate::profile::store::read_profile(&path).unwrap();
+        assert!(svg(&p).unwrap().contains("pp model"), "three pp points: a line");
+        // As adaptive search leaves it: pp measured at ngl 0 only.
+        for t in p.trials.iter_mut().filter(|t| t.result.spec.n_gpu_layers > 0) {
+            t.result.tests.retain(|x| x.n_gen > 0);
+        }
+        let out = svg(&p).unwrap();
+        assert!(!out.contains("pp model"), "one pp point is no line");
+        assert!(out.contains("pp measured") && out.contains("tg model"), "the rest is drawn");
+    }
 }

@@ -377,7 +377,10 @@ pub fn hardware(llama_devices: Vec<LlamaDevice>) -> Hardware {
     if let Some(n) = &nvml_note {
         notes.push(n.clone());
     }
-    notes.extend(ggml::budget_notes(&llama_devices));
+    // With NVML the cap uses NVML's figures: no device falls back to accounted memory.
+    if gpus.is_empty() {
+        notes.extend(ggml::budget_notes(&llama_devices));
+    }
     if let Some(n) = no_gpu_note(&llama_devices) {
         notes.push(n);
     }
