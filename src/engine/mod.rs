@@ -296,29 +296,35 @@ impl TrialResult {
     }
 }
 
+/// A small spec for unit tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) fn test_spec() -> TrialSpec {
+    TrialSpec {
+        model: "m.gguf".into(),
+        n_gpu_layers: 0,
+        n_prompt: 64,
+        n_gen: 16,
+        n_batch: 2048,
+        n_ubatch: 512,
+        n_threads: 2,
+        n_ctx: Some(256),
+        repetitions: 3,
+        warmup: true,
+        flash_attn: -1,
+        seed: 1,
+        sample_interval_ms: 20,
+        n_cpu_moe: 0,
+        race: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_raced_test_runs_first() {
-        let mut spec = TrialSpec {
-            model: "m.gguf".into(),
-            n_gpu_layers: 19,
-            n_prompt: 128,
-            n_gen: 32,
-            n_batch: 2048,
-            n_ubatch: 512,
-            n_threads: 2,
-            n_ctx: Some(4096),
-            repetitions: 2,
-            warmup: true,
-            flash_attn: -1,
-            seed: 1,
-            sample_interval_ms: 20,
-            n_cpu_moe: 0,
-            race: None,
-        };
+        let mut spec = TrialSpec { n_prompt: 128, n_gen: 32, ..test_spec() };
         assert_eq!(spec.tests(), [(128, 0), (0, 32)], "llama-bench's order");
         spec.race = Some(Race { pp_below_ts: None, tg_below_ts: Some(20.0), skip_rest: true });
         assert_eq!(spec.tests(), [(0, 32), (128, 0)]);

@@ -1301,23 +1301,7 @@ mod tests {
     }
 
     fn spec_for_tests() -> TrialSpec {
-        TrialSpec {
-            model: "m.gguf".into(),
-            n_gpu_layers: 0,
-            n_prompt: 64,
-            n_gen: 16,
-            n_batch: 2048,
-            n_ubatch: 512,
-            n_threads: 2,
-            n_ctx: Some(256),
-            repetitions: 3,
-            warmup: true,
-            flash_attn: -1,
-            seed: 1,
-            sample_interval_ms: 20,
-            n_cpu_moe: 0,
-            race: None,
-        }
+        crate::engine::test_spec()
     }
 
     #[test]
