@@ -198,7 +198,10 @@ fn key(t: &ProfileTrial) -> (u32, u32) {
 }
 
 /// Compares every setting measured in both profiles, test by test, with
-/// Welch's t-test on the raw samples and a minimum effect size.
+/// Welch's t-test on the raw samples and a minimum effect size. The p-values
+/// are judged together (Holm's correction: many comparisons at 5% each
+/// would flag noise on a busy night). A test cut short by adaptive search
+/// (one repetition of a setting far behind the best) is not compared.
 #[must_use]
 pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
     let mut comparisons = Vec::new();
@@ -206,8 +209,12 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
         let Some(ot) = old.trials.iter().find(|o| key(o) == key(nt) && o.result.status == TrialStatus::Ok) else {
             continue;
         };
-        for ntest in &nt.result.tests {
-            let Some(otest) = ot.result.tests.iter().find(|x| x.n_prompt == ntest.n_prompt && x.n_gen == ntest.n_gen)
+        for ntest in nt.result.tests.iter().filter(|x| !x.stopped_early) {
+            let Some(otest) = ot
+                .result
+                .tests
+                .iter()
+                .find(|x| x.n_prompt == ntest.n_prompt && x.n_gen == ntest.n_gen && !x.stopped_early)
             else {
                 continue;
             };
@@ -215,27 +222,33 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
             if om <= 0.0 {
                 continue;
             }
-            let change = (nm - om) / om;
-            let p = welch(&otest.samples_ts, &ntest.samples_ts).map(|w| w.2);
-            let significant = p.is_none_or(|p| p < ALPHA);
-            let verdict = if change <= -threshold && significant {
-                "regression"
-            } else if change >= threshold && significant {
-                "improvement"
-            } else {
-                "same"
-            };
             comparisons.push(Comparison {
                 n_gpu_layers: key(nt).0,
                 n_threads: key(nt).1,
                 test: ntest.name(),
                 old_ts: om,
                 new_ts: nm,
-                change_pct: change * 100.0,
-                p_value: p,
-                verdict: verdict.into(),
+                change_pct: (nm - om) / om * 100.0,
+                p_value: welch(&otest.samples_ts, &ntest.samples_ts).map(|w| w.2),
+                verdict: String::new(),
             });
         }
+    }
+    let ps: Vec<f64> = comparisons.iter().filter_map(|c| c.p_value).collect();
+    let held = holm(&ps, ALPHA);
+    let mut next = held.iter();
+    for c in &mut comparisons {
+        // Without a p-value (one repetition, or no spread) only the size decides.
+        let significant = c.p_value.is_none() || *next.next().unwrap_or(&false);
+        let change = c.change_pct / 100.0;
+        c.verdict = if change <= -threshold && significant {
+            "regression"
+        } else if change >= threshold && significant {
+            "improvement"
+        } else {
+            "same"
+        }
+        .into();
     }
     let (o, n) = (&old.recommendation, &new.recommendation);
     Drift {
@@ -493,6 +506,24 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
     Ok(crate::tune::tune(&info, &t)?.profile)
 }
 
+/// Holm's step-down correction: which of `ps` stay significant at `alpha`
+/// when all of them are tested together (same order as `ps`).
+#[must_use]
+pub fn holm(ps: &[f64], alpha: f64) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..ps.len()).collect();
+    order.sort_by(|a, b| ps[*a].total_cmp(&ps[*b]));
+    let mut held = vec![false; ps.len()];
+    for (k, &i) in order.iter().enumerate() {
+        #[allow(clippy::cast_precision_loss)]
+        let level = alpha / (ps.len() - k) as f64;
+        if ps[i] >= level {
+            break;
+        }
+        held[i] = true;
+    }
+    held
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,5 +535,44 @@ mod tests {
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("3y").is_err());
+    }
+
+    #[test]
+    fn holm_judges_the_p_values_together() {
+        assert_eq!(holm(&[0.01, 0.04, 0.03], 0.05), [true, false, false], "0.03 > 0.05/2: it and all above stop");
+        assert_eq!(holm(&[0.001, 0.01], 0.05), [true, true]);
+        assert_eq!(holm(&[0.02], 0.05), [true]);
+        assert!(holm(&[], 0.05).is_empty());
+    }
+
+    fn example() -> Profile {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        crate::profile::store::read_profile(&p).unwrap()
+    }
+
+    fn scale(t: &mut crate::engine::TestResult, by: f64) {
+        for v in &mut t.samples_ts {
+            *v *= by;
+        }
+        t.avg_ts *= by;
+    }
+
+    #[test]
+    fn a_slower_setting_is_a_regression_unless_it_was_cut_short() {
+        let old = example();
+        let mut new = old.clone();
+        let tg = new.trials[0].result.tests.iter_mut().find(|x| x.n_gen > 0).unwrap();
+        scale(tg, 0.8);
+        let d = drift(&old, &new, 0.05);
+        assert_eq!(d.regressions, 1, "{:#?}", d.comparisons);
+        let c = d.comparisons.iter().find(|c| c.verdict == "regression").unwrap();
+        assert!((c.change_pct + 20.0).abs() < 1e-9, "{c:?}");
+        // One repetition of a setting far behind the best says nothing about drift.
+        new.trials[0].result.tests.iter_mut().find(|x| x.n_gen > 0).unwrap().stopped_early = true;
+        let d = drift(&old, &new, 0.05);
+        assert_eq!(d.regressions, 0, "{:#?}", d.comparisons);
+        assert!(d.comparisons.iter().all(|c| !(c.test.starts_with("tg")
+            && c.n_threads == key(&new.trials[0]).1
+            && c.n_gpu_layers == key(&new.trials[0]).0)));
     }
 }
