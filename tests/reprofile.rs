@@ -23,12 +23,16 @@ fn tuned_store(dir: &Path) -> (PathBuf, PathBuf) {
 /// test by up to ~10% between runs (seen: pp32 8.7% slower, p 0.003), so
 /// unless a test sets its own, the drift threshold sits above that noise.
 fn reprofile(store: &Path, extra: &[&str]) -> std::process::Output {
+    run(&reprofile_args(store, extra))
+}
+
+fn reprofile_args<'a>(store: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec!["reprofile", "--profiles", store.to_str().unwrap(), "-q"];
     a.extend_from_slice(extra);
     if !extra.contains(&"--drift-threshold") {
         a.extend_from_slice(&["--drift-threshold", "0.5"]);
     }
-    run(&a)
+    a
 }
 
 fn edit(p: &Path, f: impl FnOnce(&mut serde_json::Value)) {
@@ -130,14 +134,12 @@ fn two_reprofiles_at_once_take_turns_and_lose_nothing() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_store(dir.path());
-    let spawn = |extra: &[&str]| {
-        let mut a = vec!["reprofile", "--profiles", store.to_str().unwrap(), "--max-age", "0s", "-q"];
-        a.extend_from_slice(extra);
-        a.extend_from_slice(&["--drift-threshold", "0.5"]);
+    let spawn = || {
+        let a = reprofile_args(&store, &["--max-age", "0s"]);
         Command::new(BIN).args(&a).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
     };
-    let first = spawn(&[]);
-    let second = spawn(&[]);
+    let first = spawn();
+    let second = spawn();
     // While they run, a third that will not wait is turned away.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let third = reprofile(&store, &["--max-age", "0s", "--no-wait"]);

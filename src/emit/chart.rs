@@ -26,11 +26,7 @@ fn err(e: impl std::fmt::Display) -> anyhow::Error {
 /// Drawing errors (plotters).
 #[allow(clippy::too_many_lines)]
 pub fn svg(p: &Profile) -> Result<String> {
-    let ok: Vec<_> = p
-        .trials
-        .iter()
-        .filter(|t| t.result.status == TrialStatus::Ok && t.role != "threads" && t.role != "moe")
-        .collect();
+    let ok: Vec<_> = p.trials.iter().filter(|t| t.result.status == TrialStatus::Ok && t.is_search()).collect();
     let tg: Vec<(f64, f64)> = ok
         .iter()
         .filter_map(|t| t.result.test(false).map(|x| (f64::from(t.result.spec.n_gpu_layers), x.avg_ts)))

@@ -11,7 +11,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::engine::TrialStatus;
-use crate::profile::Profile;
+use crate::profile::{Profile, Recommendation};
 
 /// Output formats of `ngl-tune emit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -63,12 +63,9 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
     Ok(match f {
         Format::Modelfile => modelfile::render(p),
         Format::LlamaCpp => format!(
-            "-m {} -ngl {} -t {} -c {}{}\n",
+            "-m {} {}\n",
             shell_quote(&model_path(p)),
-            r.n_gpu_layers,
-            r.n_threads,
-            r.n_ctx,
-            if r.n_cpu_moe > 0 { format!(" --n-cpu-moe {}", r.n_cpu_moe) } else { String::new() }
+            Recommendation::llama_cpp_args(r.n_gpu_layers, r.n_threads, r.n_ctx, r.n_cpu_moe)
         ),
         Format::LlamaServerEnv => format!(
             "LLAMA_ARG_MODEL={}\nLLAMA_ARG_N_GPU_LAYERS={}\nLLAMA_ARG_THREADS={}\nLLAMA_ARG_CTX_SIZE={}\n{}",

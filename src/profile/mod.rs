@@ -153,7 +153,7 @@ pub struct MemoryPolicy {
 /// One trial and why it was run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileTrial {
-    /// "grid", "confirm" or "threads".
+    /// "grid", "confirm", "threads" or "moe".
     pub role: String,
     /// Memory this setting cost in the policy's currency (bytes), when known.
     pub mem_bytes: Option<f64>,
@@ -173,6 +173,16 @@ pub struct ProfileTrial {
     pub sampled_minus_predicted_bytes: Option<i64>,
     #[serde(flatten)]
     pub result: TrialResult,
+}
+
+impl ProfileTrial {
+    /// A trial of the ngl search (grid or adaptive points, confirmations):
+    /// what the decision, its fits and the chart are made of; thread-count
+    /// and expert-offload trials are measured after it.
+    #[must_use]
+    pub fn is_search(&self) -> bool {
+        self.role != "threads" && self.role != "moe"
+    }
 }
 
 /// llama.cpp's own view before any trial: the dry-run memory prediction per
@@ -224,16 +234,22 @@ pub struct Recommendation {
 }
 
 impl Recommendation {
+    /// The Ollama Modelfile lines for a whole-layer split.
     #[must_use]
-    pub fn lines(ngl: u32, threads: u32, ctx: u32) -> (Vec<String>, String) {
-        (
-            vec![
-                format!("PARAMETER num_gpu {ngl}"),
-                format!("PARAMETER num_thread {threads}"),
-                format!("PARAMETER num_ctx {ctx}"),
-            ],
-            format!("-ngl {ngl} -t {threads} -c {ctx}"),
-        )
+    pub fn modelfile_lines(ngl: u32, threads: u32, ctx: u32) -> Vec<String> {
+        vec![
+            format!("PARAMETER num_gpu {ngl}"),
+            format!("PARAMETER num_thread {threads}"),
+            format!("PARAMETER num_ctx {ctx}"),
+        ]
+    }
+
+    /// llama.cpp's flags: `-ngl N -t T -c C`, and `--n-cpu-moe K` when the
+    /// experts of the first K layers stay on the CPU.
+    #[must_use]
+    pub fn llama_cpp_args(ngl: u32, threads: u32, ctx: u32, n_cpu_moe: u32) -> String {
+        let moe = if n_cpu_moe > 0 { format!(" --n-cpu-moe {n_cpu_moe}") } else { String::new() };
+        format!("-ngl {ngl} -t {threads} -c {ctx}{moe}")
     }
 }
 

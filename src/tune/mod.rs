@@ -202,7 +202,7 @@ impl Sweep<'_> {
         let best = |pp: bool| {
             self.trials
                 .iter()
-                .filter(|t| t.role != "threads" && t.role != "moe" && t.result.status == TrialStatus::Ok)
+                .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok)
                 .filter_map(|t| t.result.test(pp).map(|x| x.avg_ts))
                 .reduce(f64::max)
                 .map(|v| v * RACE_SHARE)
@@ -301,7 +301,7 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
 #[must_use]
 pub fn profile_inputs(p: &Profile) -> Inputs {
     Inputs {
-        points: p.trials.iter().filter(|t| t.role != "threads" && t.role != "moe").map(point).collect(),
+        points: p.trials.iter().filter(|t| t.is_search()).map(point).collect(),
         full: p.model.n_layer_full,
         cap: p.memory.cap_bytes,
         objective: p.settings.objective,
@@ -313,7 +313,7 @@ pub fn profile_inputs(p: &Profile) -> Inputs {
 
 fn inputs(trials: &[ProfileTrial], info: &ModelInfo, s: &Settings, policy: &MemoryPolicy) -> Inputs {
     Inputs {
-        points: trials.iter().filter(|t| t.role != "threads" && t.role != "moe").map(point).collect(),
+        points: trials.iter().filter(|t| t.is_search()).map(point).collect(),
         full: info.n_layer_full,
         cap: policy.cap_bytes,
         objective: s.objective,
@@ -496,8 +496,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     };
     sweep.bar.finish_and_clear();
 
-    let decision_trials: Vec<&ProfileTrial> =
-        sweep.trials.iter().filter(|t| t.role != "threads" && t.role != "moe").collect();
+    let decision_trials: Vec<&ProfileTrial> = sweep.trials.iter().filter(|t| t.is_search()).collect();
     let search = (!no_gpu).then(|| {
         let runnable: Vec<u32> = full_grid.iter().copied().filter(|n| !predicted_over.contains(n)).collect();
         crate::profile::SearchReport {
@@ -541,10 +540,6 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
             && t.result.spec.n_cpu_moe == rec_moe
             && t.result.status == TrialStatus::Ok
     });
-    let (modelfile, mut args) = Recommendation::lines(dense_ngl, rec_threads, s.n_ctx);
-    if rec_moe > 0 {
-        args = format!("-ngl {rec_ngl} -t {rec_threads} -c {} --n-cpu-moe {rec_moe}", s.n_ctx);
-    }
     let recommendation = Recommendation {
         n_cpu_moe: rec_moe,
         ollama_num_gpu: (rec_moe > 0).then_some(dense_ngl),
@@ -555,8 +550,8 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         tg_ts: rec_trial.and_then(|t| t.result.test(false)).map(|t| t.avg_ts).or(decision.predicted_tg),
         pp_ts: rec_trial.and_then(|t| t.result.test(true)).map(|t| t.avg_ts).or(decision.predicted_pp),
         mem_bytes: rec_trial.and_then(|t| t.mem_bytes).or(decision.predicted_mem),
-        modelfile,
-        llama_cpp_args: args,
+        modelfile: Recommendation::modelfile_lines(dense_ngl, rec_threads, s.n_ctx),
+        llama_cpp_args: Recommendation::llama_cpp_args(rec_ngl, rec_threads, s.n_ctx, rec_moe),
     };
     let profile = Profile {
         schema_version: SCHEMA_VERSION,
@@ -801,17 +796,14 @@ pub fn adaptive_points(
 fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32, top_first: bool, max_trials: usize) -> Result<Option<String>> {
     let t = sweep.opts.settings.n_threads;
     adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
-        if !sweep.trials.iter().any(|x| x.result.spec.n_gpu_layers == ngl && x.role != "threads") {
+        let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.n_gpu_layers == ngl;
+        if !sweep.trials.iter().any(|x| at(&x)) {
             sweep.bar.inc_length(1);
             let race = sweep.race();
             sweep.run_with("grid", ngl, t, 0, Some(race))?;
         }
         let s = &sweep.opts.settings;
-        Ok(sweep
-            .trials
-            .iter()
-            .find(|x| x.result.spec.n_gpu_layers == ngl && x.result.status == TrialStatus::Ok)
-            .and_then(|x| trial_score(x, s)))
+        Ok(sweep.trials.iter().find(|x| at(x) && x.result.status == TrialStatus::Ok).and_then(|x| trial_score(x, s)))
     })
 }
 
@@ -823,10 +815,8 @@ fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32, top_first: bool, max_trial
 /// `None` without two measured points.
 #[must_use]
 pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full: u32) -> Option<f64> {
-    let ok: Vec<&ProfileTrial> = trials
-        .iter()
-        .filter(|t| t.role != "threads" && t.role != "moe" && t.result.status == TrialStatus::Ok)
-        .collect();
+    let ok: Vec<&ProfileTrial> =
+        trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok).collect();
     let curve = |pp: bool| {
         let pts = ok
             .iter()
