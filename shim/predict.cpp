@@ -16,7 +16,7 @@ typedef void (*ngl_tune_buft_cb)(void * user, const char * buft, int is_host, ui
 // Returns 0 on success, 1 when the model cannot be loaded, 2 when the context
 // cannot be created.
 int ngl_tune_predict(const char * path, int32_t n_gpu_layers, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                     int32_t flash_attn, ngl_tune_buft_cb cb, void * user) {
+                     int32_t flash_attn, int32_t op_offload, ngl_tune_buft_cb cb, void * user) {
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers       = n_gpu_layers;
     mp.no_alloc           = true;
@@ -30,6 +30,7 @@ int ngl_tune_predict(const char * path, int32_t n_gpu_layers, uint32_t n_ctx, ui
     cp.n_batch              = n_batch;
     cp.n_ubatch             = n_ubatch;
     cp.flash_attn_type      = (llama_flash_attn_type) flash_attn;
+    cp.op_offload           = op_offload != 0;
     llama_context * ctx     = llama_init_from_model(model, cp);
     if (ctx == nullptr) {
         llama_model_free(model);

@@ -1,6 +1,6 @@
 //! Runs a parsed command line: validates input, calls the library, prints.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -71,6 +71,7 @@ pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
     if w.trial_timeout == 0 {
         return Err(bad("--trial-timeout 0 kills every trial; give it seconds, e.g. 900"));
     }
+    parse_busy_threshold(&w.busy_threshold)?;
     let threads = match w.threads {
         Some(0) => return Err(bad("-t 0 runs no threads; use -t 1 or more (default: physical cores)")),
         Some(t) => t,
@@ -88,6 +89,18 @@ pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
         }
     }
     Ok(threads)
+}
+
+/// Parses `--busy-threshold`: a positive share of a trial's threads.
+///
+/// # Errors
+/// `BadInput` naming the value and the form.
+pub fn parse_busy_threshold(s: &str) -> Result<f64> {
+    s.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
+        bad(format!(
+            "--busy-threshold {s} is not a positive share of the trial's threads; give one like 0.1 (others may use a tenth of them)"
+        ))
+    })
 }
 
 fn cmd_tune(a: &TuneArgs) -> Result<i32> {
@@ -131,6 +144,8 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         trial_timeout_s: w.trial_timeout,
         sample_interval_ms: w.sample_interval_ms,
         search: a.search.clone(),
+        busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
+        op_offload: w.op_offload,
     };
     crate::engine::interrupt::install();
     let opts = crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet };
@@ -147,8 +162,12 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
     } else {
         // The noise warning belongs beside the numbers, in the report.
-        let notes: Vec<String> =
-            outcome.notes.iter().filter(|n| !n.starts_with("noisy measurement")).cloned().collect();
+        let notes: Vec<String> = outcome
+            .notes
+            .iter()
+            .filter(|n| !crate::report::REPORT_WARNINGS.iter().any(|w| n.starts_with(w)))
+            .cloned()
+            .collect();
         print_notes(&notes);
         write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
     }
@@ -193,6 +212,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     check_loadable(&info)?;
     let w = &a.workload;
     let n_cpu_moe = crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?;
+    let devices = crate::probe::devices_in_child(&std::env::current_exe()?)?;
     let opts = BenchOptions {
         model: a.model.clone(),
         ngl,
@@ -205,14 +225,23 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         n_ubatch: w.ubatch_size,
         n_ctx: w.ctx_size,
         flash_attn: w.flash_attn.value(),
+        op_offload: w.op_offload.resolve(crate::probe::only_software_offload(&devices)),
         warmup: !w.no_warmup,
         timeout: Duration::from_secs(w.trial_timeout),
         sample_interval: Duration::from_millis(w.sample_interval_ms),
+        busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
         verbose: a.verbose,
         progress: !a.quiet,
     };
-    print_notes(&device_notes()?);
+    let mut notes = crate::probe::hardware(devices.clone()).notes;
+    if w.op_offload == crate::engine::OpOffload::Auto && !opts.op_offload {
+        notes.push(crate::probe::op_offload_note(&devices));
+    }
+    print_notes(&notes);
     let results = bench::run(&opts)?;
+    if let Some(n) = crate::report::busy_note(&results) {
+        eprintln!("warning: {n}");
+    }
     let rows = bench::rows(&info, &results, "");
     let text = bench::render(a.output.as_str(), &rows, &info)?;
     let mut out = std::io::stdout().lock();
@@ -223,17 +252,6 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         eprintln!("warning: {failed} of {} trials did not complete; their rows say why", results.len());
     }
     Ok(if failed == results.len() { exit::FAILURE } else { exit::OK })
-}
-
-/// What the memory sources and devices of this machine can and cannot do,
-/// in words, once per run.
-///
-/// # Errors
-/// When the device listing child cannot run.
-pub fn device_notes() -> Result<Vec<String>> {
-    let exe = std::env::current_exe()?;
-    let devices = crate::probe::devices_in_child(&exe)?;
-    Ok(crate::probe::hardware(devices).notes)
 }
 
 fn print_notes(notes: &[String]) {
@@ -374,21 +392,10 @@ pub fn render_hw(hw: &crate::probe::Hardware) -> String {
     s
 }
 
-/// Refuses an output path whose directory does not exist or that is a directory.
+/// Refuses an output path that is a directory, a FIFO or a device, or whose
+/// directory does not exist.
 fn check_output_path(p: &std::path::Path, opt: &str) -> Result<()> {
-    if p.is_dir() {
-        return Err(bad(format!("{opt} {} is a directory; pass a file path", p.display())));
-    }
-    if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(bad(format!(
-                "{opt} {}: directory {} does not exist; create it or pass another path",
-                p.display(),
-                dir.display()
-            )));
-        }
-    }
-    Ok(())
+    crate::fsio::check_output_file(p, opt)
 }
 
 /// `--chart` and `--write-modelfile`, shared by the tuner and `emit`.
@@ -434,6 +441,13 @@ fn cmd_emit(a: &EmitArgs) -> Result<i32> {
         None if a.chart.is_some() || a.write_modelfile.is_some() => None,
         None => Some(crate::emit::Format::Modelfile),
     };
+    let for_ollama = matches!(format, Some(crate::emit::Format::Modelfile | crate::emit::Format::OllamaOptions))
+        || a.write_modelfile.is_some();
+    if for_ollama {
+        if let Some(n) = crate::emit::ollama_ctx_note(&p, &|k| std::env::var(k).ok()) {
+            eprintln!("note: {n}");
+        }
+    }
     if let Some(f) = format {
         let text = crate::emit::render(&p, f)?;
         let mut out = std::io::stdout().lock();
@@ -447,7 +461,9 @@ fn cmd_emit(a: &EmitArgs) -> Result<i32> {
 fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
     let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
-    let max_age = crate::reprofile::parse_duration(&a.max_age)?;
+    let max_age = crate::reprofile::parse_duration(&a.max_age, "--max-age")?;
+    let wait_idle = crate::reprofile::parse_duration(&a.wait_idle, "--wait-idle")?;
+    let busy_threshold = parse_busy_threshold(&a.busy_threshold)?;
     let threshold: f64 =
         a.drift_threshold.trim().parse().ok().filter(|t: &f64| t.is_finite() && *t >= 0.0 && *t < 1.0).ok_or_else(
             || {
@@ -458,7 +474,7 @@ fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
             },
         )?;
     if let Some(d) = &a.update_modelfiles {
-        if !d.is_dir() {
+        if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
             return Err(bad(format!(
                 "--update-modelfiles {} is not a directory; pass the directory that holds your Modelfiles",
                 d.display()
@@ -474,6 +490,8 @@ fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
         dry_run: a.dry_run,
         threshold,
         update_modelfiles: a.update_modelfiles.clone(),
+        wait_idle,
+        busy_threshold,
         verbose: a.verbose,
         progress: !a.quiet && !a.json,
     };
@@ -488,7 +506,7 @@ fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         println!(
-            "summary: {} re-tuned, {} fresh, {} missing, {} invalid, {} failed; {} regressions, {} improvements, {} recommendations changed",
+            "summary: {} re-tuned, {} fresh, {} missing, {} invalid, {} failed; {} regressions, {} improvements, {} recommendations changed, {} comparisons not judged (busy machine)",
             summary.retuned,
             summary.fresh,
             summary.missing,
@@ -496,7 +514,8 @@ fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
             summary.failed,
             summary.regressions,
             summary.improvements,
-            summary.recommendations_changed
+            summary.recommendations_changed,
+            summary.contended
         );
     }
     Ok(summary.exit_code)
@@ -574,11 +593,9 @@ fn cmd_history(a: &HistoryArgs) -> Result<i32> {
 /// The profile file for a model (this machine, in the store) or a profile path.
 fn resolve_profile_path(source: &std::path::Path, store: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
     use crate::profile::store as st;
-    model::check_model_path(source)
-        .map_err(|_| bad(format!("{}: no such file; pass a profile (.json) or a model (.gguf)", source.display())))?;
     let mut head = [0u8; 4];
-    let is_gguf = std::fs::File::open(source)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+    let is_gguf = crate::fsio::open_regular(source, "pass a profile (.json) or a model (.gguf)")?
+        .read_exact(&mut head)
         .is_ok_and(|()| &head == crate::gguf::MAGIC);
     if !is_gguf {
         return Ok(source.to_path_buf());

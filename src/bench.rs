@@ -28,9 +28,11 @@ pub struct BenchOptions {
     pub n_ubatch: u32,
     pub n_ctx: Option<u32>,
     pub flash_attn: i8,
+    pub op_offload: bool,
     pub warmup: bool,
     pub timeout: Duration,
     pub sample_interval: Duration,
+    pub busy_threshold: f64,
     pub verbose: bool,
     pub progress: bool,
 }
@@ -68,6 +70,7 @@ impl BenchOptions {
             seed: 1234,
             sample_interval_ms: 20,
             n_cpu_moe,
+            op_offload: self.op_offload,
             race: None,
         }
     }
@@ -79,7 +82,9 @@ impl BenchOptions {
 /// # Errors
 /// Only when a worker cannot be started at all.
 pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
-    let runner = Runner::current(opts.timeout, opts.verbose)?.with_sample_interval(opts.sample_interval);
+    let runner = Runner::current(opts.timeout, opts.verbose)?
+        .with_sample_interval(opts.sample_interval)
+        .with_busy_threshold(opts.busy_threshold);
     let bar = if opts.progress && std::io::stderr().is_terminal() {
         let b = ProgressBar::new((opts.ngl.len() * opts.n_cpu_moe.len().max(1)) as u64);
         b.set_style(
@@ -93,10 +98,13 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
     };
     let mut results = Vec::new();
     let moe = if opts.n_cpu_moe.is_empty() { vec![0] } else { opts.n_cpu_moe.clone() };
+    let plain = opts.progress && !std::io::stderr().is_terminal();
+    let total = opts.ngl.len() * moe.len();
+    let started = std::time::Instant::now();
     for &ngl in &opts.ngl {
         for &k in &moe {
             bar.set_message(format!("ngl {ngl}"));
-            let r = runner.run(&opts.spec(ngl, k), |_| {})?;
+            let r = runner.run_settled(&opts.spec(ngl, k), |_| {})?;
             if let Some(tg) = r.test(false) {
                 bar.println(format!("ngl {ngl}: tg {:.2} t/s", tg.avg_ts));
             } else if r.status != TrialStatus::Ok {
@@ -104,6 +112,12 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
             }
             results.push(r);
             bar.inc(1);
+            if plain {
+                eprintln!(
+                    "{}",
+                    crate::report::progress_line(results.len(), total, &results[results.len() - 1], started.elapsed())
+                );
+            }
         }
     }
     bar.finish_and_clear();
@@ -161,6 +175,12 @@ pub struct Row {
     /// Peak device memory held by the trial's own process (NVML only).
     pub sampled_peak_pid_bytes: Option<u64>,
     pub peak_host_rss_bytes: Option<u64>,
+    /// llama-bench's field: 1 when host operations stayed on the CPU.
+    pub no_op_offload: u8,
+    /// Cores' worth of CPU other processes used while the trial ran, and
+    /// whether that made it contended (measured again, still busy).
+    pub others_cpu_cores: Option<f64>,
+    pub contended: bool,
 }
 
 /// RFC 3339 UTC time without a date crate.
@@ -242,6 +262,9 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             sampled_device_share: peak.map(|m| m.peak_share()),
             sampled_peak_pid_bytes: peak.and_then(|m| m.peak_pid_used),
             peak_host_rss_bytes: r.peak_host_rss(),
+            no_op_offload: u8::from(!s.op_offload),
+            others_cpu_cores: r.contention.as_ref().map(|c| c.others_cores_mean),
+            contended: r.contended(),
         };
         if r.tests.is_empty() {
             for (p, g) in s.tests() {

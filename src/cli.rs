@@ -129,6 +129,16 @@ pub struct Workload {
     /// Seconds before a trial is killed and recorded as a timeout
     #[arg(long, default_value_t = 900, env = "NGL_TUNE_TRIAL_TIMEOUT")]
     pub trial_timeout: u64,
+    /// A trial is contended when other processes use more than this share of its threads
+    /// (0.1 with -t 8: 0.8 cores' worth of CPU); it is measured once more after a short wait,
+    /// and marked if the machine is still busy
+    #[arg(long, default_value = "0.1", value_name = "F", env = "NGL_TUNE_BUSY_THRESHOLD", allow_hyphen_values = true)]
+    pub busy_threshold: String,
+    /// Offload host tensor operations (the prompt's matrix products of layers on the CPU) to
+    /// the GPU, llama.cpp's --op-offload: auto turns it off where the only GPU is a CPU-based
+    /// Vulkan device (llvmpipe), where it cannot beat the CPU backend
+    #[arg(long, value_enum, default_value_t = crate::engine::OpOffload::Auto)]
+    pub op_offload: crate::engine::OpOffload,
 }
 
 #[derive(Debug, Args)]
@@ -257,6 +267,14 @@ pub struct ReprofileArgs {
     /// Exit at once if another tuner holds the store instead of waiting
     #[arg(long)]
     pub no_wait: bool,
+    /// Before re-tuning, wait up to this long for the machine to be idle (0: do not wait);
+    /// then re-tune anyway, and trials measured while it was busy are not judged for drift
+    #[arg(long, default_value = "10m", value_name = "DURATION")]
+    pub wait_idle: String,
+    /// The machine counts as busy when other processes use more than this share of the
+    /// tuning's threads (see tune --busy-threshold)
+    #[arg(long, default_value = "0.1", value_name = "F", env = "NGL_TUNE_BUSY_THRESHOLD", allow_hyphen_values = true)]
+    pub busy_threshold: String,
     /// Print a JSON summary for monitoring
     #[arg(long)]
     pub json: bool,

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod emit;
 pub mod engine;
 pub mod error;
+pub mod fsio;
 pub mod gguf;
 pub mod model;
 pub mod ngl;

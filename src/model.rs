@@ -110,26 +110,11 @@ pub fn human_params(n: u64) -> String {
 /// # Errors
 /// `BadInput` naming the problem.
 pub fn check_model_path(path: &Path) -> Result<()> {
-    let shown = path.display();
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(bad(format!("{shown}: no such file; pass the path of a .gguf model")))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            Err(bad(format!("{shown}: permission denied; make the model readable (chmod a+r) or run as its owner")))
-        }
-        Err(e) => Err(bad(format!("{shown}: cannot be read ({e}); pass the path of a .gguf model"))),
-        Ok(m) if m.is_dir() => {
-            Err(bad(format!("{shown} is a directory, not a GGUF file; pass the path of a .gguf model inside it")))
-        }
-        Ok(_) => match std::fs::File::open(path) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                Err(bad(format!("{shown}: permission denied; make the model readable (chmod a+r) or run as its owner")))
-            }
-            Err(e) => Err(bad(format!("{shown}: cannot be opened ({e}); pass the path of a .gguf model"))),
-        },
+    const FIX: &str = "pass the path of a .gguf model";
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(bad(format!("{} is a directory, not a GGUF file; {FIX} inside it", path.display())));
     }
+    crate::fsio::open_regular(path, FIX).map(drop)
 }
 
 fn gguf_error(path: &Path, e: &GgufError) -> anyhow::Error {

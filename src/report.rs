@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::engine::TrialStatus;
+use crate::engine::{TrialResult, TrialStatus};
 use crate::model::human_bytes;
 use crate::profile::Profile;
 
@@ -43,6 +43,9 @@ pub fn trial_table(p: &Profile) -> String {
         if t.role == "confirm" {
             status.push_str(" (confirmation)");
         }
+        if let Some(c) = r.contention.as_ref().filter(|c| c.contended) {
+            let _ = write!(status, ", contended (others {:.2} cores)", c.others_cores_mean);
+        }
         if r.tests.iter().any(|x| x.stopped_early) {
             status.push_str(", cut short: far behind the best");
         }
@@ -67,6 +70,107 @@ pub fn trial_table(p: &Profile) -> String {
         let _ = writeln!(s, "| {n} | - | - | - | - | skipped: a smaller ngl ran out of memory |");
     }
     s
+}
+
+/// Notes the report prints as warnings beside the numbers (the tuner
+/// leaves them out of its list of notes printed before the report).
+pub const REPORT_WARNINGS: [&str; 3] = ["noisy measurement", "busy machine", "more threads than free cores"];
+
+/// One plain line per finished trial, for logs without a terminal (CI,
+/// nohup, the journal): the setting, what it measured, how long it took,
+/// and how long the rest should take at this pace.
+#[must_use]
+pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::time::Duration) -> String {
+    let s = &r.spec;
+    let mut setting = format!("ngl {} -t {}", s.n_gpu_layers, s.n_threads);
+    if s.n_cpu_moe > 0 {
+        let _ = write!(setting, " --n-cpu-moe {}", s.n_cpu_moe);
+    }
+    let mut what: Vec<String> = r.tests.iter().map(|t| format!("{} {:.2} t/s", t.name(), t.avg_ts)).collect();
+    if r.status != TrialStatus::Ok {
+        what.push(format!("{}{}", r.status.as_str(), r.reason.as_deref().map_or(String::new(), |w| format!(" ({w})"))));
+    }
+    if let Some(c) = r.contention.as_ref().filter(|c| c.contended) {
+        what.push(format!("contended: others used {:.2} cores", c.others_cores_mean));
+    }
+    let secs = elapsed.as_secs_f64();
+    #[allow(clippy::cast_precision_loss)]
+    let left = if done > 0 && total > done {
+        format!(", about {:.0} s left", secs / done as f64 * (total - done) as f64)
+    } else {
+        String::new()
+    };
+    format!(
+        "trial {done}/{}: {setting}: {} in {:.1} s; {secs:.0} s elapsed{left}",
+        total.max(done),
+        what.join(", "),
+        r.wall_ms / 1e3
+    )
+}
+
+/// In words, when trials were measured on a busy machine: how many, how
+/// busy, and the processes that took the most CPU (name and pid, top 3).
+#[must_use]
+pub fn busy_note<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Option<String> {
+    let all: Vec<&TrialResult> = results.into_iter().collect();
+    let busy: Vec<&crate::probe::cpu::Contention> =
+        all.iter().filter(|r| r.contended()).filter_map(|r| r.contention.as_ref()).collect();
+    if busy.is_empty() {
+        return None;
+    }
+    let worst = busy.iter().map(|c| c.others_cores_mean).fold(0.0, f64::max);
+    let cores = busy[0].logical_cores;
+    let mut top: Vec<crate::probe::cpu::BusyProcess> = Vec::new();
+    for p in busy.iter().flat_map(|c| c.top.iter()) {
+        match top.iter_mut().find(|t| t.pid == p.pid) {
+            Some(t) => t.cores = t.cores.max(p.cores),
+            None => top.push(p.clone()),
+        }
+    }
+    top.sort_by(|a, b| b.cores.total_cmp(&a.cores));
+    top.truncate(3);
+    let who = if top.is_empty() {
+        "no single process stood out".to_string()
+    } else {
+        format!(
+            "most CPU: {}",
+            top.iter()
+                .map(|p| format!("{} (pid {}) {:.2} cores", p.name, p.pid, p.cores))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let gpu = busy
+        .iter()
+        .filter_map(|c| c.gpu_util_before_pct.filter(|_| !c.gpu_others.is_empty()).map(|u| (u, &c.gpu_others)))
+        .max_by_key(|(u, _)| *u)
+        .map_or(String::new(), |(u, o)| {
+            let pids: Vec<String> = o.iter().map(|p| p.pid.to_string()).collect();
+            format!("; the GPU was {u}% busy before trials, with pid {} on it", pids.join(", "))
+        });
+    Some(format!(
+        "busy machine: {} of {} trials ran while other processes used more CPU than the threshold (up to {worst:.2} of {cores} cores), also when measured again after a pause; {who}{gpu}. Their speeds are lower than this machine gives when idle, so the recommendation's confidence is low: re-run when the machine is idle",
+        busy.len(),
+        all.len()
+    ))
+}
+
+/// In words, when a trial asked for more threads than there were free
+/// cores: llama.cpp's threads then wait on each other.
+#[must_use]
+pub fn threads_note<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Option<String> {
+    let (r, c) = results
+        .into_iter()
+        .filter_map(|r| r.contention.as_ref().map(|c| (r, c)))
+        .filter(|(r, c)| c.free_cores() + 0.5 < f64::from(r.spec.n_threads))
+        .min_by(|a, b| a.1.free_cores().total_cmp(&b.1.free_cores()))?;
+    let free = c.free_cores();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let fits = (free.floor() as u32).max(1);
+    Some(format!(
+        "more threads than free cores: -t {} at ngl {} had about {free:.1} of {} cores to itself (others used {:.1}); llama.cpp's threads then wait on each other and every speed drops: on a shared machine use -t {fits}, or stop the other work",
+        r.spec.n_threads, r.spec.n_gpu_layers, c.logical_cores, c.others_cores_mean
+    ))
 }
 
 /// The whole report printed by the tuner.
@@ -94,7 +198,7 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     for n in &d.fit_notes {
         let _ = writeln!(s, "note: {n}");
     }
-    for n in p.notes.iter().filter(|n| n.starts_with("noisy measurement")) {
+    for n in p.notes.iter().filter(|n| REPORT_WARNINGS.iter().any(|w| n.starts_with(w))) {
         let _ = writeln!(s, "warning: {n}");
     }
     if let Some(pr) = &p.prediction {
@@ -160,10 +264,16 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         );
     }
     let rec = &p.recommendation;
+    if rec.confidence == crate::profile::Confidence::Low {
+        let _ = writeln!(s, "confidence: low (measured on a busy machine; see the warning above)");
+    }
     let _ = writeln!(s);
     let _ = writeln!(s, "Ollama Modelfile:");
     for l in &rec.modelfile {
         let _ = writeln!(s, "  {l}");
+    }
+    if let Some(n) = crate::emit::ollama_ctx_note(p, &|k| std::env::var(k).ok()) {
+        let _ = writeln!(s, "  note: {n}");
     }
     let _ = writeln!(s, "llama.cpp:  {}", rec.llama_cpp_args);
     let _ = writeln!(s, "profile:    {}", path.display());

@@ -151,19 +151,19 @@ pub fn human_age(secs: u64) -> String {
 ///
 /// # Errors
 /// `BadInput` naming the value.
-pub fn parse_duration(s: &str) -> Result<Duration> {
+pub fn parse_duration(s: &str, opt: &str) -> Result<Duration> {
     let t = s.trim();
     let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
     let n: u64 = num
         .parse()
-        .map_err(|_| crate::error::bad(format!("--max-age '{s}' is not a duration; write it like 7d, 12h or 30m")))?;
+        .map_err(|_| crate::error::bad(format!("{opt} '{s}' is not a duration; write it like 7d, 12h or 30m")))?;
     let mult = match unit {
         "" | "s" => 1,
         "m" => 60,
         "h" => 3600,
         "d" => 86_400,
         "w" => 604_800,
-        _ => return Err(crate::error::bad(format!("--max-age '{s}' has an unknown unit; use s, m, h, d or w"))),
+        _ => return Err(crate::error::bad(format!("{opt} '{s}' has an unknown unit; use s, m, h, d or w"))),
     };
     Ok(Duration::from_secs(n.saturating_mul(mult)))
 }
@@ -179,7 +179,8 @@ pub struct Comparison {
     pub new_ts: f64,
     pub change_pct: f64,
     pub p_value: Option<f64>,
-    /// "regression", "improvement" or "same".
+    /// "regression", "improvement", "same", or "contended": measured while
+    /// the machine was busy (then or in the old profile), so not judged.
     pub verdict: String,
 }
 
@@ -191,6 +192,9 @@ pub struct Drift {
     /// (old, new) recommended ngl when it changed.
     pub recommendation_changed: Option<(u32, u32)>,
     pub threads_changed: Option<(u32, u32)>,
+    /// Comparisons not judged because a trial ran on a busy machine.
+    #[serde(default)]
+    pub contended: usize,
 }
 
 fn key(t: &ProfileTrial) -> (u32, u32) {
@@ -222,6 +226,8 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
             if om <= 0.0 {
                 continue;
             }
+            // A busy machine slows a trial by more than any threshold: no verdict from it.
+            let busy = nt.result.contended() || ot.result.contended();
             comparisons.push(Comparison {
                 n_gpu_layers: key(nt).0,
                 n_threads: key(nt).1,
@@ -229,15 +235,15 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
                 old_ts: om,
                 new_ts: nm,
                 change_pct: (nm - om) / om * 100.0,
-                p_value: welch(&otest.samples_ts, &ntest.samples_ts).map(|w| w.2),
-                verdict: String::new(),
+                p_value: if busy { None } else { welch(&otest.samples_ts, &ntest.samples_ts).map(|w| w.2) },
+                verdict: if busy { "contended".into() } else { String::new() },
             });
         }
     }
     let ps: Vec<f64> = comparisons.iter().filter_map(|c| c.p_value).collect();
     let held = holm(&ps, ALPHA);
     let mut next = held.iter();
-    for c in &mut comparisons {
+    for c in comparisons.iter_mut().filter(|c| c.verdict.is_empty()) {
         // Without a p-value (one repetition, or no spread) only the size decides.
         let significant = c.p_value.is_none() || *next.next().unwrap_or(&false);
         let change = c.change_pct / 100.0;
@@ -254,6 +260,7 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
     Drift {
         regressions: comparisons.iter().filter(|c| c.verdict == "regression").count(),
         improvements: comparisons.iter().filter(|c| c.verdict == "improvement").count(),
+        contended: comparisons.iter().filter(|c| c.verdict == "contended").count(),
         comparisons,
         recommendation_changed: (o.n_gpu_layers != n.n_gpu_layers).then_some((o.n_gpu_layers, n.n_gpu_layers)),
         threads_changed: (o.n_threads != n.n_threads).then_some((o.n_threads, n.n_threads)),
@@ -289,6 +296,10 @@ pub struct Summary {
     pub regressions: usize,
     pub improvements: usize,
     pub recommendations_changed: usize,
+    /// Comparisons not judged because the machine was busy during a trial.
+    pub contended: usize,
+    /// The machine was still busy when `--wait-idle` ran out, in words.
+    pub busy_at_start: Option<String>,
     /// 0 nothing regressed, 3 a regression, 1 a re-tune failed.
     pub exit_code: i32,
 }
@@ -300,6 +311,10 @@ pub struct ReprofileOptions {
     pub dry_run: bool,
     pub threshold: f64,
     pub update_modelfiles: Option<PathBuf>,
+    /// Wait up to this long for an idle machine before re-tuning.
+    pub wait_idle: Duration,
+    /// Share of the tuning's threads others may use for the machine to count as idle.
+    pub busy_threshold: f64,
     pub verbose: bool,
     pub progress: bool,
 }
@@ -317,11 +332,9 @@ pub fn modelfiles_for(dir: &Path, model: &Path) -> Vec<PathBuf> {
         if f.extension().is_some_and(|e| e == "bak") {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(&f) else { continue };
-        let from = text.lines().map(str::trim).find_map(|l| {
-            let (kw, rest) = l.split_once(char::is_whitespace)?;
-            kw.eq_ignore_ascii_case("from").then(|| rest.trim().trim_matches('"').to_string())
-        });
+        // Only Modelfiles Ollama would read; anything else in the directory is not ours to judge.
+        let Ok(cmds) = crate::emit::modelfile::read(&f) else { continue };
+        let from = cmds.iter().find(|c| c.name == "model" && !c.parameter).map(|c| c.args.clone());
         let Some(from) = from else { continue };
         let p = Path::new(&from);
         let p = if p.is_absolute() { p.to_path_buf() } else { f.parent().unwrap_or(Path::new(".")).join(p) };
@@ -345,6 +358,8 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
     let files = store::profile_files(&opts.store.join(&hw.machine_id));
     let mut entries = Vec::new();
     say(&format!("reprofile: {} profiles of machine {} in {}", files.len(), hw.machine_id, opts.store.display()));
+    // Waited for once, before the first re-tune: fresh profiles cost nothing.
+    let mut busy_at_start: Option<Option<String>> = None;
     for path in files {
         let old = match store::read_profile(&path) {
             Ok(p) => p,
@@ -403,6 +418,10 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
             entries.push(entry);
             continue;
         }
+        if busy_at_start.is_none() {
+            let cores = opts.busy_threshold * f64::from(crate::bench::default_threads());
+            busy_at_start = Some(wait_for_idle(opts.wait_idle, cores, say)?);
+        }
         say(&format!("  stale    {}: {}; re-tuning", old.model.file_name, entry.reasons.join("; ")));
         match retune(&old, opts) {
             Ok(new) => {
@@ -422,6 +441,12 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
                 }
                 if let Some((a, b)) = d.recommendation_changed {
                     say(&format!("           recommendation changed: ngl {a} → ngl {b}"));
+                }
+                if d.contended > 0 {
+                    say(&format!(
+                        "           {} comparisons not judged: the machine was busy during those trials",
+                        d.contended
+                    ));
                 }
                 if d.regressions == 0 && d.improvements == 0 {
                     say(&format!(
@@ -468,6 +493,8 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
         crate::error::exit::OK
     };
     Ok(Summary {
+        contended: entries.iter().filter_map(|e| e.drift.as_ref()).map(|d| d.contended).sum(),
+        busy_at_start: busy_at_start.flatten(),
         machine_id: hw.machine_id.clone(),
         store: opts.store.clone(),
         fingerprint: hw.fingerprint.clone(),
@@ -487,6 +514,46 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
         entries,
         exit_code,
     })
+}
+
+/// Waits, up to `limit`, until other processes use at most `cores` of CPU
+/// over a few seconds; returns what they used when it gave up, in words.
+///
+/// # Errors
+/// An interrupt while waiting.
+pub fn wait_for_idle(limit: Duration, cores: f64, say: &mut dyn FnMut(&str)) -> Result<Option<String>> {
+    let started = std::time::Instant::now();
+    let window = Duration::from_secs(2).min(limit.max(Duration::from_millis(500)));
+    let mut said = false;
+    loop {
+        let Some(c) = crate::probe::cpu::others_now(window, cores) else { return Ok(None) };
+        if !c.contended {
+            if said {
+                say(&format!("reprofile: the machine is idle now (others use {:.2} cores)", c.others_cores_mean));
+            }
+            return Ok(None);
+        }
+        let words = format!(
+            "other processes use {:.2} of {} cores (more than {cores:.2}): {}",
+            c.others_cores_mean,
+            c.logical_cores,
+            if c.top.is_empty() { "no single process stands out".to_string() } else { c.top_words() }
+        );
+        if started.elapsed() >= limit {
+            say(&format!(
+                "reprofile: the machine stayed busy for {}; re-tuning anyway, and trials measured while it is busy are not judged for drift ({words})",
+                human_age(limit.as_secs())
+            ));
+            return Ok(Some(words));
+        }
+        if !said {
+            say(&format!("reprofile: waiting up to {} for an idle machine: {words}", human_age(limit.as_secs())));
+            said = true;
+        }
+        if crate::engine::interrupt::requested().is_some() {
+            anyhow::bail!(crate::engine::runner::Interrupted);
+        }
+    }
 }
 
 fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
@@ -530,11 +597,11 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86_400));
-        assert_eq!(parse_duration("12h").unwrap(), Duration::from_secs(43_200));
-        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("3y").is_err());
+        assert_eq!(parse_duration("7d", "--max-age").unwrap(), Duration::from_secs(7 * 86_400));
+        assert_eq!(parse_duration("12h", "--max-age").unwrap(), Duration::from_secs(43_200));
+        assert_eq!(parse_duration("0", "--max-age").unwrap(), Duration::ZERO);
+        assert!(parse_duration("soon", "--max-age").is_err());
+        assert!(parse_duration("3y", "--max-age").is_err());
     }
 
     #[test]

@@ -6,8 +6,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use ngl_tune::emit::modelfile;
 
-const FORMATS: [&str; 7] = ["modelfile", "llama-cpp", "llama-server-env", "ollama-options", "json", "md", "csv"];
+const FORMATS: [&str; 8] =
+    ["modelfile", "llama-cpp", "llama-server-env", "docker-env", "ollama-options", "json", "md", "csv"];
 
 fn examples() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
@@ -44,8 +46,9 @@ fn every_format_matches_its_snapshot() {
     }
 }
 
-/// Ollama's Modelfile rules as far as ngl-tune's output goes: one FROM,
-/// known instructions, known PARAMETER names, integer values for the ones we set.
+/// Ollama's Modelfile rules as far as ngl-tune's output goes, read with
+/// the parser that follows Ollama's own: one FROM, known PARAMETER names,
+/// integer values for the ones we set.
 fn check_ollama_rules(text: &str) {
     const PARAMS: [&str; 16] = [
         "num_ctx",
@@ -65,37 +68,14 @@ fn check_ollama_rules(text: &str) {
         "stop",
         "mirostat",
     ];
-    let mut froms = 0;
-    let mut in_block = false;
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        let was_in_block = in_block;
-        if line.matches("\"\"\"").count() % 2 == 1 {
-            in_block = !in_block;
-        }
-        if was_in_block {
-            continue;
-        }
-        let mut words = line.split_whitespace();
-        let instr = words.next().unwrap().to_ascii_uppercase();
-        match instr.as_str() {
-            "FROM" => {
-                froms += 1;
-                assert!(words.next().is_some(), "FROM needs a model: {line}");
-            }
-            "PARAMETER" => {
-                let name = words.next().unwrap();
-                let value = words.next().unwrap_or_else(|| panic!("no value: {line}"));
-                assert!(PARAMS.contains(&name), "unknown parameter {name} (Ollama rejects it)");
-                assert_ne!(name, "num_gpu_layers");
-                if ["num_gpu", "num_thread", "num_ctx"].contains(&name) {
-                    assert!(value.parse::<u32>().is_ok(), "{name} needs an integer: {value}");
-                }
-            }
-            "TEMPLATE" | "SYSTEM" | "ADAPTER" | "LICENSE" | "MESSAGE" => {}
-            other => panic!("unknown instruction {other}"),
+    let cmds = modelfile::parse(text).unwrap_or_else(|e| panic!("Ollama would reject it: {e:?}\n{text}"));
+    assert_eq!(cmds.iter().filter(|c| c.name == "model" && !c.parameter).count(), 1, "exactly one FROM");
+    for c in cmds.iter().filter(|c| c.parameter) {
+        assert!(PARAMS.contains(&c.name.as_str()), "unknown parameter {} (Ollama rejects it)", c.name);
+        if modelfile::OWNED.contains(&c.name.as_str()) {
+            assert!(c.args.parse::<u32>().is_ok(), "{} needs an integer: {}", c.name, c.args);
         }
     }
-    assert_eq!(froms, 1, "exactly one FROM");
 }
 
 #[test]
@@ -227,4 +207,278 @@ fn emit_rejects_what_is_not_a_profile() {
     assert_bad_input(&run(&["emit", p.to_str().unwrap()]), "schema_version 7");
     assert_eq!(std::fs::read_to_string(&p).unwrap(), r#"{"schema_version": 7}"#, "never overwritten");
     assert_bad_input(&run(&["emit", "/nonexistent.json"]), "no such file");
+}
+
+/// systemd's EnvironmentFile= reader (src/basic/env-file.c,
+/// parse_env_file_internal), for the forms ngl-tune writes: comments,
+/// KEY=value, single and double quotes, backslash escapes.
+fn systemd_env(text: &str) -> Vec<(String, String)> {
+    #[derive(PartialEq)]
+    enum S {
+        PreKey,
+        Key,
+        PreValue,
+        Value,
+        ValueEscape,
+        Single,
+        Double,
+        DoubleEscape,
+        Comment,
+    }
+    let (mut out, mut key, mut value, mut state) = (Vec::new(), String::new(), String::new(), S::PreKey);
+    let push = |k: &mut String, v: &mut String, out: &mut Vec<(String, String)>| {
+        out.push((k.trim_end().to_string(), std::mem::take(v)));
+        k.clear();
+    };
+    for c in text.chars() {
+        state = match state {
+            S::PreKey if c == '#' || c == ';' => S::Comment,
+            S::PreKey if c.is_whitespace() => S::PreKey,
+            S::PreKey => {
+                key.push(c);
+                S::Key
+            }
+            S::Key if c == '\n' => {
+                key.clear();
+                S::PreKey
+            }
+            S::Key if c == '=' => S::PreValue,
+            S::Key => {
+                key.push(c);
+                S::Key
+            }
+            S::PreValue | S::Value if c == '\n' => {
+                let trimmed = value.trim_end().to_string();
+                value = if state == S::Value { trimmed } else { value };
+                push(&mut key, &mut value, &mut out);
+                S::PreKey
+            }
+            S::PreValue if c == '\'' => S::Single,
+            S::PreValue if c == '"' => S::Double,
+            S::PreValue | S::Value if c == '\\' => S::ValueEscape,
+            S::PreValue if c == ' ' || c == '\t' => S::PreValue,
+            S::PreValue | S::Value => {
+                value.push(c);
+                S::Value
+            }
+            S::ValueEscape => {
+                if c != '\n' {
+                    value.push(c);
+                }
+                S::Value
+            }
+            S::Single if c == '\'' => S::PreValue,
+            S::Single => {
+                value.push(c);
+                S::Single
+            }
+            S::Double if c == '"' => S::PreValue,
+            S::Double if c == '\\' => S::DoubleEscape,
+            S::Double => {
+                value.push(c);
+                S::Double
+            }
+            S::DoubleEscape => {
+                if "\"\\`$".contains(c) {
+                    value.push(c);
+                } else if c != '\n' {
+                    value.push('\\');
+                    value.push(c);
+                }
+                S::Double
+            }
+            S::Comment if c == '\n' => S::PreKey,
+            S::Comment => S::Comment,
+        };
+    }
+    if state != S::PreKey && state != S::Comment {
+        push(&mut key, &mut value, &mut out);
+    }
+    out
+}
+
+/// docker run --env-file: one KEY=VALUE a line, everything after the first
+/// '=' taken literally (quotes too), '#' lines and blank lines skipped.
+fn docker_env(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim_start)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (k, v) = l.split_once('=').expect("KEY=VALUE");
+            assert!(!k.contains(char::is_whitespace), "docker rejects a key with spaces: {k}");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn server_env_survives_a_model_path_with_spaces_and_quotes_in_every_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tricky = "/models/my models/it's \"q4\" $HOME `x` \\ b.gguf";
+    let mut p = read_json(&examples()[0]);
+    p["model"]["path"] = tricky.into();
+    let prof = dir.path().join("p.json");
+    std::fs::write(&prof, serde_json::to_string(&p).unwrap()).unwrap();
+    let want = |pairs: &[(String, String)]| {
+        let m = pairs.iter().find(|(k, _)| k == "LLAMA_ARG_MODEL").map(|(_, v)| v.clone());
+        assert_eq!(m.as_deref(), Some(tricky), "{pairs:?}");
+        assert!(pairs.iter().any(|(k, v)| k == "LLAMA_ARG_N_GPU_LAYERS" && v == "0"), "{pairs:?}");
+    };
+
+    let env = stdout(&run(&["emit", prof.to_str().unwrap(), "--format", "llama-server-env"]));
+    want(&systemd_env(&env));
+    // A POSIX shell reads the same file with set -a and `.`.
+    let file = dir.path().join("server.env");
+    std::fs::write(&file, &env).unwrap();
+    let sh = std::process::Command::new("sh")
+        .args(["-c", "set -a; . \"$1\"; printf '%s' \"$LLAMA_ARG_MODEL\"", "sh", file.to_str().unwrap()])
+        .env_remove("LLAMA_ARG_MODEL")
+        .output()
+        .unwrap();
+    assert!(sh.status.success(), "{}", String::from_utf8_lossy(&sh.stderr));
+    assert_eq!(String::from_utf8_lossy(&sh.stdout), tricky, "sh reads {env}");
+
+    let docker = stdout(&run(&["emit", prof.to_str().unwrap(), "--format", "docker-env"]));
+    want(&docker_env(&docker));
+
+    // A line break cannot travel in docker's format: refused, not mangled.
+    p["model"]["path"] = "/models/a\nb.gguf".into();
+    std::fs::write(&prof, serde_json::to_string(&p).unwrap()).unwrap();
+    assert_bad_input(&run(&["emit", prof.to_str().unwrap(), "--format", "docker-env"]), "line break");
+    let env = stdout(&run(&["emit", prof.to_str().unwrap(), "--format", "llama-server-env"]));
+    assert_eq!(systemd_env(&env)[0].1, "/models/a\nb.gguf", "{env}");
+}
+
+#[test]
+fn a_pinned_num_ctx_smaller_than_ollamas_default_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = read_json(&examples()[0]);
+    // A 24 GiB card: Ollama's default context there is 32k.
+    p["hardware"]["gpus"] = serde_json::json!([{
+        "index": 0, "name": "NVIDIA GeForce RTX 4090", "uuid": "GPU-1", "driver_version": "570.1",
+        "memory_total": 25_757_220_864u64, "memory_free": 25_000_000_000u64,
+        "pcie_gen_current": 4, "pcie_gen_max": 4, "pcie_width_current": 16, "pcie_width_max": 16,
+        "memory_bus_width_bits": 384, "memory_clock_max_mhz": 10501, "bandwidth_gbs": 1008.0
+    }]);
+    p["model"]["ctx_train"] = 32768.into();
+    let prof = dir.path().join("p.json");
+    std::fs::write(&prof, serde_json::to_string(&p).unwrap()).unwrap();
+    let o = run_env(&["emit", prof.to_str().unwrap()], &[("OLLAMA_NUM_PARALLEL", "1")]);
+    assert!(o.status.success());
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("num_ctx 4096 pins the context below the 32768 tokens Ollama would give"), "{err}");
+    let o = run_env(&["emit", prof.to_str().unwrap(), "--format", "ollama-options"], &[("OLLAMA_NUM_PARALLEL", "4")]);
+    assert!(
+        stderr(&o).contains("OLLAMA_NUM_PARALLEL=4 makes Ollama start llama-server with 4 x 4096 = 16384"),
+        "{}",
+        stderr(&o)
+    );
+    // Not for llama.cpp's own formats.
+    let o = run(&["emit", prof.to_str().unwrap(), "--format", "llama-cpp"]);
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+}
+
+/// Every Modelfile form, through `--write-modelfile` as a user runs it:
+/// what Ollama would read afterwards is exactly the intended parameters,
+/// every byte outside the owned values is the same, and what Ollama would
+/// reject is refused (exit 2) with the file untouched.
+#[test]
+fn every_modelfile_form_round_trips_or_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let ex = examples()[1].clone();
+    let want = [("num_gpu", "0"), ("num_thread", "2"), ("num_ctx", "4096")];
+    let good: &[(&str, &[u8])] = &[
+        ("stop-block", b"FROM x.gguf\nPARAMETER num_gpu 99\nPARAMETER stop \"\"\"\n<|im_end|>\n\"\"\"\n"),
+        ("odd-quotes-comment", b"FROM x.gguf\n# Use \"\"\" for multi-line values\nPARAMETER num_gpu 99\n"),
+        ("plain-quoted-lines", b"FROM x.gguf\nSYSTEM \"one\nPARAMETER num_gpu 5\ntwo\"\nPARAMETER num_gpu 9\n"),
+        ("repeated", b"FROM x.gguf\nPARAMETER num_gpu 99\nPARAMETER num_gpu 12\n"),
+        ("crlf", b"FROM x.gguf\r\nPARAMETER num_ctx 2048\r\n"),
+        ("bom", b"\xef\xbb\xbfFROM x.gguf\nPARAMETER num_gpu 1\n"),
+        ("no-final-newline", b"FROM x.gguf\nPARAMETER temperature 0.5"),
+        ("blocks", b"FROM x.gguf\nTEMPLATE \"\"\"{{ .Prompt }}\nPARAMETER num_gpu 3\"\"\"\nLICENSE \"\"\"\nMIT\n\"\"\"\nMESSAGE user \"\"\"hi\n\"\"\"\nADAPTER ./l.gguf\nPARAMETER stop <a>\nPARAMETER stop <b>\n"),
+    ];
+    for (name, bytes) in good {
+        let mf = dir.path().join(format!("{name}.Modelfile"));
+        std::fs::write(&mf, bytes).unwrap();
+        let o = run(&["emit", ex.to_str().unwrap(), "--write-modelfile", mf.to_str().unwrap()]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let new = std::fs::read(&mf).unwrap();
+        let (old_text, new_text) = (String::from_utf8_lossy(bytes), String::from_utf8_lossy(&new));
+        let strip = |s: &str| s.trim_start_matches('\u{feff}').to_string();
+        let (old_cmds, new_cmds) =
+            (modelfile::parse(&strip(&old_text)).unwrap(), modelfile::parse(&strip(&new_text)).unwrap());
+        let params = modelfile::parameters(&new_cmds);
+        for (k, v) in want {
+            let got = params.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+            assert_eq!(got, Some(vec![v.to_string()]), "{name}: {k} in {new_text}");
+        }
+        // Everything that is not an owned parameter reads the same, in order.
+        let others = |cs: &[modelfile::Command]| -> Vec<(String, String)> {
+            cs.iter()
+                .filter(|c| !(c.parameter && modelfile::OWNED.contains(&c.name.as_str())))
+                .map(|c| (c.name.clone(), c.args.clone()))
+                .collect()
+        };
+        assert_eq!(others(&old_cmds), others(&new_cmds), "{name}");
+        // Byte for byte: the old file is the new one with the owned values
+        // put back and the added lines taken out.
+        let mut back = new_text.to_string();
+        for (k, v) in want {
+            let line = format!("PARAMETER {k} {v}");
+            if !old_cmds.iter().any(|c| c.parameter && c.name == k) {
+                let eol = if back.contains("\r\n") { "\r\n" } else { "\n" };
+                back = back.replacen(&format!("{line}{eol}"), "", 1);
+            }
+        }
+        let old_owned: Vec<&modelfile::Command> =
+            old_cmds.iter().filter(|c| c.parameter && modelfile::OWNED.contains(&c.name.as_str())).collect();
+        let restored = {
+            let b = strip(&back);
+            let cmds = modelfile::parse(&b).unwrap();
+            let mut s = b.clone();
+            let owned: Vec<&modelfile::Command> =
+                cmds.iter().filter(|c| c.parameter && modelfile::OWNED.contains(&c.name.as_str())).collect();
+            assert_eq!(owned.len(), old_owned.len(), "{name}");
+            for (n, o) in owned.iter().zip(&old_owned).rev() {
+                s.replace_range(n.value.clone(), &strip(&old_text)[o.value.clone()]);
+            }
+            s
+        };
+        let trailing_fix = |s: String| if old_text.ends_with('\n') { s } else { s.trim_end_matches('\n').to_string() };
+        assert_eq!(trailing_fix(restored), strip(&old_text), "{name}: only the owned values changed");
+        assert_eq!(std::fs::read(dir.path().join(format!("{name}.Modelfile.bak"))).unwrap(), *bytes, "{name}");
+    }
+    // UTF-16 with a byte-order mark: Ollama reads it, so it is updated and stays UTF-16.
+    let utf16: Vec<u8> = [0xff, 0xfe]
+        .into_iter()
+        .chain("FROM x.gguf\nPARAMETER num_gpu 7\n".encode_utf16().flat_map(u16::to_le_bytes))
+        .collect();
+    let mf = dir.path().join("utf16.Modelfile");
+    std::fs::write(&mf, &utf16).unwrap();
+    let o = run(&["emit", ex.to_str().unwrap(), "--write-modelfile", mf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&mf).unwrap();
+    assert_eq!(&bytes[..2], [0xff, 0xfe]);
+    let units: Vec<u16> = bytes[2..].chunks_exact(2).map(|p| u16::from_le_bytes([p[0], p[1]])).collect();
+    assert_eq!(
+        String::from_utf16(&units).unwrap(),
+        "FROM x.gguf\nPARAMETER num_gpu 0\nPARAMETER num_thread 2\nPARAMETER num_ctx 4096\n"
+    );
+
+    let bad: &[(&str, &[u8], &str)] = &[
+        ("no-value", b"FROM x.gguf\nPARAMETER num_gpu\n", "line 2: PARAMETER num_gpu has no value"),
+        ("unterminated", b"FROM x.gguf\nSYSTEM \"\"\"open\n", "line 2: the quoted value of SYSTEM is never closed"),
+        ("case", b"FROM x.gguf\nPARAMETER NUM_GPU 12\n", "line 2: PARAMETER NUM_GPU is not num_gpu"),
+        ("misnamed", b"FROM x.gguf\nPARAMETER num_gpu_layers 12\n", "its name is num_gpu"),
+        ("utf16-no-bom", b"F\0R\0O\0M\0 \0x\0\n\0", "UTF-16 without a byte-order mark"),
+        ("no-from", b"PARAMETER num_gpu 1\n", "no FROM line"),
+    ];
+    for (name, bytes, needle) in bad {
+        let mf = dir.path().join(format!("{name}.bad"));
+        std::fs::write(&mf, bytes).unwrap();
+        assert_bad_input(&run(&["emit", ex.to_str().unwrap(), "--write-modelfile", mf.to_str().unwrap()]), needle);
+        assert_eq!(std::fs::read(&mf).unwrap(), *bytes, "{name}: untouched");
+        assert!(!dir.path().join(format!("{name}.bad.bak")).exists(), "{name}: nothing written");
+    }
 }

@@ -27,7 +27,8 @@ fn reprofile(store: &Path, extra: &[&str]) -> std::process::Output {
 }
 
 fn reprofile_args<'a>(store: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut a = vec!["reprofile", "--profiles", store.to_str().unwrap(), "-q"];
+    // No waiting for an idle machine: cargo runs other tests beside these.
+    let mut a = vec!["reprofile", "--profiles", store.to_str().unwrap(), "-q", "--wait-idle", "0"];
     a.extend_from_slice(extra);
     if !extra.contains(&"--drift-threshold") {
         a.extend_from_slice(&["--drift-threshold", "0.5"]);

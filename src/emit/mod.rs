@@ -20,8 +20,10 @@ pub enum Format {
     Modelfile,
     /// -m PATH -ngl N -t T -c C for llama-cli / llama-server
     LlamaCpp,
-    /// LLAMA_ARG_* environment for llama-server
+    /// LLAMA_ARG_* environment for llama-server: a systemd EnvironmentFile, or `set -a; . FILE` in a POSIX shell
     LlamaServerEnv,
+    /// LLAMA_ARG_* environment for llama-server in a container: `docker run --env-file FILE` (values unquoted)
+    DockerEnv,
     /// The JSON `options` object of Ollama's API
     OllamaOptions,
     /// The profile itself
@@ -46,6 +48,112 @@ fn model_path(p: &Profile) -> String {
     p.model.path.display().to_string()
 }
 
+/// A value for an environment file read by both systemd (`EnvironmentFile=`,
+/// `parse_env_file_internal`) and a POSIX shell (`set -a; . FILE`): plain
+/// when it holds nothing either would treat specially, else in double
+/// quotes with `"`, `\`, `` ` `` and `$` escaped, which both undo.
+#[must_use]
+pub fn env_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:@%,".contains(c)) {
+        return s.to_string();
+    }
+    let mut q = String::from("\"");
+    for c in s.chars() {
+        if "\"\\`$".contains(c) {
+            q.push('\\');
+        }
+        q.push(c);
+    }
+    q.push('"');
+    q
+}
+
+/// llama-server's environment as (name, value) pairs, in a fixed order.
+fn server_env(p: &Profile) -> Vec<(&'static str, String)> {
+    let r = &p.recommendation;
+    let mut v = vec![
+        ("LLAMA_ARG_MODEL", model_path(p)),
+        ("LLAMA_ARG_N_GPU_LAYERS", r.n_gpu_layers.to_string()),
+        ("LLAMA_ARG_THREADS", r.n_threads.to_string()),
+        ("LLAMA_ARG_CTX_SIZE", r.n_ctx.to_string()),
+    ];
+    if r.n_cpu_moe > 0 {
+        v.push(("LLAMA_ARG_N_CPU_MOE", r.n_cpu_moe.to_string()));
+    }
+    v
+}
+
+/// llama-server has no environment variable for `--no-op-offload`.
+fn op_offload_comment(p: &Profile) -> &'static str {
+    if p.recommendation.op_offload {
+        ""
+    } else {
+        "# also pass --no-op-offload to llama-server (it has no environment variable)\n"
+    }
+}
+
+/// The context Ollama gives a model when no `num_ctx` is set, as current
+/// Ollama chooses it (server/routes.go): 256k tokens when the GPUs' memory
+/// (less `OLLAMA_GPU_OVERHEAD` each) adds up to at least 47 GiB, 32k from
+/// 23 GiB, else 4k; `OLLAMA_CONTEXT_LENGTH` replaces the rule; never more
+/// than the model was trained for.
+#[must_use]
+pub fn ollama_default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64>, ctx_train: u64) -> u64 {
+    const GIB: u64 = 1 << 30;
+    let total: u64 = gpu_totals.iter().map(|t| t.saturating_sub(overhead)).sum();
+    let by_vram = if total >= 47 * GIB {
+        262_144
+    } else if total >= 23 * GIB {
+        32_768
+    } else {
+        4096
+    };
+    let ctx = env_ctx.filter(|c| *c > 0).unwrap_or(by_vram);
+    if ctx_train > 0 {
+        ctx.min(ctx_train)
+    } else {
+        ctx
+    }
+}
+
+/// One line when pinning `num_ctx` changes what an Ollama user gets: a
+/// context smaller than Ollama's default on this machine, or
+/// `OLLAMA_NUM_PARALLEL` multiplying it. `env` reads Ollama's variables.
+#[must_use]
+pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let ctx_train = p.model.ctx_train;
+    let n_ctx = u64::from(p.recommendation.n_ctx);
+    let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
+    // Ollama counts the GPUs it can run on: NVIDIA cards, or real (not CPU-emulated) offload devices.
+    let mut totals: Vec<u64> = p.hardware.gpus.iter().filter_map(|g| g.memory_total).collect();
+    if totals.is_empty() {
+        totals = p
+            .hardware
+            .llama_devices
+            .iter()
+            .filter(|d| d.is_offload_target() && !d.is_software_renderer())
+            .map(|d| d.memory_total)
+            .collect();
+    }
+    let default =
+        ollama_default_ctx(&totals, num("OLLAMA_GPU_OVERHEAD").unwrap_or(0), num("OLLAMA_CONTEXT_LENGTH"), ctx_train);
+    let parallel = num("OLLAMA_NUM_PARALLEL").unwrap_or(1).max(1);
+    let mut parts = Vec::new();
+    if n_ctx < default {
+        parts.push(format!(
+            "num_ctx {n_ctx} pins the context below the {default} tokens Ollama would give this model here without it; tune with -c {default} to measure that context, or drop num_ctx"
+        ));
+    }
+    if parallel > 1 {
+        parts.push(format!(
+            "OLLAMA_NUM_PARALLEL={parallel} makes Ollama start llama-server with {parallel} x {n_ctx} = {} tokens of context, more memory than was measured here (tune with -c {})",
+            n_ctx * parallel,
+            n_ctx * parallel
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 /// Ollama's `options` object for its API (`/api/generate`, `/api/chat`).
 #[derive(Debug, Serialize)]
 pub struct OllamaOptions {
@@ -65,16 +173,23 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
         Format::LlamaCpp => format!(
             "-m {} {}\n",
             shell_quote(&model_path(p)),
-            Recommendation::llama_cpp_args(r.n_gpu_layers, r.n_threads, r.n_ctx, r.n_cpu_moe)
+            Recommendation::llama_cpp_args(r.n_gpu_layers, r.n_threads, r.n_ctx, r.n_cpu_moe, r.op_offload)
         ),
-        Format::LlamaServerEnv => format!(
-            "LLAMA_ARG_MODEL={}\nLLAMA_ARG_N_GPU_LAYERS={}\nLLAMA_ARG_THREADS={}\nLLAMA_ARG_CTX_SIZE={}\n{}",
-            shell_quote(&model_path(p)),
-            r.n_gpu_layers,
-            r.n_threads,
-            r.n_ctx,
-            if r.n_cpu_moe > 0 { format!("LLAMA_ARG_N_CPU_MOE={}\n", r.n_cpu_moe) } else { String::new() }
-        ),
+        Format::LlamaServerEnv => {
+            let lines: String = server_env(p).into_iter().map(|(k, v)| format!("{k}={}\n", env_quote(&v))).collect();
+            format!("{}{lines}", op_offload_comment(p))
+        }
+        Format::DockerEnv => {
+            // docker takes everything after the first '=' literally, quotes
+            // included, and cannot carry a newline.
+            if let Some((k, _)) = server_env(p).iter().find(|(_, v)| v.contains(['\n', '\r'])) {
+                return Err(crate::error::bad(format!(
+                    "{k} would hold a line break, which docker's --env-file cannot carry; use --format llama-server-env, or move the model to a path without one"
+                )));
+            }
+            let lines: String = server_env(p).into_iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+            format!("{}{lines}", op_offload_comment(p))
+        }
         Format::OllamaOptions => {
             let num_gpu = r.ollama_num_gpu.unwrap_or(r.n_gpu_layers);
             let o = OllamaOptions { num_gpu, num_thread: r.n_threads, num_ctx: r.n_ctx };

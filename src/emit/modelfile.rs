@@ -1,7 +1,18 @@
 //! Ollama Modelfiles: a fresh one from a profile, and an in-place update that
-//! changes only the PARAMETER lines ngl-tune owns (num_gpu, num_thread,
+//! changes only the PARAMETER values ngl-tune owns (num_gpu, num_thread,
 //! num_ctx) and keeps every other byte.
+//!
+//! The reader follows Ollama's own parser (`parser/parser.go`, `ParseFile`)
+//! rune by rune: a command word (case-insensitive) and a space; for
+//! PARAMETER a name (letters, digits, `_`, case kept) and a space; then a
+//! value that ends at a newline only once the value collected so far,
+//! trimmed, is complete: one that starts with `"""` must end with `"""`, one
+//! that starts with `"` must end with `"`, anything else ends at the first
+//! newline. `#` starts a comment only where a command could start. So a
+//! `"""` in a comment or in the middle of a value opens nothing, and text
+//! inside a multi-line value is never an instruction.
 
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::Result;
@@ -11,8 +22,20 @@ use crate::profile::store::atomic_write;
 use crate::profile::Profile;
 
 /// The PARAMETER names ngl-tune sets. Ollama's name for GPU layers is
-/// `num_gpu` (`num_gpu_layers` does not exist there).
+/// `num_gpu` (`num_gpu_layers` does not exist there). Ollama's parameter
+/// names are case-sensitive: `NUM_GPU` is not ours, and Ollama rejects it.
 pub const OWNED: [&str; 3] = ["num_gpu", "num_thread", "num_ctx"];
+
+/// Names seen in Modelfiles in the wild that Ollama rejects ("unknown
+/// parameter"), with the name that was meant.
+const MISNAMED: [(&str, &str); 6] = [
+    ("num_gpu_layers", "num_gpu"),
+    ("n_gpu_layers", "num_gpu"),
+    ("num_threads", "num_thread"),
+    ("n_threads", "num_thread"),
+    ("n_ctx", "num_ctx"),
+    ("batch_size", "num_batch"),
+];
 
 /// The owned parameters and their values from a profile, in Modelfile order.
 #[must_use]
@@ -32,6 +55,11 @@ pub fn render(p: &Profile) -> String {
         p.created_at,
         p.model.path.display()
     );
+    if p.recommendation.confidence == crate::profile::Confidence::Low {
+        s.push_str(
+            "# confidence low: measured while other work was running on this machine; re-tune when it is idle\n",
+        );
+    }
     if p.recommendation.n_cpu_moe > 0 {
         s.push_str(&format!(
             "# llama.cpp is faster with -ngl {} --n-cpu-moe {}; Ollama has no expert offload, so num_gpu is the best whole-layer split\n",
@@ -44,82 +72,357 @@ pub fn render(p: &Profile) -> String {
     s
 }
 
-/// Counts `"""` in a line: an odd count opens or closes a multi-line value
-/// (TEMPLATE, SYSTEM, MESSAGE), inside which nothing is an instruction.
-fn toggles_block(line: &str) -> bool {
-    line.matches("\"\"\"").count() % 2 == 1
+/// One command as Ollama's parser reads it, with where it stands in the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    /// "model" for FROM; the lower-cased command word otherwise; for
+    /// PARAMETER the parameter name exactly as written.
+    pub name: String,
+    pub parameter: bool,
+    /// The value as Ollama reads it (quotes removed; "role: text" for MESSAGE).
+    pub args: String,
+    /// Line of the command word (1-based).
+    pub line: usize,
+    /// Bytes of the value as written, quotes included (empty when none).
+    pub value: Range<usize>,
 }
 
-/// Splits `PARAMETER name value` into (keyword+name prefix, name) when the
-/// line is one; the prefix keeps the original spelling and spacing.
-fn parameter(line: &str) -> Option<(usize, String)> {
-    let body = line.trim_start();
-    let indent = line.len() - body.len();
-    let kw = body.get(..9)?;
-    if !kw.eq_ignore_ascii_case("parameter") {
-        return None;
-    }
-    let rest = &body[9..];
-    let after_kw = rest.len() - rest.trim_start().len();
-    if after_kw == 0 {
-        return None;
-    }
-    let rest = rest.trim_start();
-    let name_len = rest.find(char::is_whitespace).unwrap_or(rest.len());
-    let name = rest[..name_len].to_ascii_lowercase();
-    let tail = &rest[name_len..];
-    let gap = tail.len() - tail.trim_start_matches([' ', '\t']).len();
-    Some((indent + 9 + after_kw + name_len + gap, name))
+/// Why Ollama would refuse a Modelfile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub line: usize,
+    pub msg: String,
 }
 
-/// Rewrites the owned PARAMETER lines of `old` to `values`, adding any that
-/// are missing after the last PARAMETER (or the FROM) line. Every other byte
-/// is kept, line endings included.
-#[must_use]
-pub fn update(old: &str, values: &[(&str, u32)]) -> String {
-    let eol = if old.contains("\r\n") { "\r\n" } else { "\n" };
-    let mut out: Vec<String> = Vec::new();
-    let mut seen: Vec<&str> = Vec::new();
-    let mut in_block = false;
-    let mut last_param: Option<usize> = None;
-    let mut from_line: Option<usize> = None;
-    for line in old.split_inclusive('\n') {
-        let (content, ending) = match line.strip_suffix("\r\n") {
-            Some(c) => (c, "\r\n"),
-            None => line.strip_suffix('\n').map_or((line, ""), |c| (c, "\n")),
-        };
-        let mut replaced = None;
-        if !in_block {
-            if let Some((prefix_len, name)) = parameter(content) {
-                if let Some((k, v)) = values.iter().find(|(k, _)| *k == name) {
-                    replaced = Some(format!("{}{v}{ending}", &content[..prefix_len]));
-                    seen.push(k);
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Nil,
+    Name,
+    Value,
+    Parameter,
+    Message,
+    Comment,
+}
+
+/// Go's `strconv.IsPrint` as far as Modelfiles go: no control characters,
+/// no spaces but U+0020, no invisible format characters.
+fn is_print(c: char) -> bool {
+    !c.is_control()
+        && (c == ' ' || !c.is_whitespace())
+        && !matches!(c, '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
+}
+
+fn is_space(c: char) -> bool {
+    c == ' ' || c == '\t'
+}
+
+fn is_newline(c: char) -> bool {
+    c == '\r' || c == '\n'
+}
+
+/// Ollama's `unquote`: the value without its quotes, or `None` while a
+/// quoted value is still open.
+fn unquote(s: &str) -> Option<&str> {
+    if let Some(rest) = s.strip_prefix("\"\"\"") {
+        return (s.len() >= 6 && rest.ends_with("\"\"\"")).then(|| &s[3..s.len() - 3]);
+    }
+    if let Some(rest) = s.strip_prefix('"') {
+        return (!rest.is_empty() && rest.ends_with('"')).then(|| &s[1..s.len() - 1]);
+    }
+    Some(s)
+}
+
+fn is_valid_command(word: &str) -> bool {
+    matches!(
+        word.to_ascii_lowercase().as_str(),
+        "from"
+            | "license"
+            | "template"
+            | "system"
+            | "adapter"
+            | "draft"
+            | "renderer"
+            | "parser"
+            | "parameter"
+            | "message"
+            | "requires"
+    )
+}
+
+/// Reads a Modelfile (without a byte-order mark) the way Ollama does.
+///
+/// # Errors
+/// Where Ollama's parser fails: an unknown command, a PARAMETER name
+/// followed by anything but a value, a MESSAGE role other than
+/// system/user/assistant, a quoted value never closed.
+#[allow(clippy::too_many_lines)]
+pub fn parse(text: &str) -> Result<Vec<Command>, ParseError> {
+    let mut out = Vec::new();
+    let mut state = State::Nil;
+    let mut buf = String::new();
+    let mut line = 1;
+    let mut cmd_line = 1;
+    let mut name = String::new();
+    let mut parameter = false;
+    let mut role = String::new();
+    let mut value: Option<Range<usize>> = None;
+    let err = |line: usize, msg: String| ParseError { line, msg };
+    let finish = |buf: &str, name: &str, parameter: bool, role: &str, value: &Option<Range<usize>>, line: usize| {
+        unquote(buf.trim()).map(|s| Command {
+            name: name.to_string(),
+            parameter,
+            args: if role.is_empty() { s.to_string() } else { format!("{role}: {s}") },
+            line,
+            value: value.clone().unwrap_or(0..0),
+        })
+    };
+    for (i, c) in text.char_indices() {
+        match state {
+            State::Nil => {
+                if c == '#' {
+                    state = State::Comment;
+                } else if !is_space(c) && !is_newline(c) {
+                    state = State::Name;
+                    cmd_line = line;
+                    buf.clear();
+                    if is_print(c) {
+                        buf.push(c);
+                    }
                 }
-                last_param = Some(out.len());
-            } else if content.trim_start().get(..4).is_some_and(|k| k.eq_ignore_ascii_case("from"))
-                && content.trim_start()[4..].starts_with([' ', '\t'])
-            {
-                from_line = Some(out.len());
+            }
+            State::Comment => {
+                if is_newline(c) {
+                    state = State::Nil;
+                }
+            }
+            State::Name => {
+                if c.is_ascii_alphabetic() {
+                    buf.push(c);
+                } else if is_space(c) {
+                    if !is_valid_command(&buf) {
+                        return Err(err(cmd_line, format!("'{buf}' is not a Modelfile command (Ollama knows FROM, PARAMETER, TEMPLATE, SYSTEM, ADAPTER, LICENSE, MESSAGE, DRAFT, RENDERER, PARSER, REQUIRES)")));
+                    }
+                    let word = buf.to_ascii_lowercase();
+                    parameter = false;
+                    role.clear();
+                    value = None;
+                    buf.clear();
+                    match word.as_str() {
+                        "parameter" => {
+                            parameter = true;
+                            state = State::Parameter;
+                        }
+                        "message" => {
+                            name = word;
+                            state = State::Message;
+                        }
+                        "from" => {
+                            name = "model".into();
+                            state = State::Value;
+                        }
+                        _ => {
+                            name = word;
+                            state = State::Value;
+                        }
+                    }
+                } else {
+                    let word = format!("{buf}{}", if is_newline(c) { "" } else { "…" });
+                    return Err(err(cmd_line, format!("'{word}' is not a command followed by a value")));
+                }
+            }
+            State::Parameter => {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    buf.push(c);
+                } else if is_space(c) {
+                    name = std::mem::take(&mut buf);
+                    state = State::Value;
+                } else {
+                    return Err(err(
+                        cmd_line,
+                        format!(
+                            "PARAMETER {buf} has no value (a name of letters, digits and _, a space, then the value)"
+                        ),
+                    ));
+                }
+            }
+            State::Message => {
+                if c.is_ascii_alphabetic() {
+                    buf.push(c);
+                } else if is_space(c) {
+                    if !matches!(buf.as_str(), "system" | "user" | "assistant") {
+                        return Err(err(
+                            cmd_line,
+                            format!("MESSAGE role '{buf}' is not one of system, user or assistant"),
+                        ));
+                    }
+                    role = std::mem::take(&mut buf);
+                    state = State::Value;
+                } else {
+                    return Err(err(cmd_line, format!("MESSAGE {buf} has no role and text")));
+                }
+            }
+            State::Value => {
+                if is_space(c) || is_newline(c) {
+                    let complete = unquote(buf.trim()).is_some();
+                    if !complete || is_space(c) {
+                        buf.push(c);
+                    } else {
+                        out.push(finish(&buf, &name, parameter, &role, &value, cmd_line).expect("complete"));
+                        buf.clear();
+                        state = State::Nil;
+                    }
+                } else {
+                    if is_print(c) {
+                        buf.push(c);
+                    }
+                    let end = i + c.len_utf8();
+                    value = Some(value.map_or(i..end, |v| v.start..end));
+                }
             }
         }
-        if toggles_block(content) {
-            in_block = !in_block;
+        if c == '\n' {
+            line += 1;
         }
-        out.push(replaced.unwrap_or_else(|| line.to_string()));
     }
-    let missing: Vec<String> =
-        values.iter().filter(|(k, _)| !seen.contains(k)).map(|(k, v)| format!("PARAMETER {k} {v}{eol}")).collect();
+    match state {
+        State::Nil | State::Comment => {}
+        State::Value => match finish(&buf, &name, parameter, &role, &value, cmd_line) {
+            Some(c) => out.push(c),
+            None => {
+                let what = if parameter { format!("PARAMETER {name}") } else { name.to_ascii_uppercase() };
+                return Err(err(cmd_line, format!("the quoted value of {what} is never closed")));
+            }
+        },
+        State::Parameter => {
+            return Err(err(cmd_line, format!("PARAMETER {buf} has no value")));
+        }
+        State::Name | State::Message => {
+            return Err(err(cmd_line, format!("'{buf}' at the end of the file has no value")));
+        }
+    }
+    Ok(out)
+}
+
+/// The parameters Ollama builds from the commands: the last value of each
+/// name wins, except `stop`, which collects every value.
+#[must_use]
+pub fn parameters(cmds: &[Command]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for c in cmds.iter().filter(|c| c.parameter) {
+        match out.iter_mut().find(|(k, _)| *k == c.name) {
+            Some((_, v)) if c.name == "stop" => v.push(c.args.clone()),
+            Some((_, v)) => *v = vec![c.args.clone()],
+            None => out.push((c.name.clone(), vec![c.args.clone()])),
+        }
+    }
+    out
+}
+
+/// Checks what Ollama's parser lets through but `ollama create` then
+/// rejects, where it concerns ngl-tune: a FROM line, values for PARAMETERs,
+/// and names that look like ours but are not Ollama's.
+fn check(cmds: &[Command]) -> Result<(), ParseError> {
+    for c in cmds.iter().filter(|c| c.parameter) {
+        if c.name.is_empty() {
+            return Err(ParseError {
+                line: c.line,
+                msg: "PARAMETER is followed by more than one space, so Ollama reads an empty parameter name and rejects it; put one space between PARAMETER and the name".into(),
+            });
+        }
+        if c.value.is_empty() {
+            return Err(ParseError {
+                line: c.line,
+                msg: format!("PARAMETER {} has no value; give it one or delete the line", c.name),
+            });
+        }
+        if !OWNED.contains(&c.name.as_str()) {
+            if let Some(ours) = OWNED.iter().find(|o| o.eq_ignore_ascii_case(&c.name)) {
+                return Err(ParseError {
+                    line: c.line,
+                    msg: format!(
+                        "PARAMETER {} is not {ours}: Ollama's parameter names are case-sensitive and `ollama create` rejects it; write {ours}",
+                        c.name
+                    ),
+                });
+            }
+            if let Some((_, meant)) = MISNAMED.iter().find(|(m, _)| m.eq_ignore_ascii_case(&c.name)) {
+                return Err(ParseError {
+                    line: c.line,
+                    msg: format!(
+                        "PARAMETER {} is not an Ollama parameter (`ollama create` rejects it); its name is {meant}",
+                        c.name
+                    ),
+                });
+            }
+        }
+    }
+    if !cmds.iter().any(|c| c.name == "model" && !c.parameter) {
+        return Err(ParseError { line: 1, msg: "no FROM line, which Ollama requires; add FROM <model>".into() });
+    }
+    Ok(())
+}
+
+/// Rewrites the values of the owned PARAMETERs of `old` to `values` (every
+/// occurrence, so one value remains whichever Ollama takes) and adds the
+/// missing ones after the end of the last PARAMETER value (or the last
+/// FROM). Every other byte is kept, line endings included. The result is
+/// read back with [`parse`] and must yield exactly the intended commands.
+///
+/// # Errors
+/// A [`ParseError`] for a Modelfile Ollama would reject, with its line.
+pub fn update(old: &str, values: &[(&str, u32)]) -> Result<String, ParseError> {
+    let bom = if old.starts_with('\u{feff}') { '\u{feff}'.len_utf8() } else { 0 };
+    let body = &old[bom..];
+    let cmds = parse(body)?;
+    check(&cmds)?;
+    let eol = if body.contains("\r\n") { "\r\n" } else { "\n" };
+    let value_of = |name: &str| values.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    let mut edits: Vec<(Range<usize>, String)> = cmds
+        .iter()
+        .filter(|c| c.parameter)
+        .filter_map(|c| value_of(&c.name).map(|v| (c.value.clone(), v.to_string())))
+        .collect();
+    let missing: Vec<(&str, u32)> =
+        values.iter().copied().filter(|(k, _)| !cmds.iter().any(|c| c.parameter && c.name == *k)).collect();
+    let anchor = cmds.iter().rposition(|c| c.parameter).or_else(|| cmds.iter().rposition(|c| c.name == "model"));
     if !missing.is_empty() {
-        let at = last_param.or(from_line).map_or(out.len(), |i| i + 1);
-        // The line we insert after may lack a final newline.
-        if at > 0 && !out[at - 1].ends_with('\n') {
-            out[at - 1].push_str(eol);
-        }
-        for (i, l) in missing.into_iter().enumerate() {
-            out.insert(at + i, l);
-        }
+        let lines: String = missing.iter().map(|(k, v)| format!("PARAMETER {k} {v}{eol}")).collect();
+        // After the newline that ends the anchor's value; a value ends at a
+        // newline, so nothing of another command stands between them.
+        let after = anchor.map_or(body.len(), |a| cmds[a].value.end);
+        let at = body[after..].find('\n').map_or(body.len(), |n| after + n + 1);
+        let text =
+            if at == body.len() && !body.is_empty() && !body.ends_with('\n') { format!("{eol}{lines}") } else { lines };
+        edits.push((at..at, text));
     }
-    out.concat()
+    edits.sort_by_key(|e| e.0.start);
+    let mut new = body.to_string();
+    for (range, text) in edits.iter().rev() {
+        new.replace_range(range.clone(), text);
+    }
+    // Read back as Ollama would: the same commands, owned values replaced,
+    // the missing ones right after the anchor.
+    let mut want: Vec<(String, bool, String)> = cmds
+        .iter()
+        .map(|c| {
+            let args =
+                if c.parameter { value_of(&c.name).map_or(c.args.clone(), |v| v.to_string()) } else { c.args.clone() };
+            (c.name.clone(), c.parameter, args)
+        })
+        .collect();
+    let at = anchor.map_or(want.len(), |a| a + 1);
+    for (i, (k, v)) in missing.iter().enumerate() {
+        want.insert(at + i, ((*k).to_string(), true, v.to_string()));
+    }
+    let got: Vec<(String, bool, String)> = parse(&new)
+        .map_err(|e| ParseError { line: e.line, msg: format!("the updated file would not parse ({})", e.msg) })?
+        .into_iter()
+        .map(|c| (c.name, c.parameter, c.args))
+        .collect();
+    if got != want {
+        return Err(ParseError { line: 1, msg: "the update would change more than the owned parameters".into() });
+    }
+    Ok(format!("{}{new}", &old[..bom]))
 }
 
 /// What `--write-modelfile` did.
@@ -130,35 +433,93 @@ pub enum WriteOutcome {
     Unchanged,
 }
 
-/// Creates or updates a Modelfile in place, atomically, keeping the previous
-/// version as `PATH.bak`.
+/// A Modelfile's bytes as text, and how to turn text back into the same
+/// encoding. Ollama reads UTF-8, and UTF-16 when a byte-order mark says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Utf8,
+    Utf16Le,
+    Utf16Be,
+}
+
+fn decode(bytes: &[u8]) -> std::result::Result<(String, Encoding), String> {
+    let utf16 = |units: Vec<u16>, enc: Encoding| {
+        String::from_utf16(&units).map(|s| (s, enc)).map_err(|_| "is not valid UTF-16 text".to_string())
+    };
+    let pairs = |b: &[u8]| -> std::result::Result<Vec<[u8; 2]>, String> {
+        if b.len() % 2 == 1 {
+            return Err("has an odd number of bytes after its UTF-16 byte-order mark".into());
+        }
+        Ok(b.chunks_exact(2).map(|p| [p[0], p[1]]).collect())
+    };
+    if let Some(rest) = bytes.strip_prefix(&[0xff, 0xfe]) {
+        return utf16(pairs(rest)?.into_iter().map(u16::from_le_bytes).collect(), Encoding::Utf16Le);
+    }
+    if let Some(rest) = bytes.strip_prefix(&[0xfe, 0xff]) {
+        return utf16(pairs(rest)?.into_iter().map(u16::from_be_bytes).collect(), Encoding::Utf16Be);
+    }
+    if bytes.contains(&0) {
+        return Err("holds NUL bytes: UTF-16 without a byte-order mark, or not text; Ollama reads it as UTF-8 and rejects it: save it as UTF-8".into());
+    }
+    match String::from_utf8(bytes.to_vec()) {
+        Ok(s) => Ok((s, Encoding::Utf8)),
+        Err(e) => Err(format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to())),
+    }
+}
+
+fn encode(text: &str, enc: Encoding) -> Vec<u8> {
+    match enc {
+        Encoding::Utf8 => text.as_bytes().to_vec(),
+        Encoding::Utf16Le => [0xff, 0xfe].into_iter().chain(text.encode_utf16().flat_map(u16::to_le_bytes)).collect(),
+        Encoding::Utf16Be => [0xfe, 0xff].into_iter().chain(text.encode_utf16().flat_map(u16::to_be_bytes)).collect(),
+    }
+}
+
+/// Reads a Modelfile as Ollama would (bounded, regular files only), or says
+/// why Ollama would not.
 ///
 /// # Errors
-/// `BadInput` for a path that is a directory or not text; write errors.
+/// `BadInput` naming the file, the line and the problem.
+pub fn read(path: &Path) -> Result<Vec<Command>> {
+    let bytes = crate::fsio::read_regular(path, crate::fsio::MAX_MODELFILE_BYTES, "pass an Ollama Modelfile")?;
+    let (text, _) = decode(&bytes).map_err(|why| bad(format!("{} {why}", path.display())))?;
+    parse(text.strip_prefix('\u{feff}').unwrap_or(&text))
+        .map_err(|e| bad(format!("{}: line {}: {}", path.display(), e.line, e.msg)))
+}
+
+/// Creates or updates a Modelfile in place, atomically, keeping the previous
+/// version as `PATH.bak`. An empty file counts as missing.
+///
+/// # Errors
+/// `BadInput` for a path that is not a regular file, not text, or a
+/// Modelfile Ollama would reject (named by line; the file is left as it
+/// is); write errors.
 pub fn write(path: &Path, p: &Profile) -> Result<WriteOutcome> {
-    if path.is_dir() {
-        return Err(bad(format!(
-            "--write-modelfile {} is a directory; pass the Modelfile's path (e.g. {}/Modelfile)",
-            path.display(),
-            path.display()
-        )));
-    }
-    if !path.exists() {
+    crate::fsio::check_output_file(path, "--write-modelfile")?;
+    let exists = std::fs::symlink_metadata(path).is_ok();
+    let bytes = if exists {
+        crate::fsio::read_regular(
+            path,
+            crate::fsio::MAX_MODELFILE_BYTES,
+            "pass an Ollama Modelfile to --write-modelfile",
+        )?
+    } else {
+        Vec::new()
+    };
+    if bytes.is_empty() {
         atomic_write(path, render(p).as_bytes())?;
-        return Ok(WriteOutcome::Created);
+        return Ok(if exists { WriteOutcome::Updated } else { WriteOutcome::Created });
     }
-    let bytes = std::fs::read(path).map_err(|e| bad(format!("{}: cannot be read ({e})", path.display())))?;
-    let old = String::from_utf8(bytes).map_err(|_| {
-        bad(format!("{} is not a text file; pass an Ollama Modelfile to --write-modelfile", path.display()))
-    })?;
-    let new = update(&old, &params(p));
+    let unchanged = |why: String| bad(format!("{} {why}; it is left unchanged", path.display()));
+    let (old, enc) = decode(&bytes).map_err(unchanged)?;
+    let new = update(&old, &params(p)).map_err(|e| unchanged(format!("line {}: {}", e.line, e.msg)))?;
     if new == old {
         return Ok(WriteOutcome::Unchanged);
     }
     let mut bak = path.as_os_str().to_owned();
     bak.push(".bak");
-    atomic_write(Path::new(&bak), old.as_bytes())?;
-    atomic_write(path, new.as_bytes())?;
+    atomic_write(Path::new(&bak), &bytes)?;
+    atomic_write(path, &encode(&new, enc))?;
     Ok(WriteOutcome::Updated)
 }
 
@@ -166,31 +527,169 @@ pub fn write(path: &Path, p: &Profile) -> Result<WriteOutcome> {
 mod tests {
     use super::*;
 
-    const ORIGINAL: &str = "# my assistant\nFROM ./gemma.gguf\n\nTEMPLATE \"\"\"{{ .System }}\nPARAMETER num_gpu 1\n{{ .Prompt }}\"\"\"\nSYSTEM \"\"\"\nYou are terse.\n\"\"\"\nPARAMETER temperature 0.7\nparameter   NUM_GPU\t12\nPARAMETER stop \"<end>\"\n# trailing comment";
+    const V: [(&str, u32); 3] = [("num_gpu", 0), ("num_thread", 8), ("num_ctx", 4096)];
 
-    #[test]
-    fn only_owned_parameters_change() {
-        let new = update(ORIGINAL, &[("num_gpu", 0), ("num_thread", 8), ("num_ctx", 4096)]);
-        let expected = "# my assistant\nFROM ./gemma.gguf\n\nTEMPLATE \"\"\"{{ .System }}\nPARAMETER num_gpu 1\n{{ .Prompt }}\"\"\"\nSYSTEM \"\"\"\nYou are terse.\n\"\"\"\nPARAMETER temperature 0.7\nparameter   NUM_GPU\t0\nPARAMETER stop \"<end>\"\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n# trailing comment";
-        assert_eq!(new, expected);
-        assert_eq!(update(&new, &[("num_gpu", 0), ("num_thread", 8), ("num_ctx", 4096)]), new, "idempotent");
+    /// The update as Ollama reads it: every command but the owned
+    /// parameters unchanged, the owned ones holding exactly `V`.
+    fn reads_back(old: &str, new: &str) {
+        let strip = |s: &str| s.strip_prefix('\u{feff}').unwrap_or(s).to_string();
+        let (o, n) = (parse(&strip(old)).unwrap(), parse(&strip(new)).unwrap());
+        let others = |cs: &[Command]| -> Vec<(String, String)> {
+            cs.iter()
+                .filter(|c| !(c.parameter && OWNED.contains(&c.name.as_str())))
+                .map(|c| (c.name.clone(), c.args.clone()))
+                .collect()
+        };
+        assert_eq!(others(&o), others(&n), "{new}");
+        let params = parameters(&n);
+        for (k, v) in V {
+            let got = params.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone());
+            assert_eq!(got, Some(vec![v.to_string()]), "{k} in {new}");
+        }
+        assert_eq!(update(new, &V).unwrap(), new, "a second update changes nothing");
+    }
+
+    fn up(old: &str) -> String {
+        let new = update(old, &V).unwrap_or_else(|e| panic!("{e:?}: {old}"));
+        reads_back(old, &new);
+        new
+    }
+
+    fn refused(old: &str) -> ParseError {
+        update(old, &V).expect_err(old)
     }
 
     #[test]
-    fn crlf_files_stay_crlf_and_missing_newline_is_handled() {
-        let old = "FROM x.gguf\r\nPARAMETER num_ctx 2048\r\n";
+    fn only_owned_values_change_and_blocks_are_not_instructions() {
+        let old = "# my assistant\nFROM ./gemma.gguf\n\nTEMPLATE \"\"\"{{ .System }}\nPARAMETER num_gpu 1\n{{ .Prompt }}\"\"\"\nSYSTEM \"\"\"\nYou are terse.\n\"\"\"\nPARAMETER temperature 0.7\nparameter num_gpu\t12\nPARAMETER stop \"<end>\"\n# trailing comment";
+        let want = "# my assistant\nFROM ./gemma.gguf\n\nTEMPLATE \"\"\"{{ .System }}\nPARAMETER num_gpu 1\n{{ .Prompt }}\"\"\"\nSYSTEM \"\"\"\nYou are terse.\n\"\"\"\nPARAMETER temperature 0.7\nparameter num_gpu\t0\nPARAMETER stop \"<end>\"\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n# trailing comment";
+        assert_eq!(up(old), want);
+    }
+
+    #[test]
+    fn a_multi_line_stop_block_is_never_split() {
+        let old = "FROM x.gguf\nPARAMETER num_gpu 99\nPARAMETER stop \"\"\"\n<|im_end|>\n\"\"\"\n";
         assert_eq!(
-            update(old, &[("num_ctx", 4096), ("num_gpu", 3)]),
-            "FROM x.gguf\r\nPARAMETER num_ctx 4096\r\nPARAMETER num_gpu 3\r\n"
+            up(old),
+            "FROM x.gguf\nPARAMETER num_gpu 0\nPARAMETER stop \"\"\"\n<|im_end|>\n\"\"\"\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n"
         );
-        assert_eq!(update("FROM x.gguf", &[("num_gpu", 3)]), "FROM x.gguf\nPARAMETER num_gpu 3\n");
+        // Ending the file inside its closing line.
+        let old = "FROM x.gguf\nPARAMETER stop \"\"\"\n<|im_end|>\n\"\"\"";
+        assert_eq!(
+            up(old),
+            "FROM x.gguf\nPARAMETER stop \"\"\"\n<|im_end|>\n\"\"\"\nPARAMETER num_gpu 0\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n"
+        );
     }
 
     #[test]
-    fn parameter_lines_are_recognized_loosely() {
-        assert_eq!(parameter("PARAMETER num_gpu 3").map(|p| p.1), Some("num_gpu".into()));
-        assert_eq!(parameter("  Parameter\tnum_ctx   8").map(|p| p.0), Some("  Parameter\tnum_ctx   ".len()));
-        assert_eq!(parameter("PARAMETERS x 1"), None);
-        assert_eq!(parameter("FROM x"), None);
+    fn an_odd_triple_quote_in_a_comment_or_mid_value_opens_nothing() {
+        let old = "FROM x.gguf\n# Use \"\"\" for multi-line values\nPARAMETER num_gpu 99\nSYSTEM say \"\"\" to quote\nPARAMETER num_ctx 2048\n";
+        assert_eq!(
+            up(old),
+            "FROM x.gguf\n# Use \"\"\" for multi-line values\nPARAMETER num_gpu 0\nSYSTEM say \"\"\" to quote\nPARAMETER num_ctx 4096\nPARAMETER num_thread 8\n"
+        );
+    }
+
+    #[test]
+    fn multi_line_plain_quoted_values_and_messages() {
+        let old = "FROM x.gguf\nSYSTEM \"You are\nPARAMETER num_gpu 5\nterse\"\nMESSAGE user \"\"\"hi\nthere\"\"\"\nMESSAGE assistant hello\nPARAMETER num_gpu \"7\"\n";
+        let new = up(old);
+        assert_eq!(
+            new,
+            "FROM x.gguf\nSYSTEM \"You are\nPARAMETER num_gpu 5\nterse\"\nMESSAGE user \"\"\"hi\nthere\"\"\"\nMESSAGE assistant hello\nPARAMETER num_gpu 0\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n"
+        );
+        let cmds = parse(&new).unwrap();
+        assert_eq!(cmds[1].args, "You are\nPARAMETER num_gpu 5\nterse");
+        assert_eq!(cmds[2].args, "user: hi\nthere");
+    }
+
+    #[test]
+    fn a_repeated_owned_parameter_gets_one_value_everywhere() {
+        let old = "FROM x.gguf\nPARAMETER num_gpu 99\nPARAMETER num_thread 4\nPARAMETER num_gpu 12\n";
+        assert_eq!(
+            up(old),
+            "FROM x.gguf\nPARAMETER num_gpu 0\nPARAMETER num_thread 8\nPARAMETER num_gpu 0\nPARAMETER num_ctx 4096\n"
+        );
+    }
+
+    #[test]
+    fn crlf_bom_missing_newline_license_adapter_and_repeated_stop() {
+        assert_eq!(
+            up("FROM x.gguf\r\nPARAMETER num_ctx 2048\r\n"),
+            "FROM x.gguf\r\nPARAMETER num_ctx 4096\r\nPARAMETER num_gpu 0\r\nPARAMETER num_thread 8\r\n"
+        );
+        assert_eq!(
+            up("FROM x.gguf"),
+            "FROM x.gguf\nPARAMETER num_gpu 0\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n"
+        );
+        assert_eq!(
+            up("\u{feff}FROM x.gguf\nPARAMETER num_gpu 1\n"),
+            "\u{feff}FROM x.gguf\nPARAMETER num_gpu 0\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n"
+        );
+        let old = "FROM x.gguf\nADAPTER ./lora.gguf\nLICENSE \"\"\"\nPARAMETER num_gpu 3\n\"\"\"\nPARAMETER stop <a>\nPARAMETER stop <b>\n";
+        let new = up(old);
+        assert!(new.starts_with("FROM x.gguf\nADAPTER ./lora.gguf\nLICENSE \"\"\"\nPARAMETER num_gpu 3\n\"\"\"\nPARAMETER stop <a>\nPARAMETER stop <b>\nPARAMETER num_gpu 0\n"), "{new}");
+        let stops = parameters(&parse(&new).unwrap()).into_iter().find(|(k, _)| k == "stop").unwrap().1;
+        assert_eq!(stops, ["<a>", "<b>"]);
+        // No PARAMETER at all: after the FROM.
+        assert_eq!(
+            up("# c\nFROM x.gguf\nSYSTEM hi\n"),
+            "# c\nFROM x.gguf\nPARAMETER num_gpu 0\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\nSYSTEM hi\n"
+        );
+    }
+
+    #[test]
+    fn what_ollama_rejects_is_refused_with_its_line() {
+        for (old, line, needle) in [
+            ("FROM x.gguf\nPARAMETER num_gpu\n", 2, "PARAMETER num_gpu has no value"),
+            ("FROM x.gguf\nPARAMETER num_gpu \nPARAMETER num_ctx 1\n", 2, "PARAMETER num_gpu has no value"),
+            ("FROM x.gguf\nSYSTEM \"\"\"never\nclosed\n", 2, "never closed"),
+            ("FROM x.gguf\nPARAMETER NUM_GPU 12\n", 2, "case-sensitive"),
+            ("FROM x.gguf\n\nPARAMETER num_gpu_layers 12\n", 3, "its name is num_gpu"),
+            ("FROM x.gguf\nGPU 12\n", 2, "not a Modelfile command"),
+            ("FROM x.gguf\nMESSAGE bot hi\n", 2, "role 'bot'"),
+            ("# only a comment\n", 1, "no FROM line"),
+            ("FROM x.gguf\nPARAMETER  num_gpu 12\n", 2, "more than one space"),
+        ] {
+            let e = refused(old);
+            assert_eq!(e.line, line, "{old:?}: {e:?}");
+            assert!(e.msg.contains(needle), "{old:?}: {e:?}");
+        }
+    }
+
+    /// Cases from Ollama's own parser tests, as it reads them.
+    #[test]
+    fn reads_like_ollama() {
+        let read = |s: &str| parse(s).unwrap().into_iter().map(|c| (c.name, c.args)).collect::<Vec<_>>();
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(read("FROM     FOOO BAR    "), [pair("model", "FOOO BAR")]);
+        assert_eq!(read("FROM \"FOO  BAR  \""), [pair("model", "FOO  BAR  ")]);
+        assert_eq!(
+            read("PARAMETER what the \nFROM lemons make lemonade "),
+            [pair("what", "the"), pair("model", "lemons make lemonade")]
+        );
+        assert_eq!(read("FROM foo\nPARAMETER stop \"\"\"### User:\n\"\"\"\n")[1], pair("stop", "### User:\n"));
+        assert_eq!(read("FROM foo\nSYSTEM \"\"\"\"\"\"\n")[1], pair("system", ""));
+        assert_eq!(read("FROM foo\nSYSTEM \"'\"\n")[1], pair("system", "'"));
+        assert_eq!(
+            read("FROM foo\nMESSAGE system \"\"\"\nYou parse.\n\"\"\"\n\t\t\t")[1],
+            pair("message", "system: \nYou parse.\n")
+        );
+        assert!(parse("FROM foo\nSYSTEM \"\"\"This is a multiline system.\"\"\n").is_err());
+        assert!(parse("FROM foo\nMESSAGE system\n").is_err());
+        assert!(parse("FROM foo\nPARAMETER param1\n").is_err());
+    }
+
+    #[test]
+    fn utf16_with_a_bom_round_trips_and_without_one_is_refused() {
+        let text = "FROM x.gguf\r\nPARAMETER num_gpu 9\r\n";
+        for enc in [Encoding::Utf16Le, Encoding::Utf16Be] {
+            let bytes = encode(text, enc);
+            let (back, e) = decode(&bytes).unwrap();
+            assert_eq!((back.as_str(), e), (text, enc));
+        }
+        let no_bom: Vec<u8> = text.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        assert!(decode(&no_bom).unwrap_err().contains("UTF-16 without a byte-order mark"));
+        assert!(decode(b"FROM \xff\n").unwrap_err().contains("not UTF-8"));
     }
 }

@@ -16,12 +16,37 @@ use serde::{Deserialize, Serialize};
 
 use logs::BufferLine;
 
+use crate::probe::cpu::Contention;
 use crate::probe::{LlamaDevice, MemoryStats};
 
 /// The llama.cpp this binary is built from. llama-cpp-sys-2 vendors one
 /// llama.cpp revision per release (its build reports build 0, commit
 /// "unknown"), so the crate version is the revision.
 pub const LLAMA_CPP_REVISION: &str = "llama-cpp-sys-2 0.1.160";
+
+/// llama.cpp's op offload (`--op-offload` / `--no-op-offload`) as asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OpOffload {
+    /// On, except where every offload device is a CPU-based Vulkan device
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl OpOffload {
+    /// Whether trials offload host operations, given whether every offload
+    /// device runs on the CPU (moving work there cannot beat the CPU backend).
+    #[must_use]
+    pub fn resolve(self, only_software_devices: bool) -> bool {
+        match self {
+            OpOffload::On => true,
+            OpOffload::Off => false,
+            OpOffload::Auto => !only_software_devices,
+        }
+    }
+}
 
 /// llama-bench's `flash_attn` values: -1 auto, 0 off, 1 on.
 pub type FlashAttn = i8;
@@ -51,6 +76,11 @@ pub struct TrialSpec {
     /// llama.cpp's `--n-cpu-moe`; 0 for dense models.
     #[serde(default)]
     pub n_cpu_moe: u32,
+    /// Offload host tensor operations (large-batch matrix products of
+    /// layers on the CPU) to the device: llama.cpp's default, and its
+    /// `--no-op-offload` when false.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub op_offload: bool,
     /// Cut the trial short where it is clearly losing (adaptive search).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub race: Option<Race>,
@@ -93,6 +123,15 @@ pub fn cpu_moe_pattern(layer: u32) -> String {
 
 fn default_interval() -> u64 {
     20
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl TrialSpec {
@@ -227,6 +266,9 @@ pub struct TrialResult {
     /// llama.cpp's devices as the worker saw them.
     #[serde(default)]
     pub devices: Vec<LlamaDevice>,
+    /// What other processes took from the machine while the trial ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<Contention>,
 }
 
 impl TrialResult {
@@ -263,6 +305,13 @@ impl TrialResult {
         }
     }
 
+    /// Measured while other processes took more than the threshold (and
+    /// still so after the one repetition a contended trial gets).
+    #[must_use]
+    pub fn contended(&self) -> bool {
+        self.contention.as_ref().is_some_and(|c| c.contended)
+    }
+
     /// Peak resident memory of the worker process.
     #[must_use]
     pub fn peak_host_rss(&self) -> Option<u64> {
@@ -292,6 +341,7 @@ impl TrialResult {
             stderr_tail: Vec::new(),
             sampled: Vec::new(),
             devices: Vec::new(),
+            contention: None,
         }
     }
 }
@@ -314,6 +364,7 @@ pub(crate) fn test_spec() -> TrialSpec {
         seed: 1,
         sample_interval_ms: 20,
         n_cpu_moe: 0,
+        op_offload: true,
         race: None,
     }
 }

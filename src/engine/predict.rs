@@ -18,6 +18,7 @@ extern "C" {
         n_batch: u32,
         n_ubatch: u32,
         flash_attn: i32,
+        op_offload: i32,
         cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64, u64),
         user: *mut c_void,
     ) -> c_int;
@@ -54,6 +55,9 @@ pub struct PredictSpec {
     pub n_batch: u32,
     pub n_ubatch: u32,
     pub flash_attn: i8,
+    /// Offload host tensor operations to the device (llama.cpp's default).
+    #[serde(default = "super::yes")]
+    pub op_offload: bool,
     /// Also ask llama.cpp's own fit (`common_fit_params`) which ngl it would
     /// choose when this many bytes must stay free on each device.
     #[serde(default)]
@@ -84,7 +88,8 @@ fn llama_fit(spec: &PredictSpec, margin: u64) -> LlamaFit {
     let mut cp = LlamaContextParams::default()
         .with_n_ctx(std::num::NonZeroU32::new(spec.n_ctx))
         .with_n_batch(spec.n_batch)
-        .with_n_ubatch(spec.n_ubatch);
+        .with_n_ubatch(spec.n_ubatch)
+        .with_op_offload(spec.op_offload);
     // SAFETY: llama_max_devices has no preconditions.
     let n_dev = unsafe { llama_cpp_sys_2::llama_max_devices() };
     let mut margins = vec![usize::try_from(margin).unwrap_or(usize::MAX); n_dev];
@@ -122,6 +127,7 @@ fn predict_one(spec: &PredictSpec, ngl: u32) -> Prediction {
             spec.n_batch,
             spec.n_ubatch,
             i32::from(spec.flash_attn),
+            i32::from(spec.op_offload),
             collect,
             (&raw mut buffers).cast::<c_void>(),
         )

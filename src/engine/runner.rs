@@ -34,7 +34,16 @@ pub struct Runner {
     pub sample_interval: Duration,
     /// Why NVML is not sampled, if it is not.
     pub nvml_note: Option<String>,
+    /// Other processes may use this share of the trial's threads (in cores)
+    /// before the trial counts as contended.
+    pub busy_threshold: f64,
+    /// Wait before measuring a contended trial again.
+    pub retry_wait: Duration,
 }
+
+/// GPU utilization (percent, before the worker starts) above which
+/// another process is taken to be using the GPU.
+pub const GPU_BUSY_PCT: u32 = 10;
 
 impl Runner {
     /// A runner that re-executes the current binary.
@@ -51,7 +60,42 @@ impl Runner {
             poll: Duration::from_millis(20),
             sample_interval: Duration::from_millis(20),
             nvml_note,
+            busy_threshold: crate::probe::cpu::DEFAULT_BUSY_THRESHOLD,
+            retry_wait: Duration::from_secs(3),
         })
+    }
+
+    #[must_use]
+    pub fn with_busy_threshold(mut self, share_of_threads: f64) -> Self {
+        self.busy_threshold = share_of_threads;
+        self
+    }
+
+    /// Runs a trial; when other processes took more than the threshold
+    /// while it ran, waits a moment and measures it once more, keeping the
+    /// second measurement (marked `repeated`, still `contended` if the
+    /// machine stayed busy).
+    ///
+    /// # Errors
+    /// As [`Runner::run`], and an interrupt during the wait.
+    pub fn run_settled(&self, spec: &TrialSpec, mut on_tick: impl FnMut(u32)) -> Result<TrialResult> {
+        let first = self.run(spec, &mut on_tick)?;
+        if first.status != TrialStatus::Ok || !first.contended() {
+            return Ok(first);
+        }
+        let waited = Instant::now();
+        while waited.elapsed() < self.retry_wait {
+            if interrupt::requested().is_some() {
+                return Err(anyhow::Error::new(Interrupted));
+            }
+            std::thread::sleep(self.poll);
+        }
+        let mut second = self.run(spec, &mut on_tick)?;
+        if let Some(c) = second.contention.as_mut() {
+            c.repeated = true;
+            c.first_others_cores = first.contention.as_ref().map(|f| f.others_cores_mean);
+        }
+        Ok(second)
     }
 
     #[must_use]
@@ -87,6 +131,12 @@ impl Runner {
             .spawn()
             .with_context(|| format!("cannot start the trial worker {}", self.exe.display()))?;
         let pid = child.id();
+        let gpu_before = if self.nvml_note.is_none() {
+            crate::probe::nvml::open().ok().map(|n| crate::probe::nvml::busy_before(&n, &[pid, std::process::id()]))
+        } else {
+            None
+        };
+        let monitor = crate::probe::cpu::Monitor::start(Some(pid));
         let sampler =
             (!self.sample_interval.is_zero()).then(|| Sampler::start(self.sources(), self.sample_interval, Some(pid)));
         let mut spec = spec.clone();
@@ -129,6 +179,16 @@ impl Runner {
 
         let (status, timed_out) = self.wait(&mut child, pid, &mut on_tick)?;
         let sampled = sampler.map(Sampler::stop).unwrap_or_default();
+        let mut contention = monitor.stop(self.busy_threshold * f64::from(spec.n_threads.max(1)));
+        if let (Some(c), Some((util, others))) = (contention.as_mut(), gpu_before) {
+            c.gpu_util_before_pct = util;
+            c.gpu_others = others;
+            // Busy and held by someone else: the last trial's worker, just
+            // gone, can still show in the utilization but not in the list.
+            if util.is_some_and(|u| u > GPU_BUSY_PCT) && !c.gpu_others.is_empty() {
+                c.contended = true;
+            }
+        }
         let stdout = out_thread.join().unwrap_or_default();
         let _ = err_thread.join();
         let tail: Vec<String> = tail.lock().map(|t| t.iter().cloned().collect()).unwrap_or_default();
@@ -157,6 +217,7 @@ impl Runner {
         };
         result.wall_ms = wall_ms;
         result.sampled.extend(sampled);
+        result.contention = contention;
         if result.status != TrialStatus::Ok {
             result.stderr_tail = tail;
         }

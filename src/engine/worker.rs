@@ -170,7 +170,8 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
             .with_n_ubatch(spec.n_ubatch)
             .with_n_threads(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
             .with_n_threads_batch(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
-            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(spec.flash_attn));
+            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(spec.flash_attn))
+            .with_op_offload(spec.op_offload);
         let ctx = model.new_context(backend, cparams);
         let ctx_log = logs::take();
         let mut ctx = match ctx {

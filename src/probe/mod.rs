@@ -3,6 +3,7 @@
 //! llama.cpp's device free/total and the host as implementations, polled by
 //! a [`Sampler`] thread while a trial runs.
 
+pub mod cpu;
 pub mod ggml;
 pub mod host;
 pub mod nvml;
@@ -282,6 +283,28 @@ pub fn cpu_brand() -> String {
     let mut s = sysinfo::System::new();
     s.refresh_cpu_all();
     s.cpus().first().map(|c| c.brand().trim().to_string()).unwrap_or_default()
+}
+
+/// Every offload device runs on the CPU (llvmpipe and friends): moving
+/// work there cannot beat the CPU backend.
+#[must_use]
+pub fn only_software_offload(devices: &[LlamaDevice]) -> bool {
+    let mut offload = devices.iter().filter(|d| d.is_offload_target()).peekable();
+    offload.peek().is_some() && offload.all(LlamaDevice::is_software_renderer)
+}
+
+/// Why op offload is off by default on such a machine, in words.
+#[must_use]
+pub fn op_offload_note(devices: &[LlamaDevice]) -> String {
+    let names: Vec<String> = devices
+        .iter()
+        .filter(|d| d.is_offload_target())
+        .map(|d| format!("{} ({})", d.name, d.description.split(" (").next().unwrap_or(&d.description)))
+        .collect();
+    format!(
+        "op offload off (llama.cpp: --no-op-offload): {} runs on the CPU, so moving the prompt's matrix products of CPU layers there cannot beat the CPU backend; --op-offload on measures llama.cpp's default",
+        names.join(", ")
+    )
 }
 
 /// The sentence for a build or machine where ngl does nothing.

@@ -140,6 +140,31 @@ impl MemorySource for NvmlSource {
     }
 }
 
+/// What else was on the NVIDIA GPUs just before a trial started: the
+/// highest utilization (percent) any device reported, and the processes
+/// other than `except` holding compute contexts.
+#[must_use]
+pub fn busy_before(nvml: &Nvml, except: &[u32]) -> (Option<u32>, Vec<super::cpu::GpuProcess>) {
+    let Ok(n) = nvml.device_count() else { return (None, Vec::new()) };
+    let mut util: Option<u32> = None;
+    let mut others = Vec::new();
+    for d in (0..n).filter_map(|i| nvml.device_by_index(i).ok()) {
+        if let Ok(u) = d.utilization_rates() {
+            util = Some(util.unwrap_or(0).max(u.gpu));
+        }
+        for p in d.running_compute_processes().unwrap_or_default() {
+            if !except.contains(&p.pid) {
+                let bytes = match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                };
+                others.push(super::cpu::GpuProcess { pid: p.pid, bytes });
+            }
+        }
+    }
+    (util, others)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

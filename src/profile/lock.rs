@@ -7,6 +7,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -58,8 +59,14 @@ impl StoreLock {
         let dir = store.join(machine);
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let path = dir.join(".lock");
-        let mut file =
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| {
                 let hint = match e.raw_os_error() {
                     Some(libc::EROFS) => {
                         "; the store is on a read-only file system: pass --profiles with a writable directory"
@@ -72,6 +79,15 @@ impl StoreLock {
                 };
                 anyhow::anyhow!("cannot open the store lock {}: {e}{hint}", path.display())
             })?;
+        if let Ok(md) = file.metadata() {
+            if !md.is_file() {
+                anyhow::bail!(crate::error::BadInput(format!(
+                    "the store lock {} is {}; remove it (ngl-tune creates a regular file there)",
+                    path.display(),
+                    crate::fsio::kind_of(md.file_type())
+                )));
+            }
+        }
         let mut said = false;
         while !try_flock(&file) {
             let who = holder(&mut file);

@@ -50,6 +50,14 @@ pub struct ModelIdentity {
     pub quantization: String,
     pub n_params: u64,
     pub n_expert: u32,
+    /// Context the model was trained for (0: unknown, profiles from before the field).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ctx_train: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl ModelIdentity {
@@ -73,6 +81,7 @@ impl ModelIdentity {
             quantization: m.quantization.clone(),
             n_params: m.n_params,
             n_expert: m.n_expert,
+            ctx_train: m.ctx_train,
         }
     }
 
@@ -108,6 +117,18 @@ pub struct Settings {
     /// or "grid" (every grid value). Profiles from before the field: grid.
     #[serde(default = "default_search")]
     pub search: String,
+    /// A trial is contended when other processes use more than this share
+    /// of its threads (profiles from before the field: 0.1).
+    #[serde(default = "default_busy_threshold")]
+    pub busy_threshold: f64,
+    /// llama.cpp's op offload as asked (auto: off where every offload
+    /// device is CPU-based).
+    #[serde(default)]
+    pub op_offload: crate::engine::OpOffload,
+}
+
+fn default_busy_threshold() -> f64 {
+    crate::probe::cpu::DEFAULT_BUSY_THRESHOLD
 }
 
 fn default_search() -> String {
@@ -209,6 +230,17 @@ pub struct FitCheck {
     pub error_pct: f64,
 }
 
+/// How far the recommendation can be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Confidence {
+    /// Measured on a machine that was idle enough.
+    #[default]
+    High,
+    /// Some trials ran while other processes took the machine's CPU or GPU.
+    Low,
+}
+
 /// The answer, in the forms people paste.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recommendation {
@@ -224,6 +256,12 @@ pub struct Recommendation {
     pub n_ctx: u32,
     /// The recommended setting was measured (not only predicted).
     pub measured: bool,
+    /// Low when trials ran on a busy machine (profiles from before the field: high).
+    #[serde(default)]
+    pub confidence: Confidence,
+    /// llama.cpp's op offload was on in the trials (off: `--no-op-offload`).
+    #[serde(default = "crate::engine::yes", skip_serializing_if = "crate::engine::is_true")]
+    pub op_offload: bool,
     pub tg_ts: Option<f64>,
     pub pp_ts: Option<f64>,
     pub mem_bytes: Option<f64>,
@@ -244,12 +282,14 @@ impl Recommendation {
         ]
     }
 
-    /// llama.cpp's flags: `-ngl N -t T -c C`, and `--n-cpu-moe K` when the
-    /// experts of the first K layers stay on the CPU.
+    /// llama.cpp's flags: `-ngl N -t T -c C`, `--n-cpu-moe K` when the
+    /// experts of the first K layers stay on the CPU, and `--no-op-offload`
+    /// when host operations stay there too.
     #[must_use]
-    pub fn llama_cpp_args(ngl: u32, threads: u32, ctx: u32, n_cpu_moe: u32) -> String {
+    pub fn llama_cpp_args(ngl: u32, threads: u32, ctx: u32, n_cpu_moe: u32, op_offload: bool) -> String {
         let moe = if n_cpu_moe > 0 { format!(" --n-cpu-moe {n_cpu_moe}") } else { String::new() };
-        format!("-ngl {ngl} -t {threads} -c {ctx}{moe}")
+        let po = if op_offload { "" } else { " --no-op-offload" };
+        format!("-ngl {ngl} -t {threads} -c {ctx}{moe}{po}")
     }
 }
 

@@ -29,13 +29,7 @@ pub fn default_dir() -> PathBuf {
 /// # Errors
 /// `BadInput` when it names a file.
 pub fn check_dir(dir: &Path) -> Result<()> {
-    if dir.exists() && !dir.is_dir() {
-        return Err(bad(format!(
-            "--profiles {} is a file, not a directory; pass a directory for the profile store",
-            dir.display()
-        )));
-    }
-    Ok(())
+    crate::fsio::check_dir_arg(dir, "--profiles", "the profile store")
 }
 
 fn stem(model: &ModelIdentity) -> String {
@@ -104,8 +98,8 @@ pub fn write_profile(path: &Path, p: &Profile) -> Result<()> {
 /// # Errors
 /// `BadInput` for a file that is not a profile this version reads.
 pub fn read_profile(path: &Path) -> Result<Profile> {
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("{}: cannot be read ({e})", path.display())))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
+    let bytes = crate::fsio::read_regular(path, crate::fsio::MAX_PROFILE_BYTES, "pass an ngl-tune profile (.json)")?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| bad(format!("{} is not JSON ({e}); it is not an ngl-tune profile", path.display())))?;
     match v.get("schema_version").and_then(serde_json::Value::as_u64) {
         Some(n) if n == u64::from(SCHEMA_VERSION) => {}
@@ -132,8 +126,8 @@ pub fn write_checkpoint(path: &Path, c: &Checkpoint) -> Result<()> {
 /// Loads a checkpoint, if there is a readable one.
 #[must_use]
 pub fn read_checkpoint(path: &Path) -> Option<Checkpoint> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let c: Checkpoint = serde_json::from_str(&text).ok()?;
+    let bytes = crate::fsio::read_regular(path, crate::fsio::MAX_PROFILE_BYTES, "").ok()?;
+    let c: Checkpoint = serde_json::from_slice(&bytes).ok()?;
     (c.schema_version == SCHEMA_VERSION && c.kind == "checkpoint").then_some(c)
 }
 
@@ -192,7 +186,7 @@ pub fn history_dir(store: &Path, machine: &str, model: &ModelIdentity) -> PathBu
 /// # Errors
 /// Write errors (the caller then does not replace the profile).
 pub fn archive(current: &Path, history: &Path) -> Result<Option<PathBuf>> {
-    let Ok(bytes) = std::fs::read(current) else { return Ok(None) };
+    let Ok(bytes) = crate::fsio::read_regular(current, crate::fsio::MAX_PROFILE_BYTES, "") else { return Ok(None) };
     let created = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| v.get("created_at").and_then(serde_json::Value::as_str).map(str::to_string))

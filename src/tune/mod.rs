@@ -153,7 +153,7 @@ fn point(t: &ProfileTrial) -> Point {
     }
 }
 
-fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32, n_cpu_moe: u32) -> TrialSpec {
+fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32, n_cpu_moe: u32, op_offload: bool) -> TrialSpec {
     TrialSpec {
         model: info.path.clone(),
         n_gpu_layers: ngl,
@@ -169,6 +169,7 @@ fn spec(info: &ModelInfo, s: &Settings, ngl: u32, threads: u32, n_cpu_moe: u32) 
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
         n_cpu_moe,
+        op_offload,
         race: None,
     }
 }
@@ -183,6 +184,11 @@ struct Sweep<'a> {
     checkpoint_path: PathBuf,
     checkpoint_failed: bool,
     bar: ProgressBar,
+    /// One plain line per trial on stderr (no terminal: CI, nohup, the journal).
+    plain: bool,
+    started: Instant,
+    /// Trials offload host operations (llama.cpp's op offload).
+    op_offload: bool,
     predicted: Vec<crate::engine::predict::Prediction>,
 }
 
@@ -223,9 +229,9 @@ impl Sweep<'_> {
         race: Option<Race>,
     ) -> Result<&ProfileTrial> {
         self.bar.set_message(format!("ngl {ngl}{}", last_tg(&self.trials)));
-        let mut spec = spec(self.info, &self.opts.settings, ngl, threads, n_cpu_moe);
+        let mut spec = spec(self.info, &self.opts.settings, ngl, threads, n_cpu_moe, self.op_offload);
         spec.race = race.filter(|r| r.pp_below_ts.is_some() || r.tg_below_ts.is_some());
-        let r = self.runner.run(&spec, |_| {}).map_err(|e| {
+        let r = self.runner.run_settled(&spec, |_| {}).map_err(|e| {
             if e.is::<Interrupted>() {
                 self.bar.abandon();
                 let kept = if self.trials.is_empty() {
@@ -276,7 +282,13 @@ impl Sweep<'_> {
         }
         self.bar.inc(1);
         self.bar.set_message(format!("ngl {ngl} done{}", last_tg(&self.trials)));
-        Ok(self.trials.last().expect("just pushed"))
+        let last = self.trials.last().expect("just pushed");
+        if self.plain {
+            #[allow(clippy::cast_possible_truncation)]
+            let (pos, len) = (self.bar.position() as usize, self.bar.length().unwrap_or(0) as usize);
+            eprintln!("{}", crate::report::progress_line(pos, len, &last.result, self.started.elapsed()));
+        }
+        Ok(last)
     }
 
     fn done(&self, role: &str, ngl: u32, threads: u32) -> bool {
@@ -385,7 +397,13 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     };
     let adaptive = s.search == "adaptive" && s.grid.is_none();
     let grid = if no_gpu || adaptive { Vec::new() } else { full_grid.clone() };
-    let bar = if opts.progress && std::io::stderr().is_terminal() {
+    let terminal = std::io::stderr().is_terminal();
+    let only_software = probe::only_software_offload(&hw.llama_devices);
+    let op_offload = s.op_offload.resolve(only_software);
+    if !op_offload && s.op_offload == crate::engine::OpOffload::Auto {
+        notes.push(probe::op_offload_note(&hw.llama_devices));
+    }
+    let bar = if opts.progress && terminal {
         let b = ProgressBar::new(grid.len() as u64);
         b.set_style(
             ProgressStyle::with_template(
@@ -402,18 +420,22 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         info,
         opts,
         runner: Runner::current(Duration::from_secs(s.trial_timeout_s), opts.verbose)?
-            .with_sample_interval(Duration::from_millis(s.sample_interval_ms)),
+            .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
+            .with_busy_threshold(s.busy_threshold),
         policy: policy.clone(),
         trials: checkpoint.trials.clone(),
         checkpoint,
         checkpoint_path: checkpoint_path.clone(),
         checkpoint_failed: false,
         bar,
+        plain: opts.progress && !terminal,
+        started,
+        op_offload,
         predicted: Vec::new(),
     };
     sweep.bar.set_position(sweep.trials.len() as u64);
 
-    let mut prediction = policy.as_ref().map(|p| predict(&exe, info, s, p, &full_grid));
+    let mut prediction = policy.as_ref().map(|p| predict(&exe, info, s, p, &full_grid, op_offload));
     if let Some(pr) = &prediction {
         sweep.predicted.clone_from(&pr.predictions);
         if let Some(e) = &pr.error {
@@ -514,6 +536,10 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     if let Some(n) = noise_note(&trials) {
         notes.push(n);
     }
+    let busy = crate::report::busy_note(trials.iter().map(|t| &t.result));
+    let confidence = if busy.is_some() { crate::profile::Confidence::Low } else { crate::profile::Confidence::High };
+    notes.extend(busy);
+    notes.extend(crate::report::threads_note(trials.iter().map(|t| &t.result)));
     if let Some(pr) = prediction.as_mut() {
         pr.max_error_pct = trials.iter().filter_map(|t| t.prediction_error_pct).map(f64::abs).reduce(f64::max);
         let fit_ngl = pr.llama_fit.as_ref().and_then(|f| f.n_gpu_layers).map(|n| {
@@ -547,11 +573,13 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         n_threads: rec_threads,
         n_ctx: s.n_ctx,
         measured: rec_trial.is_some(),
+        confidence,
+        op_offload,
         tg_ts: rec_trial.and_then(|t| t.result.test(false)).map(|t| t.avg_ts).or(decision.predicted_tg),
         pp_ts: rec_trial.and_then(|t| t.result.test(true)).map(|t| t.avg_ts).or(decision.predicted_pp),
         mem_bytes: rec_trial.and_then(|t| t.mem_bytes).or(decision.predicted_mem),
         modelfile: Recommendation::modelfile_lines(dense_ngl, rec_threads, s.n_ctx),
-        llama_cpp_args: Recommendation::llama_cpp_args(rec_ngl, rec_threads, s.n_ctx, rec_moe),
+        llama_cpp_args: Recommendation::llama_cpp_args(rec_ngl, rec_threads, s.n_ctx, rec_moe, op_offload),
     };
     let profile = Profile {
         schema_version: SCHEMA_VERSION,
@@ -642,6 +670,7 @@ fn predict(
     s: &Settings,
     policy: &MemoryPolicy,
     grid: &[u32],
+    op_offload: bool,
 ) -> crate::profile::PredictionReport {
     use crate::engine::predict::{predict_in_child, PredictSpec};
     #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -654,6 +683,7 @@ fn predict(
         n_batch: s.n_batch,
         n_ubatch: s.n_ubatch,
         flash_attn: s.flash_attn,
+        op_offload,
         fit_margin_bytes: margin,
     };
     match predict_in_child(exe, &spec) {
@@ -972,7 +1002,10 @@ fn measure_threads(sweep: &mut Sweep<'_>, hw: &Hardware, ngl: u32) -> Result<(u3
     let todo: Vec<u32> = counts.iter().copied().filter(|n| !sweep.trials.iter().any(|t| at(t, *n))).collect();
     sweep.bar.inc_length(todo.len() as u64);
     for t in todo {
-        sweep.run("threads", ngl, t)?;
+        // Raced as search trials are: a thread count far behind on the
+        // objective stops after one repetition of its test.
+        let race = sweep.race();
+        sweep.run_with("threads", ngl, t, 0, Some(race))?;
     }
     let s = &sweep.opts.settings;
     let measured: Vec<(u32, Option<f64>, &str)> = counts

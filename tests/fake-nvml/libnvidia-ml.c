@@ -6,6 +6,7 @@
  * a GPU's: one device, 16 GiB, 512 MiB used by "others", and every process
  * running `ngl-tune __trial` listed as a compute process holding its
  * resident memory (with llvmpipe, llama.cpp's device buffers live there).
+ * FAKE_NVML_GPU_UTIL=N makes the GPU N% busy with another program (pid 1).
  *
  * Only the entry points ngl-tune calls exist; nvml-wrapper resolves the
  * rest lazily and never calls them. Built by tests/devices.rs with `cc`.
@@ -91,6 +92,16 @@ static unsigned int workers(nvmlProcessInfo_t *infos, unsigned int cap, unsigned
         n++;
     }
     closedir(d);
+    /* With FAKE_NVML_GPU_UTIL set, another program (pid 1) computes on the GPU. */
+    if (getenv("FAKE_NVML_GPU_UTIL")) {
+        if (infos && n < cap) {
+            infos[n].pid = 1;
+            infos[n].usedGpuMemory = OTHERS;
+            infos[n].gpuInstanceId = 0xFFFFFFFF;
+            infos[n].computeInstanceId = 0xFFFFFFFF;
+        }
+        n++;
+    }
     return n;
 }
 
@@ -146,6 +157,19 @@ nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *g
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t d, unsigned int *g) { return uint_out(d, g, 4); }
 nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *w) { return uint_out(d, w, 8); }
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *w) { return uint_out(d, w, 16); }
+
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+/* Utilization as the test asks for it (FAKE_NVML_GPU_UTIL, percent), else idle. */
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    if (!valid(d) || !u) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *env = getenv("FAKE_NVML_GPU_UTIL");
+    u->gpu = env ? (unsigned int)atoi(env) : 0;
+    u->memory = u->gpu;
+    return NVML_SUCCESS;
+}
 
 /* NVML's two-call protocol: too small a buffer says how many exist. */
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {

@@ -1,0 +1,388 @@
+//! Contention: how much CPU other processes used while a trial ran, read
+//! from `/proc` (the machine's busy time in `/proc/stat` minus the worker's
+//! and our own, and each process's time in `/proc/PID/stat`), so a
+//! measurement taken on a busy machine is known as such instead of being
+//! silently low.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Share of the trial's threads that other processes may use (in cores'
+/// worth of CPU, on average over the trial) before it counts as contended.
+pub const DEFAULT_BUSY_THRESHOLD: f64 = 0.10;
+
+/// How often the machine's and every process's CPU time are read.
+const INTERVAL: Duration = Duration::from_millis(500);
+
+/// A process that used CPU while a trial ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BusyProcess {
+    pub pid: u32,
+    pub name: String,
+    /// Cores' worth of CPU it used on average over the trial.
+    pub cores: f64,
+}
+
+/// What other processes took while a trial ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Contention {
+    /// Cores' worth of CPU that other processes used, on average over the
+    /// trial and at the busiest half second.
+    pub others_cores_mean: f64,
+    pub others_cores_peak: f64,
+    /// The same as a share of the machine's CPU time (all logical cores).
+    pub others_share_mean: f64,
+    pub others_share_peak: f64,
+    pub logical_cores: u32,
+    /// Largest 1-minute load average seen (it counts the trial's own threads).
+    pub load_avg_1m: Option<f64>,
+    /// The processes that took the most CPU, at most three.
+    pub top: Vec<BusyProcess>,
+    /// GPU utilization (percent) before the worker started, and the other
+    /// processes holding GPU memory then (NVIDIA, through NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_util_before_pct: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_others: Vec<GpuProcess>,
+    /// Others used more than `threshold_cores`, or the GPU was busy before the trial.
+    pub contended: bool,
+    pub threshold_cores: f64,
+    /// The trial was measured again after a contended first attempt; this
+    /// is the second attempt, and `first_others_cores` what the first saw.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repeated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_others_cores: Option<f64>,
+}
+
+/// Another process on the GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub bytes: Option<u64>,
+}
+
+impl Contention {
+    /// "cc1plus (pid 123) 0.95 cores, make (pid 99) 0.10 cores".
+    #[must_use]
+    pub fn top_words(&self) -> String {
+        self.top
+            .iter()
+            .map(|p| format!("{} (pid {}) {:.2} cores", p.name, p.pid, p.cores))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Cores the trial could have had to itself, on average.
+    #[must_use]
+    pub fn free_cores(&self) -> f64 {
+        (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0)
+    }
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        #[allow(clippy::cast_precision_loss)]
+        let t = t as f64;
+        t
+    } else {
+        100.0
+    }
+}
+
+/// Busy ticks of the whole machine (every state but idle and iowait).
+fn machine_busy() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = s.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest is inside user).
+    (v.len() >= 8).then(|| v[0] + v[1] + v[2] + v[5] + v[6] + v[7])
+}
+
+/// (ticks of user + system time, command name) of one process.
+fn process_ticks(pid: u32) -> Option<(u64, String)> {
+    parse_pid_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses `/proc/PID/stat`: the name sits in parentheses and may hold
+/// spaces or parentheses itself, so fields are counted from the last ')'.
+#[must_use]
+pub fn parse_pid_stat(s: &str) -> Option<(u64, String)> {
+    let open = s.find('(')?;
+    let close = s.rfind(')')?;
+    let name = s.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = s.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] is the state (field 3); utime and stime are fields 14 and 15.
+    let utime: u64 = rest.get(11)?.parse().ok()?;
+    let stime: u64 = rest.get(12)?.parse().ok()?;
+    Some((utime + stime, name))
+}
+
+fn all_processes() -> HashMap<u32, (u64, String)> {
+    let mut m = HashMap::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
+                if let Some(t) = process_ticks(pid) {
+                    m.insert(pid, t);
+                }
+            }
+        }
+    }
+    m
+}
+
+/// CPU seconds of the children this process has reaped (all their threads),
+/// or of this process itself.
+fn rusage_s(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a zeroed rusage.
+    if unsafe { libc::getrusage(who, &raw mut r) } != 0 {
+        return 0.0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    s(r.ru_utime) + s(r.ru_stime)
+}
+
+fn load_avg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+fn logical_cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
+}
+
+/// Accumulates what other processes use between readings. The machine's
+/// busy time comes from `/proc/stat`; the measurement's own share is this
+/// process (`getrusage(RUSAGE_SELF)`) and the worker: read from `/proc`
+/// while it lives, and exactly, all threads included, from
+/// `getrusage(RUSAGE_CHILDREN)` once it has been reaped.
+struct Tally {
+    worker: Option<u32>,
+    ticks_per_s: f64,
+    started: Instant,
+    busy_start: Option<u64>,
+    self_start: f64,
+    children_start: f64,
+    last_at: Instant,
+    last_busy: Option<u64>,
+    last_own_s: f64,
+    last_procs: HashMap<u32, (u64, String)>,
+    peak_cores: f64,
+    per_pid: HashMap<u32, (f64, String)>,
+    load: Option<f64>,
+}
+
+impl Tally {
+    fn new(worker: Option<u32>) -> Tally {
+        let now = Instant::now();
+        let procs = all_processes();
+        let busy = machine_busy();
+        let mut t = Tally {
+            worker,
+            ticks_per_s: clock_ticks(),
+            started: now,
+            busy_start: busy,
+            self_start: rusage_s(libc::RUSAGE_SELF),
+            children_start: rusage_s(libc::RUSAGE_CHILDREN),
+            last_at: now,
+            last_busy: busy,
+            last_own_s: 0.0,
+            last_procs: HashMap::new(),
+            peak_cores: 0.0,
+            per_pid: HashMap::new(),
+            load: load_avg(),
+        };
+        t.last_own_s = t.own_s(&procs).unwrap_or(0.0);
+        t.last_procs = procs;
+        t
+    }
+
+    /// CPU seconds the measurement itself has used: this process, and the
+    /// worker while `/proc` still shows it (`None` once it is gone).
+    fn own_s(&self, procs: &HashMap<u32, (u64, String)>) -> Option<f64> {
+        let worker = match self.worker {
+            #[allow(clippy::cast_precision_loss)]
+            Some(w) => procs.get(&w).map(|t| t.0 as f64 / self.ticks_per_s)?,
+            None => 0.0,
+        };
+        Some(rusage_s(libc::RUSAGE_SELF) + worker)
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn read(&mut self) {
+        let now = Instant::now();
+        let procs = all_processes();
+        let busy = machine_busy();
+        let dt = now.duration_since(self.last_at).as_secs_f64();
+        let own = self.own_s(&procs);
+        if let (Some(b0), Some(b1), Some(own)) = (self.last_busy, busy, own) {
+            // Only while the worker is visible is this interval's own share known.
+            if dt > 0.05 {
+                let others = b1.saturating_sub(b0) as f64 / self.ticks_per_s - (own - self.last_own_s);
+                self.peak_cores = self.peak_cores.max(others.max(0.0) / dt);
+            }
+            self.last_own_s = own;
+        }
+        let me = std::process::id();
+        for (pid, (ticks, name)) in &procs {
+            if *pid == me || Some(*pid) == self.worker {
+                continue;
+            }
+            // A process first seen now started since the last reading: all of its time is new.
+            let before = self.last_procs.get(pid).map_or(0, |t| t.0);
+            let d = ticks.saturating_sub(before);
+            if d > 0 {
+                let e = self.per_pid.entry(*pid).or_insert((0.0, name.clone()));
+                e.0 += d as f64;
+            }
+        }
+        self.load = match (self.load, load_avg()) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_at = now;
+        self.last_busy = busy;
+        self.last_procs = procs;
+    }
+
+    /// What others used over the whole watch. Call after the worker was reaped.
+    #[allow(clippy::cast_precision_loss)]
+    fn finish(mut self, threshold_cores: f64) -> Option<Contention> {
+        self.read();
+        let busy_s = self.last_busy?.saturating_sub(self.busy_start?) as f64 / self.ticks_per_s;
+        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+        let own_s =
+            (rusage_s(libc::RUSAGE_SELF) - self.self_start) + (rusage_s(libc::RUSAGE_CHILDREN) - self.children_start);
+        let cores = logical_cores();
+        let mean = ((busy_s - own_s) / secs).max(0.0);
+        // /proc/stat counts in clock ticks, sampled per CPU: over a short
+        // trial a couple of ticks a CPU look like a lot of cores. Only what
+        // lies beyond that resolution makes a trial contended.
+        let resolution = 2.0 * f64::from(cores) / self.ticks_per_s / secs;
+        let peak = self.peak_cores.max(mean);
+        let mut top: Vec<BusyProcess> = self
+            .per_pid
+            .into_iter()
+            .map(|(pid, (t, name))| BusyProcess { pid, name, cores: t / self.ticks_per_s / secs })
+            .filter(|p| p.cores >= 0.01)
+            .collect();
+        top.sort_by(|a, b| b.cores.total_cmp(&a.cores));
+        top.truncate(3);
+        Some(Contention {
+            others_cores_mean: mean,
+            others_cores_peak: peak,
+            others_share_mean: mean / f64::from(cores),
+            others_share_peak: peak / f64::from(cores),
+            logical_cores: cores,
+            load_avg_1m: self.load,
+            top,
+            gpu_util_before_pct: None,
+            gpu_others: Vec::new(),
+            contended: mean - resolution > threshold_cores,
+            threshold_cores,
+            repeated: false,
+            first_others_cores: None,
+        })
+    }
+}
+
+type Stop = Arc<(Mutex<bool>, Condvar)>;
+
+/// Watches the machine's CPU on its own thread while a trial runs.
+pub struct Monitor {
+    stop: Stop,
+    handle: Option<JoinHandle<Tally>>,
+}
+
+impl Monitor {
+    /// Starts watching; the CPU time of this process and of `worker` (a
+    /// child, to be reaped before [`Monitor::stop`]) is the measurement's own.
+    #[must_use]
+    pub fn start(worker: Option<u32>) -> Monitor {
+        let mut tally = Tally::new(worker);
+        let stop: Stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop2 = Arc::clone(&stop);
+        let handle = std::thread::spawn(move || {
+            let (lock, cv) = &*stop2;
+            loop {
+                let Ok(guard) = lock.lock() else { break };
+                let Ok((guard, _)) = cv.wait_timeout_while(guard, INTERVAL, |s| !*s) else { break };
+                if *guard {
+                    break;
+                }
+                drop(guard);
+                tally.read();
+            }
+            tally
+        });
+        Monitor { stop, handle: Some(handle) }
+    }
+
+    /// Stops and says what others used; `None` where `/proc` cannot tell
+    /// (not Linux).
+    #[must_use]
+    pub fn stop(mut self, threshold_cores: f64) -> Option<Contention> {
+        self.signal();
+        self.handle.take().and_then(|h| h.join().ok()).and_then(|t| t.finish(threshold_cores))
+    }
+
+    fn signal(&self) {
+        let (lock, cv) = &*self.stop;
+        if let Ok(mut g) = lock.lock() {
+            *g = true;
+        }
+        cv.notify_all();
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.signal();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// What others use over `window`, measured now (this process excluded).
+#[must_use]
+pub fn others_now(window: Duration, threshold_cores: f64) -> Option<Contention> {
+    let m = Monitor::start(None);
+    std::thread::sleep(window);
+    m.stop(threshold_cores)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_stat_names_with_spaces_and_parentheses() {
+        let s = "1234 (tmux: server (x)) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 100 0 0";
+        assert_eq!(parse_pid_stat(s), Some((300, "tmux: server (x)".to_string())));
+        assert_eq!(parse_pid_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_busy_child_process_is_seen_and_named() {
+        // A child spinning for the whole window is another process: it shows.
+        let mut child = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap();
+        let seen = others_now(Duration::from_millis(1500), 0.1).expect("Linux has /proc");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(seen.others_cores_mean > 0.5, "{seen:?}");
+        assert!(seen.contended);
+        assert_eq!(seen.top[0].pid, child.id(), "{seen:?}");
+        assert_eq!(seen.top[0].name, "sh");
+        assert!(seen.top_words().starts_with(&format!("sh (pid {}) ", child.id())), "{}", seen.top_words());
+    }
+}
