@@ -49,9 +49,9 @@ fn tune(model: &Path, store: &Path) -> (std::process::Output, serde_json::Value)
     let o = run(&[
         model.to_str().unwrap(),
         "-p",
-        "8",
+        "32",
         "-n",
-        "16",
+        "32",
         "-r",
         "2",
         "-t",
@@ -74,13 +74,15 @@ fn contention(p: &serde_json::Value) -> Vec<&serde_json::Value> {
 fn a_busy_core_marks_the_trials_and_names_the_hog_and_an_idle_machine_does_not() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let m = synth(dir.path(), 4);
+    // The real model, CPU only: trials of about a second, long enough for
+    // /proc's clock ticks to tell a busy core from an idle one.
+    let m = real_model();
 
     let hog = Hog::start();
     let busy_store = dir.path().join("busy");
     let (o, p) = tune(&m, &busy_store);
     let b =
-        run(&["bench", m.to_str().unwrap(), "-ngl", "0", "-p", "0", "-n", "16", "-r", "2", "-t", "2", "-o", "json"]);
+        run(&["bench", m.to_str().unwrap(), "-ngl", "0", "-p", "0", "-n", "32", "-r", "2", "-t", "2", "-o", "json"]);
     drop_hog(hog, |pid| {
         let out = stdout(&o);
         for c in contention(&p) {
@@ -127,7 +129,7 @@ fn drop_hog(hog: Hog, checks: impl FnOnce(u32)) {
 fn reprofile_calls_no_regression_from_trials_on_a_busy_machine() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let m = synth(dir.path(), 4);
+    let m = real_model();
     let store = dir.path().join("store");
     let (_, _) = tune(&m, &store);
     let path = profiles_in(&store)[0].clone();

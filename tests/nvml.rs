@@ -109,3 +109,30 @@ fn an_nvidia_gpu_without_a_gpu_backend_means_no_gpu() {
     assert_eq!(p["recommendation"]["n_gpu_layers"], 0);
     assert!(stderr(&o).contains("so ngl has no effect"), "{}", stderr(&o));
 }
+
+#[test]
+fn another_program_busy_on_the_gpu_marks_the_trial() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_nvml(dir.path());
+    let m = synth(dir.path(), 2);
+    let bench = |busy: Option<&str>| {
+        let mut env = vec![("LD_LIBRARY_PATH", lib.as_str())];
+        if let Some(u) = busy {
+            env.push(("FAKE_NVML_GPU_UTIL", u));
+        }
+        let o =
+            run_env(&["bench", m.to_str().unwrap(), "-ngl", "0", "-p", "0", "-n", "4", "-r", "1", "-o", "json"], &env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+        (rows, stderr(&o))
+    };
+    // The double makes the GPU 80% busy with pid 1 before every trial.
+    let (rows, err) = bench(Some("80"));
+    assert!(rows.iter().all(|r| r["contended"] == true), "{rows:?}");
+    assert!(err.contains("the GPU was 80% busy before trials, with pid 1 on it"), "{err}");
+    // Our own worker alone on the GPU is not someone else.
+    let (rows, err) = bench(Some("0"));
+    assert!(!err.contains("the GPU was"), "{err}");
+    assert!(rows.iter().all(|r| r["contended"] == false || r["others_cpu_cores"].as_f64().unwrap() > 0.1), "{rows:?}");
+}

@@ -40,7 +40,8 @@ fn try_flock(file: &File) -> bool {
 fn holder(file: &mut File) -> String {
     let mut s = String::new();
     let _ = file.seek(SeekFrom::Start(0));
-    let _ = file.read_to_string(&mut s);
+    // Who holds it is one short line; never read more than that.
+    let _ = Read::by_ref(file).take(4096).read_to_string(&mut s);
     let s = s.trim();
     if s.is_empty() {
         "another ngl-tune".to_string()

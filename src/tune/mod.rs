@@ -133,7 +133,9 @@ pub fn prediction_check(
     match predicted {
         Some(pb) if r.status == TrialStatus::Ok => {
             let acc = r.accounted_device_bytes();
-            let err = (acc > 0).then(|| (pb as f64 - acc as f64) / acc as f64 * 100.0);
+            // Nothing predicted and nothing allocated (ngl 0 without op offload) is exact.
+            let err =
+                if acc > 0 { Some((pb as f64 - acc as f64) / acc as f64 * 100.0) } else { (pb == 0).then_some(0.0) };
             let sampled = policy.filter(|p| p.source != "accounted").and(mem).map(|m| m as i64 - pb as i64);
             (err, sampled)
         }
@@ -414,7 +416,8 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         b.enable_steady_tick(Duration::from_millis(120));
         b
     } else {
-        ProgressBar::hidden()
+        // Hidden, but still counting trials: the plain progress lines read it.
+        ProgressBar::with_draw_target(Some(grid.len() as u64), indicatif::ProgressDrawTarget::hidden())
     };
     let mut sweep = Sweep {
         info,
@@ -465,6 +468,8 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
         sweep.run("grid", ngl, s.n_threads)?;
     }
     if adaptive && !no_gpu {
+        // The two ends are always measured; more only where they can change the answer.
+        sweep.bar.set_length(sweep.bar.position().max(2));
         let cap = policy.as_ref().map_or(f64::INFINITY, |p| p.cap_bytes);
         let n_max = largest_predicted_under(&sweep.predicted, cap, info.n_layer_full);
         // Expected faster end first, so the other one can be raced.
@@ -828,7 +833,9 @@ fn adaptive_search(sweep: &mut Sweep<'_>, n_max: u32, top_first: bool, max_trial
     adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
         let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.n_gpu_layers == ngl;
         if !sweep.trials.iter().any(|x| at(&x)) {
-            sweep.bar.inc_length(1);
+            if sweep.bar.position() >= sweep.bar.length().unwrap_or(0) {
+                sweep.bar.inc_length(1);
+            }
             let race = sweep.race();
             sweep.run_with("grid", ngl, t, 0, Some(race))?;
         }
