@@ -38,7 +38,10 @@ pub fn run(cli: Cli) -> Result<i32> {
         },
         Command::Check { model } => {
             let verdict = crate::engine::worker::check_loadable(&model);
-            println!("{}", serde_json::json!({ "ok": verdict.is_ok(), "error": verdict.err() }));
+            // The backend is up now: the device list costs nothing more.
+            let devices = if verdict.is_ok() { crate::probe::ggml::devices() } else { Vec::new() };
+            let check = crate::engine::child::Check { ok: verdict.is_ok(), error: verdict.err(), devices };
+            println!("{}", serde_json::to_string(&check)?);
             Ok(exit::OK)
         }
         Command::Synth(a) => {
@@ -120,7 +123,7 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     if let Some(m) = &a.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
-    check_loadable(&info)?;
+    let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
     let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
     let settings = Settings {
         target_vram: target,
@@ -147,8 +150,9 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
         op_offload: w.op_offload,
     };
-    crate::engine::interrupt::install();
-    let opts = crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet };
+    crate::interrupt::install();
+    let opts =
+        crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet, devices };
     let _lock = crate::profile::lock::StoreLock::acquire(
         &opts.store,
         &crate::probe::machine_id(),
@@ -175,44 +179,13 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     Ok(exit::OK)
 }
 
-/// Asks a child process whether llama.cpp can load the model at all (its
-/// architecture, hyperparameters and vocabulary), so a model this llama.cpp
-/// cannot run is bad input, not a sweep of failed trials.
-///
-/// # Errors
-/// `BadInput` with llama.cpp's reason.
-pub fn check_loadable(info: &ModelInfo) -> Result<()> {
-    let exe = std::env::current_exe()?;
-    let out = std::process::Command::new(exe)
-        .arg("__check")
-        .arg(&info.path)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    if v["ok"] == true {
-        return Ok(());
-    }
-    let why = v["error"].as_str().map_or_else(|| crate::engine::runner::describe_exit(out.status), str::to_string);
-    if why.contains("unknown model architecture") {
-        return Err(bad(format!(
-            "{} has architecture '{}', which this llama.cpp ({}) does not support; use a model of a supported architecture or an ngl-tune built on a newer llama.cpp",
-            info.path.display(),
-            info.architecture,
-            crate::engine::LLAMA_CPP_REVISION
-        )));
-    }
-    Err(bad(format!("llama.cpp cannot load {}: {why}; check the model file", info.path.display())))
-}
-
 fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let info = model::inspect(&a.model)?;
     let threads = check_workload(&a.workload, &info)?;
     let ngl = crate::ngl::parse_all(&a.ngl, "-ngl")?;
-    check_loadable(&info)?;
+    let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
     let w = &a.workload;
     let n_cpu_moe = crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?;
-    let devices = crate::probe::devices_in_child(&std::env::current_exe()?)?;
     let opts = BenchOptions {
         model: a.model.clone(),
         ngl,
@@ -328,7 +301,7 @@ pub fn render_inspect(m: &ModelInfo) -> String {
 
 fn cmd_hw(a: &HwArgs) -> Result<i32> {
     let exe = std::env::current_exe()?;
-    let devices = crate::probe::devices_in_child(&exe)?;
+    let devices = crate::engine::child::devices(&exe)?;
     let hw = crate::probe::hardware(devices);
     print_json_or_text(a.json, &hw, || render_hw(&hw))
 }
@@ -481,7 +454,7 @@ fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
             )));
         }
     }
-    crate::engine::interrupt::install();
+    crate::interrupt::install();
     let _lock =
         crate::profile::lock::StoreLock::acquire(&store, &crate::probe::machine_id(), a.no_wait, "ngl-tune reprofile")?;
     let opts = crate::reprofile::ReprofileOptions {

@@ -183,37 +183,12 @@ pub struct Row {
     pub contended: bool,
 }
 
-/// RFC 3339 UTC time without a date crate.
-#[must_use]
-pub fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    rfc3339(secs)
-}
-
-#[must_use]
-#[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
-pub fn rfc3339(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
 /// Flattens trial results into rows.
 #[must_use]
 pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<Row> {
     let cpu = crate::probe::cpu_brand();
     let backends = compiled_backends();
-    let time = now_rfc3339();
+    let time = crate::clock::now_rfc3339();
     let mut out = Vec::new();
     for r in results {
         let s = &r.spec;
@@ -397,16 +372,4 @@ pub fn render(format: &str, rows: &[Row], model: &ModelInfo) -> Result<String> {
         "csv" => to_csv(rows)?,
         _ => to_markdown(rows, model),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_known_dates() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_764_474_000), "2025-11-30T03:40:00Z");
-    }
 }

@@ -32,12 +32,25 @@ pub fn bad(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(BadInput(msg.into()))
 }
 
+/// The sweep was stopped by SIGINT or SIGTERM while a trial ran; that trial
+/// is discarded, the finished ones are kept by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted by {}", crate::interrupt::requested().map_or("a signal", crate::interrupt::name))
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 /// The exit code an error maps to.
 #[must_use]
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     if err.chain().any(|e| e.downcast_ref::<BadInput>().is_some()) {
         exit::BAD_INPUT
-    } else if err.chain().any(|e| e.downcast_ref::<crate::engine::runner::Interrupted>().is_some()) {
+    } else if err.chain().any(|e| e.downcast_ref::<Interrupted>().is_some()) {
         exit::INTERRUPTED
     } else {
         exit::FAILURE

@@ -353,7 +353,7 @@ pub fn modelfiles_for(dir: &Path, model: &Path) -> Vec<PathBuf> {
 #[allow(clippy::too_many_lines)]
 pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<Summary> {
     let exe = std::env::current_exe()?;
-    let hw = crate::probe::hardware(crate::probe::devices_in_child(&exe)?);
+    let hw = crate::probe::hardware(crate::engine::child::devices(&exe)?);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let files = store::profile_files(&opts.store.join(&hw.machine_id));
     let mut entries = Vec::new();
@@ -472,7 +472,7 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
                 entry.drift = Some(d);
             }
             Err(e) => {
-                if e.is::<crate::engine::runner::Interrupted>() {
+                if e.is::<crate::error::Interrupted>() {
                     return Err(e);
                 }
                 say(&format!("           re-tune FAILED: {e:#}"));
@@ -550,8 +550,8 @@ pub fn wait_for_idle(limit: Duration, cores: f64, say: &mut dyn FnMut(&str)) -> 
             say(&format!("reprofile: waiting up to {} for an idle machine: {words}", human_age(limit.as_secs())));
             said = true;
         }
-        if crate::engine::interrupt::requested().is_some() {
-            anyhow::bail!(crate::engine::runner::Interrupted);
+        if crate::interrupt::requested().is_some() {
+            anyhow::bail!(crate::error::Interrupted);
         }
     }
 }
@@ -563,12 +563,15 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
     if settings.n_threads == 0 {
         settings.n_threads = crate::bench::default_threads();
     }
+    // The same check the command line makes: a model this llama.cpp cannot load is no re-tune.
+    let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
     let t = crate::tune::TuneOptions {
         settings,
         store: opts.store.clone(),
         resume: false,
         verbose: opts.verbose,
         progress: opts.progress,
+        devices,
     };
     Ok(crate::tune::tune(&info, &t)?.profile)
 }

@@ -41,10 +41,10 @@ pub fn svg(p: &Profile) -> Result<String> {
     let full = f64::from(p.model.n_layer_full);
     let cap_mib = (p.memory.cap_bytes / MIB).max(0.0);
     // The models the tuner chose with: measured points, the partial-offload
-    // fit, interpolation between neighbours (see tune::fit::Curve).
-    let (tg_c, pp_c, mem_c) = crate::tune::choose::curves(&crate::tune::profile_inputs(p));
+    // fit, interpolation between neighbours (see curve::Curve).
+    let (tg_c, pp_c, mem_c) = crate::types::Point::curves(&p.search_points(), p.model.n_layer_full);
     let n_full = p.model.n_layer_full;
-    let speed = |c: &crate::tune::fit::Curve| -> Vec<(f64, f64)> {
+    let speed = |c: &crate::curve::Curve| -> Vec<(f64, f64)> {
         (0..=n_full).filter_map(|n| c.predict(n).filter(|t| *t > 0.0).map(|t| (f64::from(n), 1.0 / t))).collect()
     };
     // One point is no line (a test measured at one setting only): no model drawn or listed.

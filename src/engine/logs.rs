@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::io::Write;
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
+pub use crate::types::{is_device_buffer_type, BufferLine};
 
 static CAPTURED: Mutex<String> = Mutex::new(String::new());
 static ECHO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
@@ -49,29 +49,6 @@ pub fn install() {
 #[must_use]
 pub fn take() -> String {
     CAPTURED.lock().map(|mut b| std::mem::take(&mut *b)).unwrap_or_default()
-}
-
-/// One "<buffer type> <kind> buffer size = N MiB" line.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct BufferLine {
-    /// llama.cpp's buffer type name: "CPU_Mapped", "Vulkan0", "CUDA_Host", ...
-    pub buffer_type: String,
-    /// "model", "KV", "compute", "output", "RS", ...
-    pub kind: String,
-    pub bytes: u64,
-}
-
-impl BufferLine {
-    /// True for memory that lives on an accelerator (not host or pinned host memory).
-    #[must_use]
-    pub fn on_device(&self) -> bool {
-        is_device_buffer_type(&self.buffer_type)
-    }
-}
-
-#[must_use]
-pub fn is_device_buffer_type(name: &str) -> bool {
-    !(name.starts_with("CPU") || name.ends_with("_Host") || name.is_empty())
 }
 
 /// Parses buffer-size lines. Sizes are printed in MiB with two decimals, so

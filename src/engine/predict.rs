@@ -56,7 +56,7 @@ pub struct PredictSpec {
     pub n_ubatch: u32,
     pub flash_attn: i8,
     /// Offload host tensor operations to the device (llama.cpp's default).
-    #[serde(default = "super::yes")]
+    #[serde(default = "crate::types::yes")]
     pub op_offload: bool,
     /// Also ask llama.cpp's own fit (`common_fit_params`) which ngl it would
     /// choose when this many bytes must stay free on each device.
@@ -178,21 +178,5 @@ pub fn predict_main() -> Result<()> {
 /// # Errors
 /// When the child cannot run or answers nonsense.
 pub fn predict_in_child(exe: &Path, spec: &PredictSpec) -> Result<PredictOutput> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(exe)
-        .arg("__predict")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("cannot start the memory prediction")?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(serde_json::to_string(spec)?.as_bytes());
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        anyhow::bail!("memory prediction failed ({})", super::runner::describe_exit(out.status));
-    }
-    serde_json::from_slice(&out.stdout).context("the memory prediction printed no valid JSON")
+    super::child::call(exe, "__predict", &[], spec)
 }

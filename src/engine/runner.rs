@@ -1,24 +1,24 @@
 //! Spawns the trial worker (this binary's hidden `__trial` subcommand),
 //! enforces its time limit, keeps its stderr, and classifies how it ended.
 
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::{interrupt, TrialResult, TrialSpec, TrialStatus};
+use super::child::{self, describe_exit, mentions_oom, telling_line};
+use super::{TrialResult, TrialSpec, TrialStatus};
+pub use crate::error::Interrupted;
+use crate::interrupt;
 use crate::probe::host::HostSource;
 use crate::probe::nvml::NvmlSource;
 use crate::probe::{MemorySource, Sampler};
+use crate::types::Contention;
 
 /// Prefix of the worker's one result line on stdout, so stray output from a
 /// backend cannot be mistaken for it.
 pub const RESULT_PREFIX: &str = "NGL_TUNE_RESULT ";
-const TAIL_LINES: usize = 12;
 
 /// How trials are run. One place decides the executable and the limits.
 #[derive(Debug, Clone)]
@@ -51,7 +51,7 @@ impl Runner {
     /// # Errors
     /// When the current executable's path cannot be found.
     pub fn current(timeout: Duration, verbose: bool) -> Result<Self> {
-        let exe = std::env::current_exe().context("cannot find the ngl-tune executable to run trials")?;
+        let exe = child::current_exe()?;
         let nvml_note = crate::probe::nvml::open().err();
         Ok(Runner {
             exe,
@@ -119,18 +119,14 @@ impl Runner {
     /// the progress bar hang off it).
     ///
     /// # Errors
-    /// Only when the worker cannot be started at all; everything the worker
-    /// does is a [`TrialResult`].
+    /// Only when the worker cannot be started at all, or an interrupt;
+    /// everything the worker does is a [`TrialResult`].
     pub fn run(&self, spec: &TrialSpec, mut on_tick: impl FnMut(u32)) -> Result<TrialResult> {
         let started = Instant::now();
-        let mut child = Command::new(&self.exe)
-            .arg("__trial")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start the trial worker {}", self.exe.display()))?;
-        let pid = child.id();
+        let mut spec = spec.clone();
+        spec.sample_interval_ms = u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
+        let child = child::spawn(&self.exe, "__trial", &[], &serde_json::to_vec(&spec)?, self.verbose)?;
+        let pid = child.pid();
         let gpu_before = if self.nvml_note.is_none() {
             crate::probe::nvml::open().ok().map(|n| crate::probe::nvml::busy_before(&n, &[pid, std::process::id()]))
         } else {
@@ -139,187 +135,58 @@ impl Runner {
         let monitor = crate::probe::cpu::Monitor::start(Some(pid));
         let sampler =
             (!self.sample_interval.is_zero()).then(|| Sampler::start(self.sources(), self.sample_interval, Some(pid)));
-        let mut spec = spec.clone();
-        spec.sample_interval_ms = u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
-        let spec = &spec;
-        let spec_json = serde_json::to_string(spec)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            // A worker that dies before reading its spec shows up in its exit status.
-            let _ = stdin.write_all(spec_json.as_bytes());
-        }
-
-        let stdout = child.stdout.take();
-        let out_thread = std::thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(mut o) = stdout {
-                let _ = o.read_to_string(&mut s);
-            }
-            s
-        });
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
-        let err_thread = {
-            let tail = Arc::clone(&tail);
-            let stderr = child.stderr.take();
-            let verbose = self.verbose;
-            std::thread::spawn(move || {
-                let Some(e) = stderr else { return };
-                for line in BufReader::new(e).lines().map_while(Result::ok) {
-                    if verbose {
-                        eprintln!("{line}");
-                    }
-                    if let Ok(mut t) = tail.lock() {
-                        if t.len() == TAIL_LINES {
-                            t.pop_front();
-                        }
-                        t.push_back(line);
-                    }
-                }
-            })
-        };
-
-        let (status, timed_out) = self.wait(&mut child, pid, &mut on_tick)?;
+        let done = child.wait(self.timeout, self.poll, || on_tick(pid))?;
         let sampled = sampler.map(Sampler::stop).unwrap_or_default();
-        let mut contention = monitor.stop(self.busy_threshold * f64::from(spec.n_threads.max(1)));
-        if let (Some(c), Some((util, others))) = (contention.as_mut(), gpu_before) {
-            c.gpu_util_before_pct = util;
-            c.gpu_others = others;
-            // Busy and held by someone else: the last trial's worker, just
-            // gone, can still show in the utilization but not in the list.
-            if util.is_some_and(|u| u > GPU_BUSY_PCT) && !c.gpu_others.is_empty() {
-                c.contended = true;
-            }
+        let threshold = self.busy_threshold * f64::from(spec.n_threads.max(1));
+        let mut result = self.classify(&spec, &done);
+        result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        result.sampled.extend(sampled);
+        result.contention = monitor.stop(threshold).map(|c| with_gpu(c, gpu_before));
+        if result.status != TrialStatus::Ok {
+            result.stderr_tail = done.tail;
         }
-        let stdout = out_thread.join().unwrap_or_default();
-        let _ = err_thread.join();
-        let tail: Vec<String> = tail.lock().map(|t| t.iter().cloned().collect()).unwrap_or_default();
-        let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        Ok(result)
+    }
 
-        let parsed = stdout
+    /// What the worker's exit and its one result line say happened.
+    fn classify(&self, spec: &TrialSpec, done: &child::Finished) -> TrialResult {
+        let parsed = done
+            .stdout
             .lines()
             .rev()
             .find_map(|l| l.strip_prefix(RESULT_PREFIX))
             .and_then(|j| serde_json::from_str::<TrialResult>(j).ok());
-
-        let mut result = match (timed_out, parsed) {
+        match (done.timed_out, parsed) {
             (true, _) => TrialResult::failed(
                 spec.clone(),
                 TrialStatus::Timeout,
                 format!("killed after the {}s trial timeout", self.timeout.as_secs()),
             ),
-            (false, Some(r)) if status.success() => r,
+            (false, Some(r)) if done.status.success() => r,
             (false, _) => {
-                let how = describe_exit(status);
-                let last = telling_line(&tail);
-                let oom = tail.iter().any(|l| mentions_oom(l));
+                let how = describe_exit(done.status);
+                let last = telling_line(&done.tail);
+                let oom = done.tail.iter().any(|l| mentions_oom(l));
                 let reason = if last.is_empty() { how } else { format!("{how}: {last}") };
                 TrialResult::failed(spec.clone(), if oom { TrialStatus::Oom } else { TrialStatus::Crashed }, reason)
             }
-        };
-        result.wall_ms = wall_ms;
-        result.sampled.extend(sampled);
-        result.contention = contention;
-        if result.status != TrialStatus::Ok {
-            result.stderr_tail = tail;
-        }
-        Ok(result)
-    }
-
-    fn wait(&self, child: &mut Child, pid: u32, on_tick: &mut impl FnMut(u32)) -> Result<(ExitStatus, bool)> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait()? {
-                // Ctrl-C reaches the worker too: its death is the interrupt, not a crash.
-                if interrupt::requested().is_some() {
-                    return Err(anyhow::Error::new(Interrupted));
-                }
-                return Ok((status, false));
-            }
-            if interrupt::requested().is_some() {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(anyhow::Error::new(Interrupted));
-            }
-            if started.elapsed() >= self.timeout {
-                let _ = child.kill();
-                let status = child.wait()?;
-                return Ok((status, true));
-            }
-            on_tick(pid);
-            std::thread::sleep(self.poll);
         }
     }
 }
 
-/// The line of a worker's last words that best says what went wrong: one
-/// about memory, else one naming an error, else the last.
-#[must_use]
-pub fn telling_line(tail: &[String]) -> String {
-    let lines: Vec<&str> = tail.iter().map(|l| l.trim()).filter(|l| !l.is_empty()).collect();
-    lines
-        .iter()
-        .rev()
-        .find(|l| mentions_oom(l))
-        .or_else(|| lines.iter().rev().find(|l| l.to_ascii_lowercase().contains("error")))
-        .or_else(|| lines.last())
-        .map_or_else(String::new, |l| (*l).to_string())
-}
-
-/// Whether a log line says memory ran out (host or device).
-#[must_use]
-pub fn mentions_oom(text: &str) -> bool {
-    let l = text.to_ascii_lowercase();
-    [
-        "out of memory",
-        "failed to allocate",
-        "cannot allocate memory",
-        "unable to allocate",
-        "outofdevicememory",
-        "outofhostmemory",
-        "cudamalloc failed",
-        "not enough memory",
-        "bad_alloc",
-        "memory allocation of",
-    ]
-    .iter()
-    .any(|p| l.contains(p))
-}
-
-/// The sweep was stopped by SIGINT or SIGTERM while a trial ran; that trial
-/// is discarded, the finished ones are kept by the caller.
-#[derive(Debug, Clone, Copy)]
-pub struct Interrupted;
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "interrupted by {}", interrupt::requested().map_or("a signal", interrupt::name))
-    }
-}
-
-impl std::error::Error for Interrupted {}
-
-/// "killed by signal 6 (SIGABRT)" or "exited with status 7".
-#[must_use]
-pub fn describe_exit(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    if let Some(sig) = status.signal() {
-        let name = match sig {
-            libc::SIGABRT => "SIGABRT",
-            libc::SIGSEGV => "SIGSEGV",
-            libc::SIGBUS => "SIGBUS",
-            libc::SIGILL => "SIGILL",
-            libc::SIGFPE => "SIGFPE",
-            libc::SIGKILL => "SIGKILL, often the kernel's out-of-memory killer",
-            libc::SIGTERM => "SIGTERM",
-            libc::SIGINT => "SIGINT",
-            _ => "signal",
-        };
-        format!("worker killed by signal {sig} ({name})")
-    } else {
-        match status.code() {
-            Some(c) => format!("worker exited with status {c} without a result"),
-            None => "worker ended without a result".to_string(),
+/// Adds what NVML saw on the GPUs before the trial; another program busy
+/// there makes the trial contended.
+fn with_gpu(mut c: Contention, gpu_before: Option<(Option<u32>, Vec<crate::types::GpuProcess>)>) -> Contention {
+    if let Some((util, others)) = gpu_before {
+        c.gpu_util_before_pct = util;
+        c.gpu_others = others;
+        // Busy and held by someone else: the last trial's worker, just
+        // gone, can still show in the utilization but not in the list.
+        if util.is_some_and(|u| u > GPU_BUSY_PCT) && !c.gpu_others.is_empty() {
+            c.contended = true;
         }
     }
+    c
 }
 
 /// Entry point of the hidden `__trial` subcommand: reads a [`TrialSpec`]

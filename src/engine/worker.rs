@@ -85,7 +85,7 @@ fn inject_fault(ngl: u32) {
 
 /// What llama.cpp's log says about a failed allocation.
 fn looks_like_oom(log: &str) -> bool {
-    super::runner::mentions_oom(log)
+    super::child::mentions_oom(log)
 }
 
 /// The most telling line of a failure: the last one that names an error.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+pub use crate::types::{BusyProcess, Contention, GpuProcess};
 
 /// Share of the trial's threads that other processes may use (in cores'
 /// worth of CPU, on average over the trial) before it counts as contended.
@@ -17,72 +17,6 @@ pub const DEFAULT_BUSY_THRESHOLD: f64 = 0.10;
 
 /// How often the machine's and every process's CPU time are read.
 const INTERVAL: Duration = Duration::from_millis(500);
-
-/// A process that used CPU while a trial ran.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BusyProcess {
-    pub pid: u32,
-    pub name: String,
-    /// Cores' worth of CPU it used on average over the trial.
-    pub cores: f64,
-}
-
-/// What other processes took while a trial ran.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Contention {
-    /// Cores' worth of CPU that other processes used, on average over the
-    /// trial and at the busiest half second.
-    pub others_cores_mean: f64,
-    pub others_cores_peak: f64,
-    /// The same as a share of the machine's CPU time (all logical cores).
-    pub others_share_mean: f64,
-    pub others_share_peak: f64,
-    pub logical_cores: u32,
-    /// Largest 1-minute load average seen (it counts the trial's own threads).
-    pub load_avg_1m: Option<f64>,
-    /// The processes that took the most CPU, at most three.
-    pub top: Vec<BusyProcess>,
-    /// GPU utilization (percent) before the worker started, and the other
-    /// processes holding GPU memory then (NVIDIA, through NVML).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_util_before_pct: Option<u32>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gpu_others: Vec<GpuProcess>,
-    /// Others used more than `threshold_cores`, or the GPU was busy before the trial.
-    pub contended: bool,
-    pub threshold_cores: f64,
-    /// The trial was measured again after a contended first attempt; this
-    /// is the second attempt, and `first_others_cores` what the first saw.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub repeated: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_others_cores: Option<f64>,
-}
-
-/// Another process on the GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuProcess {
-    pub pid: u32,
-    pub bytes: Option<u64>,
-}
-
-impl Contention {
-    /// "cc1plus (pid 123) 0.95 cores, make (pid 99) 0.10 cores".
-    #[must_use]
-    pub fn top_words(&self) -> String {
-        self.top
-            .iter()
-            .map(|p| format!("{} (pid {}) {:.2} cores", p.name, p.pid, p.cores))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// Cores the trial could have had to itself, on average.
-    #[must_use]
-    pub fn free_cores(&self) -> f64 {
-        (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0)
-    }
-}
 
 fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::engine::LLAMA_CPP_REVISION;
+pub use crate::types::{CpuInfo, GpuInfo, Hardware, LlamaDevice, MemoryStats, RamInfo, LLAMA_CPP_REVISION};
 
 /// One reading of one device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,34 +36,6 @@ pub struct DeviceSample {
 pub trait MemorySource: Send {
     fn name(&self) -> &'static str;
     fn sample(&mut self, pid: Option<u32>) -> Vec<DeviceSample>;
-}
-
-/// Baseline, peak and mean of one device over a trial.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MemoryStats {
-    pub source: String,
-    pub device: String,
-    pub total: u64,
-    /// Used before the trial started.
-    pub baseline_used: u64,
-    pub peak_used: u64,
-    pub mean_used: u64,
-    /// Peak bytes held by the trial's process, where attributable.
-    pub peak_pid_used: Option<u64>,
-    pub n_samples: u64,
-}
-
-impl MemoryStats {
-    /// Peak use as a share of the device's total.
-    #[must_use]
-    #[allow(clippy::cast_precision_loss)]
-    pub fn peak_share(&self) -> f64 {
-        if self.total == 0 {
-            0.0
-        } else {
-            self.peak_used as f64 / self.total as f64
-        }
-    }
 }
 
 #[derive(Default)]
@@ -173,91 +145,6 @@ impl Drop for Sampler {
             let _ = h.join();
         }
     }
-}
-
-/// One NVIDIA GPU as NVML reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuInfo {
-    pub index: u32,
-    pub name: String,
-    pub uuid: String,
-    pub driver_version: Option<String>,
-    pub memory_total: Option<u64>,
-    pub memory_free: Option<u64>,
-    pub pcie_gen_current: Option<u32>,
-    pub pcie_gen_max: Option<u32>,
-    pub pcie_width_current: Option<u32>,
-    pub pcie_width_max: Option<u32>,
-    pub memory_bus_width_bits: Option<u32>,
-    pub memory_clock_max_mhz: Option<u32>,
-    /// Theoretical memory bandwidth (GB/s) from bus width and memory clock.
-    pub bandwidth_gbs: Option<f64>,
-}
-
-/// One llama.cpp (ggml) backend device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LlamaDevice {
-    pub index: usize,
-    pub name: String,
-    pub description: String,
-    pub backend: String,
-    /// "cpu", "gpu", "igpu", "accel".
-    pub kind: String,
-    pub memory_total: u64,
-    pub memory_free: u64,
-}
-
-impl LlamaDevice {
-    #[must_use]
-    pub fn is_offload_target(&self) -> bool {
-        self.kind == "gpu" || self.kind == "igpu"
-    }
-
-    /// A Vulkan implementation that runs on the CPU (Mesa's llvmpipe and
-    /// lavapipe, Google's SwiftShader): ggml lists it as a GPU, but
-    /// offloading to it cannot beat the CPU backend.
-    #[must_use]
-    pub fn is_software_renderer(&self) -> bool {
-        let d = self.description.to_ascii_lowercase();
-        ["llvmpipe", "lavapipe", "swiftshader"].iter().any(|n| d.contains(n))
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CpuInfo {
-    pub brand: String,
-    pub physical_cores: u32,
-    pub logical_cores: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RamInfo {
-    pub total: u64,
-    pub available: u64,
-    /// Memory limit of this process's cgroup, when one is set.
-    pub cgroup_limit: Option<u64>,
-}
-
-/// The `hw` report. Stable, documented JSON (see README).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Hardware {
-    /// Stable id of this host (survives driver updates); the profile store's directory.
-    pub machine_id: String,
-    pub gpus: Vec<GpuInfo>,
-    /// Why there is no NVML data, when there is none.
-    pub nvml: Option<String>,
-    pub llama_devices: Vec<LlamaDevice>,
-    pub cpu: CpuInfo,
-    pub ram: RamInfo,
-    pub os: String,
-    pub kernel: String,
-    pub llama_cpp_revision: String,
-    /// Backends compiled into this build: "CPU", "Vulkan", "CUDA", "Metal".
-    pub backends: Vec<String>,
-    /// Short hash of what changes a tuning answer.
-    pub fingerprint: String,
-    /// Plain-words notes about missing or untrustworthy sources.
-    pub notes: Vec<String>,
 }
 
 /// Backends compiled into this build.
@@ -429,25 +316,6 @@ pub fn hardware(llama_devices: Vec<LlamaDevice>) -> Hardware {
 #[must_use]
 pub fn elapsed_ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
-}
-
-/// llama.cpp's devices, read in a child process (this binary's hidden
-/// `__devices` subcommand) so the caller never initializes a GPU backend.
-///
-/// # Errors
-/// When the child cannot be run or answers nonsense.
-pub fn devices_in_child(exe: &std::path::Path) -> anyhow::Result<Vec<LlamaDevice>> {
-    use anyhow::Context;
-    let out = std::process::Command::new(exe)
-        .arg("__devices")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {} to list llama.cpp devices", exe.display()))?;
-    if !out.status.success() {
-        anyhow::bail!("listing llama.cpp devices failed ({})", crate::engine::runner::describe_exit(out.status));
-    }
-    serde_json::from_slice(&out.stdout).context("the device list from __devices is not valid JSON")
 }
 
 #[cfg(test)]

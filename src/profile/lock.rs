@@ -103,12 +103,12 @@ impl StoreLock {
                 said = true;
             }
             std::thread::sleep(Duration::from_millis(200));
-            if crate::engine::interrupt::requested().is_some() {
-                anyhow::bail!(crate::engine::runner::Interrupted);
+            if crate::interrupt::requested().is_some() {
+                anyhow::bail!(crate::error::Interrupted);
             }
         }
         // Write, then trim: a waiter reading meanwhile sees a whole line, never an empty file.
-        let who = format!("pid {} ({what}) since {}", std::process::id(), crate::bench::now_rfc3339());
+        let who = format!("pid {} ({what}) since {}", std::process::id(), crate::clock::now_rfc3339());
         let _ = file.seek(SeekFrom::Start(0));
         let _ = file.write_all(who.as_bytes());
         let _ = file.set_len(who.len() as u64);

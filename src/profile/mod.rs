@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::engine::TrialResult;
 use crate::model::ModelInfo;
 use crate::probe::Hardware;
-use crate::tune::choose::{Decision, Objective};
+use crate::types::{Decision, Objective, Point};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -204,6 +204,20 @@ impl ProfileTrial {
     pub fn is_search(&self) -> bool {
         self.role != "threads" && self.role != "moe"
     }
+
+    /// The trial reduced to what the decision needs.
+    #[must_use]
+    pub fn point(&self) -> Point {
+        let r = &self.result;
+        Point {
+            ngl: r.spec.n_gpu_layers,
+            ok: r.status == crate::types::TrialStatus::Ok,
+            oom: r.status == crate::types::TrialStatus::Oom,
+            tg: r.test(false).map(|x| x.avg_ts),
+            pp: r.test(true).map(|x| x.avg_ts),
+            mem: self.mem_bytes,
+        }
+    }
 }
 
 /// llama.cpp's own view before any trial: the dry-run memory prediction per
@@ -260,7 +274,7 @@ pub struct Recommendation {
     #[serde(default)]
     pub confidence: Confidence,
     /// llama.cpp's op offload was on in the trials (off: `--no-op-offload`).
-    #[serde(default = "crate::engine::yes", skip_serializing_if = "crate::engine::is_true")]
+    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
     pub op_offload: bool,
     pub tg_ts: Option<f64>,
     pub pp_ts: Option<f64>,
@@ -320,6 +334,14 @@ pub struct Profile {
     pub notes: Vec<String>,
     /// Wall time of the whole tuning, seconds.
     pub wall_s: f64,
+}
+
+impl Profile {
+    /// The ngl search's trials as the decision saw them.
+    #[must_use]
+    pub fn search_points(&self) -> Vec<Point> {
+        self.trials.iter().filter(|t| t.is_search()).map(ProfileTrial::point).collect()
+    }
 }
 
 /// Unfinished work, saved after every trial so an interrupt loses nothing.

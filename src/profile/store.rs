@@ -231,38 +231,4 @@ pub fn machines(store: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// Seconds since the epoch of an RFC 3339 UTC time as ngl-tune writes it
-/// ("2026-11-30T05:44:32Z").
-#[must_use]
-pub fn parse_rfc3339(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' || b[19] != b'Z'
-    {
-        return None;
-    }
-    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
-    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
-}
-
-#[cfg(test)]
-mod time_tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_round_trips() {
-        for secs in [0u64, 951_782_400, 1_764_474_000, 1_796_000_123] {
-            assert_eq!(parse_rfc3339(&crate::bench::rfc3339(secs)), Some(secs));
-        }
-        assert_eq!(parse_rfc3339("yesterday"), None);
-    }
-}
+pub use crate::clock::parse_rfc3339;

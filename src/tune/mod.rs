@@ -2,7 +2,6 @@
 //! sampler, checkpoint after each, fit, choose, confirm, write the profile.
 
 pub mod choose;
-pub mod fit;
 pub mod knee;
 pub mod plan;
 
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::bench::now_rfc3339;
+use crate::clock::now_rfc3339;
 use crate::engine::runner::{Interrupted, Runner};
 use crate::engine::{Race, TrialResult, TrialSpec, TrialStatus};
 use crate::model::{human_bytes, ModelInfo};
@@ -23,7 +22,7 @@ use crate::profile::{
     Checkpoint, FitCheck, MemoryPolicy, ModelIdentity, Profile, ProfileTrial, Recommendation, Settings, Tool,
     SCHEMA_VERSION,
 };
-use choose::{decide, Decision, Inputs, Objective, Point};
+use choose::{decide, Decision, Inputs, Objective};
 
 /// Most confirmation trials before the tuner settles for what it measured.
 const MAX_CONFIRMATIONS: usize = 5;
@@ -35,6 +34,8 @@ pub struct TuneOptions {
     pub resume: bool,
     pub verbose: bool,
     pub progress: bool,
+    /// llama.cpp's devices, as the loadability check listed them.
+    pub devices: Vec<crate::types::LlamaDevice>,
 }
 
 #[derive(Debug, Clone)]
@@ -140,18 +141,6 @@ pub fn prediction_check(
             (err, sampled)
         }
         _ => (None, None),
-    }
-}
-
-fn point(t: &ProfileTrial) -> Point {
-    let r = &t.result;
-    Point {
-        ngl: r.spec.n_gpu_layers,
-        ok: r.status == TrialStatus::Ok,
-        oom: r.status == TrialStatus::Oom,
-        tg: r.test(false).map(|x| x.avg_ts),
-        pp: r.test(true).map(|x| x.avg_ts),
-        mem: t.mem_bytes,
     }
 }
 
@@ -315,7 +304,7 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
 #[must_use]
 pub fn profile_inputs(p: &Profile) -> Inputs {
     Inputs {
-        points: p.trials.iter().filter(|t| t.is_search()).map(point).collect(),
+        points: p.search_points(),
         full: p.model.n_layer_full,
         cap: p.memory.cap_bytes,
         objective: p.settings.objective,
@@ -327,7 +316,7 @@ pub fn profile_inputs(p: &Profile) -> Inputs {
 
 fn inputs(trials: &[ProfileTrial], info: &ModelInfo, s: &Settings, policy: &MemoryPolicy) -> Inputs {
     Inputs {
-        points: trials.iter().filter(|t| t.is_search()).map(point).collect(),
+        points: trials.iter().filter(|t| t.is_search()).map(ProfileTrial::point).collect(),
         full: info.n_layer_full,
         cap: policy.cap_bytes,
         objective: s.objective,
@@ -347,8 +336,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
     let started = Instant::now();
     let s = &opts.settings;
     let exe = std::env::current_exe()?;
-    let devices = probe::devices_in_child(&exe)?;
-    let hw = probe::hardware(devices);
+    let hw = probe::hardware(opts.devices.clone());
     let identity = ModelIdentity::of(info);
     let path = store::profile_path(&opts.store, &hw.machine_id, &identity);
     let checkpoint_path = store::checkpoint_path(&opts.store, &hw.machine_id, &identity);
@@ -862,14 +850,14 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
             })
             .map(|(n, ts)| (n.min(full), 1.0 / ts))
             .collect();
-        fit::Curve::new(pts, full)
+        crate::curve::Curve::new(pts, full)
     };
     let (pp_time, tg_time) = (curve(true), curve(false));
     // Where a curve cannot say (the pp of settings whose pp never ran), the
     // nearest measured speed stands in. Scaling it as the other test scales
     // was tried and overshot five-fold on llvmpipe, where pp hardly changes
     // with ngl; the nearest speed errs low, so the savings are not overstated.
-    let per_token = |c: &fit::Curve, n: u32| {
+    let per_token = |c: &crate::curve::Curve, n: u32| {
         c.predict(n).or_else(|| c.measured.iter().min_by_key(|(m, _)| m.abs_diff(n)).map(|p| p.1))
     };
     // Seconds of measuring at `ngl`: each test run (`Some(repetitions)`) with its warm-up.
