@@ -131,48 +131,6 @@ pub fn read_checkpoint(path: &Path) -> Option<Checkpoint> {
     (c.schema_version == SCHEMA_VERSION && c.kind == "checkpoint").then_some(c)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn atomic_write_replaces_and_leaves_no_temp() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("a/b/x.json");
-        atomic_write(&p, b"one").unwrap();
-        atomic_write(&p, b"two").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names.len(), 1, "{names:?}");
-    }
-
-    #[test]
-    fn failed_write_keeps_the_old_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("x.json");
-        atomic_write(&p, b"old").unwrap();
-        // A directory where the temp file should go makes the write fail.
-        let tmp = dir.path().join(format!(".x.json.tmp.{}", std::process::id()));
-        std::fs::create_dir(&tmp).unwrap();
-        assert!(atomic_write(&p, b"new").is_err());
-        assert_eq!(std::fs::read(&p).unwrap(), b"old");
-    }
-
-    #[test]
-    fn reading_names_the_problem() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("p.json");
-        std::fs::write(&p, "not json").unwrap();
-        assert!(read_profile(&p).unwrap_err().to_string().contains("is not JSON"));
-        std::fs::write(&p, r#"{"schema_version": 99}"#).unwrap();
-        assert!(read_profile(&p).unwrap_err().to_string().contains("schema_version 99"));
-        std::fs::write(&p, r#"{"schema_version": 1}"#).unwrap();
-        assert!(read_profile(&p).unwrap_err().to_string().contains("not a complete profile"));
-        std::fs::write(&p, r#"{"x": 1}"#).unwrap();
-        assert!(read_profile(&p).unwrap_err().to_string().contains("no schema_version"));
-    }
-}
-
 /// Where replaced versions of a profile are kept:
 /// `<store>/<machine>/history/<model stem>-<model id>/<created_at>.json`.
 #[must_use]
@@ -232,3 +190,45 @@ pub fn machines(store: &Path) -> Vec<PathBuf> {
 }
 
 pub use crate::clock::parse_rfc3339;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a/b/x.json");
+        atomic_write(&p, b"one").unwrap();
+        atomic_write(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        atomic_write(&p, b"old").unwrap();
+        // A directory where the temp file should go makes the write fail.
+        let tmp = dir.path().join(format!(".x.json.tmp.{}", std::process::id()));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(atomic_write(&p, b"new").is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+    }
+
+    #[test]
+    fn reading_names_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.json");
+        std::fs::write(&p, "not json").unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("is not JSON"));
+        std::fs::write(&p, r#"{"schema_version": 99}"#).unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("schema_version 99"));
+        std::fs::write(&p, r#"{"schema_version": 1}"#).unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("not a complete profile"));
+        std::fs::write(&p, r#"{"x": 1}"#).unwrap();
+        assert!(read_profile(&p).unwrap_err().to_string().contains("no schema_version"));
+    }
+}
