@@ -416,6 +416,77 @@ impl<R: Read> Cursor<R> {
     }
 }
 
+/// Magic, version, and the two counts, each checked against the file size.
+fn read_header<R: std::io::Read>(c: &mut Cursor<R>, size: u64) -> Result<(u32, u64, u64), GgufError> {
+    if size < 4 {
+        return Err(GgufError::TooShortForHeader { size });
+    }
+    let magic: [u8; 4] = c.arr(&|| "the magic".into())?;
+    if &magic != MAGIC {
+        return Err(GgufError::NotGguf { magic, guess: guess_format(&magic) });
+    }
+    if size < 24 {
+        return Err(GgufError::TooShortForHeader { size });
+    }
+    let version = c.u32(&|| "the version".into())?;
+    if !(2..=3).contains(&version) {
+        return Err(GgufError::UnsupportedVersion(version));
+    }
+    let n_tensors = c.u64(&|| "the tensor count".into())?;
+    let n_kv = c.u64(&|| "the metadata count".into())?;
+    // A tensor entry takes at least 8 (name len) + 4 + 8 + 4 + 8 bytes; a key 8 + 4 + 1.
+    // A count the file cannot hold means a cut-off file when the count is
+    // plausible (reading on reports where it ends), else a corrupt header.
+    let left = size - c.pos;
+    if n_kv.saturating_mul(13) > left && n_kv > PLAUSIBLE_COUNT {
+        return Err(GgufError::Absurd { what: "metadata keys".into(), count: n_kv, size });
+    }
+    if n_tensors.saturating_mul(32) > left && n_tensors > PLAUSIBLE_COUNT {
+        return Err(GgufError::Absurd { what: "tensors".into(), count: n_tensors, size });
+    }
+    Ok((version, n_tensors, n_kv))
+}
+
+/// The tensor table.
+fn read_tensors<R: std::io::Read>(c: &mut Cursor<R>, n_tensors: u64) -> Result<Vec<TensorInfo>, GgufError> {
+    let mut tensors = Vec::with_capacity(usize::try_from(n_tensors.min(1 << 16)).unwrap_or(0));
+    for i in 0..n_tensors {
+        let name = c.string(&|| format!("the name of tensor {i}"))?;
+        let what = || format!("tensor '{name}'");
+        let n_dims = c.u32(&what)?;
+        if n_dims > 8 {
+            return Err(GgufError::Invalid(format!("tensor '{name}' has {n_dims} dimensions (at most 4 are valid)")));
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(c.u64(&what)?);
+        }
+        let ggml_type = c.u32(&what)?;
+        let offset = c.u64(&what)?;
+        tensors.push(TensorInfo { name, dims, ggml_type, offset });
+    }
+    Ok(tensors)
+}
+
+/// The tensor data the table describes must fit in the file.
+fn check_data(tensors: &[TensorInfo], data_offset: u64, size: u64) -> Result<(), GgufError> {
+    let mut needed = data_offset;
+    for t in tensors {
+        let Some(n_elems) = t.dims.iter().try_fold(1u64, |acc, d| acc.checked_mul(*d)) else {
+            return Err(GgufError::Absurd { what: format!("elements in tensor '{}'", t.name), count: u64::MAX, size });
+        };
+        let bytes = match type_block_size(t.ggml_type) {
+            Some((block, bsize)) => n_elems / block * bsize,
+            None => 0,
+        };
+        needed = needed.max(data_offset.saturating_add(t.offset).saturating_add(bytes));
+    }
+    if needed > size {
+        return Err(GgufError::DataTruncated { needed, size });
+    }
+    Ok(())
+}
+
 impl Gguf {
     /// Reads the header, metadata and tensor table, and checks that the tensor
     /// data the table describes fits in the file.
@@ -429,33 +500,7 @@ impl Gguf {
             return Err(GgufError::Empty);
         }
         let mut c = Cursor { r: BufReader::with_capacity(1 << 16, file), pos: 0, size };
-        if size < 4 {
-            return Err(GgufError::TooShortForHeader { size });
-        }
-        let magic: [u8; 4] = c.arr(&|| "the magic".into())?;
-        if &magic != MAGIC {
-            return Err(GgufError::NotGguf { magic, guess: guess_format(&magic) });
-        }
-        if size < 24 {
-            return Err(GgufError::TooShortForHeader { size });
-        }
-        let version = c.u32(&|| "the version".into())?;
-        if !(2..=3).contains(&version) {
-            return Err(GgufError::UnsupportedVersion(version));
-        }
-        let n_tensors = c.u64(&|| "the tensor count".into())?;
-        let n_kv = c.u64(&|| "the metadata count".into())?;
-        // A tensor entry takes at least 8 (name len) + 4 + 8 + 4 + 8 bytes; a key 8 + 4 + 1.
-        // A count the file cannot hold means a cut-off file when the count is
-        // plausible (reading on reports where it ends), else a corrupt header.
-        let left = size - c.pos;
-        if n_kv.saturating_mul(13) > left && n_kv > PLAUSIBLE_COUNT {
-            return Err(GgufError::Absurd { what: "metadata keys".into(), count: n_kv, size });
-        }
-        if n_tensors.saturating_mul(32) > left && n_tensors > PLAUSIBLE_COUNT {
-            return Err(GgufError::Absurd { what: "tensors".into(), count: n_tensors, size });
-        }
-
+        let (version, n_tensors, n_kv) = read_header(&mut c, size)?;
         let mut metadata = BTreeMap::new();
         for i in 0..n_kv {
             let key = c.string(&|| format!("metadata key {i}"))?;
@@ -465,53 +510,13 @@ impl Gguf {
             let v = c.value(t, keep, &what)?;
             metadata.insert(key, v);
         }
-
-        let mut tensors = Vec::with_capacity(usize::try_from(n_tensors.min(1 << 16)).unwrap_or(0));
-        for i in 0..n_tensors {
-            let name = c.string(&|| format!("the name of tensor {i}"))?;
-            let what = || format!("tensor '{name}'");
-            let n_dims = c.u32(&what)?;
-            if n_dims > 8 {
-                return Err(GgufError::Invalid(format!(
-                    "tensor '{name}' has {n_dims} dimensions (at most 4 are valid)"
-                )));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(c.u64(&what)?);
-            }
-            let ggml_type = c.u32(&what)?;
-            let offset = c.u64(&what)?;
-            tensors.push(TensorInfo { name, dims, ggml_type, offset });
-        }
-
+        let tensors = read_tensors(&mut c, n_tensors)?;
         let alignment = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(DEFAULT_ALIGNMENT);
         if alignment == 0 || !alignment.is_power_of_two() {
             return Err(GgufError::Invalid(format!("general.alignment is {alignment}, not a power of two")));
         }
         let data_offset = c.pos.div_ceil(alignment) * alignment;
-
-        let mut needed = data_offset;
-        for t in &tensors {
-            let n_elems = t.dims.iter().try_fold(1u64, |acc, d| acc.checked_mul(*d));
-            let Some(n_elems) = n_elems else {
-                return Err(GgufError::Absurd {
-                    what: format!("elements in tensor '{}'", t.name),
-                    count: u64::MAX,
-                    size,
-                });
-            };
-            let bytes = match type_block_size(t.ggml_type) {
-                Some((block, bsize)) => n_elems / block * bsize,
-                None => 0,
-            };
-            let end = data_offset.saturating_add(t.offset).saturating_add(bytes);
-            needed = needed.max(end);
-        }
-        if needed > size {
-            return Err(GgufError::DataTruncated { needed, size });
-        }
-
+        check_data(&tensors, data_offset, size)?;
         Ok(Gguf { version, metadata, tensors, data_offset, file_size: size })
     }
 

@@ -156,43 +156,19 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
     let n_layer =
         u32::try_from(n_layer).map_err(|_| bad(format!("{shown} claims {n_layer} layers; the file is corrupt")))?;
 
-    let mut layer_bytes = vec![0u64; n_layer as usize];
-    let mut bytes_by_type: BTreeMap<String, u64> = BTreeMap::new();
-    let mut n_params = 0u64;
-    let mut token_embd_bytes = 0u64;
-    let mut output_bytes = 0u64;
-    let mut has_output = false;
-    let sizes = tensor_sizes(g);
-    for (t, bytes) in g.tensors.iter().zip(&sizes) {
-        n_params += t.n_elements();
-        *bytes_by_type.entry(gguf::type_name(t.ggml_type).to_string()).or_default() += bytes;
-        if let Some(rest) = t.name.strip_prefix("blk.") {
-            let idx = rest.split('.').next().and_then(|s| s.parse::<usize>().ok());
-            if let Some(slot) = idx.and_then(|i| layer_bytes.get_mut(i)) {
-                *slot += bytes;
-            }
-            // blk.N beyond block_count (e.g. NextN/MTP heads) are not offloaded by ngl.
-        } else if t.name.starts_with("token_embd.") {
-            token_embd_bytes += bytes;
-        } else if t.name.starts_with("output.") {
-            has_output = true;
-            output_bytes += bytes;
-        } else if t.name.starts_with("output_norm.") {
-            output_bytes += bytes;
-        }
-    }
+    let t = TensorBytes::of(g, n_layer);
     // With tied embeddings the output layer reuses token_embd; this
     // llama.cpp keeps that tensor in host memory (its log: "token_embd.weight
     // (and 1 others) cannot be used with preferred buffer type ..., using CPU
     // instead"), so only output_norm moves to the device. Measured on
     // gemma-3-270m in the vulkan build: the device model buffer at full
     // offload equals the repeating layers' bytes.
-    let output_tied = !has_output;
+    let output_tied = !t.has_output;
     let quantization = g
         .get_u64("general.file_type")
         .and_then(gguf::file_type_name)
         .map(str::to_string)
-        .or_else(|| bytes_by_type.iter().max_by_key(|(_, b)| **b).map(|(t, _)| t.clone()))
+        .or_else(|| t.by_type.iter().max_by_key(|(_, b)| **b).map(|(t, _)| t.clone()))
         .unwrap_or_else(|| "unknown".into());
 
     let file_name = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -204,13 +180,13 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
         name: g.get_str("general.name").map(str::to_string),
         n_layer,
         n_layer_full: n_layer + 1,
-        n_params,
+        n_params: t.n_params,
         quantization,
-        bytes_by_type,
+        bytes_by_type: t.by_type,
         n_tensors: g.tensors.len() as u64,
-        layer_bytes,
-        token_embd_bytes,
-        output_bytes,
+        layer_bytes: t.layers,
+        token_embd_bytes: t.token_embd,
+        output_bytes: t.output,
         output_tied,
         n_expert: u32::try_from(key("expert_count").unwrap_or(0)).unwrap_or(0),
         n_expert_used: u32::try_from(key("expert_used_count").unwrap_or(0)).unwrap_or(0),
@@ -222,6 +198,49 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
         sha256_16m: sha256_prefix(path, ID_PREFIX_BYTES).map_err(|e| bad(format!("{shown}: cannot be read ({e})")))?,
         architecture: arch,
     })
+}
+
+/// Where a model's bytes are: per repeating layer, per type, the embedding
+/// and the output layer.
+struct TensorBytes {
+    layers: Vec<u64>,
+    by_type: BTreeMap<String, u64>,
+    n_params: u64,
+    token_embd: u64,
+    output: u64,
+    has_output: bool,
+}
+
+impl TensorBytes {
+    fn of(g: &Gguf, n_layer: u32) -> TensorBytes {
+        let mut b = TensorBytes {
+            layers: vec![0u64; n_layer as usize],
+            by_type: BTreeMap::new(),
+            n_params: 0,
+            token_embd: 0,
+            output: 0,
+            has_output: false,
+        };
+        for (t, bytes) in g.tensors.iter().zip(&tensor_sizes(g)) {
+            b.n_params += t.n_elements();
+            *b.by_type.entry(gguf::type_name(t.ggml_type).to_string()).or_default() += bytes;
+            if let Some(rest) = t.name.strip_prefix("blk.") {
+                let idx = rest.split('.').next().and_then(|s| s.parse::<usize>().ok());
+                // blk.N beyond block_count (e.g. NextN/MTP heads) are not offloaded by ngl.
+                if let Some(slot) = idx.and_then(|i| b.layers.get_mut(i)) {
+                    *slot += bytes;
+                }
+            } else if t.name.starts_with("token_embd.") {
+                b.token_embd += bytes;
+            } else if t.name.starts_with("output.") {
+                b.has_output = true;
+                b.output += bytes;
+            } else if t.name.starts_with("output_norm.") {
+                b.output += bytes;
+            }
+        }
+        b
+    }
 }
 
 /// Size of each tensor's data: from its type where known, else from the

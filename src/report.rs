@@ -40,7 +40,7 @@ pub fn trial_table(p: &Profile) -> String {
         if t.over_cap {
             status.push_str(", over cap");
         }
-        if t.role == "confirm" {
+        if t.role == crate::types::Role::Confirm {
             status.push_str(" (confirmation)");
         }
         if let Some(c) = r.contention.as_ref().filter(|c| c.contended) {
@@ -49,7 +49,7 @@ pub fn trial_table(p: &Profile) -> String {
         if r.tests.iter().any(|x| x.stopped_early) {
             status.push_str(", cut short: far behind the best");
         }
-        if t.role == "moe" {
+        if t.role == crate::types::Role::Moe {
             status.push_str(&format!(" (--n-cpu-moe {})", r.spec.n_cpu_moe));
         }
         if let Some(why) = r.reason.as_deref().filter(|_| r.status != TrialStatus::Ok) {
@@ -202,67 +202,83 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         let _ = writeln!(s, "warning: {n}");
     }
     if let Some(pr) = &p.prediction {
-        if !pr.predicted_over_cap.is_empty() {
-            let v: Vec<String> = pr.predicted_over_cap.iter().map(ToString::to_string).collect();
-            let _ =
-                writeln!(s, "not run: ngl {} (llama.cpp's dry run predicts more memory than the cap)", v.join(", "));
-        }
-        let gaps: Vec<(u32, i64)> = p
-            .trials
-            .iter()
-            .filter_map(|t| t.sampled_minus_predicted_bytes.map(|g| (t.result.spec.n_gpu_layers, g)))
-            .collect();
-        if let (Some(lo), Some(hi)) = (gaps.iter().min_by_key(|g| g.1), gaps.iter().max_by_key(|g| g.1)) {
-            let signed = |b: i64| format!("{}{}", if b < 0 { "-" } else { "+" }, human_bytes(b.unsigned_abs()));
-            let range = if lo == hi {
-                format!("{} at ngl {}", signed(lo.1), lo.0)
-            } else {
-                format!("{} (ngl {}) to {} (ngl {})", signed(lo.1), lo.0, signed(hi.1), hi.0)
-            };
-            let _ = writeln!(
-                s,
-                "sampled {} memory minus llama.cpp's prediction: {range} (what llama.cpp does not count: driver context, allocator slack)",
-                p.memory.source
-            );
-        }
-        if let Some(e) = pr.max_error_pct {
-            let _ = writeln!(
-                s,
-                "llama.cpp's dry-run memory prediction was within {e:.2}% of what it allocated at every measured ngl"
-            );
-        }
-        if let Some(f) = &pr.llama_fit {
-            match f.n_gpu_layers {
-                Some(n) => {
-                    let ngl = if n < 0 { p.model.n_layer_full } else { u32::try_from(n).unwrap_or(0) };
-                    let tg = pr.llama_fit_tg_ts.map_or(String::new(), |t| format!(", measured tg {t:.2} t/s"));
-                    let _ = writeln!(
-                        s,
-                        "llama.cpp's own fit (same memory margin) would choose ngl {ngl}{tg}; measured best: ngl {}{}",
-                        p.recommendation.n_gpu_layers,
-                        p.recommendation.tg_ts.map_or(String::new(), |t| format!(", tg {t:.2} t/s"))
-                    );
-                }
-                None => {
-                    let _ = writeln!(s, "llama.cpp's own fit found no setting: {}", f.error.as_deref().unwrap_or("?"));
-                }
-            }
-        }
+        s.push_str(&prediction_lines(p, pr));
     }
     if let Some(sr) = &p.search {
-        let short = if sr.stopped_early > 0 { format!(", {} cut short", sr.stopped_early) } else { String::new() };
-        let grid = sr.grid_estimate_s.map_or(String::new(), |g| {
-            format!(
-                "; the full grid would take about {g:.1} s: this took {:.0}% of that",
-                sr.trial_wall_s / g.max(1e-9) * 100.0
-            )
-        });
+        s.push_str(&search_line(sr));
+    }
+    s.push_str(&paste_lines(p, path));
+    s
+}
+
+/// What llama.cpp predicted and would have chosen, against what was measured.
+fn prediction_lines(p: &Profile, pr: &crate::profile::PredictionReport) -> String {
+    let mut s = String::new();
+    if !pr.predicted_over_cap.is_empty() {
+        let v: Vec<String> = pr.predicted_over_cap.iter().map(ToString::to_string).collect();
+        let _ = writeln!(s, "not run: ngl {} (llama.cpp's dry run predicts more memory than the cap)", v.join(", "));
+    }
+    let gaps: Vec<(u32, i64)> = p
+        .trials
+        .iter()
+        .filter_map(|t| t.sampled_minus_predicted_bytes.map(|g| (t.result.spec.n_gpu_layers, g)))
+        .collect();
+    if let (Some(lo), Some(hi)) = (gaps.iter().min_by_key(|g| g.1), gaps.iter().max_by_key(|g| g.1)) {
+        let signed = |b: i64| format!("{}{}", if b < 0 { "-" } else { "+" }, human_bytes(b.unsigned_abs()));
+        let range = if lo == hi {
+            format!("{} at ngl {}", signed(lo.1), lo.0)
+        } else {
+            format!("{} (ngl {}) to {} (ngl {})", signed(lo.1), lo.0, signed(hi.1), hi.0)
+        };
         let _ = writeln!(
             s,
-            "search: {}, {} trials{short} in {:.1} s (the full grid has {} settings){grid}",
-            sr.mode, sr.trials, sr.trial_wall_s, sr.grid_size
+            "sampled {} memory minus llama.cpp's prediction: {range} (what llama.cpp does not count: driver context, allocator slack)",
+            p.memory.source
         );
     }
+    if let Some(e) = pr.max_error_pct {
+        let _ = writeln!(
+            s,
+            "llama.cpp's dry-run memory prediction was within {e:.2}% of what it allocated at every measured ngl"
+        );
+    }
+    match pr.llama_fit.as_ref().map(|f| (f.n_gpu_layers, f)) {
+        Some((Some(n), _)) => {
+            let ngl = if n < 0 { p.model.n_layer_full } else { u32::try_from(n).unwrap_or(0) };
+            let tg = pr.llama_fit_tg_ts.map_or(String::new(), |t| format!(", measured tg {t:.2} t/s"));
+            let _ = writeln!(
+                s,
+                "llama.cpp's own fit (same memory margin) would choose ngl {ngl}{tg}; measured best: ngl {}{}",
+                p.recommendation.n_gpu_layers,
+                p.recommendation.tg_ts.map_or(String::new(), |t| format!(", tg {t:.2} t/s"))
+            );
+        }
+        Some((None, f)) => {
+            let _ = writeln!(s, "llama.cpp's own fit found no setting: {}", f.error.as_deref().unwrap_or("?"));
+        }
+        None => {}
+    }
+    s
+}
+
+/// How much measuring the search took.
+fn search_line(sr: &crate::profile::SearchReport) -> String {
+    let short = if sr.stopped_early > 0 { format!(", {} cut short", sr.stopped_early) } else { String::new() };
+    let grid = sr.grid_estimate_s.map_or(String::new(), |g| {
+        format!(
+            "; the full grid would take about {g:.1} s: this took {:.0}% of that",
+            sr.trial_wall_s / g.max(1e-9) * 100.0
+        )
+    });
+    format!(
+        "search: {}, {} trials{short} in {:.1} s (the full grid has {} settings){grid}\n",
+        sr.mode, sr.trials, sr.trial_wall_s, sr.grid_size
+    )
+}
+
+/// The lines people paste, and where the profile is.
+fn paste_lines(p: &Profile, path: &Path) -> String {
+    let mut s = String::new();
     let rec = &p.recommendation;
     if rec.confidence == crate::profile::Confidence::Low {
         let _ = writeln!(s, "confidence: low (measured on a busy machine; see the warning above)");

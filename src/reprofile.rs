@@ -350,140 +350,141 @@ pub fn modelfiles_for(dir: &Path, model: &Path) -> Vec<PathBuf> {
 /// # Errors
 /// When the store cannot be listed or devices cannot be probed; a failed
 /// re-tune is an entry, not an error.
-#[allow(clippy::too_many_lines)]
 pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<Summary> {
-    let exe = std::env::current_exe()?;
+    let exe = crate::engine::child::current_exe()?;
     let hw = crate::probe::hardware(crate::engine::child::devices(&exe)?);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let files = store::profile_files(&opts.store.join(&hw.machine_id));
-    let mut entries = Vec::new();
     say(&format!("reprofile: {} profiles of machine {} in {}", files.len(), hw.machine_id, opts.store.display()));
     // Waited for once, before the first re-tune: fresh profiles cost nothing.
     let mut busy_at_start: Option<Option<String>> = None;
+    let mut entries = Vec::new();
     for path in files {
-        let old = match store::read_profile(&path) {
-            Ok(p) => p,
-            Err(e) => {
-                say(&format!("  invalid  {e:#}; skipped (left as it is)"));
-                entries.push(Entry {
-                    profile: path.clone(),
-                    model: String::new(),
-                    model_path: PathBuf::new(),
-                    status: "invalid".into(),
-                    reasons: vec![format!("{e:#}")],
-                    drift: None,
-                    error: None,
-                    updated_modelfiles: Vec::new(),
-                });
-                continue;
-            }
-        };
-        let mut entry = Entry {
-            profile: path.clone(),
-            model: old.model.file_name.clone(),
-            model_path: old.model.path.clone(),
-            status: String::new(),
-            reasons: Vec::new(),
-            drift: None,
-            error: None,
-            updated_modelfiles: Vec::new(),
-        };
-        if old.machine_id != hw.machine_id {
-            entry.status = "invalid".into();
-            entry
-                .reasons
-                .push(format!("made on machine {}, not this one ({}); left alone", old.machine_id, hw.machine_id));
-            say(&format!("  invalid  {}: {}", path.display(), entry.reasons[0]));
-            entries.push(entry);
-            continue;
-        }
-        if model_state(&old) == ModelState::Gone {
-            entry.status = "model_missing".into();
-            entry.reasons.push(format!("model file {} is gone", old.model.path.display()));
-            say(&format!("  missing  {}: {}; skipped", old.model.file_name, entry.reasons[0]));
-            entries.push(entry);
-            continue;
-        }
-        entry.reasons = stale_reasons(&old, &hw, now, opts.max_age);
-        if entry.reasons.is_empty() {
-            entry.status = "fresh".into();
-            let age = store::parse_rfc3339(&old.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
-            say(&format!("  fresh    {} ({} old): skipped", old.model.file_name, human_age(age)));
-            entries.push(entry);
-            continue;
-        }
-        if opts.dry_run {
-            entry.status = "stale".into();
-            say(&format!("  stale    {}: {}; would re-tune", old.model.file_name, entry.reasons.join("; ")));
-            entries.push(entry);
-            continue;
-        }
-        if busy_at_start.is_none() {
-            let cores = opts.busy_threshold * f64::from(crate::bench::default_threads());
-            busy_at_start = Some(wait_for_idle(opts.wait_idle, cores, say)?);
-        }
-        say(&format!("  stale    {}: {}; re-tuning", old.model.file_name, entry.reasons.join("; ")));
-        match retune(&old, opts) {
-            Ok(new) => {
-                let d = drift(&old, &new, opts.threshold);
-                for c in d.comparisons.iter().filter(|c| c.verdict != "same") {
-                    say(&format!(
-                        "           {} {} at ngl {} -t {}: {:.2} → {:.2} t/s ({:+.1}%, p {})",
-                        c.verdict.to_uppercase(),
-                        c.test,
-                        c.n_gpu_layers,
-                        c.n_threads,
-                        c.old_ts,
-                        c.new_ts,
-                        c.change_pct,
-                        c.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
-                    ));
-                }
-                if let Some((a, b)) = d.recommendation_changed {
-                    say(&format!("           recommendation changed: ngl {a} → ngl {b}"));
-                }
-                if d.contended > 0 {
-                    say(&format!(
-                        "           {} comparisons not judged: the machine was busy during those trials",
-                        d.contended
-                    ));
-                }
-                if d.regressions == 0 && d.improvements == 0 {
-                    say(&format!(
-                        "           no drift beyond {:.0}% in {} comparisons",
-                        opts.threshold * 100.0,
-                        d.comparisons.len()
-                    ));
-                }
-                if d.recommendation_changed.is_some() || d.threads_changed.is_some() {
-                    if let Some(dir) = &opts.update_modelfiles {
-                        for mf in modelfiles_for(dir, &new.model.path) {
-                            match crate::emit::modelfile::write(&mf, &new) {
-                                Ok(_) => {
-                                    say(&format!("           updated {}", mf.display()));
-                                    entry.updated_modelfiles.push(mf);
-                                }
-                                Err(e) => say(&format!("           could not update {}: {e:#}", mf.display())),
-                            }
-                        }
-                    }
-                }
-                entry.status = "retuned".into();
-                entry.drift = Some(d);
-            }
-            Err(e) => {
-                if e.is::<crate::error::Interrupted>() {
-                    return Err(e);
-                }
-                say(&format!("           re-tune FAILED: {e:#}"));
-                entry.status = "failed".into();
-                entry.error = Some(format!("{e:#}"));
-            }
-        }
-        entries.push(entry);
+        entries.push(one(&path, &hw, now, opts, say, &mut busy_at_start)?);
     }
+    Ok(summarize(entries, opts, &hw, busy_at_start.flatten()))
+}
+
+fn entry(path: &Path, old: Option<&Profile>, status: &str, reasons: Vec<String>) -> Entry {
+    Entry {
+        profile: path.to_path_buf(),
+        model: old.map(|p| p.model.file_name.clone()).unwrap_or_default(),
+        model_path: old.map(|p| p.model.path.clone()).unwrap_or_default(),
+        status: status.into(),
+        reasons,
+        drift: None,
+        error: None,
+        updated_modelfiles: Vec::new(),
+    }
+}
+
+/// What happens to one profile: skipped (invalid, another machine's, model
+/// gone, fresh), listed (dry run), or re-tuned and compared.
+fn one(
+    path: &Path,
+    hw: &Hardware,
+    now: u64,
+    opts: &ReprofileOptions,
+    say: &mut dyn FnMut(&str),
+    busy_at_start: &mut Option<Option<String>>,
+) -> Result<Entry> {
+    let old = match store::read_profile(path) {
+        Ok(p) => p,
+        Err(e) => {
+            say(&format!("  invalid  {e:#}; skipped (left as it is)"));
+            return Ok(entry(path, None, "invalid", vec![format!("{e:#}")]));
+        }
+    };
+    if old.machine_id != hw.machine_id {
+        let why = format!("made on machine {}, not this one ({}); left alone", old.machine_id, hw.machine_id);
+        say(&format!("  invalid  {}: {why}", path.display()));
+        return Ok(entry(path, Some(&old), "invalid", vec![why]));
+    }
+    if model_state(&old) == ModelState::Gone {
+        let why = format!("model file {} is gone", old.model.path.display());
+        say(&format!("  missing  {}: {why}; skipped", old.model.file_name));
+        return Ok(entry(path, Some(&old), "model_missing", vec![why]));
+    }
+    let reasons = stale_reasons(&old, hw, now, opts.max_age);
+    if reasons.is_empty() {
+        let age = store::parse_rfc3339(&old.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
+        say(&format!("  fresh    {} ({} old): skipped", old.model.file_name, human_age(age)));
+        return Ok(entry(path, Some(&old), "fresh", reasons));
+    }
+    if opts.dry_run {
+        say(&format!("  stale    {}: {}; would re-tune", old.model.file_name, reasons.join("; ")));
+        return Ok(entry(path, Some(&old), "stale", reasons));
+    }
+    if busy_at_start.is_none() {
+        let cores = opts.busy_threshold * f64::from(crate::bench::default_threads());
+        *busy_at_start = Some(wait_for_idle(opts.wait_idle, cores, say)?);
+    }
+    say(&format!("  stale    {}: {}; re-tuning", old.model.file_name, reasons.join("; ")));
+    let mut e = entry(path, Some(&old), "retuned", reasons);
+    match retune(&old, opts) {
+        Ok(new) => {
+            let d = drift(&old, &new, opts.threshold);
+            say_drift(&d, opts.threshold, say);
+            if d.recommendation_changed.is_some() || d.threads_changed.is_some() {
+                if let Some(dir) = &opts.update_modelfiles {
+                    e.updated_modelfiles = update_modelfiles(dir, &new, say);
+                }
+            }
+            e.drift = Some(d);
+        }
+        Err(err) if err.is::<crate::error::Interrupted>() => return Err(err),
+        Err(err) => {
+            say(&format!("           re-tune FAILED: {err:#}"));
+            e.status = "failed".into();
+            e.error = Some(format!("{err:#}"));
+        }
+    }
+    Ok(e)
+}
+
+fn say_drift(d: &Drift, threshold: f64, say: &mut dyn FnMut(&str)) {
+    for c in d.comparisons.iter().filter(|c| c.verdict != "same" && c.verdict != "contended") {
+        say(&format!(
+            "           {} {} at ngl {} -t {}: {:.2} → {:.2} t/s ({:+.1}%, p {})",
+            c.verdict.to_uppercase(),
+            c.test,
+            c.n_gpu_layers,
+            c.n_threads,
+            c.old_ts,
+            c.new_ts,
+            c.change_pct,
+            c.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
+        ));
+    }
+    if let Some((a, b)) = d.recommendation_changed {
+        say(&format!("           recommendation changed: ngl {a} → ngl {b}"));
+    }
+    if d.contended > 0 {
+        say(&format!("           {} comparisons not judged: the machine was busy during those trials", d.contended));
+    }
+    if d.regressions == 0 && d.improvements == 0 {
+        say(&format!("           no drift beyond {:.0}% in {} comparisons", threshold * 100.0, d.comparisons.len()));
+    }
+}
+
+fn update_modelfiles(dir: &Path, new: &Profile, say: &mut dyn FnMut(&str)) -> Vec<PathBuf> {
+    let mut updated = Vec::new();
+    for mf in modelfiles_for(dir, &new.model.path) {
+        match crate::emit::modelfile::write(&mf, new) {
+            Ok(_) => {
+                say(&format!("           updated {}", mf.display()));
+                updated.push(mf);
+            }
+            Err(e) => say(&format!("           could not update {}: {e:#}", mf.display())),
+        }
+    }
+    updated
+}
+
+fn summarize(entries: Vec<Entry>, opts: &ReprofileOptions, hw: &Hardware, busy_at_start: Option<String>) -> Summary {
     let count = |s: &str| entries.iter().filter(|e| e.status == s).count();
-    let regressions: usize = entries.iter().filter_map(|e| e.drift.as_ref()).map(|d| d.regressions).sum();
+    let drifts = || entries.iter().filter_map(|e| e.drift.as_ref());
+    let regressions: usize = drifts().map(|d| d.regressions).sum();
     let failed = count("failed");
     let exit_code = if failed > 0 {
         crate::error::exit::FAILURE
@@ -492,9 +493,7 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
     } else {
         crate::error::exit::OK
     };
-    Ok(Summary {
-        contended: entries.iter().filter_map(|e| e.drift.as_ref()).map(|d| d.contended).sum(),
-        busy_at_start: busy_at_start.flatten(),
+    Summary {
         machine_id: hw.machine_id.clone(),
         store: opts.store.clone(),
         fingerprint: hw.fingerprint.clone(),
@@ -505,15 +504,13 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
         invalid: count("invalid"),
         failed,
         regressions,
-        improvements: entries.iter().filter_map(|e| e.drift.as_ref()).map(|d| d.improvements).sum(),
-        recommendations_changed: entries
-            .iter()
-            .filter_map(|e| e.drift.as_ref())
-            .filter(|d| d.recommendation_changed.is_some())
-            .count(),
+        improvements: drifts().map(|d| d.improvements).sum(),
+        recommendations_changed: drifts().filter(|d| d.recommendation_changed.is_some()).count(),
+        contended: drifts().map(|d| d.contended).sum(),
+        busy_at_start,
         entries,
         exit_code,
-    })
+    }
 }
 
 /// Waits, up to `limit`, until other processes use at most `cores` of CPU

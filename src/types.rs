@@ -139,6 +139,39 @@ impl TrialSpec {
     }
 }
 
+/// Why a trial was run.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A point of the ngl search (grid value or adaptive point).
+    Grid,
+    /// The decision's unmeasured best, measured.
+    Confirm,
+    /// A thread count at the chosen setting.
+    Threads,
+    /// Full offload with the experts of the first K layers on the CPU.
+    Moe,
+}
+
+impl Role {
+    /// A trial of the ngl search: what the decision, its fits and the chart
+    /// are made of (thread and expert trials are measured after it).
+    #[must_use]
+    pub fn is_search(self) -> bool {
+        matches!(self, Role::Grid | Role::Confirm)
+    }
+
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Grid => "grid",
+            Role::Confirm => "confirm",
+            Role::Threads => "threads",
+            Role::Moe => "moe",
+        }
+    }
+}
+
 /// How a trial ended.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

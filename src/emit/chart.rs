@@ -20,48 +20,169 @@ fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("cannot draw the chart: {e}")
 }
 
+/// What the chart shows, in its units: ngl against t/s and MiB.
+struct Data {
+    tg: Vec<(f64, f64)>,
+    pp: Vec<(f64, f64)>,
+    mem: Vec<(f64, f64)>,
+    tg_fit: Vec<(f64, f64)>,
+    pp_fit: Vec<(f64, f64)>,
+    mem_fit: Vec<(f64, f64)>,
+    cap_mib: f64,
+    x_max: f64,
+    y_max: f64,
+    m_max: f64,
+    cap_visible: bool,
+}
+
+impl Data {
+    fn of(p: &Profile) -> Data {
+        let ok: Vec<_> = p.trials.iter().filter(|t| t.result.status == TrialStatus::Ok && t.is_search()).collect();
+        let at = |t: &&crate::profile::ProfileTrial, v: f64| (f64::from(t.result.spec.n_gpu_layers), v);
+        let tg: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.result.test(false).map(|x| at(t, x.avg_ts))).collect();
+        let pp: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.result.test(true).map(|x| at(t, x.avg_ts))).collect();
+        let mem: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.mem_bytes.map(|m| at(t, m / MIB))).collect();
+        // The models the tuner chose with: measured points, the partial-offload
+        // fit, interpolation between neighbours (see curve::Curve).
+        let n_full = p.model.n_layer_full;
+        let (tg_c, pp_c, mem_c) = crate::types::Point::curves(&p.search_points(), n_full);
+        let speed = |c: &crate::curve::Curve| -> Vec<(f64, f64)> {
+            (0..=n_full).filter_map(|n| c.predict(n).filter(|t| *t > 0.0).map(|t| (f64::from(n), 1.0 / t))).collect()
+        };
+        // One point is no line (a test measured at one setting only): no model drawn or listed.
+        let line = |v: Vec<(f64, f64)>| if v.len() < 2 { Vec::new() } else { v };
+        let tg_fit = line(speed(&tg_c));
+        let pp_fit = line(speed(&pp_c));
+        let mem_fit = line((0..=n_full).filter_map(|n| mem_c.predict(n).map(|m| (f64::from(n), m / MIB))).collect());
+        let cap_mib = (p.memory.cap_bytes / MIB).max(0.0);
+        // Headroom keeps the data below the legend in the upper right.
+        let y_max = tg.iter().chain(&pp).chain(&tg_fit).chain(&pp_fit).map(|v| v.1).fold(1.0, f64::max) * 1.4;
+        let mem_top = mem.iter().chain(&mem_fit).map(|v| v.1).fold(0.0, f64::max);
+        // Show the cap when it is within reach of the data; otherwise note it in the caption.
+        let cap_visible = cap_mib > 0.0 && cap_mib <= mem_top * 4.0;
+        let m_max = (if cap_visible { mem_top.max(cap_mib) } else { mem_top }).max(1.0) * 1.4;
+        Data {
+            tg,
+            pp,
+            mem,
+            tg_fit,
+            pp_fit,
+            mem_fit,
+            cap_mib,
+            x_max: f64::from(n_full) + 1.0,
+            y_max,
+            m_max,
+            cap_visible,
+        }
+    }
+}
+
+type Dual<'a, 'b> = plotters::chart::DualCoordChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+fn legend_line(c: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+}
+
+/// Throughput: measured tg and pp, and the models through them.
+fn draw_speeds(chart: &mut Dual<'_, '_>, d: &Data) -> Result<()> {
+    if !d.tg_fit.is_empty() {
+        chart
+            .draw_series(DashedLineSeries::new(d.tg_fit.clone(), 6, 4, TG.stroke_width(2)))
+            .map_err(err)?
+            .label("tg model (fit, interpolation)")
+            .legend(legend_line(TG));
+    }
+    chart
+        .draw_series(d.tg.iter().map(|&(x, y)| Circle::new((x, y), 5, TG.filled())))
+        .map_err(err)?
+        .label("tg measured")
+        .legend(|(x, y)| Circle::new((x + 10, y), 5, TG.filled()));
+    if !d.pp_fit.is_empty() {
+        chart
+            .draw_series(DashedLineSeries::new(d.pp_fit.clone(), 6, 4, PP.stroke_width(2)))
+            .map_err(err)?
+            .label("pp model")
+            .legend(legend_line(PP));
+    }
+    chart
+        .draw_series(d.pp.iter().map(|&(x, y)| TriangleMarker::new((x, y), 6, PP.filled())))
+        .map_err(err)?
+        .label("pp measured")
+        .legend(|(x, y)| TriangleMarker::new((x + 10, y), 6, PP.filled()));
+    Ok(())
+}
+
+/// Device memory on the second axis: measured, the model, the cap.
+fn draw_memory(chart: &mut Dual<'_, '_>, d: &Data) -> Result<()> {
+    if !d.mem_fit.is_empty() {
+        chart
+            .draw_secondary_series(DashedLineSeries::new(d.mem_fit.clone(), 6, 4, MEM.stroke_width(2)))
+            .map_err(err)?
+            .label("device memory model")
+            .legend(legend_line(MEM));
+    }
+    let h = d.m_max * 0.008;
+    chart
+        .draw_secondary_series(
+            d.mem.iter().map(|&(x, y)| Rectangle::new([(x - 0.25, y - h), (x + 0.25, y + h)], MEM.filled())),
+        )
+        .map_err(err)?
+        .label("device memory measured")
+        .legend(|(x, y)| Rectangle::new([(x + 5, y - 4), (x + 13, y + 4)], MEM.filled()));
+    if d.cap_mib > 0.0 {
+        // A cap far above every setting is drawn at the top edge, labelled as off the scale.
+        let (cap_y, label) = if d.cap_visible {
+            (d.cap_mib, format!("cap {:.0} MiB", d.cap_mib))
+        } else {
+            (d.m_max * 0.985, format!("cap {:.0} MiB (above this scale)", d.cap_mib))
+        };
+        chart
+            .draw_secondary_series(LineSeries::new(vec![(0.0, cap_y), (d.x_max, cap_y)], CAP.stroke_width(2)))
+            .map_err(err)?
+            .label(label)
+            .legend(legend_line(CAP));
+    }
+    Ok(())
+}
+
+/// The recommendation and the knee as vertical lines.
+fn draw_marks(chart: &mut Dual<'_, '_>, d: &Data, p: &Profile) -> Result<()> {
+    let rec = p.recommendation.n_gpu_layers;
+    let rx = f64::from(rec);
+    chart
+        .draw_series(LineSeries::new(vec![(rx, 0.0), (rx, d.y_max * 0.92)], REC.stroke_width(2)))
+        .map_err(err)?
+        .label(format!("recommended ngl {rec}"))
+        .legend(legend_line(REC));
+    chart
+        .draw_series(std::iter::once(Text::new(
+            format!("recommended ngl {rec}"),
+            (rx + 0.3, d.y_max * 0.95),
+            ("sans-serif", 15).into_font().color(&REC),
+        )))
+        .map_err(err)?;
+    if let Some(k) = &p.decision.knee {
+        let kx = f64::from(k.ngl);
+        chart
+            .draw_series(DashedLineSeries::new(vec![(kx, 0.0), (kx, d.y_max * 0.85)], 3, 3, KNEE.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("knee ngl {}", k.ngl))
+            .legend(legend_line(KNEE));
+    }
+    Ok(())
+}
+
 /// Renders the chart of a profile as SVG text.
 ///
 /// # Errors
 /// Drawing errors (plotters).
-#[allow(clippy::too_many_lines)]
 pub fn svg(p: &Profile) -> Result<String> {
-    let ok: Vec<_> = p.trials.iter().filter(|t| t.result.status == TrialStatus::Ok && t.is_search()).collect();
-    let tg: Vec<(f64, f64)> = ok
-        .iter()
-        .filter_map(|t| t.result.test(false).map(|x| (f64::from(t.result.spec.n_gpu_layers), x.avg_ts)))
-        .collect();
-    let pp: Vec<(f64, f64)> = ok
-        .iter()
-        .filter_map(|t| t.result.test(true).map(|x| (f64::from(t.result.spec.n_gpu_layers), x.avg_ts)))
-        .collect();
-    let mem: Vec<(f64, f64)> =
-        ok.iter().filter_map(|t| t.mem_bytes.map(|m| (f64::from(t.result.spec.n_gpu_layers), m / MIB))).collect();
-    let d = &p.decision;
-    let full = f64::from(p.model.n_layer_full);
-    let cap_mib = (p.memory.cap_bytes / MIB).max(0.0);
-    // The models the tuner chose with: measured points, the partial-offload
-    // fit, interpolation between neighbours (see curve::Curve).
-    let (tg_c, pp_c, mem_c) = crate::types::Point::curves(&p.search_points(), p.model.n_layer_full);
-    let n_full = p.model.n_layer_full;
-    let speed = |c: &crate::curve::Curve| -> Vec<(f64, f64)> {
-        (0..=n_full).filter_map(|n| c.predict(n).filter(|t| *t > 0.0).map(|t| (f64::from(n), 1.0 / t))).collect()
-    };
-    // One point is no line (a test measured at one setting only): no model drawn or listed.
-    let line = |v: Vec<(f64, f64)>| if v.len() < 2 { Vec::new() } else { v };
-    let tg_fit = line(speed(&tg_c));
-    let pp_fit = line(speed(&pp_c));
-    let mem_fit = line((0..=n_full).filter_map(|n| mem_c.predict(n).map(|m| (f64::from(n), m / MIB))).collect());
-
-    // Headroom keeps the data below the legend in the upper right.
-    let y_max = tg.iter().chain(&pp).chain(&tg_fit).chain(&pp_fit).map(|v| v.1).fold(1.0, f64::max) * 1.4;
-    let mem_top = mem.iter().chain(&mem_fit).map(|v| v.1).fold(0.0, f64::max);
-    // Show the cap when it is within reach of the data; otherwise note it in the caption.
-    let cap_visible = cap_mib > 0.0 && cap_mib <= mem_top * 4.0;
-    let m_max = (if cap_visible { mem_top.max(cap_mib) } else { mem_top }).max(1.0) * 1.4;
-    let x_max = full + 1.0;
-
-    let rec = p.recommendation.n_gpu_layers;
+    let d = Data::of(p);
     let title = format!("{}: throughput and device memory against ngl", p.model.file_name);
     let mut out = String::new();
     {
@@ -73,9 +194,9 @@ pub fn svg(p: &Profile) -> Result<String> {
             .x_label_area_size(44)
             .y_label_area_size(64)
             .right_y_label_area_size(76)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+            .build_cartesian_2d(0f64..d.x_max, 0f64..d.y_max)
             .map_err(err)?
-            .set_secondary_coord(0f64..x_max, 0f64..m_max);
+            .set_secondary_coord(0f64..d.x_max, 0f64..d.m_max);
         chart
             .configure_mesh()
             .x_desc("ngl (layers on the GPU, output layer first)")
@@ -89,79 +210,9 @@ pub fn svg(p: &Profile) -> Result<String> {
             "device memory, MiB (sampled peak)"
         };
         chart.configure_secondary_axes().y_desc(mem_desc).draw().map_err(err)?;
-
-        if !tg_fit.is_empty() {
-            chart
-                .draw_series(DashedLineSeries::new(tg_fit, 6, 4, TG.stroke_width(2)))
-                .map_err(err)?
-                .label("tg model (fit, interpolation)")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], TG.stroke_width(2)));
-        }
-        chart
-            .draw_series(tg.iter().map(|&(x, y)| Circle::new((x, y), 5, TG.filled())))
-            .map_err(err)?
-            .label("tg measured")
-            .legend(|(x, y)| Circle::new((x + 10, y), 5, TG.filled()));
-        if !pp_fit.is_empty() {
-            chart
-                .draw_series(DashedLineSeries::new(pp_fit, 6, 4, PP.stroke_width(2)))
-                .map_err(err)?
-                .label("pp model")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], PP.stroke_width(2)));
-        }
-        chart
-            .draw_series(pp.iter().map(|&(x, y)| TriangleMarker::new((x, y), 6, PP.filled())))
-            .map_err(err)?
-            .label("pp measured")
-            .legend(|(x, y)| TriangleMarker::new((x + 10, y), 6, PP.filled()));
-        if !mem_fit.is_empty() {
-            chart
-                .draw_secondary_series(DashedLineSeries::new(mem_fit, 6, 4, MEM.stroke_width(2)))
-                .map_err(err)?
-                .label("device memory model")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MEM.stroke_width(2)));
-        }
-        chart
-            .draw_secondary_series(mem.iter().map(|&(x, y)| {
-                Rectangle::new([(x - 0.25, y - m_max * 0.008), (x + 0.25, y + m_max * 0.008)], MEM.filled())
-            }))
-            .map_err(err)?
-            .label("device memory measured")
-            .legend(|(x, y)| Rectangle::new([(x + 5, y - 4), (x + 13, y + 4)], MEM.filled()));
-        if cap_mib > 0.0 {
-            // A cap far above every setting is drawn at the top edge, labelled as off the scale.
-            let (cap_y, label) = if cap_visible {
-                (cap_mib, format!("cap {cap_mib:.0} MiB"))
-            } else {
-                (m_max * 0.985, format!("cap {cap_mib:.0} MiB (above this scale)"))
-            };
-            chart
-                .draw_secondary_series(LineSeries::new(vec![(0.0, cap_y), (x_max, cap_y)], CAP.stroke_width(2)))
-                .map_err(err)?
-                .label(label)
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], CAP.stroke_width(2)));
-        }
-        let rx = f64::from(rec);
-        chart
-            .draw_series(LineSeries::new(vec![(rx, 0.0), (rx, y_max * 0.92)], REC.stroke_width(2)))
-            .map_err(err)?
-            .label(format!("recommended ngl {rec}"))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], REC.stroke_width(2)));
-        chart
-            .draw_series(std::iter::once(Text::new(
-                format!("recommended ngl {rec}"),
-                (rx + 0.3, y_max * 0.95),
-                ("sans-serif", 15).into_font().color(&REC),
-            )))
-            .map_err(err)?;
-        if let Some(k) = &d.knee {
-            let kx = f64::from(k.ngl);
-            chart
-                .draw_series(DashedLineSeries::new(vec![(kx, 0.0), (kx, y_max * 0.85)], 3, 3, KNEE.stroke_width(2)))
-                .map_err(err)?
-                .label(format!("knee ngl {}", k.ngl))
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], KNEE.stroke_width(2)));
-        }
+        draw_speeds(&mut chart, &d)?;
+        draw_memory(&mut chart, &d)?;
+        draw_marks(&mut chart, &d, p)?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperMiddle)
@@ -169,8 +220,12 @@ pub fn svg(p: &Profile) -> Result<String> {
             .border_style(BLACK.mix(0.4))
             .draw()
             .map_err(err)?;
-        root.draw(&Text::new(d.knee_note.clone(), (20, 540), ("sans-serif", 13).into_font().color(&BLACK.mix(0.7))))
-            .map_err(err)?;
+        root.draw(&Text::new(
+            p.decision.knee_note.clone(),
+            (20, 540),
+            ("sans-serif", 13).into_font().color(&BLACK.mix(0.7)),
+        ))
+        .map_err(err)?;
         root.present().map_err(err)?;
     }
     Ok(out)

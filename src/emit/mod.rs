@@ -212,7 +212,7 @@ struct TableRow {
     device_bytes: Option<u64>,
     share: Option<f64>,
     status: String,
-    role: String,
+    role: crate::types::Role,
     /// One repetition only: far behind the best (adaptive search's racing).
     stopped_early: bool,
 }
@@ -238,7 +238,7 @@ fn table_rows(p: &Profile) -> Vec<TableRow> {
             device_bytes: t.device_peak_bytes,
             share: t.device_share,
             status: status.clone(),
-            role: t.role.clone(),
+            role: t.role,
             stopped_early: false,
         };
         if r.tests.is_empty() || r.status != TrialStatus::Ok {
@@ -281,10 +281,10 @@ fn markdown(p: &Profile) -> String {
             (Some(b), None) => crate::model::human_bytes(b),
             _ => "-".into(),
         };
-        let mut status = match r.role.as_str() {
-            "grid" => r.status.clone(),
-            "moe" => format!("{} (--n-cpu-moe {})", r.status, r.n_cpu_moe),
-            role => format!("{} ({role})", r.status),
+        let mut status = match r.role {
+            crate::types::Role::Grid => r.status.clone(),
+            crate::types::Role::Moe => format!("{} (--n-cpu-moe {})", r.status, r.n_cpu_moe),
+            role => format!("{} ({})", r.status, role.as_str()),
         };
         if r.stopped_early {
             status.push_str(", cut short after one repetition");
@@ -325,7 +325,7 @@ fn csv(p: &Profile) -> String {
             r.device_bytes.map_or(String::new(), |b| b.to_string()),
             opt(r.share),
             r.status,
-            r.role
+            r.role.as_str()
         );
     }
     s

@@ -149,158 +149,188 @@ fn is_valid_command(word: &str) -> bool {
     )
 }
 
+/// Ollama's parser, one rune at a time.
+struct Reader {
+    out: Vec<Command>,
+    state: State,
+    buf: String,
+    line: usize,
+    cmd_line: usize,
+    name: String,
+    parameter: bool,
+    role: String,
+    value: Option<Range<usize>>,
+}
+
+impl Reader {
+    fn err(&self, msg: String) -> ParseError {
+        ParseError { line: self.cmd_line, msg }
+    }
+
+    /// The command read so far, when its value is complete.
+    fn finish(&self) -> Option<Command> {
+        unquote(self.buf.trim()).map(|s| Command {
+            name: self.name.clone(),
+            parameter: self.parameter,
+            args: if self.role.is_empty() { s.to_string() } else { format!("{}: {s}", self.role) },
+            line: self.cmd_line,
+            value: self.value.clone().unwrap_or(0..0),
+        })
+    }
+
+    fn rune(&mut self, i: usize, c: char) -> Result<(), ParseError> {
+        match self.state {
+            State::Nil => {
+                if c == '#' {
+                    self.state = State::Comment;
+                } else if !is_space(c) && !is_newline(c) {
+                    self.state = State::Name;
+                    self.cmd_line = self.line;
+                    self.buf.clear();
+                    if is_print(c) {
+                        self.buf.push(c);
+                    }
+                }
+            }
+            State::Comment => {
+                if is_newline(c) {
+                    self.state = State::Nil;
+                }
+            }
+            State::Name => self.command_word(c)?,
+            State::Parameter => {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    self.buf.push(c);
+                } else if is_space(c) {
+                    self.name = std::mem::take(&mut self.buf);
+                    self.state = State::Value;
+                } else {
+                    return Err(self.err(format!(
+                        "PARAMETER {} has no value (a name of letters, digits and _, a space, then the value)",
+                        self.buf
+                    )));
+                }
+            }
+            State::Message => {
+                if c.is_ascii_alphabetic() {
+                    self.buf.push(c);
+                } else if is_space(c) {
+                    if !matches!(self.buf.as_str(), "system" | "user" | "assistant") {
+                        return Err(
+                            self.err(format!("MESSAGE role '{}' is not one of system, user or assistant", self.buf))
+                        );
+                    }
+                    self.role = std::mem::take(&mut self.buf);
+                    self.state = State::Value;
+                } else {
+                    return Err(self.err(format!("MESSAGE {} has no role and text", self.buf)));
+                }
+            }
+            State::Value => self.value_rune(i, c),
+        }
+        if c == '\n' {
+            self.line += 1;
+        }
+        Ok(())
+    }
+
+    /// The command word ends at a space; what follows depends on it.
+    fn command_word(&mut self, c: char) -> Result<(), ParseError> {
+        if c.is_ascii_alphabetic() {
+            self.buf.push(c);
+            return Ok(());
+        }
+        if !is_space(c) {
+            let word = format!("{}{}", self.buf, if is_newline(c) { "" } else { "…" });
+            return Err(self.err(format!("'{word}' is not a command followed by a value")));
+        }
+        if !is_valid_command(&self.buf) {
+            return Err(self.err(format!("'{}' is not a Modelfile command (Ollama knows FROM, PARAMETER, TEMPLATE, SYSTEM, ADAPTER, LICENSE, MESSAGE, DRAFT, RENDERER, PARSER, REQUIRES)", self.buf)));
+        }
+        let word = self.buf.to_ascii_lowercase();
+        self.parameter = false;
+        self.role.clear();
+        self.value = None;
+        self.buf.clear();
+        (self.state, self.name) = match word.as_str() {
+            "parameter" => {
+                self.parameter = true;
+                (State::Parameter, String::new())
+            }
+            "message" => (State::Message, word),
+            "from" => (State::Value, "model".into()),
+            _ => (State::Value, word),
+        };
+        Ok(())
+    }
+
+    /// A value runs on over spaces, and over newlines while it is an open quote.
+    fn value_rune(&mut self, i: usize, c: char) {
+        if is_space(c) || is_newline(c) {
+            let complete = unquote(self.buf.trim()).is_some();
+            if !complete || is_space(c) {
+                self.buf.push(c);
+            } else {
+                let cmd = self.finish().expect("complete");
+                self.out.push(cmd);
+                self.buf.clear();
+                self.state = State::Nil;
+            }
+            return;
+        }
+        if is_print(c) {
+            self.buf.push(c);
+        }
+        let end = i + c.len_utf8();
+        self.value = Some(self.value.take().map_or(i..end, |v| v.start..end));
+    }
+
+    /// What the end of the file leaves.
+    fn end(mut self) -> Result<Vec<Command>, ParseError> {
+        match self.state {
+            State::Nil | State::Comment => {}
+            State::Value => match self.finish() {
+                Some(c) => self.out.push(c),
+                None => {
+                    let what = if self.parameter {
+                        format!("PARAMETER {}", self.name)
+                    } else {
+                        self.name.to_ascii_uppercase()
+                    };
+                    return Err(self.err(format!("the quoted value of {what} is never closed")));
+                }
+            },
+            State::Parameter => return Err(self.err(format!("PARAMETER {} has no value", self.buf))),
+            State::Name | State::Message => {
+                return Err(self.err(format!("'{}' at the end of the file has no value", self.buf)));
+            }
+        }
+        Ok(self.out)
+    }
+}
+
 /// Reads a Modelfile (without a byte-order mark) the way Ollama does.
 ///
 /// # Errors
 /// Where Ollama's parser fails: an unknown command, a PARAMETER name
 /// followed by anything but a value, a MESSAGE role other than
 /// system/user/assistant, a quoted value never closed.
-#[allow(clippy::too_many_lines)]
 pub fn parse(text: &str) -> Result<Vec<Command>, ParseError> {
-    let mut out = Vec::new();
-    let mut state = State::Nil;
-    let mut buf = String::new();
-    let mut line = 1;
-    let mut cmd_line = 1;
-    let mut name = String::new();
-    let mut parameter = false;
-    let mut role = String::new();
-    let mut value: Option<Range<usize>> = None;
-    let err = |line: usize, msg: String| ParseError { line, msg };
-    let finish = |buf: &str, name: &str, parameter: bool, role: &str, value: &Option<Range<usize>>, line: usize| {
-        unquote(buf.trim()).map(|s| Command {
-            name: name.to_string(),
-            parameter,
-            args: if role.is_empty() { s.to_string() } else { format!("{role}: {s}") },
-            line,
-            value: value.clone().unwrap_or(0..0),
-        })
+    let mut r = Reader {
+        out: Vec::new(),
+        state: State::Nil,
+        buf: String::new(),
+        line: 1,
+        cmd_line: 1,
+        name: String::new(),
+        parameter: false,
+        role: String::new(),
+        value: None,
     };
     for (i, c) in text.char_indices() {
-        match state {
-            State::Nil => {
-                if c == '#' {
-                    state = State::Comment;
-                } else if !is_space(c) && !is_newline(c) {
-                    state = State::Name;
-                    cmd_line = line;
-                    buf.clear();
-                    if is_print(c) {
-                        buf.push(c);
-                    }
-                }
-            }
-            State::Comment => {
-                if is_newline(c) {
-                    state = State::Nil;
-                }
-            }
-            State::Name => {
-                if c.is_ascii_alphabetic() {
-                    buf.push(c);
-                } else if is_space(c) {
-                    if !is_valid_command(&buf) {
-                        return Err(err(cmd_line, format!("'{buf}' is not a Modelfile command (Ollama knows FROM, PARAMETER, TEMPLATE, SYSTEM, ADAPTER, LICENSE, MESSAGE, DRAFT, RENDERER, PARSER, REQUIRES)")));
-                    }
-                    let word = buf.to_ascii_lowercase();
-                    parameter = false;
-                    role.clear();
-                    value = None;
-                    buf.clear();
-                    match word.as_str() {
-                        "parameter" => {
-                            parameter = true;
-                            state = State::Parameter;
-                        }
-                        "message" => {
-                            name = word;
-                            state = State::Message;
-                        }
-                        "from" => {
-                            name = "model".into();
-                            state = State::Value;
-                        }
-                        _ => {
-                            name = word;
-                            state = State::Value;
-                        }
-                    }
-                } else {
-                    let word = format!("{buf}{}", if is_newline(c) { "" } else { "…" });
-                    return Err(err(cmd_line, format!("'{word}' is not a command followed by a value")));
-                }
-            }
-            State::Parameter => {
-                if c.is_ascii_alphanumeric() || c == '_' {
-                    buf.push(c);
-                } else if is_space(c) {
-                    name = std::mem::take(&mut buf);
-                    state = State::Value;
-                } else {
-                    return Err(err(
-                        cmd_line,
-                        format!(
-                            "PARAMETER {buf} has no value (a name of letters, digits and _, a space, then the value)"
-                        ),
-                    ));
-                }
-            }
-            State::Message => {
-                if c.is_ascii_alphabetic() {
-                    buf.push(c);
-                } else if is_space(c) {
-                    if !matches!(buf.as_str(), "system" | "user" | "assistant") {
-                        return Err(err(
-                            cmd_line,
-                            format!("MESSAGE role '{buf}' is not one of system, user or assistant"),
-                        ));
-                    }
-                    role = std::mem::take(&mut buf);
-                    state = State::Value;
-                } else {
-                    return Err(err(cmd_line, format!("MESSAGE {buf} has no role and text")));
-                }
-            }
-            State::Value => {
-                if is_space(c) || is_newline(c) {
-                    let complete = unquote(buf.trim()).is_some();
-                    if !complete || is_space(c) {
-                        buf.push(c);
-                    } else {
-                        out.push(finish(&buf, &name, parameter, &role, &value, cmd_line).expect("complete"));
-                        buf.clear();
-                        state = State::Nil;
-                    }
-                } else {
-                    if is_print(c) {
-                        buf.push(c);
-                    }
-                    let end = i + c.len_utf8();
-                    value = Some(value.map_or(i..end, |v| v.start..end));
-                }
-            }
-        }
-        if c == '\n' {
-            line += 1;
-        }
+        r.rune(i, c)?;
     }
-    match state {
-        State::Nil | State::Comment => {}
-        State::Value => match finish(&buf, &name, parameter, &role, &value, cmd_line) {
-            Some(c) => out.push(c),
-            None => {
-                let what = if parameter { format!("PARAMETER {name}") } else { name.to_ascii_uppercase() };
-                return Err(err(cmd_line, format!("the quoted value of {what} is never closed")));
-            }
-        },
-        State::Parameter => {
-            return Err(err(cmd_line, format!("PARAMETER {buf} has no value")));
-        }
-        State::Name | State::Message => {
-            return Err(err(cmd_line, format!("'{buf}' at the end of the file has no value")));
-        }
-    }
-    Ok(out)
+    r.end()
 }
 
 /// The parameters Ollama builds from the commands: the last value of each

@@ -171,11 +171,25 @@ pub struct MemoryPolicy {
     pub cap_reason: String,
 }
 
+impl MemoryPolicy {
+    /// No GPU device: ngl has no effect and there is nothing to cap.
+    #[must_use]
+    pub fn no_gpu() -> Self {
+        MemoryPolicy {
+            source: "none".into(),
+            device: "the CPU (no GPU device)".into(),
+            device_total_bytes: None,
+            baseline_bytes: 0,
+            cap_bytes: 0.0,
+            cap_reason: "no GPU device: ngl has no effect".into(),
+        }
+    }
+}
+
 /// One trial and why it was run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileTrial {
-    /// "grid", "confirm", "threads" or "moe".
-    pub role: String,
+    pub role: crate::types::Role,
     /// Memory this setting cost in the policy's currency (bytes), when known.
     pub mem_bytes: Option<f64>,
     /// Device-wide peak (sampled) or baseline + accounted, and its share of the device.
@@ -202,7 +216,7 @@ impl ProfileTrial {
     /// and expert-offload trials are measured after it.
     #[must_use]
     pub fn is_search(&self) -> bool {
-        self.role != "threads" && self.role != "moe"
+        self.role.is_search()
     }
 
     /// The trial reduced to what the decision needs.

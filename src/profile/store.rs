@@ -160,6 +160,34 @@ pub fn archive(current: &Path, history: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(dest))
 }
 
+/// Stores a finished profile at its place in `store`, keeping the version
+/// it replaces in the history. A profile is never lost: when the store
+/// cannot take it, it is written to the temp directory (or, failing that,
+/// printed) and the error says where.
+///
+/// # Errors
+/// The store's write error, with where the profile went instead.
+pub fn save(store: &Path, profile: &Profile) -> Result<PathBuf> {
+    let path = profile_path(store, &profile.machine_id, &profile.model);
+    // Keep the version being replaced: history is what re-profiling compares against.
+    let archived = archive(&path, &history_dir(store, &profile.machine_id, &profile.model));
+    let Err(e) = archived.and_then(|_| write_profile(&path, profile)) else { return Ok(path) };
+    let fallback = std::env::temp_dir().join(format!(
+        "ngl-tune-{}-{}-{}.json",
+        profile.model.file_name.trim_end_matches(".gguf"),
+        profile.model.id(),
+        std::process::id()
+    ));
+    let saved = match write_profile(&fallback, profile) {
+        Ok(()) => format!("this run's profile was saved to {}", fallback.display()),
+        Err(_) => {
+            println!("{}", serde_json::to_string_pretty(profile)?);
+            "this run's profile is printed above".to_string()
+        }
+    };
+    Err(e.context(format!("the tuning finished but its profile could not be stored; {saved}")))
+}
+
 /// Every profile file of one machine directory (not checkpoints, history or
 /// temporary files), sorted.
 #[must_use]

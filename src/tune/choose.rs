@@ -43,177 +43,212 @@ pub fn curves(inp: &Inputs) -> (Curve, Curve, Curve) {
     Point::curves(&inp.points, inp.full)
 }
 
-#[must_use]
-#[allow(clippy::too_many_lines)]
-pub fn decide(inp: &Inputs) -> Decision {
-    let full = inp.full;
-    let (tg_time, pp_time, mem) = curves(inp);
-    let first_oom = inp.points.iter().filter(|p| p.oom).map(|p| p.ngl).min();
+/// The models of one decision and what follows from them for any ngl.
+struct Model<'a> {
+    inp: &'a Inputs,
+    tg_time: Curve,
+    pp_time: Curve,
+    mem: Curve,
+    first_oom: Option<u32>,
+}
 
-    let mem_at = |ngl: u32| mem.extrapolate(ngl);
-    let under = |ngl: u32| -> Option<bool> {
-        if first_oom.is_some_and(|o| ngl >= o) {
+impl Model<'_> {
+    fn mem_at(&self, ngl: u32) -> Option<f64> {
+        self.mem.extrapolate(ngl)
+    }
+
+    /// Under the cap (measured or fitted memory; at or above an OOM: no).
+    fn under(&self, ngl: u32) -> Option<bool> {
+        if self.first_oom.is_some_and(|o| ngl >= o) {
             return Some(false);
         }
-        mem_at(ngl).map(|m| m <= inp.cap)
-    };
-    let max_ngl_under_cap = (0..=full).rev().find(|n| under(*n) == Some(true));
-    let over_cap: Vec<u32> = inp.points.iter().map(|p| p.ngl).filter(|n| under(*n) == Some(false)).collect();
+        self.mem_at(ngl).map(|m| m <= self.inp.cap)
+    }
 
-    let predict_tg = |n: u32| tg_time.predict(n).filter(|t| *t > 0.0).map(|t| 1.0 / t);
-    let predict_pp = |n: u32| pp_time.predict(n).filter(|t| *t > 0.0).map(|t| 1.0 / t);
+    fn tg(&self, n: u32) -> Option<f64> {
+        self.tg_time.predict(n).filter(|t| *t > 0.0).map(|t| 1.0 / t)
+    }
 
-    let mut best: Option<(u32, f64)> = None;
-    if let Some(max) = max_ngl_under_cap {
-        for n in 0..=max {
-            if under(n) != Some(true) {
+    fn pp(&self, n: u32) -> Option<f64> {
+        self.pp_time.predict(n).filter(|t| *t > 0.0).map(|t| 1.0 / t)
+    }
+
+    /// The best setting for the objective up to `max`, any integer ngl;
+    /// ties go to fewer layers (less memory).
+    fn best(&self, max: Option<u32>) -> Option<(u32, f64)> {
+        let i = self.inp;
+        let mut best: Option<(u32, f64)> = None;
+        for n in 0..=max? {
+            if self.under(n) != Some(true) {
                 continue;
             }
-            let Some(s) = score(inp.objective, inp.n_prompt, inp.n_gen, predict_tg(n), predict_pp(n)) else {
-                continue;
-            };
-            // Strictly better only: ties go to fewer layers (less memory).
+            let Some(s) = score(i.objective, i.n_prompt, i.n_gen, self.tg(n), self.pp(n)) else { continue };
             if best.is_none_or(|(_, b)| s > b * (1.0 + 1e-9)) {
                 best = Some((n, s));
             }
         }
+        best
     }
 
-    let ok_points: Vec<&Point> = inp.points.iter().filter(|p| p.ok).collect();
+    /// Where the data do not follow the model, in words.
+    fn fit_notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(f) = &self.tg_time.fit {
+            if f.slope > 0.0 {
+                notes.push(format!(
+                    "offloading makes generation slower here: each layer moved to {} adds {:.2} ms per token",
+                    self.inp.device,
+                    f.slope * 1e3
+                ));
+            }
+            if f.n >= 3 && f.r2 < 0.9 {
+                notes.push(format!(
+                    "time per token does not follow a straight line in ngl (R² {:.2}); the measured points decide, not the fit",
+                    f.r2
+                ));
+            }
+        }
+        if let Some(f) = &self.mem.fit {
+            if f.n >= 3 && f.max_rel_residual() > 0.05 {
+                notes.push(format!(
+                    "device memory is not linear in ngl (largest residual {:.0}%); predictions between grid points are rough",
+                    f.max_rel_residual() * 100.0
+                ));
+            }
+        }
+        notes
+    }
+
+    /// The knee among measured settings under the cap (throughput against
+    /// memory), and what the layers past it buy, in words.
+    fn knee(&self, ok: &[&Point], best: Option<(u32, f64)>) -> (Option<Knee>, String) {
+        let measured_score = |p: &Point| score(self.inp.objective, self.inp.n_prompt, self.inp.n_gen, p.tg, p.pp);
+        let mut pts: Vec<(f64, f64, u32)> = ok
+            .iter()
+            .filter(|p| self.under(p.ngl) == Some(true))
+            .filter_map(|p| Some((p.mem?, measured_score(p)?, p.ngl)))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let xy: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
+        let increasing = xy.len() >= 2 && xy[xy.len() - 1].1 > xy[0].1;
+        let knee = if increasing { kneedle(&xy) } else { None }.map(|i| Knee {
+            ngl: pts[i].2,
+            tg: ok.iter().find(|p| p.ngl == pts[i].2).and_then(|p| p.tg).unwrap_or(0.0),
+            mem: pts[i].0,
+        });
+        let obj = self.inp.objective.as_str();
+        let note = match (&knee, best) {
+            (Some(k), Some((bn, bs))) if bn > k.ngl => {
+                let ks = pts.iter().find(|p| p.2 == k.ngl).map_or(0.0, |p| p.1);
+                let extra = self.mem_at(bn).unwrap_or(k.mem) - k.mem;
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let extra = human_bytes(extra.max(0.0) as u64);
+                format!(
+                    "knee at ngl {}: the {} layers past it buy {:+.0}% {obj} for {extra} more device memory",
+                    k.ngl,
+                    bn - k.ngl,
+                    (bs / ks - 1.0) * 100.0
+                )
+            }
+            (Some(k), _) => format!("knee at ngl {}: layers past it pay less per byte", k.ngl),
+            (None, _) if !increasing && pts.len() >= 2 => {
+                "no knee: offloading more layers does not raise throughput here".to_string()
+            }
+            (None, _) if pts.len() < 3 => "no knee: too few settings under the cap to find one".to_string(),
+            (None, _) => {
+                "no knee below the cap: every layer offloaded helps at least as much as the last (convex curve)"
+                    .to_string()
+            }
+        };
+        (knee, note)
+    }
+}
+
+/// Why this setting, in two or three lines.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn reasons(m: &Model<'_>, d: &Decision, ok: &[&Point], best_offload: Option<(u32, f64)>) -> Vec<String> {
+    let (inp, rec, full) = (m.inp, d.recommended_ngl, m.inp.full);
+    let bytes = |v: Option<f64>| v.map_or("?".into(), |v| human_bytes(v.max(0.0) as u64));
+    let speed = |v: Option<f64>| v.map_or("?".into(), |v| format!("{v:.2} t/s"));
+    if d.offload_hurts {
+        let (bn, _) = best_offload.unwrap_or((0, 0.0));
+        let tg = |n: u32| ok.iter().find(|p| p.ngl == n).and_then(|p| p.tg).unwrap_or(0.0);
+        return vec![
+            format!(
+                "ngl 0: offloading to {} is slower than the CPU here (tg {:.2} t/s at ngl 0, {:.2} t/s at ngl {bn}, the best offloaded setting)",
+                inp.device,
+                tg(0),
+                tg(bn)
+            ),
+            "keep every layer on the CPU; a faster GPU or a newer driver may change this, so re-tune then".to_string(),
+        ];
+    }
+    let cap_s = human_bytes(inp.cap.max(0.0) as u64);
+    let Some(max) = d.max_ngl_under_cap else {
+        return vec![format!("nothing measured fits under the {cap_s} cap; even ngl 0 needs more")];
+    };
+    let what = if d.needs_confirmation { "predicted" } else { "measured" };
+    let mut r = vec![format!(
+        "ngl {rec}: best {} under the {cap_s} cap ({what} tg {}, pp {}, device memory {})",
+        inp.objective.as_str(),
+        speed(d.predicted_tg),
+        speed(d.predicted_pp),
+        bytes(d.predicted_mem),
+    )];
+    if max >= full && rec == full {
+        r.push("everything fits: full offload, output layer included".to_string());
+    } else if max < full {
+        r.push(format!(
+            "ngl {max} is the most that fits under the cap; full offload (ngl {full}) needs {}",
+            m.mem_at(full).map_or("more than the cap".into(), |v| human_bytes(v.max(0.0) as u64))
+        ));
+    }
+    r
+}
+
+/// The decision: the best setting under the cap for the objective (any
+/// integer ngl, predicted where not measured), the knee, and why.
+#[must_use]
+pub fn decide(inp: &Inputs) -> Decision {
+    let (tg_time, pp_time, mem) = curves(inp);
+    let first_oom = inp.points.iter().filter(|p| p.oom).map(|p| p.ngl).min();
+    let m = Model { inp, tg_time, pp_time, mem, first_oom };
+    let max_ngl_under_cap = (0..=inp.full).rev().find(|n| m.under(*n) == Some(true));
+    let over_cap: Vec<u32> = inp.points.iter().map(|p| p.ngl).filter(|n| m.under(*n) == Some(false)).collect();
+    let best = m.best(max_ngl_under_cap);
+
+    let ok: Vec<&Point> = inp.points.iter().filter(|p| p.ok).collect();
     let measured_score = |p: &Point| score(inp.objective, inp.n_prompt, inp.n_gen, p.tg, p.pp);
-    let zero = ok_points.iter().find(|p| p.ngl == 0).and_then(|p| measured_score(p));
-    let best_offload = ok_points
+    let zero = ok.iter().find(|p| p.ngl == 0).and_then(|p| measured_score(p));
+    let best_offload = ok
         .iter()
         .filter(|p| p.ngl > 0)
         .filter_map(|p| measured_score(p).map(|s| (p.ngl, s)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     let offload_hurts = matches!((zero, best_offload), (Some(z), Some((_, b))) if b < z);
-
-    let mut fit_notes = Vec::new();
-    if let Some(f) = &tg_time.fit {
-        if f.slope > 0.0 {
-            fit_notes.push(format!(
-                "offloading makes generation slower here: each layer moved to {} adds {:.2} ms per token",
-                inp.device,
-                f.slope * 1e3
-            ));
-        }
-        if f.n >= 3 && f.r2 < 0.9 {
-            fit_notes.push(format!(
-                "time per token does not follow a straight line in ngl (R² {:.2}); the measured points decide, not the fit",
-                f.r2
-            ));
-        }
-    }
-    if let Some(f) = &mem.fit {
-        if f.n >= 3 && f.max_rel_residual() > 0.05 {
-            fit_notes.push(format!(
-                "device memory is not linear in ngl (largest residual {:.0}%); predictions between grid points are rough",
-                f.max_rel_residual() * 100.0
-            ));
-        }
-    }
-
-    let (mut rec, mut needs_confirmation) = match best {
-        Some((n, _)) => (n, tg_time.measured_at(n).is_none() && pp_time.measured_at(n).is_none()),
+    let (rec, needs_confirmation) = match best {
+        _ if offload_hurts => (0, false),
+        Some((n, _)) => (n, m.tg_time.measured_at(n).is_none() && m.pp_time.measured_at(n).is_none()),
         None => (0, false),
     };
-    if offload_hurts {
-        rec = 0;
-        needs_confirmation = false;
-    }
-
-    // Knee among measured settings under the cap: throughput against memory.
-    let mut knee_pts: Vec<(f64, f64, u32)> = ok_points
-        .iter()
-        .filter(|p| under(p.ngl) == Some(true))
-        .filter_map(|p| Some((p.mem?, measured_score(p)?, p.ngl)))
-        .collect();
-    knee_pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let xy: Vec<(f64, f64)> = knee_pts.iter().map(|p| (p.0, p.1)).collect();
-    let increasing = xy.len() >= 2 && xy[xy.len() - 1].1 > xy[0].1;
-    let knee = if increasing { kneedle(&xy) } else { None }.map(|i| Knee {
-        ngl: knee_pts[i].2,
-        tg: ok_points.iter().find(|p| p.ngl == knee_pts[i].2).and_then(|p| p.tg).unwrap_or(0.0),
-        mem: knee_pts[i].0,
-    });
-    let obj = inp.objective.as_str();
-    let knee_note = match (&knee, best) {
-        (Some(k), Some((bn, bs))) if bn > k.ngl => {
-            let ks = knee_pts.iter().find(|p| p.2 == k.ngl).map_or(0.0, |p| p.1);
-            let extra = mem_at(bn).unwrap_or(k.mem) - k.mem;
-            format!(
-                "knee at ngl {}: the {} layers past it buy {:+.0}% {obj} for {} more device memory",
-                k.ngl,
-                bn - k.ngl,
-                (bs / ks - 1.0) * 100.0,
-                human_bytes(extra.max(0.0) as u64)
-            )
-        }
-        (Some(k), _) => format!("knee at ngl {}: layers past it pay less per byte", k.ngl),
-        (None, _) if !increasing && knee_pts.len() >= 2 => {
-            "no knee: offloading more layers does not raise throughput here".to_string()
-        }
-        (None, _) if knee_pts.len() < 3 => "no knee: too few settings under the cap to find one".to_string(),
-        (None, _) => {
-            "no knee below the cap: every layer offloaded helps at least as much as the last (convex curve)".to_string()
-        }
-    };
-
-    let predicted_tg = predict_tg(rec);
-    let predicted_pp = predict_pp(rec);
-    let predicted_mem = mem_at(rec);
-    let cap_s = human_bytes(inp.cap.max(0.0) as u64);
-    let mut reasons = Vec::new();
-    if offload_hurts {
-        let (bn, _) = best_offload.unwrap_or((0, 0.0));
-        let tg0 = ok_points.iter().find(|p| p.ngl == 0).and_then(|p| p.tg);
-        let tgb = ok_points.iter().find(|p| p.ngl == bn).and_then(|p| p.tg);
-        reasons.push(format!(
-            "ngl 0: offloading to {} is slower than the CPU here (tg {:.2} t/s at ngl 0, {:.2} t/s at ngl {bn}, the best offloaded setting)",
-            inp.device,
-            tg0.unwrap_or(0.0),
-            tgb.unwrap_or(0.0)
-        ));
-        reasons.push(
-            "keep every layer on the CPU; a faster GPU or a newer driver may change this, so re-tune then".to_string(),
-        );
-    } else if let Some(max) = max_ngl_under_cap {
-        let what = if needs_confirmation { "predicted" } else { "measured" };
-        reasons.push(format!(
-            "ngl {rec}: best {obj} under the {cap_s} cap ({what} tg {}, pp {}, device memory {})",
-            predicted_tg.map_or("?".into(), |v| format!("{v:.2} t/s")),
-            predicted_pp.map_or("?".into(), |v| format!("{v:.2} t/s")),
-            predicted_mem.map_or("?".into(), |v| human_bytes(v.max(0.0) as u64)),
-        ));
-        if max >= full && rec == full {
-            reasons.push("everything fits: full offload, output layer included".to_string());
-        } else if max < full {
-            reasons.push(format!(
-                "ngl {} is the most that fits under the cap; full offload (ngl {full}) needs {}",
-                max,
-                mem_at(full).map_or("more than the cap".into(), |m| human_bytes(m.max(0.0) as u64))
-            ));
-        }
-    } else {
-        reasons.push(format!("nothing measured fits under the {cap_s} cap; even ngl 0 needs more"));
-    }
-
-    Decision {
+    let (knee, knee_note) = m.knee(&ok, best);
+    let mut d = Decision {
         recommended_ngl: rec,
         needs_confirmation,
         max_ngl_under_cap,
-        predicted_tg,
-        predicted_pp,
-        predicted_mem,
+        predicted_tg: m.tg(rec),
+        predicted_pp: m.pp(rec),
+        predicted_mem: m.mem_at(rec),
         over_cap,
         knee,
         knee_note,
         offload_hurts,
-        fits: Fits { tg_time: tg_time.fit.clone(), pp_time: pp_time.fit.clone(), memory: mem.fit.clone() },
-        fit_notes,
-        reasons,
-    }
+        fits: Fits { tg_time: m.tg_time.fit.clone(), pp_time: m.pp_time.fit.clone(), memory: m.mem.fit.clone() },
+        fit_notes: m.fit_notes(),
+        reasons: Vec::new(),
+    };
+    d.reasons = reasons(&m, &d, &ok, best_offload);
+    d
 }
 
 #[cfg(test)]

@@ -1,4 +1,7 @@
-//! Which ngl values to measure.
+//! What to measure: candidate placements, the grid of ngl values, the
+//! adaptive search's points, the expert-offload values.
+
+use anyhow::Result;
 
 /// The default grid: 0, 10, 20, ... below full offload, then full offload
 /// (n_layer + 1: this llama.cpp counts the output layer, which goes first).
@@ -20,9 +23,125 @@ pub fn normalize(values: &[u32], n_layer_full: u32) -> Vec<u32> {
     g
 }
 
+/// A whole placement to measure: layers on the GPU, layers whose experts
+/// stay on the CPU, CPU threads. (Context, KV cache type, tensor overrides
+/// and devices join it as the placement question widens.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Candidate {
+    pub ngl: u32,
+    pub n_cpu_moe: u32,
+    pub threads: u32,
+}
+
+impl Candidate {
+    /// A whole-layer split with `threads` threads.
+    #[must_use]
+    pub fn layers(ngl: u32, threads: u32) -> Candidate {
+        Candidate { ngl, n_cpu_moe: 0, threads }
+    }
+
+    /// The same placement with another thread count.
+    #[must_use]
+    pub fn with_threads(self, threads: u32) -> Candidate {
+        Candidate { threads, ..self }
+    }
+
+    /// Whether a trial measured this placement.
+    #[must_use]
+    pub fn is(&self, spec: &crate::types::TrialSpec) -> bool {
+        spec.n_gpu_layers == self.ngl && spec.n_cpu_moe == self.n_cpu_moe && spec.n_threads == self.threads
+    }
+}
+
+/// Full offload (or the largest setting under the cap) at least this much
+/// slower than ngl 0 means offloading only hurts: no interior point is needed.
+pub const HURTS_BY: f64 = 0.25;
+
+/// Adaptive search. Measures the two ends first: ngl 0 and the largest
+/// setting predicted under the cap (`n_max`), the one expected to be faster
+/// first (`top_first`) so the other can be raced. Time per token is linear in
+/// the layers offloaded plus a split cost that is never negative, so no
+/// partial setting beats both ends: when the top end is clearly slower than
+/// ngl 0 the search stops there and says why. Otherwise one interior point
+/// (two when offloading pays) fits the line, as long as the search stays
+/// under `max_trials` (one less than the grid); the decision and its
+/// confirmation loop do the rest. `measure` runs a setting and returns its
+/// objective score (None when it failed).
+///
+/// # Errors
+/// What `measure` returns.
+pub fn adaptive_points(
+    n_max: u32,
+    top_first: bool,
+    max_trials: usize,
+    measure: &mut dyn FnMut(u32) -> Result<Option<f64>>,
+) -> Result<Option<String>> {
+    let trials = std::cell::Cell::new(0usize);
+    let mut counted = |n: u32| {
+        trials.set(trials.get() + 1);
+        measure(n)
+    };
+    let measure: &mut dyn FnMut(u32) -> Result<Option<f64>> = &mut counted;
+    if n_max == 0 {
+        measure(0)?;
+        return Ok(None);
+    }
+    let mut top = n_max;
+    let mut step_down = |measure: &mut dyn FnMut(u32) -> Result<Option<f64>>| -> Result<(u32, Option<f64>)> {
+        let mut score = measure(top)?;
+        // Out of memory despite the prediction: step down.
+        for _ in 0..3 {
+            if score.is_some() || top < 2 {
+                break;
+            }
+            top = top * 3 / 4;
+            score = measure(top)?;
+        }
+        Ok((top, score))
+    };
+    let (zero, (top, at_top)) = if top_first {
+        let t = step_down(measure)?;
+        (measure(0)?, t)
+    } else {
+        let z = measure(0)?;
+        (z, step_down(measure)?)
+    };
+    if let (Some(z), Some(t)) = (zero, at_top) {
+        if t < z * (1.0 - HURTS_BY) {
+            return Ok(Some(format!(
+                "adaptive search stopped after the two ends: ngl {top} is {:.0}% slower than ngl 0, and time per token grows linearly with the layers offloaded, so no setting between them can beat ngl 0",
+                (1.0 - t / z) * 100.0
+            )));
+        }
+    }
+    // Interior points refine the line and find the knee; never as many
+    // trials as the grid itself.
+    let mut budget = max_trials.saturating_sub(trials.get());
+    if top >= 2 && budget > 0 {
+        let mid = measure(top / 2)?;
+        budget -= 1;
+        let pays = matches!((zero, at_top), (Some(a), Some(b)) if b > a);
+        if pays && top >= 4 && mid.is_some() && budget > 0 {
+            measure(top * 3 / 4)?;
+        }
+    }
+    Ok(None)
+}
+
+/// The `--n-cpu-moe` values worth measuring: none, a quarter, half, three
+/// quarters and all of the layers.
+#[must_use]
+pub fn moe_grid(n_layer: u32) -> Vec<u32> {
+    let mut g: Vec<u32> = [0, n_layer / 4, n_layer / 2, n_layer * 3 / 4, n_layer].to_vec();
+    g.sort_unstable();
+    g.dedup();
+    g
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tune::worlds::*;
 
     #[test]
     fn grid_has_zero_and_full_offload() {
@@ -37,5 +156,84 @@ mod tests {
     fn user_values_are_clamped_and_deduplicated() {
         assert_eq!(normalize(&[99, 0, 10, 10, 19, 25], 19), vec![0, 10, 19]);
         assert_eq!(normalize(&[5, 3], 19), vec![3, 5]);
+    }
+
+    #[test]
+    fn adaptive_reaches_the_grids_answer_on_gpu_shaped_curves_with_fewer_trials() {
+        const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+        let grid = default_grid(35, 10);
+        for top_first in [true, false] {
+            for cap in [80.0 * GIB, 3.75 * GIB, 3.05 * GIB, 2.0 * GIB] {
+                let n_max = ((cap / GIB - 0.5) / 0.1).floor().clamp(0.0, 35.0) as u32;
+                let mut seen = Vec::new();
+                let note = adaptive_points(n_max, top_first, grid.len() - 1, &mut |n| {
+                    seen.push(n);
+                    Ok(Some(readme_world(n).0))
+                })
+                .unwrap();
+                assert_eq!(note, None, "offloading pays on this curve: interior points are measured");
+                let by_grid = decide_on(&grid, cap, 35, readme_world);
+                let by_adaptive = decide_on(&seen, cap, 35, readme_world);
+                assert_eq!(by_adaptive, by_grid, "cap {} GiB: adaptive measured {seen:?}", cap / GIB);
+                assert!(seen.len() < grid.len(), "{seen:?}");
+                assert_eq!(seen[0], if top_first { n_max } else { 0 }, "{seen:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn adaptive_stops_after_the_ends_when_offloading_only_hurts() {
+        let mut seen = Vec::new();
+        let note = adaptive_points(41, false, 5, &mut |n| {
+            seen.push(n);
+            Ok(Some(hurting_world(n).0))
+        })
+        .unwrap();
+        assert_eq!(seen, [0, 41], "the two ends decide it");
+        let note = note.expect("the skipped interior is explained");
+        assert!(note.contains("ngl 41 is 98% slower than ngl 0"), "{note}");
+        let grid = default_grid(41, 10);
+        assert_eq!(decide_on(&seen, 1e12, 41, hurting_world), 0);
+        assert_eq!(decide_on(&grid, 1e12, 41, hurting_world), 0, "the grid agrees");
+    }
+
+    #[test]
+    fn adaptive_measures_the_interior_when_the_ends_are_close() {
+        // Full offload 10% slower than ngl 0: within what noise and a
+        // curved line could explain, so the interior is measured.
+        let mut seen = Vec::new();
+        let note = adaptive_points(19, true, 5, &mut |n| {
+            seen.push(n);
+            Ok(Some(if n == 19 { 90.0 } else { 100.0 - f64::from(n) }))
+        })
+        .unwrap();
+        assert_eq!(note, None);
+        assert_eq!(seen, [19, 0, 9]);
+    }
+
+    #[test]
+    fn adaptive_steps_down_from_an_out_of_memory_top() {
+        let mut seen = Vec::new();
+        adaptive_points(40, true, 9, &mut |n| {
+            seen.push(n);
+            Ok((n <= 22).then(|| 10.0 + f64::from(n)))
+        })
+        .unwrap();
+        assert_eq!(seen, [40, 30, 22, 0, 11, 16], "40 and 30 fail, 22 runs; then 0 and two interior points");
+    }
+
+    #[test]
+    fn adaptive_never_runs_as_many_trials_as_a_small_grid() {
+        let grid = default_grid(19, 10);
+        let mut seen = Vec::new();
+        let note = adaptive_points(19, true, grid.len() - 1, &mut |n| {
+            seen.push(n);
+            Ok(Some(small_gpu_world(n).0))
+        })
+        .unwrap();
+        assert_eq!(note, None);
+        assert_eq!(seen, [19, 0], "the grid has 3 settings: the two ends only");
+        assert_eq!(decide_on(&seen, 1e12, 19, small_gpu_world), 19);
+        assert_eq!(decide_on(&grid, 1e12, 19, small_gpu_world), 19);
     }
 }

@@ -1,0 +1,116 @@
+//! The seam between the search and the world: a [`TrialExecutor`] measures
+//! one candidate placement and says what the trial produced. The tuner's
+//! executor runs a worker process per trial; the tests' executor is a world
+//! made of curves, so the search (racing, confirmation, OOM, threads, MoE,
+//! resume) is tested in milliseconds without llama.cpp.
+
+use anyhow::Result;
+
+use super::plan::Candidate;
+use crate::engine::runner::Runner;
+use crate::types::{Race, TrialResult, TrialSpec};
+
+/// Measures candidates.
+pub trait TrialExecutor {
+    /// Measures `c`; `race` cuts a test short where it falls behind.
+    ///
+    /// # Errors
+    /// Only when nothing could be measured at all (the worker cannot start,
+    /// an interrupt); a failed trial is a result.
+    fn measure(&mut self, c: Candidate, race: Option<Race>) -> Result<TrialResult>;
+}
+
+/// The spec of `c`: the workload of `base`, the placement of `c`.
+#[must_use]
+pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec {
+    let mut spec = base.clone();
+    spec.n_gpu_layers = c.ngl;
+    spec.n_threads = c.threads;
+    spec.n_cpu_moe = c.n_cpu_moe;
+    spec.race = race.filter(|r| r.pp_below_ts.is_some() || r.tg_below_ts.is_some());
+    spec
+}
+
+/// The real world: one worker process per trial, measured again once when
+/// the machine was busy (see [`Runner::run_settled`]).
+pub struct WorkerExecutor {
+    runner: Runner,
+    base: TrialSpec,
+}
+
+impl WorkerExecutor {
+    #[must_use]
+    pub fn new(runner: Runner, base: TrialSpec) -> Self {
+        WorkerExecutor { runner, base }
+    }
+}
+
+impl TrialExecutor for WorkerExecutor {
+    fn measure(&mut self, c: Candidate, race: Option<Race>) -> Result<TrialResult> {
+        self.runner.run_settled(&spec_of(&self.base, c, race), |_| {})
+    }
+}
+
+/// A world made of curves, for tests.
+#[cfg(test)]
+pub(crate) mod fake {
+    use super::{spec_of, Candidate, Race, TrialExecutor, TrialResult, TrialSpec};
+    use crate::types::{BufferLine, TestResult, TrialStatus};
+
+    /// What measuring a candidate gives.
+    #[derive(Debug, Clone, Copy)]
+    pub enum Outcome {
+        /// Speeds (t/s) and device memory (bytes).
+        Ok {
+            tg: f64,
+            pp: f64,
+            mem: u64,
+        },
+        Oom,
+    }
+
+    pub struct World {
+        pub at: Box<dyn Fn(Candidate) -> Outcome>,
+        pub base: TrialSpec,
+        /// Every candidate measured, in order.
+        pub measured: Vec<Candidate>,
+    }
+
+    impl World {
+        pub fn new(at: impl Fn(Candidate) -> Outcome + 'static) -> World {
+            World { at: Box::new(at), base: crate::engine::test_spec(), measured: Vec::new() }
+        }
+    }
+
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    fn samples(tokens: u32, ts: f64, reps: u32) -> Vec<u64> {
+        vec![(f64::from(tokens) / ts * 1e9) as u64; reps as usize]
+    }
+
+    impl TrialExecutor for World {
+        fn measure(&mut self, c: Candidate, race: Option<Race>) -> anyhow::Result<TrialResult> {
+            self.measured.push(c);
+            let spec = spec_of(&self.base, c, race);
+            let (tg, pp, mem) = match (self.at)(c) {
+                Outcome::Oom => return Ok(TrialResult::failed(spec, TrialStatus::Oom, "out of memory".into())),
+                Outcome::Ok { tg, pp, mem } => (tg, pp, mem),
+            };
+            let mut r = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
+            r.reason = None;
+            r.model_buffers.push(BufferLine { buffer_type: "Vulkan0".into(), kind: "model".into(), bytes: mem });
+            r.wall_ms = 1000.0;
+            for (np, ng) in spec.tests() {
+                let ts = if np > 0 { pp } else { tg };
+                let behind = spec.race.and_then(|x| x.below(np)).is_some_and(|t| ts < t);
+                let reps = if behind { 1 } else { spec.repetitions };
+                let mut t = TestResult::from_samples(np, ng, 256, samples(np + ng, ts, reps));
+                t.stopped_early = behind;
+                r.tests.push(t);
+                if behind && spec.race.is_some_and(|x| x.skip_rest) {
+                    break;
+                }
+            }
+            Ok(r)
+        }
+    }
+}

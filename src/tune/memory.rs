@@ -1,0 +1,239 @@
+//! Device memory in the tuner's currency: how it is measured on this
+//! machine and the cap that follows, what a trial cost, llama.cpp's dry-run
+//! prediction before any trial and how it held up.
+
+use std::path::Path;
+
+use crate::engine::predict::Prediction;
+use crate::model::{human_bytes, ModelInfo};
+use crate::probe::{self, Hardware, LlamaDevice};
+use crate::profile::{MemoryPolicy, PredictionReport, Settings};
+use crate::types::{TrialResult, TrialStatus};
+
+/// How device memory is measured on this machine and the cap that follows.
+#[must_use]
+pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<MemoryPolicy> {
+    #[allow(clippy::cast_precision_loss)]
+    let mk = |source: &str, device: String, total: u64, baseline: u64| {
+        let by_target = target * total as f64 - baseline as f64;
+        let mut cap = by_target;
+        let mut reason = format!(
+            "{:.0}% of {} on {device}{} = {}",
+            target * 100.0,
+            human_bytes(total),
+            if baseline > 0 { format!(", less {} already in use", human_bytes(baseline)) } else { String::new() },
+            human_bytes(by_target.max(0.0) as u64)
+        );
+        if let Some(b) = budget {
+            if (b as f64) < by_target {
+                cap = b as f64;
+                reason = format!("--vram-budget {} (stricter than {reason})", human_bytes(b));
+            }
+        }
+        MemoryPolicy {
+            source: source.to_string(),
+            device,
+            device_total_bytes: Some(total),
+            baseline_bytes: baseline,
+            cap_bytes: cap,
+            cap_reason: reason,
+        }
+    };
+    // NVML may see a GPU this llama.cpp cannot use (a CPU-only build): then
+    // ngl does nothing, whatever the card.
+    let offload: Vec<&LlamaDevice> = hw.llama_devices.iter().filter(|d| d.is_offload_target()).collect();
+    if offload.is_empty() {
+        return None;
+    }
+    if let Some(g) = hw.gpus.iter().max_by_key(|g| g.memory_total.unwrap_or(0)) {
+        let total = g.memory_total.unwrap_or(0);
+        let baseline = total.saturating_sub(g.memory_free.unwrap_or(total));
+        return Some(mk("nvml", format!("nvml{} ({})", g.index, g.name), total, baseline));
+    }
+    let dev = offload.iter().max_by_key(|d| d.memory_total)?;
+    let short = dev.description.split(" (").next().unwrap_or(&dev.description);
+    let name = format!("{} ({short})", dev.name);
+    if probe::ggml::has_budget(dev) {
+        Some(mk("ggml", name, dev.memory_total, dev.memory_total - dev.memory_free))
+    } else {
+        Some(mk("accounted", name, dev.memory_total, 0))
+    }
+}
+
+/// What a trial cost in the policy's currency, and the device-wide peak.
+#[must_use]
+#[allow(clippy::cast_precision_loss)]
+pub fn trial_memory(r: &TrialResult, policy: &MemoryPolicy) -> (Option<f64>, Option<u64>) {
+    match policy.source.as_str() {
+        "nvml" | "ggml" => {
+            let Some(m) = r.sampled.iter().filter(|m| m.source == policy.source).max_by_key(|m| m.peak_used) else {
+                return (None, None);
+            };
+            let own = m.peak_pid_used.unwrap_or_else(|| m.peak_used.saturating_sub(m.baseline_used));
+            (Some(own as f64), Some(m.peak_used))
+        }
+        _ => {
+            if r.status != TrialStatus::Ok && r.model_buffers.is_empty() {
+                return (None, None);
+            }
+            let acc = r.accounted_device_bytes();
+            (Some(acc as f64), Some(policy.baseline_bytes + acc))
+        }
+    }
+}
+
+/// How a dry-run prediction held up in a finished trial: its error in
+/// percent against llama.cpp's accounted memory, and, where a sampler is
+/// trustworthy (NVML, or a llama.cpp device that reports its budget), the
+/// sampled memory the trial cost minus the prediction: what llama.cpp does
+/// not count (driver context, allocator slack).
+#[must_use]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+pub fn prediction_check(
+    predicted: Option<u64>,
+    r: &TrialResult,
+    policy: Option<&MemoryPolicy>,
+    mem: Option<f64>,
+) -> (Option<f64>, Option<i64>) {
+    match predicted {
+        Some(pb) if r.status == TrialStatus::Ok => {
+            let acc = r.accounted_device_bytes();
+            // Nothing predicted and nothing allocated (ngl 0 without op offload) is exact.
+            let err =
+                if acc > 0 { Some((pb as f64 - acc as f64) / acc as f64 * 100.0) } else { (pb == 0).then_some(0.0) };
+            let sampled = policy.filter(|p| p.source != "accounted").and(mem).map(|m| m as i64 - pb as i64);
+            (err, sampled)
+        }
+        _ => (None, None),
+    }
+}
+
+/// Asks llama.cpp, before any trial, what every grid setting will allocate
+/// on the device (its dry run) and what its own fit would choose for the
+/// same memory margin.
+pub fn predict(
+    exe: &Path,
+    info: &ModelInfo,
+    s: &Settings,
+    policy: &MemoryPolicy,
+    grid: &[u32],
+    op_offload: bool,
+) -> PredictionReport {
+    use crate::engine::predict::{predict_in_child, PredictSpec};
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let margin =
+        policy.device_total_bytes.map(|t| (t as f64 - policy.baseline_bytes as f64 - policy.cap_bytes).max(0.0) as u64);
+    let spec = PredictSpec {
+        model: info.path.clone(),
+        ngl: grid.to_vec(),
+        n_ctx: s.n_ctx,
+        n_batch: s.n_batch,
+        n_ubatch: s.n_ubatch,
+        flash_attn: s.flash_attn,
+        op_offload,
+        fit_margin_bytes: margin,
+    };
+    match predict_in_child(exe, &spec) {
+        Ok(out) => {
+            #[allow(clippy::cast_precision_loss)]
+            let predicted_over_cap = out
+                .predictions
+                .iter()
+                .filter(|p| p.n_gpu_layers > 0 && p.error.is_none() && p.device_bytes as f64 > policy.cap_bytes)
+                .map(|p| p.n_gpu_layers)
+                .collect();
+            PredictionReport {
+                predictions: out.predictions,
+                llama_fit: out.llama_fit,
+                predicted_over_cap,
+                max_error_pct: None,
+                llama_fit_tg_ts: None,
+                error: None,
+            }
+        }
+        Err(e) => PredictionReport {
+            predictions: Vec::new(),
+            llama_fit: None,
+            predicted_over_cap: Vec::new(),
+            max_error_pct: None,
+            llama_fit_tg_ts: None,
+            error: Some(format!("{e:#}")),
+        },
+    }
+}
+
+/// The largest ngl whose dry-run prediction stays under the cap, with
+/// memory taken as linear between the predicted grid points; full offload
+/// when nothing was predicted.
+#[must_use]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn largest_predicted_under(predicted: &[Prediction], cap: f64, full: u32) -> u32 {
+    let mut pts: Vec<(u32, f64)> =
+        predicted.iter().filter(|p| p.error.is_none()).map(|p| (p.n_gpu_layers, p.device_bytes as f64)).collect();
+    pts.sort_by_key(|p| p.0);
+    if pts.is_empty() {
+        return full;
+    }
+    let mut best = 0;
+    for w in pts.windows(2) {
+        let ((n0, m0), (n1, m1)) = (w[0], w[1]);
+        if m1 <= cap {
+            best = n1;
+        } else if m0 <= cap && m1 > m0 {
+            let x = f64::from(n0) + (cap - m0) / (m1 - m0) * f64::from(n1 - n0);
+            best = best.max(x.floor() as u32);
+            break;
+        } else {
+            break;
+        }
+    }
+    best.min(full)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_setting_under_the_cap_from_predictions() {
+        let p = |n: u32, b: u64| Prediction {
+            n_gpu_layers: n,
+            device_bytes: b,
+            device_model_bytes: b,
+            buffers: vec![],
+            error: None,
+        };
+        let preds = [p(0, 0), p(10, 100), p(20, 200), p(30, 300), p(35, 400)];
+        assert_eq!(largest_predicted_under(&preds, 1000.0, 35), 35);
+        assert_eq!(largest_predicted_under(&preds, 250.0, 35), 25);
+        assert_eq!(largest_predicted_under(&preds, 100.0, 35), 10);
+        assert_eq!(largest_predicted_under(&preds, 50.0, 35), 5);
+        assert_eq!(largest_predicted_under(&[], 50.0, 35), 35, "no prediction: try full offload");
+    }
+
+    #[test]
+    fn the_gap_to_the_sampled_peak_is_reported_only_where_a_sampler_is_trusted() {
+        use crate::engine::logs::BufferLine;
+        let mut r = crate::engine::TrialResult::failed(crate::engine::test_spec(), TrialStatus::Ok, String::new());
+        r.reason = None;
+        r.model_buffers.push(BufferLine { buffer_type: "CUDA0".into(), kind: "model".into(), bytes: 1000 << 20 });
+        let policy = |source: &str| MemoryPolicy {
+            source: source.into(),
+            device: "nvml0 (NVIDIA H200)".into(),
+            device_total_bytes: Some(140 << 30),
+            baseline_bytes: 0,
+            cap_bytes: 100e9,
+            cap_reason: String::new(),
+        };
+        // NVML saw 1.5 GiB for this trial; llama.cpp predicted and accounted 1000 MiB.
+        let sampled = Some(1536.0 * 1024.0 * 1024.0);
+        let (err, gap) = prediction_check(Some(1000 << 20), &r, Some(&policy("nvml")), sampled);
+        assert_eq!(err, Some(0.0));
+        assert_eq!(gap, Some(536 << 20), "the CUDA context and what else llama.cpp does not count");
+        let (err, gap) = prediction_check(Some(1010 << 20), &r, Some(&policy("accounted")), sampled);
+        assert!((err.unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(gap, None, "accounted memory is no sample");
+        r.status = TrialStatus::Oom;
+        assert_eq!(prediction_check(Some(1000 << 20), &r, Some(&policy("nvml")), sampled), (None, None));
+    }
+}

@@ -1,0 +1,762 @@
+//! The search over candidate placements: measure (raced), record what each
+//! trial cost against the cap, checkpoint after every trial, decide,
+//! confirm, then expert offload and thread counts. It reaches the world only
+//! through a [`TrialExecutor`], so all of it is tested against curves.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::choose::{self, decide, Decision, Inputs, Objective};
+use super::executor::TrialExecutor;
+use super::memory::{prediction_check, trial_memory};
+use super::plan::{adaptive_points, moe_grid, Candidate};
+use crate::engine::predict::Prediction;
+use crate::error::Interrupted;
+use crate::profile::store;
+use crate::profile::{Checkpoint, FitCheck, MemoryPolicy, ProfileTrial, Settings};
+use crate::types::{CpuInfo, Race, Role, TrialResult, TrialStatus};
+
+/// Most confirmation trials before the tuner settles for what it measured.
+pub const MAX_CONFIRMATIONS: usize = 5;
+
+/// A racing trial stops a test after one repetition when it is slower than
+/// this share of the best speed measured so far: a gap no repetition noise
+/// closes (repetitions varying by more than 10% are already called noisy).
+pub const RACE_SHARE: f64 = 0.5;
+
+/// Share of the mean above which a test's repetitions count as noisy.
+pub const NOISY: f64 = 0.10;
+
+/// Progress in words: a bar on a terminal, one plain line per trial
+/// elsewhere (CI, nohup, the journal), nothing with `--quiet`.
+pub struct Progress {
+    bar: ProgressBar,
+    plain: bool,
+    started: Instant,
+}
+
+impl Progress {
+    /// `planned` trials to begin with; more are added as the search goes.
+    #[must_use]
+    pub fn new(show: bool, terminal: bool, planned: u64) -> Progress {
+        let bar = if show && terminal {
+            let b = ProgressBar::new(planned);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {elapsed_precise} [{bar:25}] {pos}/{len} trials, about {eta} left | {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        } else {
+            // Hidden, but still counting trials: the plain lines read it.
+            ProgressBar::with_draw_target(Some(planned), indicatif::ProgressDrawTarget::hidden())
+        };
+        Progress { bar, plain: show && !terminal, started: Instant::now() }
+    }
+
+    /// Makes room for `n` more trials.
+    pub fn plan(&self, n: u64) {
+        self.bar.inc_length(n);
+    }
+
+    fn finished(&self, r: &TrialResult, last_tg: &str) {
+        self.bar.inc(1);
+        self.bar.set_message(format!("ngl {} done{last_tg}", r.spec.n_gpu_layers));
+        if self.plain {
+            #[allow(clippy::cast_possible_truncation)]
+            let (pos, len) = (self.bar.position() as usize, self.bar.length().unwrap_or(0) as usize);
+            eprintln!("{}", crate::report::progress_line(pos, len, r, self.started.elapsed()));
+        }
+    }
+
+    pub fn clear(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// Where finished trials are kept so that an interrupt loses none.
+pub struct Checkpointing {
+    pub path: PathBuf,
+    pub checkpoint: Checkpoint,
+    failed: bool,
+}
+
+impl Checkpointing {
+    #[must_use]
+    pub fn new(path: PathBuf, checkpoint: Checkpoint) -> Self {
+        Checkpointing { path, checkpoint, failed: false }
+    }
+}
+
+/// What the search found.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub decision: Decision,
+    /// The best whole-layer split (Ollama's `num_gpu`).
+    pub dense_ngl: u32,
+    pub threads: u32,
+    /// Layers whose experts stay on the CPU at full offload (0: none).
+    pub n_cpu_moe: u32,
+    /// Grid values not run because a smaller one ran out of memory.
+    pub skipped: Vec<u32>,
+    pub notes: Vec<String>,
+}
+
+/// What the search is asked: the model's layers, the grid, and how to walk it.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// ngl of full offload.
+    pub full: u32,
+    /// Repeating layers (expert offload is per layer).
+    pub n_layer: u32,
+    pub is_moe: bool,
+    /// The full grid (the adaptive search's yardstick).
+    pub full_grid: Vec<u32>,
+    /// Measure every value of `full_grid` (not predicted over the cap).
+    pub grid_mode: bool,
+    /// No GPU device: only thread counts matter.
+    pub no_gpu: bool,
+    /// Grid values llama.cpp's dry run predicts over the cap.
+    pub predicted_over: Vec<u32>,
+    /// Largest setting predicted under the cap (adaptive search's top end).
+    pub n_max: u32,
+    /// The top end is expected to be faster than ngl 0 (a real GPU).
+    pub top_first: bool,
+    pub cpu: CpuInfo,
+}
+
+pub struct Search<'a> {
+    settings: &'a Settings,
+    executor: &'a mut dyn TrialExecutor,
+    policy: Option<MemoryPolicy>,
+    pub trials: Vec<ProfileTrial>,
+    pub predicted: Vec<Prediction>,
+    pub progress: Progress,
+    checkpoint: Option<Checkpointing>,
+}
+
+impl<'a> Search<'a> {
+    /// A search that starts from `trials` (a resumed checkpoint's).
+    #[must_use]
+    pub fn new(
+        settings: &'a Settings,
+        executor: &'a mut dyn TrialExecutor,
+        policy: Option<MemoryPolicy>,
+        progress: Progress,
+        checkpoint: Option<Checkpointing>,
+    ) -> Self {
+        let trials = checkpoint.as_ref().map(|c| c.checkpoint.trials.clone()).unwrap_or_default();
+        progress.bar.set_position(trials.len() as u64);
+        Search { settings, executor, policy, trials, predicted: Vec::new(), progress, checkpoint }
+    }
+
+    #[must_use]
+    pub fn into_trials(self) -> Vec<ProfileTrial> {
+        self.progress.clear();
+        self.trials
+    }
+
+    fn candidate(&self, ngl: u32) -> Candidate {
+        Candidate::layers(ngl, self.settings.n_threads)
+    }
+
+    /// Racing thresholds from the best speeds measured so far: the
+    /// objective's test alone decides (tg or pp), or each test for itself
+    /// when the objective mixes both.
+    fn race(&self) -> Race {
+        let best = |pp: bool| {
+            self.trials
+                .iter()
+                .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok)
+                .filter_map(|t| t.result.test(pp).map(|x| x.avg_ts))
+                .reduce(f64::max)
+                .map(|v| v * RACE_SHARE)
+        };
+        match self.settings.objective {
+            Objective::Tg => Race { pp_below_ts: None, tg_below_ts: best(false), skip_rest: true },
+            Objective::Pp => Race { pp_below_ts: best(true), tg_below_ts: None, skip_rest: true },
+            Objective::Mixed => Race { pp_below_ts: best(true), tg_below_ts: best(false), skip_rest: false },
+        }
+    }
+
+    /// Whether `c` was already measured in this role (a resumed run).
+    fn done(&self, role: Role, c: Candidate) -> bool {
+        self.trials.iter().any(|t| t.role == role && c.is(&t.result.spec))
+    }
+
+    /// Measures `c`, records it against the cap and the prediction, and
+    /// checkpoints.
+    ///
+    /// # Errors
+    /// What the executor returns; an interrupt says what was kept.
+    pub fn measure(&mut self, role: Role, c: Candidate, race: Option<Race>) -> Result<&ProfileTrial> {
+        self.progress.bar.set_message(format!("ngl {}{}", c.ngl, last_tg(&self.trials)));
+        let r = self.executor.measure(c, race).map_err(|e| self.stopped(e, c.ngl))?;
+        let trial = self.record(role, r);
+        self.trials.push(trial);
+        self.save();
+        let last = self.trials.last().expect("just pushed");
+        self.progress.finished(&last.result, &last_tg(&self.trials));
+        Ok(last)
+    }
+
+    fn stopped(&self, e: anyhow::Error, ngl: u32) -> anyhow::Error {
+        if !e.is::<Interrupted>() {
+            return e;
+        }
+        self.progress.bar.abandon();
+        let kept = match &self.checkpoint {
+            Some(c) if !self.trials.is_empty() => format!(
+                "{} finished trials are kept in {}; run the same command with --resume to continue",
+                self.trials.len(),
+                c.path.display()
+            ),
+            _ => "no trial had finished".to_string(),
+        };
+        e.context(format!("stopped at ngl {ngl}: {kept}"))
+    }
+
+    /// What a trial cost in the policy's currency, against the cap and llama.cpp's prediction.
+    fn record(&self, role: Role, r: TrialResult) -> ProfileTrial {
+        let (mem, peak) = self.policy.as_ref().map_or((None, None), |p| trial_memory(&r, p));
+        #[allow(clippy::cast_precision_loss)]
+        let share = peak.zip(self.policy.as_ref().and_then(|p| p.device_total_bytes)).map(|(b, t)| b as f64 / t as f64);
+        let over_cap = self.policy.as_ref().is_some_and(|p| mem.is_some_and(|m| m > p.cap_bytes));
+        let predicted = self
+            .predicted
+            .iter()
+            .find(|p| p.n_gpu_layers == r.spec.n_gpu_layers && p.error.is_none() && r.spec.n_cpu_moe == 0)
+            .map(|p| p.device_bytes);
+        let (prediction_error_pct, sampled_minus_predicted_bytes) =
+            prediction_check(predicted, &r, self.policy.as_ref(), mem);
+        ProfileTrial {
+            role,
+            mem_bytes: mem,
+            device_peak_bytes: peak,
+            device_share: share,
+            over_cap,
+            predicted_bytes: predicted,
+            prediction_error_pct,
+            sampled_minus_predicted_bytes,
+            result: r,
+        }
+    }
+
+    fn save(&mut self) {
+        let Some(c) = self.checkpoint.as_mut() else { return };
+        c.checkpoint.trials.clone_from(&self.trials);
+        if let Err(e) = store::write_checkpoint(&c.path, &c.checkpoint) {
+            // Measuring goes on: the trials are in memory and go into the profile.
+            if !c.failed {
+                self.progress.bar.suspend(|| {
+                    eprintln!("warning: {e:#}; tuning goes on, but an interrupt now would lose the finished trials");
+                });
+                c.failed = true;
+            }
+        }
+    }
+
+    /// The whole search: the ngl search (grid or adaptive), confirmation,
+    /// expert offload, thread counts; with no GPU device, thread counts only.
+    ///
+    /// # Errors
+    /// What the executor returns.
+    pub fn run(&mut self, plan: &Plan) -> Result<Found> {
+        if plan.no_gpu {
+            let (decision, threads) = self.threads_only(&plan.cpu)?;
+            return Ok(Found { decision, dense_ngl: 0, threads, n_cpu_moe: 0, skipped: Vec::new(), notes: Vec::new() });
+        }
+        let mut notes = Vec::new();
+        let skipped = if plan.grid_mode { self.grid(&plan.full_grid, &plan.predicted_over)? } else { Vec::new() };
+        if !plan.grid_mode {
+            // The two ends are always measured; more only where they can change the answer.
+            self.progress.bar.set_length(self.progress.bar.position().max(2));
+            notes.extend(self.adaptive(plan.n_max, plan.top_first, plan.full_grid.len().saturating_sub(1))?);
+        }
+        let (mut d, note) = self.confirm(plan.full)?;
+        notes.extend(note);
+        // Mixture of experts: all layers on the GPU but the experts of the
+        // first K on the CPU (llama.cpp's --n-cpu-moe) often beats any whole-layer split.
+        let mut n_cpu_moe = 0;
+        if plan.is_moe && !d.needs_confirmation && d.recommended_ngl < plan.full {
+            let (k, reason) = self.moe(plan.n_layer, plan.full, &d)?;
+            d.reasons.push(reason);
+            n_cpu_moe = k;
+        }
+        // Layers left on the CPU make the thread count matter: measure it there.
+        let mut threads = self.settings.n_threads;
+        if d.recommended_ngl < plan.full && !d.needs_confirmation && n_cpu_moe == 0 {
+            let (best, _, tried) = self.threads(&plan.cpu, d.recommended_ngl)?;
+            threads = best;
+            d.reasons.push(format!(
+                "layers stay on the CPU at ngl {}: -t {best} is fastest there ({})",
+                d.recommended_ngl,
+                tried.join(", ")
+            ));
+        }
+        Ok(Found { dense_ngl: d.recommended_ngl, decision: d, threads, n_cpu_moe, skipped, notes })
+    }
+
+    /// Every grid value in full, except those predicted over the cap and
+    /// those above one that ran out of memory (unless `--no-skip`).
+    fn grid(&mut self, grid: &[u32], predicted_over: &[u32]) -> Result<Vec<u32>> {
+        let mut skipped = Vec::new();
+        for &ngl in grid {
+            let c = self.candidate(ngl);
+            if predicted_over.contains(&ngl) {
+                self.progress.bar.inc(1);
+                continue;
+            }
+            if self.done(Role::Grid, c) {
+                continue;
+            }
+            let oom_below =
+                self.trials.iter().any(|t| t.result.status == TrialStatus::Oom && t.result.spec.n_gpu_layers < ngl);
+            if oom_below && !self.settings.no_skip {
+                skipped.push(ngl);
+                self.progress.bar.inc(1);
+                continue;
+            }
+            self.measure(Role::Grid, c, None)?;
+        }
+        Ok(skipped)
+    }
+
+    /// The adaptive search's points (see [`adaptive_points`]), raced.
+    fn adaptive(&mut self, n_max: u32, top_first: bool, max_trials: usize) -> Result<Option<String>> {
+        adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
+            let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.n_gpu_layers == ngl;
+            if !self.trials.iter().any(|x| at(&x)) {
+                if self.progress.bar.position() >= self.progress.bar.length().unwrap_or(0) {
+                    self.progress.plan(1);
+                }
+                let race = self.race();
+                self.measure(Role::Grid, self.candidate(ngl), Some(race))?;
+            }
+            let s = self.settings;
+            Ok(self.trials.iter().find(|x| at(x) && x.result.status == TrialStatus::Ok).and_then(|x| trial_score(x, s)))
+        })
+    }
+
+    /// The decision's inputs from the trials so far.
+    fn inputs(&self, full: u32) -> Inputs {
+        let policy = self.policy.as_ref();
+        Inputs {
+            points: self.trials.iter().filter(|t| t.is_search()).map(ProfileTrial::point).collect(),
+            full,
+            cap: policy.map_or(f64::INFINITY, |p| p.cap_bytes),
+            objective: self.settings.objective,
+            n_prompt: self.settings.n_prompt,
+            n_gen: self.settings.n_gen,
+            device: policy.map_or_else(String::new, |p| p.device.clone()),
+        }
+    }
+
+    /// Decides; while the best setting is only predicted, measures it (at
+    /// most [`MAX_CONFIRMATIONS`] times) and decides again.
+    fn confirm(&mut self, full: u32) -> Result<(Decision, Option<String>)> {
+        let mut d = decide(&self.inputs(full));
+        let mut confirmations = 0;
+        while d.needs_confirmation && confirmations < MAX_CONFIRMATIONS {
+            confirmations += 1;
+            self.progress.plan(1);
+            let c = self.candidate(d.recommended_ngl);
+            if !self.done(Role::Confirm, c) {
+                self.measure(Role::Confirm, c, None)?;
+            }
+            d = decide(&self.inputs(full));
+        }
+        let note = d.needs_confirmation.then(|| {
+            format!("after {MAX_CONFIRMATIONS} confirmation trials the prediction still moved; the recommendation is predicted, not measured")
+        });
+        Ok((d, note))
+    }
+
+    /// Measures full offload with the experts of the first K layers on the
+    /// CPU for K in [`moe_grid`] (most experts on the CPU first: least
+    /// memory), and returns the K to recommend (0: the whole-layer split
+    /// stays best) with the reason in words.
+    fn moe(&mut self, n_layer: u32, full: u32, d: &Decision) -> Result<(u32, String)> {
+        let s = self.settings;
+        let grid = moe_grid(n_layer);
+        self.progress.plan(grid.len() as u64);
+        for &k in grid.iter().rev() {
+            let c = Candidate { ngl: full, n_cpu_moe: k, threads: s.n_threads };
+            if !self.trials.iter().any(|t| t.role == Role::Moe && c.is(&t.result.spec)) {
+                self.measure(Role::Moe, c, None)?;
+            }
+        }
+        let moe: Vec<&ProfileTrial> = self.trials.iter().filter(|t| t.role == Role::Moe).collect();
+        let best_moe = moe
+            .iter()
+            .filter(|t| t.result.status == TrialStatus::Ok && !t.over_cap)
+            .filter_map(|t| trial_score(t, s).map(|v| (t.result.spec.n_cpu_moe, v, t.mem_bytes)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let dense = self
+            .trials
+            .iter()
+            .find(|t| {
+                t.role != Role::Moe
+                    && t.result.spec.n_gpu_layers == d.recommended_ngl
+                    && t.result.status == TrialStatus::Ok
+                    && t.result.spec.n_cpu_moe == 0
+            })
+            .and_then(|t| trial_score(t, s));
+        let tried: Vec<String> = moe
+            .iter()
+            .map(|t| {
+                let v =
+                    trial_score(t, s).map_or_else(|| t.result.status.as_str().to_string(), |v| format!("{v:.2} t/s"));
+                format!("K={} {v}{}", t.result.spec.n_cpu_moe, if t.over_cap { " (over cap)" } else { "" })
+            })
+            .collect();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Ok(match (best_moe, dense) {
+            (Some((k, v, mem)), Some(dv)) if v > dv => (
+                k,
+                format!(
+                    "mixture of experts: every layer on the GPU with the experts of the first {k} on the CPU (--n-cpu-moe {k}) is fastest: {v:.2} t/s in {} against {dv:.2} at ngl {} ({})",
+                    mem.map_or_else(|| "?".to_string(), |m| crate::model::human_bytes(m.max(0.0) as u64)),
+                    d.recommended_ngl,
+                    tried.join(", ")
+                ),
+            ),
+            _ => (
+                0,
+                format!(
+                    "mixture of experts: --n-cpu-moe at full offload measured ({}); the whole-layer split stays best",
+                    tried.join(", ")
+                ),
+            ),
+        })
+    }
+
+    /// Measures thread counts (physical cores, logical cores, half the
+    /// physical ones, and the configured count) at `ngl`, raced like search
+    /// trials, reusing trials already run there; returns the fastest for the
+    /// objective with what was tried, in words.
+    fn threads(&mut self, cpu: &CpuInfo, ngl: u32) -> Result<(u32, f64, Vec<String>)> {
+        let mut counts = vec![cpu.physical_cores.max(1), cpu.logical_cores.max(1), (cpu.physical_cores / 2).max(1)];
+        counts.push(self.settings.n_threads);
+        counts.sort_unstable();
+        counts.dedup();
+        let base = Candidate::layers(ngl, 0);
+        let at = |t: &ProfileTrial, n: u32| base.with_threads(n).is(&t.result.spec);
+        let todo: Vec<u32> = counts.iter().copied().filter(|n| !self.trials.iter().any(|t| at(t, *n))).collect();
+        self.progress.plan(todo.len() as u64);
+        for t in todo {
+            // A thread count far behind on the objective stops after one repetition.
+            let race = self.race();
+            self.measure(Role::Threads, base.with_threads(t), Some(race))?;
+        }
+        let s = self.settings;
+        let measured: Vec<(u32, Option<f64>, &str)> = counts
+            .iter()
+            .filter_map(|n| self.trials.iter().find(|t| at(t, *n)))
+            .map(|t| {
+                let score = trial_score(t, s).filter(|_| t.result.status == TrialStatus::Ok);
+                (t.result.spec.n_threads, score, t.result.status.as_str())
+            })
+            .collect();
+        let best = measured.iter().filter_map(|(n, sc, _)| sc.map(|v| (*n, v))).max_by(|a, b| a.1.total_cmp(&b.1));
+        let (threads, score) = best.unwrap_or((s.n_threads, 0.0));
+        let tried = measured
+            .iter()
+            .map(|(n, sc, st)| sc.map_or_else(|| format!("-t {n} {st}"), |v| format!("-t {n} {v:.2} t/s")))
+            .collect();
+        Ok((threads, score, tried))
+    }
+
+    /// No GPU: ngl does nothing, so measure thread counts at ngl 0 and keep the fastest.
+    fn threads_only(&mut self, cpu: &CpuInfo) -> Result<(Decision, u32)> {
+        let (threads, tg, tried) = self.threads(cpu, 0)?;
+        let d = Decision {
+            recommended_ngl: 0,
+            needs_confirmation: false,
+            max_ngl_under_cap: None,
+            predicted_tg: Some(tg),
+            predicted_pp: None,
+            predicted_mem: None,
+            over_cap: Vec::new(),
+            knee: None,
+            knee_note: "no GPU device: no knee to find".into(),
+            offload_hurts: false,
+            fits: choose::Fits { tg_time: None, pp_time: None, memory: None },
+            fit_notes: Vec::new(),
+            reasons: vec![
+                "ngl has no effect here (no GPU device in this build or on this machine): every layer runs on the CPU"
+                    .into(),
+                format!("tuned threads instead: -t {threads} is fastest ({})", tried.join(", ")),
+            ],
+        };
+        Ok((d, threads))
+    }
+}
+
+fn last_tg(trials: &[ProfileTrial]) -> String {
+    trials
+        .iter()
+        .rev()
+        .find_map(|t| t.result.test(false))
+        .map_or(String::new(), |t| format!(" | last tg {:.2} t/s", t.avg_ts))
+}
+
+/// A measured trial's value for the tuning objective (higher is better).
+#[must_use]
+pub fn trial_score(t: &ProfileTrial, s: &Settings) -> Option<f64> {
+    let speed = |pp: bool| t.result.test(pp).map(|x| x.avg_ts);
+    choose::score(s.objective, s.n_prompt, s.n_gen, speed(false), speed(true))
+}
+
+/// The memory fit against each measured grid point (partial offload and
+/// full offload predicted from the partial-offload line; ngl 0 is its own point).
+#[must_use]
+pub fn fit_check(trials: &[ProfileTrial], d: &Decision, full: u32) -> Vec<FitCheck> {
+    let Some(fit) = &d.fits.memory else { return Vec::new() };
+    trials
+        .iter()
+        .filter(|t| t.result.status == TrialStatus::Ok && t.result.spec.n_gpu_layers > 0 && t.role != Role::Moe)
+        .filter_map(|t| {
+            let ngl = t.result.spec.n_gpu_layers.min(full);
+            let m = t.mem_bytes?;
+            let f = fit.at(f64::from(ngl));
+            Some(FitCheck {
+                ngl,
+                measured_bytes: m,
+                fitted_bytes: f,
+                error_pct: if m > 0.0 { (f - m) / m * 100.0 } else { 0.0 },
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::executor::fake::{Outcome, World};
+    use crate::tune::worlds::{hurting_world, readme_world};
+
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+    fn settings(grid: Option<Vec<u32>>, search: &str, no_skip: bool) -> Settings {
+        serde_json::from_value(serde_json::json!({
+            "target_vram": 0.9, "vram_budget_bytes": null, "n_ctx": 256, "n_prompt": 64, "n_gen": 16,
+            "repetitions": 3, "n_threads": 2, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1,
+            "objective": "tg", "grid": grid, "quick": false, "no_skip": no_skip, "trial_timeout_s": 600,
+            "sample_interval_ms": 20, "search": search
+        }))
+        .unwrap()
+    }
+
+    fn policy(cap: f64) -> MemoryPolicy {
+        MemoryPolicy {
+            source: "accounted".into(),
+            device: "Vulkan0 (fake)".into(),
+            device_total_bytes: Some(1 << 40),
+            baseline_bytes: 0,
+            cap_bytes: cap,
+            cap_reason: "test".into(),
+        }
+    }
+
+    fn plan(full: u32, grid: Vec<u32>, grid_mode: bool, n_max: u32) -> Plan {
+        Plan {
+            full,
+            n_layer: full - 1,
+            is_moe: false,
+            full_grid: grid,
+            grid_mode,
+            no_gpu: false,
+            predicted_over: Vec::new(),
+            n_max,
+            top_first: true,
+            cpu: CpuInfo { brand: "fake".into(), physical_cores: 2, logical_cores: 2 },
+        }
+    }
+
+    /// A world from a (tg, memory) curve; pp is ten times tg, threads do not matter.
+    fn curve_world(f: fn(u32) -> (f64, f64)) -> World {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        World::new(move |c| {
+            let (tg, mem) = f(c.ngl);
+            Outcome::Ok { tg, pp: tg * 10.0, mem: mem as u64 }
+        })
+    }
+
+    fn search(
+        world: &mut World,
+        s: &Settings,
+        cap: f64,
+        p: &Plan,
+        resumed: Vec<ProfileTrial>,
+    ) -> (Found, Vec<ProfileTrial>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp: Checkpoint = serde_json::from_value(serde_json::json!({
+            "schema_version": 1, "kind": "checkpoint", "created_at": "2026-11-30T00:00:00Z",
+            "model": {"file_name": "m.gguf", "path": "m.gguf", "file_size": 1, "sha256_16m": "0".repeat(64), "mtime": 0,
+                      "architecture": "llama", "n_layer": 1, "n_layer_full": 2, "quantization": "F32", "n_params": 1, "n_expert": 0},
+            "fingerprint": "f", "settings": s, "trials": []
+        }))
+        .unwrap();
+        cp.trials = resumed;
+        let checkpoint = Checkpointing::new(dir.path().join("c.json"), cp);
+        let mut search = Search::new(s, world, Some(policy(cap)), Progress::new(false, false, 0), Some(checkpoint));
+        let found = search.run(p).unwrap();
+        let trials = search.into_trials();
+        let saved = store::read_checkpoint(&dir.path().join("c.json")).expect("checkpointed after every trial");
+        assert_eq!(saved.trials.len(), trials.len());
+        (found, trials)
+    }
+
+    fn ngls(w: &World) -> Vec<u32> {
+        w.measured.iter().map(|c| c.ngl).collect()
+    }
+
+    #[test]
+    fn the_grid_on_the_readme_curve_confirms_a_best_between_grid_points() {
+        let s = settings(None, "grid", false);
+        let mut w = curve_world(readme_world);
+        let grid = vec![0, 10, 20, 30, 35];
+        let (found, trials) = search(&mut w, &s, 3.75 * GIB, &plan(35, grid.clone(), true, 35), Vec::new());
+        assert_eq!(&ngls(&w)[..4], [0, 10, 20, 30], "35 is over the cap: measured, marked, not chosen");
+        assert_eq!(found.decision.recommended_ngl, 32, "0.5 + 0.1 x 32 = 3.7 GiB under 3.75: {:?}", found.decision);
+        assert!(!found.decision.needs_confirmation);
+        assert!(trials.iter().any(|t| t.role == Role::Confirm && t.result.spec.n_gpu_layers == 32));
+        assert!(trials.iter().any(|t| t.result.spec.n_gpu_layers == 35 && t.over_cap));
+        // Layers stay on the CPU at 32 of 35: thread counts were measured there.
+        assert!(trials.iter().any(|t| t.role == Role::Threads && t.result.spec.n_gpu_layers == 32));
+    }
+
+    #[test]
+    fn a_resumed_search_measures_only_what_is_missing() {
+        let s = settings(None, "grid", false);
+        let p = plan(35, vec![0, 10, 20, 30, 35], true, 35);
+        let mut first = curve_world(readme_world);
+        let (_, all) = search(&mut first, &s, 80.0 * GIB, &p, Vec::new());
+        let kept: Vec<ProfileTrial> = all.iter().take(2).cloned().collect();
+        let mut again = curve_world(readme_world);
+        let (found, trials) = search(&mut again, &s, 80.0 * GIB, &p, kept);
+        assert_eq!(ngls(&again), [20, 30, 35], "0 and 10 came from the checkpoint");
+        assert_eq!(trials.len(), all.len());
+        assert_eq!(found.decision.recommended_ngl, 35);
+    }
+
+    #[test]
+    fn an_out_of_memory_setting_skips_the_larger_ones_unless_told_otherwise() {
+        let oom_from_20 = |c: Candidate| {
+            if c.ngl >= 20 {
+                Outcome::Oom
+            } else {
+                Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: u64::from(c.ngl) << 20 }
+            }
+        };
+        let p = plan(41, vec![0, 10, 20, 30, 40, 41], true, 41);
+        let mut w = World::new(oom_from_20);
+        let (found, _) = search(&mut w, &settings(None, "grid", false), 80.0 * GIB, &p, Vec::new());
+        assert_eq!(&ngls(&w)[..3], [0, 10, 20]);
+        assert_eq!(found.skipped, [30, 40, 41]);
+        assert!(found.decision.recommended_ngl < 20);
+        let mut w = World::new(oom_from_20);
+        let (found, _) = search(&mut w, &settings(None, "grid", true), 80.0 * GIB, &p, Vec::new());
+        assert_eq!(&ngls(&w)[..6], [0, 10, 20, 30, 40, 41], "--no-skip measures them anyway");
+        assert!(found.skipped.is_empty());
+    }
+
+    #[test]
+    fn a_setting_far_behind_is_raced_and_the_ends_decide_when_offloading_hurts() {
+        let s = settings(None, "adaptive", false);
+        let mut p = plan(41, crate::tune::plan::default_grid(41, 10), false, 41);
+        p.top_first = false;
+        let mut w = curve_world(hurting_world);
+        let (found, trials) = search(&mut w, &s, 80.0 * GIB, &p, Vec::new());
+        assert_eq!(&ngls(&w)[..2], [0, 41], "the two ends");
+        assert!(
+            found.notes.iter().any(|n| n.starts_with("adaptive search stopped after the two ends")),
+            "{:?}",
+            found.notes
+        );
+        let top = trials.iter().find(|t| t.result.spec.n_gpu_layers == 41).unwrap();
+        assert_eq!(top.result.tests.len(), 1, "raced on tg: its pp test never ran");
+        assert!(top.result.tests[0].stopped_early && top.result.tests[0].samples_ns.len() == 1);
+        assert_eq!(found.decision.recommended_ngl, 0);
+        assert!(found.decision.offload_hurts);
+    }
+
+    #[test]
+    fn confirmations_stop_at_their_cap_and_say_so() {
+        // Memory is linear at the grid points, but every other setting takes
+        // just over the cap: each confirmation finds its setting over, and
+        // the next one down is predicted just under.
+        let s = settings(Some(vec![0, 100, 101]), "grid", false);
+        let mut w = World::new(|c| {
+            let mem = if [0, 100, 101].contains(&c.ngl) { f64::from(c.ngl) * 0.01 * GIB } else { 0.956 * GIB };
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: mem as u64 }
+        });
+        let (found, trials) = search(&mut w, &s, 0.955 * GIB, &plan(101, vec![0, 100, 101], true, 101), Vec::new());
+        let confirms = trials.iter().filter(|t| t.role == Role::Confirm).count();
+        assert_eq!(confirms, MAX_CONFIRMATIONS, "{:?}", ngls(&w));
+        assert!(found.decision.needs_confirmation);
+        assert!(
+            found.notes.iter().any(|n| n.contains("confirmation trials the prediction still moved")),
+            "{:?}",
+            found.notes
+        );
+    }
+
+    #[test]
+    fn the_fastest_thread_count_wins_where_layers_stay_on_the_cpu() {
+        let s = settings(None, "grid", false);
+        let mut p = plan(19, vec![0, 10, 19], true, 19);
+        p.cpu = CpuInfo { brand: "fake".into(), physical_cores: 8, logical_cores: 16 };
+        // Offloading hurts; on the CPU 8 threads beat 4, 2 and 16.
+        let mut w = World::new(|c| {
+            let by_threads = match c.threads {
+                8 => 100.0,
+                16 => 70.0,
+                4 => 80.0,
+                _ => 60.0,
+            };
+            Outcome::Ok { tg: by_threads / (1.0 + f64::from(c.ngl)), pp: 500.0, mem: u64::from(c.ngl) << 20 }
+        });
+        let (found, trials) = search(&mut w, &s, 80.0 * GIB, &p, Vec::new());
+        assert_eq!(found.decision.recommended_ngl, 0);
+        assert_eq!(found.threads, 8);
+        let tried: Vec<u32> =
+            trials.iter().filter(|t| t.role == Role::Threads).map(|t| t.result.spec.n_threads).collect();
+        assert_eq!(tried, [4, 8, 16], "2 was measured by the grid already");
+        assert!(
+            found.decision.reasons.iter().any(|r| r.contains("-t 8 is fastest there")),
+            "{:?}",
+            found.decision.reasons
+        );
+    }
+
+    #[test]
+    fn expert_offload_wins_when_every_layer_on_the_gpu_with_experts_on_the_cpu_is_faster() {
+        let s = settings(None, "grid", false);
+        let mut p = plan(5, vec![0, 5], true, 5);
+        p.is_moe = true;
+        // Whole layers: full offload (ngl 5) is over the 100 MiB cap, ngl 0 gives 10 t/s.
+        // Experts of K layers on the CPU at full offload: 60 MiB + 10 per layer kept, 40 - 5K t/s.
+        let mut w = World::new(|c| {
+            let (tg, mem) = match (c.ngl, c.n_cpu_moe) {
+                (5, 0) => (50.0, 200),
+                (5, k) => (40.0 - 5.0 * f64::from(k), 60 + 10 * u64::from(4 - k.min(4))),
+                (n, _) => (10.0 + f64::from(n), 20 * u64::from(n)),
+            };
+            Outcome::Ok { tg, pp: 100.0, mem: mem << 20 }
+        });
+        let (found, trials) = search(&mut w, &s, 100.0 * 1024.0 * 1024.0, &p, Vec::new());
+        let ks: Vec<u32> = trials.iter().filter(|t| t.role == Role::Moe).map(|t| t.result.spec.n_cpu_moe).collect();
+        assert_eq!(ks, [4, 3, 2, 1, 0], "most experts on the CPU first");
+        assert_eq!(found.n_cpu_moe, 1, "K=1: 35 t/s in 90 MiB; K=0 is over the cap");
+        assert!(found.decision.reasons.iter().any(|r| r.contains("--n-cpu-moe 1")), "{:?}", found.decision.reasons);
+        assert!(found.dense_ngl < 5, "Ollama still gets the best whole-layer split");
+    }
+}
