@@ -1,6 +1,6 @@
 //! Runs a parsed command line: validates input, calls the library, prints.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -11,7 +11,7 @@ use crate::cli::{
     Workload,
 };
 use crate::error::{bad, exit};
-use crate::model::{self, human_bytes, ModelInfo};
+use crate::model::{self, ModelInfo};
 
 /// Runs the command; returns the exit code.
 ///
@@ -106,28 +106,15 @@ pub fn parse_busy_threshold(s: &str) -> Result<f64> {
     })
 }
 
-fn cmd_tune(a: &TuneArgs) -> Result<i32> {
-    use crate::profile::Settings;
+/// The tuning settings the command line asks for, checked.
+fn tune_settings(a: &TuneArgs, info: &ModelInfo) -> Result<crate::profile::Settings> {
     use crate::tune::choose::Objective;
-    let target = crate::tune::parse_target(&a.target_vram)?;
-    let budget = a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?;
-    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
-    crate::profile::store::check_dir(&store)?;
-    let info = model::inspect(&a.model)?;
     let w = &a.workload;
-    let threads = check_workload(w, &info)?;
-    let grid = if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) };
-    if let Some(c) = &a.chart {
-        check_output_path(c, "--chart")?;
-    }
-    if let Some(m) = &a.write_modelfile {
-        check_output_path(m, "--write-modelfile")?;
-    }
-    let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
+    let threads = check_workload(w, info)?;
     let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
-    let settings = Settings {
-        target_vram: target,
-        vram_budget_bytes: budget,
+    Ok(crate::profile::Settings {
+        target_vram: crate::tune::parse_target(&a.target_vram)?,
+        vram_budget_bytes: a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?,
         n_ctx: w.ctx_size.unwrap_or(4096),
         n_prompt: w.n_prompt.unwrap_or(p),
         n_gen: w.n_gen.unwrap_or(n),
@@ -141,7 +128,7 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
             ObjectiveArg::Pp => Objective::Pp,
             ObjectiveArg::Mixed => Objective::Mixed,
         },
-        grid,
+        grid: if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) },
         quick: a.quick,
         no_skip: a.no_skip,
         trial_timeout_s: w.trial_timeout,
@@ -149,29 +136,40 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         search: a.search.clone(),
         busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
         op_offload: w.op_offload,
-    };
+    })
+}
+
+fn cmd_tune(a: &TuneArgs) -> Result<i32> {
+    crate::tune::parse_target(&a.target_vram)?;
+    a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?;
+    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    crate::profile::store::check_dir(&store)?;
+    let info = model::inspect(&a.model)?;
+    let settings = tune_settings(a, &info)?;
+    if let Some(c) = &a.chart {
+        check_output_path(c, "--chart")?;
+    }
+    if let Some(m) = &a.write_modelfile {
+        check_output_path(m, "--write-modelfile")?;
+    }
+    let req =
+        crate::tune::TuneRequest::new(info, settings, store)?.with_resume(a.resume).with_output(a.verbose, !a.quiet);
     crate::interrupt::install();
-    let opts =
-        crate::tune::TuneOptions { settings, store, resume: a.resume, verbose: a.verbose, progress: !a.quiet, devices };
     let _lock = crate::profile::lock::StoreLock::acquire(
-        &opts.store,
+        &req.store,
         &crate::probe::machine_id(),
         a.no_wait,
-        &format!("ngl-tune tune {}", info.file_name),
+        &format!("ngl-tune tune {}", req.info.file_name),
     )?;
-    let outcome = crate::tune::tune(&info, &opts)?;
+    let outcome = crate::tune::tune(&req)?;
     write_extras(&outcome.profile, a.chart.as_deref(), a.write_modelfile.as_deref())?;
     let mut out = std::io::stdout().lock();
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
     } else {
         // The noise warning belongs beside the numbers, in the report.
-        let notes: Vec<String> = outcome
-            .notes
-            .iter()
-            .filter(|n| !crate::report::REPORT_WARNINGS.iter().any(|w| n.starts_with(w)))
-            .cloned()
-            .collect();
+        let notes: Vec<String> =
+            outcome.notes.iter().filter(|n| crate::report::Warning::of(n).is_none()).cloned().collect();
         print_notes(&notes);
         write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
     }
@@ -180,16 +178,15 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
 }
 
 fn cmd_bench(a: &BenchArgs) -> Result<i32> {
+    let mut clock = crate::clock::Phases::from_env();
     let info = model::inspect(&a.model)?;
+    clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
     let threads = check_workload(&a.workload, &info)?;
-    let ngl = crate::ngl::parse_all(&a.ngl, "-ngl")?;
-    let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
     let w = &a.workload;
-    let n_cpu_moe = crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?;
     let opts = BenchOptions {
         model: a.model.clone(),
-        ngl,
-        n_cpu_moe,
+        ngl: crate::ngl::parse_all(&a.ngl, "-ngl")?,
+        n_cpu_moe: crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
         n_prompt: w.n_prompt.unwrap_or(512),
         n_gen: w.n_gen.unwrap_or(128),
         repetitions: w.repetitions.unwrap_or(5),
@@ -198,7 +195,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         n_ubatch: w.ubatch_size,
         n_ctx: w.ctx_size,
         flash_attn: w.flash_attn.value(),
-        op_offload: w.op_offload.resolve(crate::probe::only_software_offload(&devices)),
+        op_offload: w.op_offload,
         warmup: !w.no_warmup,
         timeout: Duration::from_secs(w.trial_timeout),
         sample_interval: Duration::from_millis(w.sample_interval_ms),
@@ -206,25 +203,45 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         verbose: a.verbose,
         progress: !a.quiet,
     };
-    let mut notes = crate::probe::hardware(devices.clone()).notes;
-    if w.op_offload == crate::engine::OpOffload::Auto && !opts.op_offload {
-        notes.push(crate::probe::op_offload_note(&devices));
-    }
-    print_notes(&notes);
-    let results = bench::run(&opts)?;
+    clock.lap("options");
+    // The first trial is the loadability check (its worker loads the model
+    // anyway), and its devices are the machine's: no separate child start.
+    let results = bench::run(&opts, |r| {
+        first_trial_says(&info, r)?;
+        let mut notes = crate::probe::hardware(r.devices.clone()).notes;
+        if w.op_offload == crate::engine::OpOffload::Auto && r.spec.op_offload == crate::engine::OpOffload::Off {
+            notes.push(crate::probe::op_offload_note(&r.devices));
+        }
+        print_notes(&notes);
+        Ok(())
+    })?;
+    clock.trials(&results);
     if let Some(n) = crate::report::busy_note(&results) {
         eprintln!("warning: {n}");
     }
     let rows = bench::rows(&info, &results, "");
-    let text = bench::render(a.output.as_str(), &rows, &info)?;
+    let text = bench::render(a.output, &rows, &info)?;
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()?;
+    clock.lap("rows and output");
+    clock.report();
     let failed = results.iter().filter(|r| r.status != crate::engine::TrialStatus::Ok).count();
     if failed > 0 {
         eprintln!("warning: {failed} of {} trials did not complete; their rows say why", results.len());
     }
     Ok(if failed == results.len() { exit::FAILURE } else { exit::OK })
+}
+
+/// A first trial whose worker could not load the model at all means
+/// llama.cpp cannot run it: bad input, said as the separate check says it.
+fn first_trial_says(info: &ModelInfo, r: &crate::engine::TrialResult) -> Result<()> {
+    let why = r.reason.as_deref().unwrap_or_default();
+    if r.status != crate::engine::TrialStatus::Failed || !why.starts_with("model load failed") {
+        return Ok(());
+    }
+    let arch = why.contains("unknown model architecture");
+    Err(crate::engine::child::cannot_load(info, why, arch))
 }
 
 fn print_notes(notes: &[String]) {
@@ -247,122 +264,14 @@ fn print_json_or_text(json: bool, value: &impl serde::Serialize, text: impl FnOn
 
 fn cmd_inspect(a: &InspectArgs) -> Result<i32> {
     let info = model::inspect(&a.model)?;
-    print_json_or_text(a.json, &info, || render_inspect(&info))
-}
-
-/// Human-readable `inspect` output.
-#[must_use]
-pub fn render_inspect(m: &ModelInfo) -> String {
-    let mut s = String::new();
-    let per_layer = if m.layer_bytes.is_empty() { 0 } else { m.total_layer_bytes() / m.layer_bytes.len() as u64 };
-    let (min, max) =
-        (m.layer_bytes.iter().min().copied().unwrap_or(0), m.layer_bytes.iter().max().copied().unwrap_or(0));
-    let types: Vec<String> = m.bytes_by_type.iter().map(|(t, b)| format!("{t} {}", human_bytes(*b))).collect();
-    s += &format!("model          {}\n", m.path.display());
-    if let Some(n) = &m.name {
-        s += &format!("name           {n}\n");
-    }
-    s += &format!("architecture   {}\n", m.architecture);
-    s += &format!(
-        "layers         {} repeating + output = {} (full offload: -ngl {})\n",
-        m.n_layer, m.n_layer_full, m.n_layer_full
-    );
-    s += &format!("file size      {} ({} bytes)\n", human_bytes(m.file_size), m.file_size);
-    s += &format!("parameters     {} ({})\n", model::human_params(m.n_params), m.n_params);
-    s += &format!("quantization   {}  [{}]\n", m.quantization, types.join(", "));
-    s += &format!("per layer      {} average ({} .. {})\n", human_bytes(per_layer), human_bytes(min), human_bytes(max));
-    s += &format!(
-        "output layer   {}{}\n",
-        human_bytes(m.output_bytes),
-        if m.output_tied {
-            " (output_norm only: the output weight is tied to token_embd, which stays on the CPU)"
-        } else {
-            ""
-        }
-    );
-    s += &format!("token_embd     {} (stays on the CPU)\n", human_bytes(m.token_embd_bytes));
-    s += &format!("all offloaded  {}\n", human_bytes(m.offloaded_bytes(m.n_layer_full)));
-    if m.is_moe() {
-        s += &format!(
-            "experts        {} per layer, {} used per token (mixture of experts)\n",
-            m.n_expert, m.n_expert_used
-        );
-    } else {
-        s += "experts        none (dense)\n";
-    }
-    s += &format!("context        {} tokens trained\n", m.ctx_train);
-    s += &format!(
-        "dims           n_embd {}, n_head {}, n_head_kv {}, n_vocab {}\n",
-        m.n_embd, m.n_head, m.n_head_kv, m.n_vocab
-    );
-    s += &format!("identity       sha256 of first 16 MiB {}\n", m.sha256_16m);
-    s
+    print_json_or_text(a.json, &info, || crate::report::render_inspect(&info))
 }
 
 fn cmd_hw(a: &HwArgs) -> Result<i32> {
     let exe = std::env::current_exe()?;
     let devices = crate::engine::child::devices(&exe)?;
     let hw = crate::probe::hardware(devices);
-    print_json_or_text(a.json, &hw, || render_hw(&hw))
-}
-
-/// Human-readable `hw` output.
-#[must_use]
-pub fn render_hw(hw: &crate::probe::Hardware) -> String {
-    let mut s = String::new();
-    s += &format!("machine      {} (fingerprint {})\n", hw.machine_id, hw.fingerprint);
-    s += &format!("os           {}, kernel {}\n", hw.os, hw.kernel);
-    s += &format!(
-        "cpu          {}, {} physical / {} logical cores\n",
-        hw.cpu.brand, hw.cpu.physical_cores, hw.cpu.logical_cores
-    );
-    s += &format!("ram          {} total, {} available", human_bytes(hw.ram.total), human_bytes(hw.ram.available));
-    if let Some(l) = hw.ram.cgroup_limit {
-        s += &format!(", cgroup limit {}", human_bytes(l));
-    }
-    s += "\n";
-    s += &format!("llama.cpp    {}, backends {}\n", hw.llama_cpp_revision, hw.backends.join(", "));
-    s += "devices      (llama.cpp)\n";
-    for d in &hw.llama_devices {
-        s += &format!(
-            "  {:<2} {:<10} {:<7} {:<5} {}  total {}, free {}\n",
-            d.index,
-            d.name,
-            d.backend,
-            d.kind,
-            d.description,
-            human_bytes(d.memory_total),
-            human_bytes(d.memory_free)
-        );
-    }
-    if hw.gpus.is_empty() {
-        s += &format!("gpus (NVML)  none: {}\n", hw.nvml.as_deref().unwrap_or("NVML reports no devices"));
-    } else {
-        s += "gpus (NVML)\n";
-        for g in &hw.gpus {
-            let opt = |v: Option<u32>| v.map_or("?".to_string(), |x| x.to_string());
-            s += &format!(
-                "  {} {} {}  driver {}  memory {} (free {})  PCIe gen {}/{} x{}/{}  bus {} bit, mem clock {} MHz, {} GB/s\n",
-                g.index,
-                g.name,
-                g.uuid,
-                g.driver_version.as_deref().unwrap_or("?"),
-                g.memory_total.map_or("?".into(), human_bytes),
-                g.memory_free.map_or("?".into(), human_bytes),
-                opt(g.pcie_gen_current),
-                opt(g.pcie_gen_max),
-                opt(g.pcie_width_current),
-                opt(g.pcie_width_max),
-                opt(g.memory_bus_width_bits),
-                opt(g.memory_clock_max_mhz),
-                g.bandwidth_gbs.map_or("?".into(), |b| format!("{b:.0}"))
-            );
-        }
-    }
-    for n in &hw.notes {
-        s += &format!("note: {n}\n");
-    }
-    s
+    print_json_or_text(a.json, &hw, || crate::report::render_hw(&hw))
 }
 
 /// Refuses an output path that is a directory, a FIFO or a device, or whose
@@ -398,7 +307,7 @@ fn write_extras(
 /// # Errors
 /// `BadInput` when there is none or it is not a profile.
 pub fn load_profile(source: &std::path::Path, store: Option<&std::path::Path>) -> Result<crate::profile::Profile> {
-    crate::profile::store::read_profile(&resolve_profile_path(source, store)?)
+    crate::profile::store::read_profile(&crate::profile::store::resolve(source, store)?)
 }
 
 fn cmd_emit(a: &EmitArgs) -> Result<i32> {
@@ -510,7 +419,7 @@ struct Version {
 
 fn cmd_history(a: &HistoryArgs) -> Result<i32> {
     use crate::profile::store;
-    let current_path = resolve_profile_path(&a.source, a.profiles.as_deref())?;
+    let current_path = crate::profile::store::resolve(&a.source, a.profiles.as_deref())?;
     let current = store::read_profile(&current_path)?;
     let store_dir =
         current_path.parent().and_then(std::path::Path::parent).map(std::path::Path::to_path_buf).unwrap_or_default();
@@ -561,31 +470,6 @@ fn cmd_history(a: &HistoryArgs) -> Result<i32> {
         )?;
     }
     Ok(exit::OK)
-}
-
-/// The profile file for a model (this machine, in the store) or a profile path.
-fn resolve_profile_path(source: &std::path::Path, store: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
-    use crate::profile::store as st;
-    let mut head = [0u8; 4];
-    let is_gguf = crate::fsio::open_regular(source, "pass a profile (.json) or a model (.gguf)")?
-        .read_exact(&mut head)
-        .is_ok_and(|()| &head == crate::gguf::MAGIC);
-    if !is_gguf {
-        return Ok(source.to_path_buf());
-    }
-    let info = model::inspect(source)?;
-    let identity = crate::profile::ModelIdentity::of(&info);
-    let dir = store.map_or_else(st::default_dir, std::path::Path::to_path_buf);
-    let path = st::profile_path(&dir, &crate::probe::machine_id(), &identity);
-    if !path.exists() {
-        return Err(bad(format!(
-            "no profile of {} for this machine in {}; tune it first: ngl-tune {}",
-            info.file_name,
-            dir.display(),
-            source.display()
-        )));
-    }
-    Ok(path)
 }
 
 #[derive(Debug, serde::Serialize)]

@@ -28,7 +28,8 @@ pub struct BenchOptions {
     pub n_ubatch: u32,
     pub n_ctx: Option<u32>,
     pub flash_attn: i8,
-    pub op_offload: bool,
+    /// As asked; the worker resolves auto from its devices.
+    pub op_offload: crate::types::OpOffload,
     pub warmup: bool,
     pub timeout: Duration,
     pub sample_interval: Duration,
@@ -77,11 +78,13 @@ impl BenchOptions {
 }
 
 /// Runs every ngl value in its own worker; a failed worker is a failed row,
-/// never a lost sweep.
+/// never a lost sweep. `first` sees the first trial before anything about
+/// it is printed: it is also the check that llama.cpp can load the model
+/// (an error there ends the run as bad input).
 ///
 /// # Errors
-/// Only when a worker cannot be started at all.
-pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
+/// When a worker cannot be started at all, or what `first` returns.
+pub fn run(opts: &BenchOptions, mut first: impl FnMut(&TrialResult) -> Result<()>) -> Result<Vec<TrialResult>> {
     let runner = Runner::current(opts.timeout, opts.verbose)?
         .with_sample_interval(opts.sample_interval)
         .with_busy_threshold(opts.busy_threshold);
@@ -105,6 +108,9 @@ pub fn run(opts: &BenchOptions) -> Result<Vec<TrialResult>> {
         for &k in &moe {
             bar.set_message(format!("ngl {ngl}"));
             let r = runner.run_settled(&opts.spec(ngl, k), |_| {})?;
+            if results.is_empty() {
+                first(&r)?;
+            }
             if let Some(tg) = r.test(false) {
                 bar.println(format!("ngl {ngl}: tg {:.2} t/s", tg.avg_ts));
             } else if r.status != TrialStatus::Ok {
@@ -166,7 +172,7 @@ pub struct Row {
     pub model_device_bytes: u64,
     /// "nvml" or "ggml" when a trustworthy sampler measured device memory,
     /// "accounted" when only llama.cpp's own accounting is available.
-    pub memory_source: &'static str,
+    pub memory_source: crate::types::Source,
     /// Peak device memory in use (all processes) while the trial ran.
     pub sampled_peak_device_bytes: Option<u64>,
     pub sampled_device_total_bytes: Option<u64>,
@@ -231,13 +237,13 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             layers_total: r.layers_total,
             accounted_device_bytes: r.accounted_device_bytes(),
             model_device_bytes: r.device_model_bytes(),
-            memory_source: peak.map_or("accounted", |m| if m.source == "nvml" { "nvml" } else { "ggml" }),
+            memory_source: peak.map_or(crate::types::Source::Accounted, |m| m.source),
             sampled_peak_device_bytes: peak.map(|m| m.peak_used),
             sampled_device_total_bytes: peak.map(|m| m.total),
             sampled_device_share: peak.map(|m| m.peak_share()),
             sampled_peak_pid_bytes: peak.and_then(|m| m.peak_pid_used),
             peak_host_rss_bytes: r.peak_host_rss(),
-            no_op_offload: u8::from(!s.op_offload),
+            no_op_offload: u8::from(s.op_offload == crate::types::OpOffload::Off),
             others_cpu_cores: r.contention.as_ref().map(|c| c.others_cores_mean),
             contended: r.contended(),
         };
@@ -276,46 +282,49 @@ fn test_name(r: &Row) -> String {
 /// llama-bench's markdown table, with ngl-tune's offload and status columns.
 #[must_use]
 pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
-    let mut lines = vec![
-        "| model | size | params | backend | threads | ngl | offloaded | dev mem | host RSS | test | t/s | status |"
-            .to_string(),
-        "| ----- | ---: | -----: | ------- | ------: | --: | --------: | ------: | -------: | ---- | --: | ------ |"
-            .to_string(),
-    ];
+    let mut t = crate::table::Table::new(&[
+        ("model", false),
+        ("size", true),
+        ("params", true),
+        ("backend", false),
+        ("threads", true),
+        ("ngl", true),
+        ("offloaded", true),
+        ("dev mem", true),
+        ("host RSS", true),
+        ("test", false),
+        ("t/s", true),
+        ("status", false),
+    ]);
     for r in rows {
-        let ts = match (r.avg_ts, r.stddev_ts) {
-            (Some(a), Some(s)) => format!("{a:.2} ± {s:.2}"),
-            _ => "-".to_string(),
-        };
         let off = match (r.layers_offloaded, r.layers_total) {
             (Some(a), Some(b)) => format!("{a}/{b}"),
             _ => "-".to_string(),
         };
         let status = match &r.reason {
-            Some(why) if r.status != "ok" => format!("{}: {}", r.status, why.replace('|', "/")),
+            Some(why) if r.status != "ok" => format!("{}: {why}", r.status),
             _ => r.status.to_string(),
         };
         let dev = match (r.sampled_peak_device_bytes, r.sampled_device_share) {
             (Some(b), Some(share)) => format!("{} ({:.0}%)", human_bytes(b), share * 100.0),
             _ => format!("{} acc.", human_bytes(r.accounted_device_bytes)),
         };
-        lines.push(format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        t.row(vec![
             model.model_type(),
             human_bytes(r.model_size),
             human_params(r.model_n_params),
-            r.backends,
-            r.n_threads,
-            r.n_gpu_layers,
+            r.backends.clone(),
+            r.n_threads.to_string(),
+            r.n_gpu_layers.to_string(),
             off,
             dev,
             r.peak_host_rss_bytes.map_or("-".to_string(), human_bytes),
             test_name(r),
-            ts,
-            status
-        ));
+            crate::table::speed_cell(r.avg_ts, r.stddev_ts, r.samples_ts.len()),
+            status,
+        ]);
     }
-    lines.join("\n") + "\n"
+    t.render()
 }
 
 fn csv_field(s: &str) -> String {
@@ -358,10 +367,11 @@ pub fn to_csv(rows: &[Row]) -> Result<String> {
 ///
 /// # Errors
 /// Serialization errors.
-pub fn render(format: &str, rows: &[Row], model: &ModelInfo) -> Result<String> {
+pub fn render(format: crate::cli::OutputFormat, rows: &[Row], model: &ModelInfo) -> Result<String> {
+    use crate::cli::OutputFormat;
     Ok(match format {
-        "json" => serde_json::to_string_pretty(rows)? + "\n",
-        "jsonl" => {
+        OutputFormat::Json => serde_json::to_string_pretty(rows)? + "\n",
+        OutputFormat::Jsonl => {
             let mut s = String::new();
             for r in rows {
                 s.push_str(&serde_json::to_string(r)?);
@@ -369,7 +379,7 @@ pub fn render(format: &str, rows: &[Row], model: &ModelInfo) -> Result<String> {
             }
             s
         }
-        "csv" => to_csv(rows)?,
-        _ => to_markdown(rows, model),
+        OutputFormat::Csv => to_csv(rows)?,
+        OutputFormat::Md => to_markdown(rows, model),
     })
 }

@@ -48,6 +48,69 @@ pub fn parse_rfc3339(s: &str) -> Option<u64> {
     u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
 }
 
+/// Where a run's wall time went, printed on stderr when `NGL_TUNE_TIMINGS`
+/// is set (`scripts/bench-overhead` reads it); silent otherwise.
+pub struct Phases {
+    on: bool,
+    started: std::time::Instant,
+    last: std::time::Instant,
+    lines: Vec<(String, f64)>,
+    /// Load and measurement inside the workers (the work itself).
+    work_ms: f64,
+}
+
+impl Phases {
+    #[must_use]
+    pub fn from_env() -> Phases {
+        let now = std::time::Instant::now();
+        Phases {
+            on: std::env::var_os("NGL_TUNE_TIMINGS").is_some(),
+            started: now,
+            last: now,
+            lines: Vec::new(),
+            work_ms: 0.0,
+        }
+    }
+
+    /// Ends a phase named `what`.
+    pub fn lap(&mut self, what: &str) {
+        let now = std::time::Instant::now();
+        self.lines.push((what.to_string(), now.duration_since(self.last).as_secs_f64() * 1e3));
+        self.last = now;
+    }
+
+    /// Ends the trials' phase, split into what each worker did.
+    pub fn trials(&mut self, results: &[crate::types::TrialResult]) {
+        let now = std::time::Instant::now();
+        let total = now.duration_since(self.last).as_secs_f64() * 1e3;
+        for t in results.iter().filter_map(|r| r.timings.map(|t| (r.wall_ms, t))) {
+            let (wall, w) = t;
+            self.lines.push(("trial: worker process start and exit".into(), wall - w.worker_ms));
+            self.lines.push(("trial: backend start in the worker".into(), w.init_ms));
+            self.lines.push(("trial: model load".into(), w.load_ms));
+            self.lines.push(("trial: measurement (contexts, warm-ups, repetitions)".into(), w.measure_ms));
+            self.work_ms += w.load_ms + w.measure_ms;
+        }
+        let said: f64 = results.iter().map(|r| r.wall_ms).sum();
+        self.lines.push(("trial: runner around the workers".into(), (total - said).max(0.0)));
+        self.last = now;
+    }
+
+    pub fn report(&self) {
+        if !self.on {
+            return;
+        }
+        for (what, ms) in &self.lines {
+            eprintln!("timing: {ms:8.1} ms  {what}");
+        }
+        let total = self.started.elapsed().as_secs_f64() * 1e3;
+        eprintln!(
+            "timing: {total:8.1} ms  total since main; outside load and measurement: {:.1} ms",
+            total - self.work_ms
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,5 +20,6 @@ pub mod report;
 pub mod reprofile;
 pub mod stats;
 pub mod synth;
+pub mod table;
 pub mod tune;
 pub mod types;

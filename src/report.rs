@@ -9,72 +9,122 @@ use crate::model::human_bytes;
 use crate::profile::Profile;
 
 fn ts(test: Option<&crate::engine::TestResult>) -> String {
-    match test {
-        None => "-".to_string(),
-        // One sample has no spread to show.
-        Some(x) if x.samples_ns.len() < 2 => format!("{:.2}", x.avg_ts),
-        Some(x) => format!("{:.2} ± {:.2}", x.avg_ts, x.stddev_ts),
-    }
+    test.map_or_else(
+        || "-".to_string(),
+        |x| crate::table::speed_cell(Some(x.avg_ts), Some(x.stddev_ts), x.samples_ns.len()),
+    )
 }
 
 /// The trial table: ngl, pp and tg t/s ± sd, peak device memory and share, status.
 #[must_use]
 pub fn trial_table(p: &Profile) -> String {
-    let mut s = String::new();
-    let mem_head = if p.memory.source == "accounted" { "device memory (accounted)" } else { "peak device memory" };
-    let _ = writeln!(s, "| ngl | threads | pp t/s | tg t/s | {mem_head} | status |");
-    let _ = writeln!(s, "| --: | ------: | -----: | -----: | ---: | ------ |");
-    let mut rows: Vec<_> = p.trials.iter().collect();
-    rows.sort_by_key(|t| (t.result.spec.n_gpu_layers, t.result.spec.n_threads));
-    for t in rows {
-        let r = &t.result;
-        let (pp, tg) = (r.test(true), r.test(false));
-        let mem = match (t.device_peak_bytes, t.device_share) {
+    let mem_head = if p.memory.source == crate::types::Source::Accounted {
+        "device memory (accounted)"
+    } else {
+        "peak device memory"
+    };
+    let mut t = crate::table::Table::new(&[
+        ("ngl", true),
+        ("threads", true),
+        ("pp t/s", true),
+        ("tg t/s", true),
+        (mem_head, true),
+        ("status", false),
+    ]);
+    let mut trials: Vec<_> = p.trials.iter().collect();
+    trials.sort_by_key(|t| (t.result.spec.n_gpu_layers, t.result.spec.n_threads));
+    for tr in trials {
+        let r = &tr.result;
+        let mem = match (tr.device_peak_bytes, tr.device_share) {
             (Some(b), Some(sh)) if r.status == TrialStatus::Ok || b > 0 => {
                 format!("{} ({:.1}%)", human_bytes(b), sh * 100.0)
             }
             (Some(b), None) => human_bytes(b),
             _ => "-".to_string(),
         };
-        let mut status = r.status.as_str().to_string();
-        if t.over_cap {
-            status.push_str(", over cap");
-        }
-        if t.role == crate::types::Role::Confirm {
-            status.push_str(" (confirmation)");
-        }
-        if let Some(c) = r.contention.as_ref().filter(|c| c.contended) {
-            let _ = write!(status, ", contended (others {:.2} cores)", c.others_cores_mean);
-        }
-        if r.tests.iter().any(|x| x.stopped_early) {
-            status.push_str(", cut short: far behind the best");
-        }
-        if t.role == crate::types::Role::Moe {
-            status.push_str(&format!(" (--n-cpu-moe {})", r.spec.n_cpu_moe));
-        }
-        if let Some(why) = r.reason.as_deref().filter(|_| r.status != TrialStatus::Ok) {
-            let _ = write!(status, ": {}", why.replace('|', "/"));
-        }
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} |",
-            r.spec.n_gpu_layers,
-            r.spec.n_threads,
-            ts(pp),
-            ts(tg),
+        t.row(vec![
+            r.spec.n_gpu_layers.to_string(),
+            r.spec.n_threads.to_string(),
+            ts(r.test(true)),
+            ts(r.test(false)),
             mem,
-            status
-        );
+            status_words(tr),
+        ]);
     }
     for n in &p.skipped {
-        let _ = writeln!(s, "| {n} | - | - | - | - | skipped: a smaller ngl ran out of memory |");
+        t.row(
+            [
+                n.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "skipped: a smaller ngl ran out of memory".into(),
+            ]
+            .to_vec(),
+        );
     }
-    s
+    t.render()
+}
+
+/// A trial's status in words: how it ended, over the cap, why it ran,
+/// whether it was cut short or contended, and why it failed.
+fn status_words(t: &crate::profile::ProfileTrial) -> String {
+    let r = &t.result;
+    let mut status = r.status.as_str().to_string();
+    if t.over_cap {
+        status.push_str(", over cap");
+    }
+    if t.role == crate::types::Role::Confirm {
+        status.push_str(" (confirmation)");
+    }
+    if r.tests.iter().any(|x| x.stopped_early) {
+        status.push_str(", cut short: far behind the best");
+    }
+    if let Some(c) = r.contention.as_ref().filter(|c| c.contended) {
+        let _ = write!(status, ", contended (others {:.2} cores)", c.others_cores_mean);
+    }
+    if t.role == crate::types::Role::Moe {
+        let _ = write!(status, " (--n-cpu-moe {})", r.spec.n_cpu_moe);
+    }
+    if let Some(why) = r.reason.as_deref().filter(|_| r.status != TrialStatus::Ok) {
+        let _ = write!(status, ": {why}");
+    }
+    status
 }
 
 /// Notes the report prints as warnings beside the numbers (the tuner
 /// leaves them out of its list of notes printed before the report).
-pub const REPORT_WARNINGS: [&str; 3] = ["noisy measurement", "busy machine", "more threads than free cores"];
+/// Profiles keep notes as words; a warning is a note that begins with its kind's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warning {
+    /// Repetitions varied by more than 10%.
+    Noisy,
+    /// Trials ran while other processes took the machine.
+    Busy,
+    /// A trial asked for more threads than there were free cores.
+    Threads,
+}
+
+impl Warning {
+    const ALL: [Warning; 3] = [Warning::Noisy, Warning::Busy, Warning::Threads];
+
+    /// The words a note of this kind begins with.
+    #[must_use]
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Warning::Noisy => "noisy measurement",
+            Warning::Busy => "busy machine",
+            Warning::Threads => "more threads than free cores",
+        }
+    }
+
+    /// The kind of warning a note is, if it is one.
+    #[must_use]
+    pub fn of(note: &str) -> Option<Warning> {
+        Self::ALL.into_iter().find(|w| note.starts_with(w.prefix()))
+    }
+}
 
 /// One plain line per finished trial, for logs without a terminal (CI,
 /// nohup, the journal): the setting, what it measured, how long it took,
@@ -149,7 +199,8 @@ pub fn busy_note<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Opti
             format!("; the GPU was {u}% busy before trials, with pid {} on it", pids.join(", "))
         });
     Some(format!(
-        "busy machine: {} of {} trials ran while other processes used more CPU than the threshold (up to {worst:.2} of {cores} cores), also when measured again after a pause; {who}{gpu}. Their speeds are lower than this machine gives when idle, so the recommendation's confidence is low: re-run when the machine is idle",
+        "{}: {} of {} trials ran while other processes used more CPU than the threshold (up to {worst:.2} of {cores} cores), also when measured again after a pause; {who}{gpu}. Their speeds are lower than this machine gives when idle, so the recommendation's confidence is low: re-run when the machine is idle",
+        Warning::Busy.prefix(),
         busy.len(),
         all.len()
     ))
@@ -168,8 +219,12 @@ pub fn threads_note<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> O
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let fits = (free.floor() as u32).max(1);
     Some(format!(
-        "more threads than free cores: -t {} at ngl {} had about {free:.1} of {} cores to itself (others used {:.1}); llama.cpp's threads then wait on each other and every speed drops: on a shared machine use -t {fits}, or stop the other work",
-        r.spec.n_threads, r.spec.n_gpu_layers, c.logical_cores, c.others_cores_mean
+        "{}: -t {} at ngl {} had about {free:.1} of {} cores to itself (others used {:.1}); llama.cpp's threads then wait on each other and every speed drops: on a shared machine use -t {fits}, or stop the other work",
+        Warning::Threads.prefix(),
+        r.spec.n_threads,
+        r.spec.n_gpu_layers,
+        c.logical_cores,
+        c.others_cores_mean
     ))
 }
 
@@ -198,7 +253,7 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     for n in &d.fit_notes {
         let _ = writeln!(s, "note: {n}");
     }
-    for n in p.notes.iter().filter(|n| REPORT_WARNINGS.iter().any(|w| n.starts_with(w))) {
+    for n in p.notes.iter().filter(|n| Warning::of(n).is_some()) {
         let _ = writeln!(s, "warning: {n}");
     }
     if let Some(pr) = &p.prediction {
@@ -296,6 +351,114 @@ fn paste_lines(p: &Profile, path: &Path) -> String {
     s
 }
 
+/// Human-readable `inspect` output.
+#[must_use]
+pub fn render_inspect(m: &crate::model::ModelInfo) -> String {
+    let mut s = String::new();
+    let per_layer = if m.layer_bytes.is_empty() { 0 } else { m.total_layer_bytes() / m.layer_bytes.len() as u64 };
+    let (min, max) =
+        (m.layer_bytes.iter().min().copied().unwrap_or(0), m.layer_bytes.iter().max().copied().unwrap_or(0));
+    let types: Vec<String> = m.bytes_by_type.iter().map(|(t, b)| format!("{t} {}", human_bytes(*b))).collect();
+    s += &format!("model          {}\n", m.path.display());
+    if let Some(n) = &m.name {
+        s += &format!("name           {n}\n");
+    }
+    s += &format!("architecture   {}\n", m.architecture);
+    s += &format!(
+        "layers         {} repeating + output = {} (full offload: -ngl {})\n",
+        m.n_layer, m.n_layer_full, m.n_layer_full
+    );
+    s += &format!("file size      {} ({} bytes)\n", human_bytes(m.file_size), m.file_size);
+    s += &format!("parameters     {} ({})\n", crate::model::human_params(m.n_params), m.n_params);
+    s += &format!("quantization   {}  [{}]\n", m.quantization, types.join(", "));
+    s += &format!("per layer      {} average ({} .. {})\n", human_bytes(per_layer), human_bytes(min), human_bytes(max));
+    s += &format!(
+        "output layer   {}{}\n",
+        human_bytes(m.output_bytes),
+        if m.output_tied {
+            " (output_norm only: the output weight is tied to token_embd, which stays on the CPU)"
+        } else {
+            ""
+        }
+    );
+    s += &format!("token_embd     {} (stays on the CPU)\n", human_bytes(m.token_embd_bytes));
+    s += &format!("all offloaded  {}\n", human_bytes(m.offloaded_bytes(m.n_layer_full)));
+    if m.is_moe() {
+        s += &format!(
+            "experts        {} per layer, {} used per token (mixture of experts)\n",
+            m.n_expert, m.n_expert_used
+        );
+    } else {
+        s += "experts        none (dense)\n";
+    }
+    s += &format!("context        {} tokens trained\n", m.ctx_train);
+    s += &format!(
+        "dims           n_embd {}, n_head {}, n_head_kv {}, n_vocab {}\n",
+        m.n_embd, m.n_head, m.n_head_kv, m.n_vocab
+    );
+    s += &format!("identity       sha256 of first 16 MiB {}\n", m.sha256_16m);
+    s
+}
+
+/// Human-readable `hw` output.
+#[must_use]
+pub fn render_hw(hw: &crate::probe::Hardware) -> String {
+    let mut s = String::new();
+    s += &format!("machine      {} (fingerprint {})\n", hw.machine_id, hw.fingerprint);
+    s += &format!("os           {}, kernel {}\n", hw.os, hw.kernel);
+    s += &format!(
+        "cpu          {}, {} physical / {} logical cores\n",
+        hw.cpu.brand, hw.cpu.physical_cores, hw.cpu.logical_cores
+    );
+    s += &format!("ram          {} total, {} available", human_bytes(hw.ram.total), human_bytes(hw.ram.available));
+    if let Some(l) = hw.ram.cgroup_limit {
+        s += &format!(", cgroup limit {}", human_bytes(l));
+    }
+    s += "\n";
+    s += &format!("llama.cpp    {}, backends {}\n", hw.llama_cpp_revision, hw.backends.join(", "));
+    s += "devices      (llama.cpp)\n";
+    for d in &hw.llama_devices {
+        s += &format!(
+            "  {:<2} {:<10} {:<7} {:<5} {}  total {}, free {}\n",
+            d.index,
+            d.name,
+            d.backend,
+            d.kind,
+            d.description,
+            human_bytes(d.memory_total),
+            human_bytes(d.memory_free)
+        );
+    }
+    if hw.gpus.is_empty() {
+        s += &format!("gpus (NVML)  none: {}\n", hw.nvml.as_deref().unwrap_or("NVML reports no devices"));
+    } else {
+        s += "gpus (NVML)\n";
+        for g in &hw.gpus {
+            let opt = |v: Option<u32>| v.map_or("?".to_string(), |x| x.to_string());
+            s += &format!(
+                "  {} {} {}  driver {}  memory {} (free {})  PCIe gen {}/{} x{}/{}  bus {} bit, mem clock {} MHz, {} GB/s\n",
+                g.index,
+                g.name,
+                g.uuid,
+                g.driver_version.as_deref().unwrap_or("?"),
+                g.memory_total.map_or("?".into(), human_bytes),
+                g.memory_free.map_or("?".into(), human_bytes),
+                opt(g.pcie_gen_current),
+                opt(g.pcie_gen_max),
+                opt(g.pcie_width_current),
+                opt(g.pcie_width_max),
+                opt(g.memory_bus_width_bits),
+                opt(g.memory_clock_max_mhz),
+                g.bandwidth_gbs.map_or("?".into(), |b| format!("{b:.0}"))
+            );
+        }
+    }
+    for n in &hw.notes {
+        s += &format!("note: {n}\n");
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,7 +473,7 @@ mod tests {
         let mut p = example();
         let out = tune_report(&p, Path::new("x.json"));
         assert!(!out.contains("minus llama.cpp's prediction"), "accounted memory has no gap: {out}");
-        p.memory.source = "nvml".into();
+        p.memory.source = crate::types::Source::Nvml;
         let gaps = [300i64 << 20, 512 << 20, 420 << 20];
         for (t, g) in p.trials.iter_mut().zip(gaps) {
             t.sampled_minus_predicted_bytes = Some(g);

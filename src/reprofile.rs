@@ -560,17 +560,10 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
     if settings.n_threads == 0 {
         settings.n_threads = crate::bench::default_threads();
     }
-    // The same check the command line makes: a model this llama.cpp cannot load is no re-tune.
-    let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
-    let t = crate::tune::TuneOptions {
-        settings,
-        store: opts.store.clone(),
-        resume: false,
-        verbose: opts.verbose,
-        progress: opts.progress,
-        devices,
-    };
-    Ok(crate::tune::tune(&info, &t)?.profile)
+    // The same checks as the command line's: a model this llama.cpp cannot load is no re-tune.
+    let req =
+        crate::tune::TuneRequest::new(info, settings, opts.store.clone())?.with_output(opts.verbose, opts.progress);
+    Ok(crate::tune::tune(&req)?.profile)
 }
 
 /// Holm's step-down correction: which of `ps` stay significant at `alpha`

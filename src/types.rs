@@ -68,10 +68,12 @@ pub struct TrialSpec {
     #[serde(default)]
     pub n_cpu_moe: u32,
     /// Offload host tensor operations (large-batch matrix products of
-    /// layers on the CPU) to the device: llama.cpp's default, and its
-    /// `--no-op-offload` when false.
-    #[serde(default = "yes", skip_serializing_if = "is_true")]
-    pub op_offload: bool,
+    /// layers on the CPU) to the device: llama.cpp's default (on), its
+    /// `--no-op-offload` (off), or auto, which the worker resolves from its
+    /// devices (off where every offload device runs on the CPU). A result's
+    /// spec says what was used.
+    #[serde(default = "op_on", skip_serializing_if = "is_op_on")]
+    pub op_offload: OpOffload,
     /// Cut the trial short where it is clearly losing (adaptive search).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub race: Option<Race>,
@@ -107,6 +109,15 @@ impl Race {
 
 fn default_interval() -> u64 {
     20
+}
+
+fn op_on() -> OpOffload {
+    OpOffload::On
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_op_on(o: &OpOffload) -> bool {
+    *o == OpOffload::On
 }
 
 pub(crate) fn yes() -> bool {
@@ -286,6 +297,23 @@ pub struct TrialResult {
     /// What other processes took from the machine while the trial ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contention: Option<Contention>,
+    /// Where the worker's time went (only with `NGL_TUNE_TIMINGS` set:
+    /// `scripts/bench-overhead`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<WorkerTimings>,
+}
+
+/// Where a worker's time went, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WorkerTimings {
+    /// llama.cpp's backend start (device discovery).
+    pub init_ms: f64,
+    /// Loading the model.
+    pub load_ms: f64,
+    /// Contexts, warm-ups and the timed repetitions.
+    pub measure_ms: f64,
+    /// From the worker's main to its result line.
+    pub worker_ms: f64,
 }
 
 impl TrialResult {
@@ -314,9 +342,9 @@ impl TrialResult {
     /// Empty when no trustworthy sampler exists (accounted memory applies).
     #[must_use]
     pub fn sampled_devices(&self) -> Vec<&MemoryStats> {
-        let nvml: Vec<&MemoryStats> = self.sampled.iter().filter(|m| m.source == "nvml").collect();
+        let nvml: Vec<&MemoryStats> = self.sampled.iter().filter(|m| m.source == Source::Nvml).collect();
         if nvml.is_empty() {
-            self.sampled.iter().filter(|m| m.source == "ggml").collect()
+            self.sampled.iter().filter(|m| m.source == Source::Ggml).collect()
         } else {
             nvml
         }
@@ -332,7 +360,7 @@ impl TrialResult {
     /// Peak resident memory of the worker process.
     #[must_use]
     pub fn peak_host_rss(&self) -> Option<u64> {
-        self.sampled.iter().find(|m| m.source == "host").and_then(|m| m.peak_pid_used)
+        self.sampled.iter().find(|m| m.source == Source::Host).and_then(|m| m.peak_pid_used)
     }
 
     #[must_use]
@@ -359,6 +387,7 @@ impl TrialResult {
             sampled: Vec::new(),
             devices: Vec::new(),
             contention: None,
+            timings: None,
         }
     }
 }
@@ -386,10 +415,51 @@ pub fn is_device_buffer_type(name: &str) -> bool {
     !(name.starts_with("CPU") || name.ends_with("_Host") || name.is_empty())
 }
 
+/// Where a memory figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// NVIDIA's management library: device-wide and per process.
+    Nvml,
+    /// llama.cpp's device free/total (devices with a memory budget).
+    Ggml,
+    /// The machine's RAM and the worker's resident set.
+    Host,
+    /// What llama.cpp itself allocated, from its log.
+    Accounted,
+    /// No GPU device: nothing to measure.
+    None,
+}
+
+impl Source {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Nvml => "nvml",
+            Source::Ggml => "ggml",
+            Source::Host => "host",
+            Source::Accounted => "accounted",
+            Source::None => "none",
+        }
+    }
+
+    /// A sampler that sees what the device holds (not llama.cpp's own accounting).
+    #[must_use]
+    pub fn is_sampled(self) -> bool {
+        matches!(self, Source::Nvml | Source::Ggml)
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Baseline, peak and mean of one device over a trial.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryStats {
-    pub source: String,
+    pub source: Source,
     pub device: String,
     pub total: u64,
     /// Used before the trial started.

@@ -32,6 +32,8 @@ fn only_profile(store: &Path) -> serde_json::Value {
 
 #[test]
 fn hw_reads_an_nvidia_gpu_through_nvml() {
+    // The double lists every running trial worker as a GPU process: none may run beside this.
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let lib = fake_nvml(dir.path());
     let o = run_env(&["hw", "--json"], &[("LD_LIBRARY_PATH", &lib)]);

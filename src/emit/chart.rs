@@ -204,7 +204,7 @@ pub fn svg(p: &Profile) -> Result<String> {
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(err)?;
-        let mem_desc = if p.memory.source == "accounted" {
+        let mem_desc = if p.memory.source == crate::types::Source::Accounted {
             "device memory, MiB (llama.cpp accounted)"
         } else {
             "device memory, MiB (sampled peak)"

@@ -215,6 +215,7 @@ struct TableRow {
     role: crate::types::Role,
     /// One repetition only: far behind the best (adaptive search's racing).
     stopped_early: bool,
+    samples: usize,
 }
 
 fn table_rows(p: &Profile) -> Vec<TableRow> {
@@ -240,6 +241,7 @@ fn table_rows(p: &Profile) -> Vec<TableRow> {
             status: status.clone(),
             role: t.role,
             stopped_early: false,
+            samples: 0,
         };
         if r.tests.is_empty() || r.status != TrialStatus::Ok {
             for (np, ng) in r.spec.tests() {
@@ -249,6 +251,7 @@ fn table_rows(p: &Profile) -> Vec<TableRow> {
             for x in &r.tests {
                 let mut row = base(x.n_prompt, x.n_gen, Some(x.avg_ts), Some(x.stddev_ts));
                 row.stopped_early = x.stopped_early;
+                row.samples = x.samples_ns.len();
                 rows.push(row);
             }
         }
@@ -267,15 +270,16 @@ fn test_name(n_prompt: u32, n_gen: u32) -> String {
 }
 
 fn markdown(p: &Profile) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "| model | n_gpu_layers | n_threads | test | t/s | device memory | status |");
-    let _ = writeln!(s, "| ----- | -----------: | --------: | ---- | --: | ------------: | ------ |");
+    let mut t = crate::table::Table::new(&[
+        ("model", false),
+        ("n_gpu_layers", true),
+        ("n_threads", true),
+        ("test", false),
+        ("t/s", true),
+        ("device memory", true),
+        ("status", false),
+    ]);
     for r in table_rows(p) {
-        let ts = match (r.avg_ts, r.stddev_ts) {
-            (Some(a), _) if r.stopped_early => format!("{a:.2}"),
-            (Some(a), Some(sd)) => format!("{a:.2} ± {sd:.2}"),
-            _ => "-".into(),
-        };
         let mem = match (r.device_bytes, r.share) {
             (Some(b), Some(sh)) => format!("{} ({:.1}%)", crate::model::human_bytes(b), sh * 100.0),
             (Some(b), None) => crate::model::human_bytes(b),
@@ -289,19 +293,17 @@ fn markdown(p: &Profile) -> String {
         if r.stopped_early {
             status.push_str(", cut short after one repetition");
         }
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            p.model.file_name,
-            r.ngl,
-            r.threads,
+        t.row(vec![
+            p.model.file_name.clone(),
+            r.ngl.to_string(),
+            r.threads.to_string(),
             test_name(r.n_prompt, r.n_gen),
-            ts,
+            crate::table::speed_cell(r.avg_ts, r.stddev_ts, r.samples),
             mem,
-            status
-        );
+            status,
+        ]);
     }
-    s
+    t.render()
 }
 
 fn csv(p: &Profile) -> String {
@@ -349,8 +351,11 @@ mod tests {
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let top = p.trials.iter_mut().max_by_key(|t| t.result.spec.n_gpu_layers).unwrap();
         top.result.tests.retain(|x| x.n_gen > 0);
+        // As racing leaves it: one repetition, marked.
         for x in &mut top.result.tests {
             x.stopped_early = true;
+            x.samples_ns.truncate(1);
+            x.samples_ts.truncate(1);
         }
         let md = markdown(&p);
         let row = md.lines().find(|l| l.contains("| 19 | 2 | tg")).expect(&md);

@@ -215,15 +215,22 @@ pub fn check_loadable(exe: &Path, info: &crate::model::ModelInfo) -> Result<Vec<
         return Ok(c.devices);
     }
     let why = c.error.unwrap_or_default();
-    if why.contains("unknown model architecture") {
-        return Err(crate::error::bad(format!(
+    Err(cannot_load(info, &why, why.contains("unknown model architecture")))
+}
+
+/// Bad input: llama.cpp cannot load the model, in words (`arch`: because
+/// it does not know the architecture).
+#[must_use]
+pub fn cannot_load(info: &crate::model::ModelInfo, why: &str, arch: bool) -> anyhow::Error {
+    if arch {
+        return crate::error::bad(format!(
             "{} has architecture '{}', which this llama.cpp ({}) does not support; use a model of a supported architecture or an ngl-tune built on a newer llama.cpp",
             info.path.display(),
             info.architecture,
             crate::types::LLAMA_CPP_REVISION
-        )));
+        ));
     }
-    Err(crate::error::bad(format!("llama.cpp cannot load {}: {why}; check the model file", info.path.display())))
+    crate::error::bad(format!("llama.cpp cannot load {}: {why}; check the model file", info.path.display()))
 }
 
 /// "killed by signal 6 (SIGABRT)" or "exited with status 7".

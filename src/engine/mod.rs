@@ -39,7 +39,7 @@ pub(crate) fn test_spec() -> TrialSpec {
         seed: 1,
         sample_interval_ms: 20,
         n_cpu_moe: 0,
-        op_offload: true,
+        op_offload: OpOffload::On,
         race: None,
     }
 }

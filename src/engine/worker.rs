@@ -116,6 +116,13 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
         Err(e) => return fail(result, TrialStatus::Failed, format!("llama.cpp backend init failed: {e}")),
     };
     result.devices = crate::probe::ggml::devices();
+    // Auto becomes what was used: off where every offload device runs on the CPU.
+    let on = spec.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
+    let mut spec = spec.clone();
+    spec.op_offload = if on { crate::types::OpOffload::On } else { crate::types::OpOffload::Off };
+    result.spec = spec.clone();
+    let spec = &spec;
+    let init_ms = started.elapsed().as_secs_f64() * 1e3;
     let sampler = (spec.sample_interval_ms > 0).then(|| {
         let source: Box<dyn MemorySource> = Box::new(GgmlSource::new());
         Sampler::start(vec![source], Duration::from_millis(spec.sample_interval_ms), None)
@@ -126,6 +133,15 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
         result.sampled = s.stop();
     }
     result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    if std::env::var_os("NGL_TUNE_TIMINGS").is_some() {
+        let load_ms = result.t_load_ms;
+        result.timings = Some(crate::types::WorkerTimings {
+            init_ms,
+            load_ms,
+            measure_ms: (result.wall_ms - init_ms - load_ms).max(0.0),
+            worker_ms: result.wall_ms,
+        });
+    }
     result
 }
 
@@ -171,7 +187,7 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
             .with_n_threads(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
             .with_n_threads_batch(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
             .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(spec.flash_attn))
-            .with_op_offload(spec.op_offload);
+            .with_op_offload(spec.op_offload != crate::types::OpOffload::Off);
         let ctx = model.new_context(backend, cparams);
         let ctx_log = logs::take();
         let mut ctx = match ctx {

@@ -35,7 +35,7 @@ pub fn devices() -> Vec<LlamaDevice> {
 /// nothing; the same holds for any device reporting free == total.
 #[must_use]
 pub fn has_budget(d: &LlamaDevice) -> bool {
-    !d.description.to_ascii_lowercase().contains("llvmpipe") && d.memory_free < d.memory_total
+    !d.is_software_renderer() && d.memory_free < d.memory_total
 }
 
 /// "Vulkan0 (llvmpipe) reports no memory budget: using llama.cpp's accounted memory".
@@ -77,8 +77,8 @@ impl Default for GgmlSource {
 }
 
 impl MemorySource for GgmlSource {
-    fn name(&self) -> &'static str {
-        "ggml"
+    fn name(&self) -> crate::types::Source {
+        crate::types::Source::Ggml
     }
 
     fn sample(&mut self, _pid: Option<u32>) -> Vec<DeviceSample> {

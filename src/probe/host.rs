@@ -23,8 +23,8 @@ impl Default for HostSource {
 }
 
 impl MemorySource for HostSource {
-    fn name(&self) -> &'static str {
-        "host"
+    fn name(&self) -> crate::types::Source {
+        crate::types::Source::Host
     }
 
     /// `used` is the machine's RAM in use (total - available); `pid_used`

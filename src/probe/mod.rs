@@ -34,13 +34,12 @@ pub struct DeviceSample {
 /// sampling: a reading they cannot take is simply absent, and why is said
 /// once, up front, by whoever opened the source.
 pub trait MemorySource: Send {
-    fn name(&self) -> &'static str;
+    fn name(&self) -> crate::types::Source;
     fn sample(&mut self, pid: Option<u32>) -> Vec<DeviceSample>;
 }
 
-#[derive(Default)]
 struct Acc {
-    source: String,
+    source: crate::types::Source,
     total: u64,
     baseline: u64,
     peak: u64,
@@ -57,9 +56,17 @@ pub struct Sampler {
     handle: Option<JoinHandle<BTreeMap<String, Acc>>>,
 }
 
-fn record(acc: &mut BTreeMap<String, Acc>, source: &str, samples: Vec<DeviceSample>, baseline: bool) {
+fn record(acc: &mut BTreeMap<String, Acc>, source: crate::types::Source, samples: Vec<DeviceSample>, baseline: bool) {
     for s in samples {
-        let a = acc.entry(s.device.clone()).or_insert_with(|| Acc { source: source.to_string(), ..Acc::default() });
+        let a = acc.entry(s.device.clone()).or_insert_with(|| Acc {
+            source,
+            total: 0,
+            baseline: 0,
+            peak: 0,
+            sum: 0,
+            n: 0,
+            peak_pid: None,
+        });
         a.total = s.total;
         if baseline && a.n == 0 {
             a.baseline = s.used;
@@ -328,8 +335,8 @@ mod tests {
     }
 
     impl MemorySource for Fake {
-        fn name(&self) -> &'static str {
-            "fake"
+        fn name(&self) -> crate::types::Source {
+            crate::types::Source::Ggml
         }
         fn sample(&mut self, pid: Option<u32>) -> Vec<DeviceSample> {
             *self.calls.lock().unwrap() += 1;

@@ -115,8 +115,8 @@ impl NvmlSource {
 }
 
 impl MemorySource for NvmlSource {
-    fn name(&self) -> &'static str {
-        "nvml"
+    fn name(&self) -> crate::types::Source {
+        crate::types::Source::Nvml
     }
 
     fn sample(&mut self, pid: Option<u32>) -> Vec<DeviceSample> {

@@ -158,8 +158,8 @@ pub struct SearchReport {
 /// How device memory was measured and what the cap is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryPolicy {
-    /// "nvml", "ggml" (llama.cpp device free/total) or "accounted" (llama.cpp's own allocations).
-    pub source: String,
+    /// NVML, llama.cpp's device free/total, or llama.cpp's own allocations ("none" without a GPU).
+    pub source: crate::types::Source,
     /// The offload device the cap applies to ("Vulkan0 (llvmpipe)", "nvml0 (NVIDIA H200)").
     pub device: String,
     pub device_total_bytes: Option<u64>,
@@ -176,7 +176,7 @@ impl MemoryPolicy {
     #[must_use]
     pub fn no_gpu() -> Self {
         MemoryPolicy {
-            source: "none".into(),
+            source: crate::types::Source::None,
             device: "the CPU (no GPU device)".into(),
             device_total_bytes: None,
             baseline_bytes: 0,

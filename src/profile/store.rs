@@ -219,6 +219,34 @@ pub fn machines(store: &Path) -> Vec<PathBuf> {
 
 pub use crate::clock::parse_rfc3339;
 
+/// The profile file for a model (this machine's, in the store) or a profile path.
+///
+/// # Errors
+/// `BadInput` when the path is not a regular file, or there is no profile of the model.
+pub fn resolve(source: &Path, store: Option<&Path>) -> Result<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 4];
+    let is_gguf = crate::fsio::open_regular(source, "pass a profile (.json) or a model (.gguf)")?
+        .read_exact(&mut head)
+        .is_ok_and(|()| &head == crate::gguf::MAGIC);
+    if !is_gguf {
+        return Ok(source.to_path_buf());
+    }
+    let info = crate::model::inspect(source)?;
+    let identity = crate::profile::ModelIdentity::of(&info);
+    let dir = store.map_or_else(default_dir, Path::to_path_buf);
+    let path = profile_path(&dir, &crate::probe::machine_id(), &identity);
+    if !path.exists() {
+        return Err(bad(format!(
+            "no profile of {} for this machine in {}; tune it first: ngl-tune {}",
+            info.file_name,
+            dir.display(),
+            source.display()
+        )));
+    }
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

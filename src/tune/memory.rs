@@ -8,13 +8,13 @@ use crate::engine::predict::Prediction;
 use crate::model::{human_bytes, ModelInfo};
 use crate::probe::{self, Hardware, LlamaDevice};
 use crate::profile::{MemoryPolicy, PredictionReport, Settings};
-use crate::types::{TrialResult, TrialStatus};
+use crate::types::{Source, TrialResult, TrialStatus};
 
 /// How device memory is measured on this machine and the cap that follows.
 #[must_use]
 pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<MemoryPolicy> {
     #[allow(clippy::cast_precision_loss)]
-    let mk = |source: &str, device: String, total: u64, baseline: u64| {
+    let mk = |source: Source, device: String, total: u64, baseline: u64| {
         let by_target = target * total as f64 - baseline as f64;
         let mut cap = by_target;
         let mut reason = format!(
@@ -31,7 +31,7 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
             }
         }
         MemoryPolicy {
-            source: source.to_string(),
+            source,
             device,
             device_total_bytes: Some(total),
             baseline_bytes: baseline,
@@ -48,15 +48,15 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
     if let Some(g) = hw.gpus.iter().max_by_key(|g| g.memory_total.unwrap_or(0)) {
         let total = g.memory_total.unwrap_or(0);
         let baseline = total.saturating_sub(g.memory_free.unwrap_or(total));
-        return Some(mk("nvml", format!("nvml{} ({})", g.index, g.name), total, baseline));
+        return Some(mk(Source::Nvml, format!("nvml{} ({})", g.index, g.name), total, baseline));
     }
     let dev = offload.iter().max_by_key(|d| d.memory_total)?;
     let short = dev.description.split(" (").next().unwrap_or(&dev.description);
     let name = format!("{} ({short})", dev.name);
     if probe::ggml::has_budget(dev) {
-        Some(mk("ggml", name, dev.memory_total, dev.memory_total - dev.memory_free))
+        Some(mk(Source::Ggml, name, dev.memory_total, dev.memory_total - dev.memory_free))
     } else {
-        Some(mk("accounted", name, dev.memory_total, 0))
+        Some(mk(Source::Accounted, name, dev.memory_total, 0))
     }
 }
 
@@ -64,8 +64,8 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
 pub fn trial_memory(r: &TrialResult, policy: &MemoryPolicy) -> (Option<f64>, Option<u64>) {
-    match policy.source.as_str() {
-        "nvml" | "ggml" => {
+    match policy.source {
+        Source::Nvml | Source::Ggml => {
             let Some(m) = r.sampled.iter().filter(|m| m.source == policy.source).max_by_key(|m| m.peak_used) else {
                 return (None, None);
             };
@@ -101,7 +101,7 @@ pub fn prediction_check(
             // Nothing predicted and nothing allocated (ngl 0 without op offload) is exact.
             let err =
                 if acc > 0 { Some((pb as f64 - acc as f64) / acc as f64 * 100.0) } else { (pb == 0).then_some(0.0) };
-            let sampled = policy.filter(|p| p.source != "accounted").and(mem).map(|m| m as i64 - pb as i64);
+            let sampled = policy.filter(|p| p.source.is_sampled()).and(mem).map(|m| m as i64 - pb as i64);
             (err, sampled)
         }
         _ => (None, None),
@@ -217,8 +217,8 @@ mod tests {
         let mut r = crate::engine::TrialResult::failed(crate::engine::test_spec(), TrialStatus::Ok, String::new());
         r.reason = None;
         r.model_buffers.push(BufferLine { buffer_type: "CUDA0".into(), kind: "model".into(), bytes: 1000 << 20 });
-        let policy = |source: &str| MemoryPolicy {
-            source: source.into(),
+        let policy = |source: Source| MemoryPolicy {
+            source,
             device: "nvml0 (NVIDIA H200)".into(),
             device_total_bytes: Some(140 << 30),
             baseline_bytes: 0,
@@ -227,13 +227,13 @@ mod tests {
         };
         // NVML saw 1.5 GiB for this trial; llama.cpp predicted and accounted 1000 MiB.
         let sampled = Some(1536.0 * 1024.0 * 1024.0);
-        let (err, gap) = prediction_check(Some(1000 << 20), &r, Some(&policy("nvml")), sampled);
+        let (err, gap) = prediction_check(Some(1000 << 20), &r, Some(&policy(Source::Nvml)), sampled);
         assert_eq!(err, Some(0.0));
         assert_eq!(gap, Some(536 << 20), "the CUDA context and what else llama.cpp does not count");
-        let (err, gap) = prediction_check(Some(1010 << 20), &r, Some(&policy("accounted")), sampled);
+        let (err, gap) = prediction_check(Some(1010 << 20), &r, Some(&policy(Source::Accounted)), sampled);
         assert!((err.unwrap() - 1.0).abs() < 1e-9);
         assert_eq!(gap, None, "accounted memory is no sample");
         r.status = TrialStatus::Oom;
-        assert_eq!(prediction_check(Some(1000 << 20), &r, Some(&policy("nvml")), sampled), (None, None));
+        assert_eq!(prediction_check(Some(1000 << 20), &r, Some(&policy(Source::Nvml)), sampled), (None, None));
     }
 }

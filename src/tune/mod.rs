@@ -31,8 +31,13 @@ use crate::profile::{Checkpoint, Confidence, MemoryPolicy, ModelIdentity, Profil
 use executor::WorkerExecutor;
 use search::{Checkpointing, Plan, Progress, Search};
 
+/// A validated tuning request: the model, settings llama.cpp can run, and
+/// the devices its loadability check listed. The command line and the
+/// nightly re-tune both build one with [`TuneRequest::new`], so both make
+/// the same checks.
 #[derive(Debug, Clone)]
-pub struct TuneOptions {
+pub struct TuneRequest {
+    pub info: ModelInfo,
     pub settings: Settings,
     pub store: PathBuf,
     pub resume: bool,
@@ -40,6 +45,31 @@ pub struct TuneOptions {
     pub progress: bool,
     /// llama.cpp's devices, as the loadability check listed them.
     pub devices: Vec<crate::types::LlamaDevice>,
+}
+
+impl TuneRequest {
+    /// Checks that the store is usable and that llama.cpp can load the model.
+    ///
+    /// # Errors
+    /// `BadInput` naming the store or the model and the fix.
+    pub fn new(info: ModelInfo, settings: Settings, store: PathBuf) -> Result<TuneRequest> {
+        store::check_dir(&store)?;
+        let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
+        Ok(TuneRequest { info, settings, store, resume: false, verbose: false, progress: true, devices })
+    }
+
+    #[must_use]
+    pub fn with_resume(mut self, resume: bool) -> Self {
+        self.resume = resume;
+        self
+    }
+
+    #[must_use]
+    pub fn with_output(mut self, verbose: bool, progress: bool) -> Self {
+        self.verbose = verbose;
+        self.progress = progress;
+        self
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -55,8 +85,9 @@ pub struct TuneOutcome {
 /// # Errors
 /// Worker start failures, an interrupt (the checkpoint keeps finished
 /// trials), or a profile that cannot be written.
-pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
+pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     let started = Instant::now();
+    let info = &opts.info;
     let s = &opts.settings;
     let hw = probe::hardware(opts.devices.clone());
     let identity = ModelIdentity::of(info);
@@ -134,7 +165,7 @@ pub fn tune(info: &ModelInfo, opts: &TuneOptions) -> Result<TuneOutcome> {
 /// The checkpoint to continue from: the previous one with `--resume` when
 /// it is for the same model, settings and hardware, else a fresh one; what
 /// happened is said in `notes`.
-fn resume(opts: &TuneOptions, identity: &ModelIdentity, hw: &Hardware, notes: &mut Vec<String>) -> Checkpointing {
+fn resume(opts: &TuneRequest, identity: &ModelIdentity, hw: &Hardware, notes: &mut Vec<String>) -> Checkpointing {
     let s = &opts.settings;
     let path = store::checkpoint_path(&opts.store, &hw.machine_id, identity);
     let fresh = Checkpoint {
@@ -214,7 +245,7 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
         n_cpu_moe: 0,
-        op_offload,
+        op_offload: if op_offload { crate::types::OpOffload::On } else { crate::types::OpOffload::Off },
         race: None,
     }
 }

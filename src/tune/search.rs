@@ -555,7 +555,7 @@ mod tests {
 
     fn policy(cap: f64) -> MemoryPolicy {
         MemoryPolicy {
-            source: "accounted".into(),
+            source: crate::types::Source::Accounted,
             device: "Vulkan0 (fake)".into(),
             device_total_bytes: Some(1 << 40),
             baseline_bytes: 0,

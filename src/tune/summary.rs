@@ -20,7 +20,8 @@ pub fn noise_note(trials: &[ProfileTrial]) -> Option<String> {
     let (t, x, cv) = worst;
     (cv > NOISY).then(|| {
         format!(
-            "noisy measurement: {} at ngl {} -t {} varied by {:.0}% between repetitions ({:.2} ± {:.2} t/s); something else was probably using the machine: re-run when it is idle, or with more repetitions (-r)",
+            "{}: {} at ngl {} -t {} varied by {:.0}% between repetitions ({:.2} ± {:.2} t/s); something else was probably using the machine: re-run when it is idle, or with more repetitions (-r)",
+            crate::report::Warning::Noisy.prefix(),
             x.name(),
             t.result.spec.n_gpu_layers,
             t.result.spec.n_threads,
