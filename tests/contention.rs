@@ -135,14 +135,7 @@ fn reprofile_calls_no_regression_from_trials_on_a_busy_machine() {
     let path = profiles_in(&store)[0].clone();
     // The previous profile claims 20% more speed: on an idle machine that is a regression.
     let mut v = read_json(&path);
-    for t in v["trials"].as_array_mut().unwrap() {
-        for test in t["tests"].as_array_mut().unwrap() {
-            let s: Vec<f64> =
-                test["samples_ts"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() * 1.2).collect();
-            test["avg_ts"] = (s.iter().sum::<f64>() / s.len() as f64).into();
-            test["samples_ts"] = serde_json::json!(s);
-        }
-    }
+    claim_faster(&mut v, 1.2);
     std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 
     let hog = Hog::start();
