@@ -47,8 +47,10 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Synth(a) => {
             let spec = crate::synth::SynthSpec::default()
                 .with_n_layer(a.layers)
-                .with_dims(a.n_embd, a.n_ff, 2)
-                .with_experts(a.experts, a.experts.min(2));
+                .with_dims(a.n_embd, a.n_ff, a.heads)
+                .with_kv_heads(a.kv_heads.unwrap_or(a.heads))
+                .with_experts(a.experts, a.experts.min(2))
+                .with_q8_0(a.q8_0);
             crate::synth::write_model(&a.out, &spec)?;
             Ok(exit::OK)
         }

@@ -330,6 +330,15 @@ pub struct SynthArgs {
     pub n_embd: u64,
     #[arg(long, default_value_t = 256)]
     pub n_ff: u64,
+    /// Attention heads
+    #[arg(long, default_value_t = 2)]
+    pub heads: u64,
+    /// Key/value heads (grouped-query attention) [default: as many as heads]
+    #[arg(long)]
+    pub kv_heads: Option<u64>,
+    /// Weight matrices in Q8_0 instead of F32
+    #[arg(long)]
+    pub q8_0: bool,
 }
 
 #[derive(Debug, Args)]

@@ -21,6 +21,8 @@ pub struct SynthSpec {
     pub n_expert: u32,
     pub n_expert_used: u32,
     pub seed: u64,
+    /// Weight matrices in Q8_0 (what GPUs run fast) instead of F32.
+    pub q8_0: bool,
 }
 
 impl Default for SynthSpec {
@@ -35,6 +37,7 @@ impl Default for SynthSpec {
             n_expert: 0,
             n_expert_used: 0,
             seed: 42,
+            q8_0: false,
         }
     }
 }
@@ -52,6 +55,20 @@ impl SynthSpec {
         self.n_ff = n_ff;
         self.n_head = n_head;
         self.n_head_kv = n_head;
+        self
+    }
+
+    /// Grouped-query attention: `n` key/value heads.
+    #[must_use]
+    pub fn with_kv_heads(mut self, n: u64) -> Self {
+        self.n_head_kv = n.max(1);
+        self
+    }
+
+    /// Weight matrices in Q8_0.
+    #[must_use]
+    pub fn with_q8_0(mut self, q: bool) -> Self {
+        self.q8_0 = q;
         self
     }
 
@@ -93,6 +110,23 @@ fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
     values.flat_map(f32::to_le_bytes).collect()
 }
 
+/// ggml's Q8_0: blocks of 32 weights, an f16 scale and 32 signed bytes.
+const Q8_0: u32 = 8;
+
+/// Random Q8_0 data for `n` weights (`n` a multiple of 32): scale about
+/// 0.0008 (f16 0x128E), bytes in [-64, 63]; speed does not depend on them.
+fn q8_0_bytes(n: u64, rng: &mut impl Rng) -> Vec<u8> {
+    let blocks = usize::try_from(n / 32).unwrap_or(0);
+    let mut out = Vec::with_capacity(blocks * 34);
+    for _ in 0..blocks {
+        out.extend_from_slice(&0x128Eu16.to_le_bytes());
+        for _ in 0..4 {
+            out.extend(rng.random::<u64>().to_le_bytes().map(|b| b & 0x7f).map(|b| b.wrapping_sub(64)));
+        }
+    }
+    out
+}
+
 /// Writes a model described by `spec` to `path` (F32 weights).
 ///
 /// # Errors
@@ -107,7 +141,8 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     let head_dim = e / h;
     w.kv("general.architecture", Value::Str(arch.into()));
     w.kv("general.name", Value::Str(format!("synthetic-{arch}-{}L", spec.n_layer)));
-    w.kv("general.file_type", Value::U32(0));
+    // ggml's file types: 0 all F32, 7 mostly Q8_0.
+    w.kv("general.file_type", Value::U32(if spec.q8_0 { 7 } else { 0 }));
     w.kv(&format!("{arch}.context_length"), Value::U32(spec.ctx_train));
     w.kv(&format!("{arch}.embedding_length"), Value::U32(e as u32));
     w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer));
@@ -125,10 +160,16 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     }
     vocab(&mut w);
 
+    let q8_0 = spec.q8_0;
     let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| {
         let n: u64 = dims.iter().product();
-        let data = f32_bytes((0..n).map(|_| rng.random_range(-0.05f32..0.05)));
-        w.tensor(name, dims, 0, data);
+        if q8_0 && dims[0] % 32 == 0 {
+            let data = q8_0_bytes(n, &mut rng);
+            w.tensor(name, dims, Q8_0, data);
+        } else {
+            let data = f32_bytes((0..n).map(|_| rng.random_range(-0.05f32..0.05)));
+            w.tensor(name, dims, 0, data);
+        }
     };
     let ones = |w: &mut Writer, name: &str, n: u64| {
         w.tensor(name, &[n], 0, f32_bytes((0..n).map(|_| 1.0f32)));

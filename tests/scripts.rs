@@ -63,3 +63,35 @@ fn the_kubernetes_example_targets_gpu_nodes_and_a_shared_store() {
         assert!(y.contains(needle), "k8s example lacks {needle}");
     }
 }
+
+#[test]
+fn gpu_check_runs_in_local_mode_and_reports_regret() {
+    let out = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check"))
+        .args(["--local", "--out", out.path().to_str().unwrap(), "--bin", env!("CARGO_BIN_EXE_ngl-tune")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    for model in ["small", "mid"] {
+        for cap in ["cap budget", "cap target"] {
+            assert!(report.contains(&format!("## {model}: ")) && report.contains(cap), "{report}");
+        }
+    }
+    // On llvmpipe offloading only hurts: the brute force's best under every cap is ngl 0.
+    assert_eq!(report.matches("- brute force: best under the cap ngl 0").count(), 4, "{report}");
+    assert_eq!(report.matches("- adaptive: ngl ").count(), 4, "{report}");
+    assert_eq!(report.matches("- grid: ngl ").count(), 4, "{report}");
+    assert_eq!(report.matches("- llama.cpp's fit").count(), 4, "{report}");
+    assert!(report
+        .lines()
+        .filter(|l| l.starts_with("- adaptive") || l.starts_with("- grid"))
+        .all(|l| l.contains("regret ")));
+    let raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("raw.json")).unwrap()).unwrap();
+    assert!(raw["small.bench"].as_array().unwrap().len() >= 2 * 10, "every ngl of the 8-layer model, pp and tg");
+    assert_eq!(raw["mid.budget.adaptive"]["search"]["mode"], "adaptive");
+    let files: Vec<_> = std::fs::read_dir(out.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(files.len() <= 8, "few files travel back from a GPU machine: {files:?}");
+}
