@@ -163,7 +163,7 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     let q8_0 = spec.q8_0;
     let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| {
         let n: u64 = dims.iter().product();
-        if q8_0 && dims[0] % 32 == 0 {
+        if q8_0 && dims[0].is_multiple_of(32) {
             let data = q8_0_bytes(n, &mut rng);
             w.tensor(name, dims, Q8_0, data);
         } else {
