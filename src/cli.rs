@@ -215,7 +215,8 @@ pub struct TuneArgs {
     /// Print the profile JSON instead of the report
     #[arg(long)]
     pub json: bool,
-    /// Also update this Ollama Modelfile in place with the recommendation (old file kept as PATH.bak)
+    /// Also update this Ollama Modelfile in place with the recommendation, read as Ollama reads it (old file kept
+    /// as PATH.bak; a Modelfile Ollama would reject is refused, untouched)
     #[arg(long, value_name = "PATH")]
     pub write_modelfile: Option<PathBuf>,
     /// Also draw the tuning curve as an SVG chart
@@ -236,7 +237,8 @@ pub struct EmitArgs {
     /// Output format [default: modelfile, unless only --chart or --write-modelfile is asked for]
     #[arg(short = 'f', long, value_enum)]
     pub format: Option<crate::emit::Format>,
-    /// Update this Ollama Modelfile in place (only num_gpu, num_thread and num_ctx change; the old file is kept as PATH.bak)
+    /// Update this Ollama Modelfile in place, read as Ollama reads it (only the values of num_gpu, num_thread and
+    /// num_ctx change; the old file is kept as PATH.bak; a Modelfile Ollama would reject is refused, untouched)
     #[arg(long, value_name = "PATH")]
     pub write_modelfile: Option<PathBuf>,
     /// Draw the tuning curve as an SVG chart

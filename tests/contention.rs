@@ -49,9 +49,9 @@ fn tune(model: &Path, store: &Path) -> (std::process::Output, serde_json::Value)
     let o = run(&[
         model.to_str().unwrap(),
         "-p",
-        "32",
+        "16",
         "-n",
-        "32",
+        "16",
         "-r",
         "2",
         "-t",

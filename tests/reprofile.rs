@@ -10,8 +10,20 @@ use common::*;
 
 /// Tunes the real model CPU-only (threads), small workload: stable numbers in seconds.
 fn tuned_store(dir: &Path) -> (PathBuf, PathBuf) {
+    tuned_store_of(dir, &real_model())
+}
+
+/// The same with a synthetic model: a tenth of the time, for tests whose
+/// point is not the numbers (what is skipped, listed, left alone, rewritten).
+fn tuned_synth_store(dir: &Path) -> (PathBuf, PathBuf) {
+    let m = ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_dims(256, 512, 4);
+    let path = dir.join("synth.gguf");
+    ngl_tune::synth::write_model(&path, &m).unwrap();
+    tuned_store_of(dir, &path)
+}
+
+fn tuned_store_of(dir: &Path, m: &Path) -> (PathBuf, PathBuf) {
     let store = dir.join("store");
-    let m = real_model();
     let o = run(&[m.to_str().unwrap(), "-p", "32", "-n", "32", "-r", "3", "--profiles", store.to_str().unwrap(), "-q"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let p = profiles_in(&store).pop().unwrap();
@@ -161,7 +173,7 @@ fn two_reprofiles_at_once_take_turns_and_lose_nothing() {
 fn profiles_that_are_not_ours_are_named_skipped_and_left_alone() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (store, p) = tuned_store(dir.path());
+    let (store, p) = tuned_synth_store(dir.path());
     let mdir = p.parent().unwrap();
     let bad = [
         ("notjson.json", "{ this is not json".to_string()),
@@ -194,10 +206,10 @@ fn profiles_that_are_not_ours_are_named_skipped_and_left_alone() {
 fn changed_recommendations_update_the_modelfiles_that_use_the_model() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (store, p) = tuned_store(dir.path());
+    let (store, p) = tuned_synth_store(dir.path());
     let mdir = dir.path().join("modelfiles");
     std::fs::create_dir(&mdir).unwrap();
-    let model = real_model();
+    let model = dir.path().join("synth.gguf");
     let ours = format!("FROM {}\nSYSTEM \"\"\"Be brief.\"\"\"\nPARAMETER num_thread 1\n", model.display());
     let theirs = "FROM /models/other.gguf\nPARAMETER num_thread 1\n";
     std::fs::write(mdir.join("gemma.modelfile"), &ours).unwrap();
@@ -229,7 +241,7 @@ fn changed_recommendations_update_the_modelfiles_that_use_the_model() {
 fn profiles_list_shows_every_machine() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let (store, p) = tuned_store(dir.path());
+    let (store, p) = tuned_synth_store(dir.path());
     let mut other = read_json(&p);
     other["machine_id"] = "gpu-node-7".into();
     let odir = store.join("gpu-node-7");

@@ -271,33 +271,30 @@ fn an_interrupted_run_resumes_to_the_same_trials() {
     let resumed = only_profile(&store);
     assert!(checkpoints_in(&store).is_empty());
 
-    let fresh_store = dir.path().join("fresh");
-    let o = run_env(
-        &[
-            m.to_str().unwrap(),
-            "--search",
-            "grid",
-            "-p",
-            "8",
-            "-n",
-            "4",
-            "-r",
-            "1",
-            "-c",
-            "256",
-            "--profiles",
-            fresh_store.to_str().unwrap(),
-            "-q",
-        ],
-        &[VK],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let fresh = only_profile(&fresh_store);
-    assert_eq!(ngls(&resumed), ngls(&fresh));
-    let grid: Vec<u64> = ngls(&fresh).iter().filter(|t| t.0 == "grid").map(|t| t.1).collect();
+    // The same trials a run without interruptions makes: every grid value
+    // once, nothing measured twice (the search's resume logic is unit-tested
+    // against curves in tune::search).
+    let grid: Vec<u64> = ngls(&resumed).iter().filter(|t| t.0 == "grid").map(|t| t.1).collect();
     assert_eq!(grid, [0, 10, 20, 30, 40, 41]);
+    let mut keys: Vec<(String, u64, u64)> = resumed["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let s = &t["spec"];
+            (
+                t["role"].as_str().unwrap().to_string(),
+                s["n_gpu_layers"].as_u64().unwrap(),
+                s["n_threads"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let n = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), n, "no trial measured twice: {keys:?}");
     // The dry run matched llama.cpp's accounting within 2% at every ngl of the 40-layer model.
-    for t in fresh["trials"].as_array().unwrap() {
+    for t in resumed["trials"].as_array().unwrap() {
         let e = t["prediction_error_pct"].as_f64().unwrap();
         assert!(e.abs() < 2.0, "ngl {}: {e}%", t["spec"]["n_gpu_layers"]);
     }

@@ -117,7 +117,8 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
         .with_busy_threshold(s.busy_threshold);
     let mut executor = WorkerExecutor::new(runner, base_spec(info, s, op_offload));
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let progress = Progress::new(opts.progress, terminal, if plan.grid_mode { plan.full_grid.len() as u64 } else { 0 });
+    let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
+    let progress = Progress::new(opts.progress, terminal, planned);
     let mut search = Search::new(s, &mut executor, policy.clone(), progress, Some(checkpoint));
     search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
     let found = search.run(&plan)?;
