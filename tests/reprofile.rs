@@ -140,7 +140,13 @@ fn two_reprofiles_at_once_take_turns_and_lose_nothing() {
     let (store, p) = tuned_store(dir.path());
     let spawn = || {
         let a = reprofile_args(&store, &["--max-age", "0s"]);
-        Command::new(BIN).args(&a).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        Command::new(BIN)
+            .args(&a)
+            .env(RETRY_WAIT.0, RETRY_WAIT.1)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
     let first = spawn();
     let second = spawn();

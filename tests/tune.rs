@@ -40,7 +40,7 @@ fn gemma_on_llvmpipe_recommends_zero_and_says_why() {
         &[
             m.to_str().unwrap(),
             "--ngl",
-            "0,10,99",
+            "0,99",
             "-p",
             "8",
             "-n",
@@ -209,6 +209,7 @@ fn interrupted_run(model: &Path, store: &Path, hang_at: u32, signal: i32, finish
             "--resume",
         ])
         .env(VK.0, VK.1)
+        .env(RETRY_WAIT.0, RETRY_WAIT.1)
         .env("NGL_TUNE_TEST_FAULT", format!("hang@{hang_at}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -61,7 +61,10 @@ impl Runner {
             sample_interval: Duration::from_millis(20),
             nvml_note,
             busy_threshold: crate::probe::cpu::DEFAULT_BUSY_THRESHOLD,
-            retry_wait: Duration::from_secs(3),
+            // A test hook shortens the pause (tests run beside each other).
+            retry_wait: Duration::from_millis(
+                std::env::var("NGL_TUNE_RETRY_WAIT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000),
+            ),
         })
     }
 

@@ -310,7 +310,7 @@ mod tests {
     fn a_busy_child_process_is_seen_and_named() {
         // A child spinning for the whole window is another process: it shows.
         let mut child = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap();
-        let seen = others_now(Duration::from_millis(1500), 0.1).expect("Linux has /proc");
+        let seen = others_now(Duration::from_millis(800), 0.1).expect("Linux has /proc");
         let _ = child.kill();
         let _ = child.wait();
         assert!(seen.others_cores_mean > 0.5, "{seen:?}");

@@ -22,13 +22,22 @@ pub fn real_model() -> PathBuf {
     p
 }
 
+/// Tests run beside each other, so trials are often measured again: a
+/// short pause before that (the product waits 3 s).
+pub const RETRY_WAIT: (&str, &str) = ("NGL_TUNE_RETRY_WAIT_MS", "300");
+
 pub fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).env_remove("NGL_TUNE_TEST_FAULT").output().expect("run ngl-tune")
+    Command::new(BIN)
+        .args(args)
+        .env_remove("NGL_TUNE_TEST_FAULT")
+        .env(RETRY_WAIT.0, RETRY_WAIT.1)
+        .output()
+        .expect("run ngl-tune")
 }
 
 pub fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(BIN);
-    c.args(args).env_remove("NGL_TUNE_TEST_FAULT");
+    c.args(args).env_remove("NGL_TUNE_TEST_FAULT").env(RETRY_WAIT.0, RETRY_WAIT.1);
     for (k, v) in env {
         c.env(k, v);
     }
