@@ -109,14 +109,19 @@ pub fn parse_busy_threshold(s: &str) -> Result<f64> {
 }
 
 /// The tuning settings the command line asks for, checked.
-fn tune_settings(a: &TuneArgs, info: &ModelInfo) -> Result<crate::profile::Settings> {
+fn tune_settings(
+    a: &TuneArgs,
+    info: &ModelInfo,
+    target_vram: f64,
+    vram_budget_bytes: Option<u64>,
+) -> Result<crate::profile::Settings> {
     use crate::tune::choose::Objective;
     let w = &a.workload;
     let threads = check_workload(w, info)?;
     let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
     Ok(crate::profile::Settings {
-        target_vram: crate::tune::parse_target(&a.target_vram)?,
-        vram_budget_bytes: a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?,
+        target_vram,
+        vram_budget_bytes,
         n_ctx: w.ctx_size.unwrap_or(4096),
         n_prompt: w.n_prompt.unwrap_or(p),
         n_gen: w.n_gen.unwrap_or(n),
@@ -142,12 +147,13 @@ fn tune_settings(a: &TuneArgs, info: &ModelInfo) -> Result<crate::profile::Setti
 }
 
 fn cmd_tune(a: &TuneArgs) -> Result<i32> {
-    crate::tune::parse_target(&a.target_vram)?;
-    a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?;
+    // The cap's options are judged first, before the store and the model.
+    let target = crate::tune::parse_target(&a.target_vram)?;
+    let budget = a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?;
     let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
     let info = model::inspect(&a.model)?;
-    let settings = tune_settings(a, &info)?;
+    let settings = tune_settings(a, &info, target, budget)?;
     if let Some(c) = &a.chart {
         check_output_path(c, "--chart")?;
     }

@@ -63,18 +63,6 @@ pub enum OutputFormat {
     Jsonl,
 }
 
-impl OutputFormat {
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutputFormat::Md => "md",
-            OutputFormat::Csv => "csv",
-            OutputFormat::Json => "json",
-            OutputFormat::Jsonl => "jsonl",
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FlashAttnArg {
     On,

@@ -107,12 +107,11 @@ impl Runner {
         self
     }
 
-    fn sources(&self) -> Vec<Box<dyn MemorySource>> {
+    /// The host and, where NVML opened at start, NVML (opened once per trial).
+    fn sources(nvml: Option<NvmlSource>) -> Vec<Box<dyn MemorySource>> {
         let mut v: Vec<Box<dyn MemorySource>> = vec![Box::new(HostSource::new())];
-        if self.nvml_note.is_none() {
-            if let Ok(n) = NvmlSource::open() {
-                v.push(Box::new(n));
-            }
+        if let Some(n) = nvml {
+            v.push(Box::new(n));
         }
         v
     }
@@ -130,14 +129,11 @@ impl Runner {
         spec.sample_interval_ms = u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
         let child = child::spawn(&self.exe, "__trial", &[], &serde_json::to_vec(&spec)?, self.verbose)?;
         let pid = child.pid();
-        let gpu_before = if self.nvml_note.is_none() {
-            crate::probe::nvml::open().ok().map(|n| crate::probe::nvml::busy_before(&n, &[pid, std::process::id()]))
-        } else {
-            None
-        };
+        let nvml = if self.nvml_note.is_none() { NvmlSource::open().ok() } else { None };
+        let gpu_before = nvml.as_ref().map(|n| n.busy_before(&[pid, std::process::id()]));
         let monitor = crate::probe::cpu::Monitor::start(Some(pid));
-        let sampler =
-            (!self.sample_interval.is_zero()).then(|| Sampler::start(self.sources(), self.sample_interval, Some(pid)));
+        let sampler = (!self.sample_interval.is_zero())
+            .then(|| Sampler::start(Self::sources(nvml), self.sample_interval, Some(pid)));
         let done = child.wait(self.timeout, self.poll, || on_tick(pid))?;
         let sampled = sampler.map(Sampler::stop).unwrap_or_default();
         let threshold = self.busy_threshold * f64::from(spec.n_threads.max(1));

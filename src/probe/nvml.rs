@@ -114,6 +114,14 @@ impl NvmlSource {
     }
 }
 
+impl NvmlSource {
+    /// See [`busy_before`].
+    #[must_use]
+    pub fn busy_before(&self, except: &[u32]) -> (Option<u32>, Vec<super::cpu::GpuProcess>) {
+        busy_before(&self.nvml, except)
+    }
+}
+
 impl MemorySource for NvmlSource {
     fn name(&self) -> crate::types::Source {
         crate::types::Source::Nvml

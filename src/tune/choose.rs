@@ -36,13 +36,6 @@ pub fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Opt
     }
 }
 
-/// The three models the decision uses: seconds per generated token, seconds
-/// per prompt token, and memory, each against ngl.
-#[must_use]
-pub fn curves(inp: &Inputs) -> (Curve, Curve, Curve) {
-    Point::curves(&inp.points, inp.full)
-}
-
 /// The models of one decision and what follows from them for any ngl.
 struct Model<'a> {
     inp: &'a Inputs,
@@ -210,7 +203,7 @@ fn reasons(m: &Model<'_>, d: &Decision, ok: &[&Point], best_offload: Option<(u32
 /// integer ngl, predicted where not measured), the knee, and why.
 #[must_use]
 pub fn decide(inp: &Inputs) -> Decision {
-    let (tg_time, pp_time, mem) = curves(inp);
+    let (tg_time, pp_time, mem) = Point::curves(&inp.points, inp.full);
     let first_oom = inp.points.iter().filter(|p| p.oom).map(|p| p.ngl).min();
     let m = Model { inp, tg_time, pp_time, mem, first_oom };
     let max_ngl_under_cap = (0..=inp.full).rev().find(|n| m.under(*n) == Some(true));
