@@ -189,12 +189,38 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let mut clock = crate::clock::Phases::from_env();
     let info = model::inspect(&a.model)?;
     clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
-    let threads = check_workload(&a.workload, &info)?;
-    let w = &a.workload;
+    let llama = match &a.llama_args {
+        Some(line) => crate::llama_args::parse(line).map_err(|e| bad(format!("--llama-args: {e}")))?,
+        None => crate::llama_args::LlamaArgs::default(),
+    };
+    let mut w = a.workload.clone();
+    w.threads = llama.threads.or(w.threads);
+    w.ctx_size = llama.ctx.or(w.ctx_size);
+    if llama.no_op_offload {
+        w.op_offload = crate::engine::OpOffload::Off;
+    }
+    let threads = check_workload(&w, &info)?;
+    let w = &w;
+    let mut cpu_overrides = Vec::new();
+    for o in &a.override_tensor {
+        match o.split_once('=') {
+            Some((p, "CPU")) => cpu_overrides.push(p.to_string()),
+            _ => return Err(bad(format!("--override-tensor '{o}': give PATTERN=CPU (tensors stay on the CPU)"))),
+        }
+    }
+    cpu_overrides.extend(llama.cpu_overrides.iter().cloned());
     let opts = BenchOptions {
         model: a.model.clone(),
-        ngl: crate::ngl::parse_all(&a.ngl, "-ngl")?,
-        n_cpu_moe: crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
+        ngl: match llama.ngl {
+            Some(n) => vec![n],
+            None => crate::ngl::parse_all(&a.ngl, "-ngl")?,
+        },
+        n_cpu_moe: match llama.n_cpu_moe {
+            Some(n) => vec![n],
+            None => crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
+        },
+        kv_type: llama.kv_type.unwrap_or(a.cache_type),
+        cpu_overrides,
         n_prompt: w.n_prompt.unwrap_or(512),
         n_gen: w.n_gen.unwrap_or(128),
         repetitions: w.repetitions.unwrap_or(5),
@@ -202,7 +228,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         n_batch: w.batch_size,
         n_ubatch: w.ubatch_size,
         n_ctx: w.ctx_size,
-        flash_attn: w.flash_attn.value(),
+        flash_attn: llama.flash_attn.unwrap_or_else(|| w.flash_attn.value()),
         op_offload: w.op_offload,
         warmup: !w.no_warmup,
         timeout: Duration::from_secs(w.trial_timeout),

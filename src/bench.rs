@@ -28,6 +28,10 @@ pub struct BenchOptions {
     pub n_ubatch: u32,
     pub n_ctx: Option<u32>,
     pub flash_attn: i8,
+    /// KV cache type of both caches.
+    pub kv_type: crate::types::KvType,
+    /// Tensor-name patterns kept on the CPU (`-ot PATTERN=CPU`).
+    pub cpu_overrides: Vec<String>,
     /// As asked; the worker resolves auto from its devices.
     pub op_offload: crate::types::OpOffload,
     pub warmup: bool,
@@ -71,6 +75,9 @@ impl BenchOptions {
             seed: 1234,
             sample_interval_ms: 20,
             n_cpu_moe,
+            n_cpu_ffn: 0,
+            cpu_overrides: self.cpu_overrides.clone(),
+            kv_type: self.kv_type,
             op_offload: self.op_offload,
             race: None,
         }
@@ -213,8 +220,8 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             n_batch: s.n_batch,
             n_ubatch: s.n_ubatch,
             n_threads: s.n_threads,
-            type_k: "f16",
-            type_v: "f16",
+            type_k: s.kv_type.as_str(),
+            type_v: s.kv_type.as_str(),
             n_gpu_layers: s.n_gpu_layers,
             n_cpu_moe: s.n_cpu_moe,
             flash_attn: r.flash_attn,

@@ -139,6 +139,17 @@ pub struct BenchArgs {
     /// Layers whose MoE expert tensors stay on the CPU, as llama.cpp's --n-cpu-moe (list and ranges as -ngl; llama-bench: -ncmoe)
     #[arg(long = "n-cpu-moe", default_value = "0")]
     pub n_cpu_moe: Vec<String>,
+    /// KV cache type of both caches (llama-bench: -ctk/-ctv)
+    #[arg(long = "cache-type", value_enum, default_value_t = crate::types::KvType::F16)]
+    pub cache_type: crate::types::KvType,
+    /// Keep the tensors matching PATTERN on the CPU, llama.cpp's -ot PATTERN=CPU (repeatable)
+    #[arg(long = "override-tensor", value_name = "PATTERN=CPU")]
+    pub override_tensor: Vec<String>,
+    /// Run a llama.cpp command line's placement as given, e.g. the llama_cpp_args of a profile:
+    /// "-ngl 99 -t 8 -c 16384 -ctk q8_0 -ctv q8_0 -fa on -ot 'PATTERN=CPU' --n-cpu-moe 4 --no-op-offload"
+    /// (its values replace the options above)
+    #[arg(long = "llama-args", value_name = "FLAGS", allow_hyphen_values = true)]
+    pub llama_args: Option<String>,
     #[command(flatten)]
     pub workload: Workload,
     /// Output format

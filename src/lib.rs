@@ -12,6 +12,7 @@ pub mod error;
 pub mod fsio;
 pub mod gguf;
 pub mod interrupt;
+pub mod llama_args;
 pub mod model;
 pub mod ngl;
 pub mod probe;

@@ -39,6 +39,62 @@ impl OpOffload {
     }
 }
 
+/// The KV cache's element type (llama.cpp's `-ctk`/`-ctv`, Ollama's
+/// `OLLAMA_KV_CACHE_TYPE`). Both caches get the same type.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, PartialOrd, Ord, clap::ValueEnum,
+)]
+pub enum KvType {
+    #[default]
+    #[serde(rename = "f16")]
+    #[value(name = "f16")]
+    F16,
+    #[serde(rename = "q8_0")]
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[serde(rename = "q4_0")]
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+impl KvType {
+    /// The name llama.cpp and Ollama take.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// ggml's type id (ggml.h's `enum ggml_type`).
+    #[must_use]
+    pub fn ggml_type(self) -> i32 {
+        match self {
+            KvType::F16 => 1,
+            KvType::Q4_0 => 2,
+            KvType::Q8_0 => 8,
+        }
+    }
+
+    /// A quantized V cache needs flash attention in llama.cpp.
+    #[must_use]
+    pub fn is_quantized(self) -> bool {
+        self != KvType::F16
+    }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_f16(k: &KvType) -> bool {
+    *k == KvType::F16
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// llama-bench's `flash_attn` values: -1 auto, 0 off, 1 on.
 pub type FlashAttn = i8;
 
@@ -67,6 +123,18 @@ pub struct TrialSpec {
     /// llama.cpp's `--n-cpu-moe`; 0 for dense models.
     #[serde(default)]
     pub n_cpu_moe: u32,
+    /// Layers (from the first) whose dense FFN weights (`ffn_up`, `ffn_gate`,
+    /// `ffn_down`) stay on the CPU while the layer, its attention and its
+    /// KV cache are offloaded: llama.cpp's `-ot` with a CPU buffer type.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_cpu_ffn: u32,
+    /// More tensors kept in the CPU buffer type: regular expressions of
+    /// llama.cpp's `-ot PATTERN=CPU` (bench's `--override-tensor`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_overrides: Vec<String>,
+    /// KV cache type of both caches (`-ctk`/`-ctv`).
+    #[serde(default, skip_serializing_if = "is_f16")]
+    pub kv_type: KvType,
     /// Offload host tensor operations (large-batch matrix products of
     /// layers on the CPU) to the device: llama.cpp's default (on), its
     /// `--no-op-offload` (off), or auto, which the worker resolves from its
@@ -162,6 +230,9 @@ pub enum Role {
     Threads,
     /// Full offload with the experts of the first K layers on the CPU.
     Moe,
+    /// An escape hatch at the same context: another KV cache type, or the
+    /// FFN weights of some layers on the CPU.
+    Hatch,
 }
 
 impl Role {
@@ -179,6 +250,7 @@ impl Role {
             Role::Confirm => "confirm",
             Role::Threads => "threads",
             Role::Moe => "moe",
+            Role::Hatch => "hatch",
         }
     }
 }

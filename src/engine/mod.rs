@@ -21,6 +21,22 @@ pub fn cpu_moe_pattern(layer: u32) -> String {
     format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 }
 
+/// The pattern for one layer's dense FFN weights (`ffn_up`, `ffn_gate`,
+/// `ffn_down`; not the experts, not the norms), kept on the CPU by `-ot`.
+#[must_use]
+pub fn cpu_ffn_pattern(layer: u32) -> String {
+    format!("blk\\.{layer}\\.ffn_(up|down|gate)\\.weight")
+}
+
+/// llama.cpp's `-ot` value that keeps the dense FFN weights of the first
+/// `k` layers on the CPU: one regular expression (llama.cpp searches each
+/// tensor name with it) and the CPU buffer type.
+#[must_use]
+pub fn cpu_ffn_override(k: u32) -> String {
+    let layers: Vec<String> = (0..k).map(|l| l.to_string()).collect();
+    format!("blk\\.({})\\.ffn_(up|down|gate)\\.weight=CPU", layers.join("|"))
+}
+
 /// A small spec for unit tests elsewhere in the crate.
 #[cfg(test)]
 pub(crate) fn test_spec() -> TrialSpec {
@@ -39,6 +55,9 @@ pub(crate) fn test_spec() -> TrialSpec {
         seed: 1,
         sample_interval_ms: 20,
         n_cpu_moe: 0,
+        n_cpu_ffn: 0,
+        cpu_overrides: Vec::new(),
+        kv_type: crate::types::KvType::F16,
         op_offload: OpOffload::On,
         race: None,
     }

@@ -19,6 +19,9 @@ extern "C" {
         n_ubatch: u32,
         flash_attn: i32,
         op_offload: i32,
+        type_kv: i32,
+        cpu_patterns: *const *const c_char,
+        n_cpu_patterns: u32,
         cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64, u64),
         user: *mut c_void,
     ) -> c_int;
@@ -44,6 +47,31 @@ pub struct Prediction {
     pub buffers: Vec<PredictedBuffer>,
     /// Why llama.cpp could not predict this setting.
     pub error: Option<String>,
+    /// The placement, where it is more than a whole-layer split at the spec's context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub case: Option<PredictCase>,
+}
+
+/// A placement to price beyond the whole-layer grid: another context, KV
+/// cache type, or tensors kept on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PredictCase {
+    pub ngl: u32,
+    pub n_ctx: u32,
+    #[serde(default)]
+    pub kv_type: crate::types::KvType,
+    #[serde(default)]
+    pub n_cpu_ffn: u32,
+    #[serde(default)]
+    pub n_cpu_moe: u32,
+}
+
+impl PredictCase {
+    /// A whole-layer split at `n_ctx` with an f16 KV cache.
+    #[must_use]
+    pub fn layers(ngl: u32, n_ctx: u32) -> PredictCase {
+        PredictCase { ngl, n_ctx, kv_type: crate::types::KvType::F16, n_cpu_ffn: 0, n_cpu_moe: 0 }
+    }
 }
 
 /// What to predict: the tuning settings and the ngl values.
@@ -62,6 +90,9 @@ pub struct PredictSpec {
     /// choose when this many bytes must stay free on each device.
     #[serde(default)]
     pub fit_margin_bytes: Option<u64>,
+    /// More placements to price (answered in `PredictOutput::cases`).
+    #[serde(default)]
+    pub cases: Vec<PredictCase>,
 }
 
 /// What llama.cpp's `--fit` would choose for the same memory margin.
@@ -79,6 +110,8 @@ pub struct LlamaFit {
 pub struct PredictOutput {
     pub predictions: Vec<Prediction>,
     pub llama_fit: Option<LlamaFit>,
+    #[serde(default)]
+    pub cases: Vec<Prediction>,
 }
 
 fn llama_fit(spec: &PredictSpec, margin: u64) -> LlamaFit {
@@ -115,19 +148,31 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 }
 
 /// One dry run in this process (the backend must be initialized).
-fn predict_one(spec: &PredictSpec, ngl: u32) -> Prediction {
+fn predict_one(spec: &PredictSpec, c: PredictCase) -> Prediction {
     let mut buffers: Vec<PredictedBuffer> = Vec::new();
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
-    // SAFETY: valid C string, a callback that only touches `buffers`, which outlives the call.
+    let patterns: Vec<CString> = (0..c.n_cpu_ffn)
+        .map(super::cpu_ffn_pattern)
+        .chain((0..c.n_cpu_moe).map(super::cpu_moe_pattern))
+        .map(|p| CString::new(p).unwrap_or_default())
+        .collect();
+    let pointers: Vec<*const c_char> = patterns.iter().map(|p| p.as_ptr()).collect();
+    // A quantized V cache needs flash attention (as the trials run it).
+    let fa = if c.kv_type.is_quantized() { 1 } else { i32::from(spec.flash_attn) };
+    // SAFETY: valid C strings that outlive the call, a callback that only
+    // touches `buffers`, which outlives the call.
     let rc = unsafe {
         ngl_tune_predict(
             path.as_ptr(),
-            i32::try_from(ngl).unwrap_or(i32::MAX),
-            spec.n_ctx,
+            i32::try_from(c.ngl).unwrap_or(i32::MAX),
+            c.n_ctx,
             spec.n_batch,
             spec.n_ubatch,
-            i32::from(spec.flash_attn),
+            fa,
             i32::from(spec.op_offload),
+            c.kv_type.ggml_type(),
+            pointers.as_ptr(),
+            u32::try_from(pointers.len()).unwrap_or(0),
             collect,
             (&raw mut buffers).cast::<c_void>(),
         )
@@ -142,11 +187,12 @@ fn predict_one(spec: &PredictSpec, ngl: u32) -> Prediction {
         buffers.iter().filter(|b| !b.is_host && super::logs::is_device_buffer_type(&b.buffer_type)).map(f).sum()
     };
     Prediction {
-        n_gpu_layers: ngl,
+        n_gpu_layers: c.ngl,
         device_bytes: device(|b| b.model + b.context + b.compute),
         device_model_bytes: device(|b| b.model),
         buffers,
         error,
+        case: None,
     }
 }
 
@@ -167,9 +213,11 @@ pub fn predict_main() -> Result<()> {
     super::logs::install();
     super::logs::quiet();
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
-    let predictions: Vec<Prediction> = spec.ngl.iter().map(|n| predict_one(&spec, *n)).collect();
+    let predictions: Vec<Prediction> =
+        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx))).collect();
+    let cases = spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c) }).collect();
     let llama_fit = spec.fit_margin_bytes.map(|m| llama_fit(&spec, m));
-    println!("{}", serde_json::to_string(&PredictOutput { predictions, llama_fit })?);
+    println!("{}", serde_json::to_string(&PredictOutput { predictions, llama_fit, cases })?);
     Ok(())
 }
 

@@ -155,6 +155,11 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
             Box::leak(std::ffi::CString::new(super::cpu_moe_pattern(layer)).unwrap_or_default().into_boxed_c_str());
         params.as_mut().add_cpu_buft_override(pattern);
     }
+    for p in (0..spec.n_cpu_ffn).map(super::cpu_ffn_pattern).chain(spec.cpu_overrides.iter().cloned()) {
+        let pattern: &'static std::ffi::CStr =
+            Box::leak(std::ffi::CString::new(p).unwrap_or_default().into_boxed_c_str());
+        params.as_mut().add_cpu_buft_override(pattern);
+    }
     let t_load = Instant::now();
     let model = LlamaModel::load_from_file(backend, &spec.model, &params);
     let load_log = logs::take();
@@ -187,7 +192,9 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
             .with_n_threads(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
             .with_n_threads_batch(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
             .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(spec.flash_attn))
-            .with_op_offload(spec.op_offload != crate::types::OpOffload::Off);
+            .with_op_offload(spec.op_offload != crate::types::OpOffload::Off)
+            .with_type_k(kv_cache_type(spec.kv_type))
+            .with_type_v(kv_cache_type(spec.kv_type));
         let ctx = model.new_context(backend, cparams);
         let ctx_log = logs::take();
         let mut ctx = match ctx {
@@ -216,6 +223,15 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
     }
     result.status = TrialStatus::Ok;
     result
+}
+
+fn kv_cache_type(k: crate::types::KvType) -> llama_cpp_2::context::params::KvCacheType {
+    use llama_cpp_2::context::params::KvCacheType;
+    match k {
+        crate::types::KvType::F16 => KvCacheType::F16,
+        crate::types::KvType::Q8_0 => KvCacheType::Q8_0,
+        crate::types::KvType::Q4_0 => KvCacheType::Q4_0,
+    }
 }
 
 fn fail(mut r: TrialResult, status: TrialStatus, reason: String) -> TrialResult {

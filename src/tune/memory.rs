@@ -132,6 +132,7 @@ pub fn predict(
         flash_attn: s.flash_attn,
         op_offload,
         fit_margin_bytes: margin,
+        cases: Vec::new(),
     };
     match predict_in_child(exe, &spec) {
         Ok(out) => {

@@ -246,6 +246,9 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
         n_cpu_moe: 0,
+        n_cpu_ffn: 0,
+        cpu_overrides: Vec::new(),
+        kv_type: crate::types::KvType::F16,
         op_offload: if op_offload { crate::types::OpOffload::On } else { crate::types::OpOffload::Off },
         race: None,
     }
