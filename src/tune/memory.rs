@@ -203,6 +203,7 @@ mod tests {
             device_model_bytes: b,
             buffers: vec![],
             error: None,
+            case: None,
         };
         let preds = [p(0, 0), p(10, 100), p(20, 200), p(30, 300), p(35, 400)];
         assert_eq!(largest_predicted_under(&preds, 1000.0, 35), 35);
