@@ -24,6 +24,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Inspect(a) => cmd_inspect(&a),
         Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
         Command::Predict => crate::engine::predict::predict_main().map(|()| exit::OK),
+        Command::Kl => crate::engine::quality::kl_main().map(|()| exit::OK),
         Command::Devices => {
             let devices = crate::probe::ggml::devices();
             println!("{}", serde_json::to_string(&devices)?);
@@ -119,10 +120,11 @@ fn tune_settings(
     let w = &a.workload;
     let threads = check_workload(w, info)?;
     let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
+    let contexts = a.ctx.as_deref().map(|l| parse_contexts(l, info)).transpose()?;
     Ok(crate::profile::Settings {
         target_vram,
         vram_budget_bytes,
-        n_ctx: w.ctx_size.unwrap_or(4096),
+        n_ctx: contexts.as_ref().and_then(|c| c.last().copied()).or(w.ctx_size).unwrap_or(4096),
         n_prompt: w.n_prompt.unwrap_or(p),
         n_gen: w.n_gen.unwrap_or(n),
         repetitions: w.repetitions.unwrap_or(r),
@@ -143,7 +145,62 @@ fn tune_settings(
         search: a.search.clone(),
         busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
         op_offload: w.op_offload,
+        contexts: contexts.unwrap_or_default(),
+        ctx_rule: None,
+        max_kl: a
+            .max_kl
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|k| k.is_finite() && *k >= 0.0)
+            .ok_or_else(|| bad(format!("--max-kl {} is not a KL divergence; give nats like 0.05", a.max_kl)))?,
     })
+}
+
+/// Parses `--ctx`: context sizes, each positive and at most the trained context.
+fn parse_contexts(list: &str, info: &ModelInfo) -> Result<Vec<u32>> {
+    let mut v = Vec::new();
+    for part in list.split(',').map(str::trim) {
+        let c: u32 = part.parse().ok().filter(|c| *c > 0).ok_or_else(|| {
+            bad(format!("--ctx {list}: '{part}' is not a context size; give sizes like 4096,16384,32768"))
+        })?;
+        if info.ctx_train > 0 && u64::from(c) > info.ctx_train {
+            return Err(bad(format!(
+                "--ctx {c} is larger than the {} tokens {} was trained for; give at most {}",
+                info.ctx_train, info.file_name, info.ctx_train
+            )));
+        }
+        v.push(c);
+    }
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+/// The contexts to tune and the rule that chose them: `--ctx`, `-c`, the
+/// Modelfile's num_ctx, or Ollama's default here.
+fn choose_contexts(a: &TuneArgs, s: &mut crate::profile::Settings, info: &ModelInfo, hw: &crate::probe::Hardware) {
+    if a.ctx.is_some() || a.workload.ctx_size.is_some() {
+        return;
+    }
+    let from_modelfile = a.write_modelfile.as_deref().filter(|p| p.exists()).and_then(|p| {
+        let cmds = crate::emit::modelfile::read(p).ok()?;
+        let params = crate::emit::modelfile::parameters(&cmds);
+        let v = params.iter().find(|(k, _)| k == "num_ctx")?.1.last()?.trim().parse::<u32>().ok()?;
+        Some((v, p.display().to_string()))
+    });
+    let (ctx, rule) = match from_modelfile {
+        Some((v, path)) => (v, format!("context {v}: num_ctx of the Modelfile being updated ({path})")),
+        None => {
+            let c = crate::emit::ollama_ctx_here(hw, info.ctx_train, &|k| std::env::var(k).ok());
+            let c = u32::try_from(c).unwrap_or(u32::MAX);
+            (c, format!(
+                "context {c}: what current Ollama gives this model here without num_ctx (4k under 23 GiB of GPU memory, 32k from 23 GiB, 256k from 47 GiB; OLLAMA_CONTEXT_LENGTH replaces the rule; at most the trained context); --ctx tunes others"
+            ))
+        }
+    };
+    s.n_ctx = ctx;
+    s.ctx_rule = Some(rule);
 }
 
 fn cmd_tune(a: &TuneArgs) -> Result<i32> {
@@ -160,8 +217,9 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     if let Some(m) = &a.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
-    let req =
+    let mut req =
         crate::tune::TuneRequest::new(info, settings, store)?.with_resume(a.resume).with_output(a.verbose, !a.quiet);
+    choose_contexts(a, &mut req.settings, &req.info, &crate::probe::hardware(req.devices.clone()));
     crate::interrupt::install();
     let _lock = crate::profile::lock::StoreLock::acquire(
         &req.store,
@@ -351,7 +409,10 @@ fn cmd_emit(a: &EmitArgs) -> Result<i32> {
     if let Some(m) = &a.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
-    let p = load_profile(&a.source, a.profiles.as_deref())?;
+    let mut p = load_profile(&a.source, a.profiles.as_deref())?;
+    if let Some(c) = a.ctx {
+        p = p.at_context(c)?;
+    }
     let format = match a.format {
         Some(f) => Some(f),
         None if a.chart.is_some() || a.write_modelfile.is_some() => None,

@@ -47,6 +47,8 @@ pub enum Command {
     /// Internal: predict device memory by llama.cpp's dry run (spec as JSON on stdin)
     #[command(name = "__predict", hide = true)]
     Predict,
+    #[command(name = "__kl", hide = true)]
+    Kl,
     /// Internal: print llama.cpp's devices as JSON
     #[command(name = "__devices", hide = true)]
     Devices,
@@ -186,6 +188,15 @@ pub struct TuneArgs {
     /// ngl values to measure instead of the default grid (0,10,20,... and full offload); 99 = all layers
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
     pub ngl: Vec<String>,
+    /// Context sizes to tune, each at most what the model was trained for (4096,16384,32768); the
+    /// profile holds one placement per context [default: -c, else num_ctx of the --write-modelfile
+    /// Modelfile, else the context Ollama gives the model by default on this machine's GPU memory]
+    #[arg(long = "ctx", value_name = "LIST", conflicts_with = "ctx_size")]
+    pub ctx: Option<String>,
+    /// A quantized KV cache is recommended only when its mean KL divergence from the f16 cache
+    /// (measured on tokens the f16 cache generated) stays at or under this many nats
+    #[arg(long, default_value = "0.05", value_name = "NATS", allow_hyphen_values = true)]
+    pub max_kl: String,
     #[command(flatten)]
     pub workload: Workload,
     /// What to maximize
@@ -243,6 +254,9 @@ pub struct EmitArgs {
     /// Draw the tuning curve as an SVG chart
     #[arg(long, value_name = "FILE.svg")]
     pub chart: Option<PathBuf>,
+    /// The context size whose placement to emit, of those tuned [default: the largest]
+    #[arg(long, value_name = "N")]
+    pub ctx: Option<u32>,
     /// Profile store directory, for a model path [default: $XDG_DATA_HOME/ngl-tune/profiles]
     #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
     pub profiles: Option<PathBuf>,

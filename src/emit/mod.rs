@@ -11,7 +11,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::engine::TrialStatus;
-use crate::profile::{Profile, Recommendation};
+use crate::profile::Profile;
 
 /// Output formats of `ngl-tune emit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -80,6 +80,14 @@ fn server_env(p: &Profile) -> Vec<(&'static str, String)> {
     if r.n_cpu_moe > 0 {
         v.push(("LLAMA_ARG_N_CPU_MOE", r.n_cpu_moe.to_string()));
     }
+    if r.kv_type.is_quantized() {
+        v.push(("LLAMA_ARG_CACHE_TYPE_K", r.kv_type.as_str().to_string()));
+        v.push(("LLAMA_ARG_CACHE_TYPE_V", r.kv_type.as_str().to_string()));
+        v.push(("LLAMA_ARG_FLASH_ATTN", "on".to_string()));
+    }
+    if r.n_cpu_ffn > 0 {
+        v.push(("LLAMA_ARG_OVERRIDE_TENSOR", crate::engine::cpu_ffn_override(r.n_cpu_ffn)));
+    }
     v
 }
 
@@ -116,27 +124,33 @@ pub fn ollama_default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64
     }
 }
 
-/// One line when pinning `num_ctx` changes what an Ollama user gets: a
-/// context smaller than Ollama's default on this machine, or
-/// `OLLAMA_NUM_PARALLEL` multiplying it. `env` reads Ollama's variables.
+/// The context current Ollama gives a model on this machine when no
+/// `num_ctx` is set: its rule over the GPUs it can run on (NVIDIA cards, or
+/// real, not CPU-emulated, offload devices), `OLLAMA_GPU_OVERHEAD` and
+/// `OLLAMA_CONTEXT_LENGTH` read through `env`.
 #[must_use]
-pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-    let ctx_train = p.model.ctx_train;
-    let n_ctx = u64::from(p.recommendation.n_ctx);
+pub fn ollama_ctx_here(hw: &crate::probe::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
-    // Ollama counts the GPUs it can run on: NVIDIA cards, or real (not CPU-emulated) offload devices.
-    let mut totals: Vec<u64> = p.hardware.gpus.iter().filter_map(|g| g.memory_total).collect();
+    let mut totals: Vec<u64> = hw.gpus.iter().filter_map(|g| g.memory_total).collect();
     if totals.is_empty() {
-        totals = p
-            .hardware
+        totals = hw
             .llama_devices
             .iter()
             .filter(|d| d.is_offload_target() && !d.is_software_renderer())
             .map(|d| d.memory_total)
             .collect();
     }
-    let default =
-        ollama_default_ctx(&totals, num("OLLAMA_GPU_OVERHEAD").unwrap_or(0), num("OLLAMA_CONTEXT_LENGTH"), ctx_train);
+    ollama_default_ctx(&totals, num("OLLAMA_GPU_OVERHEAD").unwrap_or(0), num("OLLAMA_CONTEXT_LENGTH"), ctx_train)
+}
+
+/// One line when pinning `num_ctx` changes what an Ollama user gets: a
+/// context smaller than Ollama's default on this machine, or
+/// `OLLAMA_NUM_PARALLEL` multiplying it. `env` reads Ollama's variables.
+#[must_use]
+pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let n_ctx = u64::from(p.recommendation.n_ctx);
+    let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
+    let default = ollama_ctx_here(&p.hardware, p.model.ctx_train, env);
     let parallel = num("OLLAMA_NUM_PARALLEL").unwrap_or(1).max(1);
     let mut parts = Vec::new();
     if n_ctx < default {
@@ -170,11 +184,7 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
     let r = &p.recommendation;
     Ok(match f {
         Format::Modelfile => modelfile::render(p),
-        Format::LlamaCpp => format!(
-            "-m {} {}\n",
-            shell_quote(&model_path(p)),
-            Recommendation::llama_cpp_args(r.n_gpu_layers, r.n_threads, r.n_ctx, r.n_cpu_moe, r.op_offload)
-        ),
+        Format::LlamaCpp => format!("-m {} {}\n", shell_quote(&model_path(p)), r.flags()),
         Format::LlamaServerEnv => {
             let lines: String = server_env(p).into_iter().map(|(k, v)| format!("{k}={}\n", env_quote(&v))).collect();
             format!("{}{lines}", op_offload_comment(p))

@@ -66,6 +66,19 @@ pub fn render(p: &Profile) -> String {
             p.recommendation.n_gpu_layers, p.recommendation.n_cpu_moe
         ));
     }
+    let r = &p.recommendation;
+    if !r.ollama_server_env.is_empty() {
+        s.push_str(&format!(
+            "# set on the Ollama server, not here (they apply to every model it runs): {}\n",
+            r.ollama_server_env.join(" ")
+        ));
+    }
+    if r.n_cpu_ffn > 0 {
+        s.push_str(&format!(
+            "# llama.cpp is faster with -ngl {} and the FFN weights of {} layers on the CPU (-ot); Ollama has no tensor overrides, so num_gpu is the best whole-layer split\n",
+            r.n_gpu_layers, r.n_cpu_ffn
+        ));
+    }
     for (k, v) in params(p) {
         s.push_str(&format!("PARAMETER {k} {v}\n"));
     }

@@ -7,6 +7,7 @@
 pub mod child;
 pub mod logs;
 pub mod predict;
+pub mod quality;
 pub mod runner;
 pub mod worker;
 

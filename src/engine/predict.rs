@@ -52,6 +52,20 @@ pub struct Prediction {
     pub case: Option<PredictCase>,
 }
 
+impl Prediction {
+    /// Whether this prediction is for the placement `spec` measures (a
+    /// whole-layer prediction: at the spec's context with an f16 KV cache).
+    #[must_use]
+    pub fn prices(&self, spec: &crate::types::TrialSpec) -> bool {
+        let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, spec.n_ctx.unwrap_or(0)));
+        c.ngl == spec.n_gpu_layers
+            && Some(c.n_ctx) == spec.n_ctx.or(Some(0))
+            && c.kv_type == spec.kv_type
+            && c.n_cpu_ffn == spec.n_cpu_ffn
+            && c.n_cpu_moe == spec.n_cpu_moe
+    }
+}
+
 /// A placement to price beyond the whole-layer grid: another context, KV
 /// cache type, or tensors kept on the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,9 +11,10 @@ use serde::{Deserialize, Serialize};
 use crate::engine::TrialResult;
 use crate::model::ModelInfo;
 use crate::probe::Hardware;
-use crate::types::{Decision, Objective, Point};
+use crate::types::{Decision, KvType, Objective, Point};
 
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: per-context placements, KV cache types, FFN overrides; version 1 is read.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Who wrote a profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +126,39 @@ pub struct Settings {
     /// device is CPU-based).
     #[serde(default)]
     pub op_offload: crate::engine::OpOffload,
+    /// Every context size tuned, ascending (`n_ctx` is the largest);
+    /// profiles from before the field: `n_ctx` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contexts: Vec<u32>,
+    /// Which rule chose the context when none was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctx_rule: Option<String>,
+    /// Escape hatches that change the output (a quantized KV cache) are
+    /// recommended only when their mean KL divergence from the reference
+    /// stays under this (nats).
+    #[serde(default = "default_max_kl")]
+    pub max_kl: f64,
+}
+
+/// `--max-kl`'s default: llama.cpp's q8_0 KV cache scores about 0.001
+/// nats, q4_0 about 0.01-0.03; 0.05 admits both on most models and stops
+/// the ones that lose their way.
+pub const DEFAULT_MAX_KL: f64 = 0.05;
+
+fn default_max_kl() -> f64 {
+    DEFAULT_MAX_KL
+}
+
+impl Settings {
+    /// The context sizes tuned, ascending.
+    #[must_use]
+    pub fn contexts(&self) -> Vec<u32> {
+        if self.contexts.is_empty() {
+            vec![self.n_ctx]
+        } else {
+            self.contexts.clone()
+        }
+    }
 }
 
 fn default_busy_threshold() -> f64 {
@@ -219,6 +253,12 @@ impl ProfileTrial {
         self.role.is_search()
     }
 
+    /// Measured at this context size (version-1 trials all are: one context).
+    #[must_use]
+    pub fn at_ctx(&self, n_ctx: u32) -> bool {
+        self.result.spec.n_ctx.is_none_or(|c| c == n_ctx)
+    }
+
     /// The trial reduced to what the decision needs.
     #[must_use]
     pub fn point(&self) -> Point {
@@ -297,6 +337,16 @@ pub struct Recommendation {
     pub modelfile: Vec<String>,
     /// llama.cpp flags.
     pub llama_cpp_args: String,
+    /// KV cache type of both caches (quantized: with flash attention on).
+    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
+    pub kv_type: KvType,
+    /// Layers whose dense FFN weights stay on the CPU at full offload (`-ot`).
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
+    pub n_cpu_ffn: u32,
+    /// Ollama server settings the recommendation needs (`OLLAMA_KV_CACHE_TYPE`,
+    /// `OLLAMA_FLASH_ATTENTION`): they apply to every model that server runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ollama_server_env: Vec<String>,
 }
 
 impl Recommendation {
@@ -319,6 +369,109 @@ impl Recommendation {
         let po = if op_offload { "" } else { " --no-op-offload" };
         format!("-ngl {ngl} -t {threads} -c {ctx}{moe}{po}")
     }
+
+    /// This recommendation's llama.cpp flags.
+    #[must_use]
+    pub fn flags(&self) -> String {
+        Recommendation::llama_cpp_args(self.n_gpu_layers, self.n_threads, self.n_ctx, self.n_cpu_moe, self.op_offload)
+            + &Recommendation::hatch_args(self.kv_type, self.n_cpu_ffn)
+    }
+
+    /// The flags a hatch adds: `-ctk T -ctv T -fa on` for a quantized KV
+    /// cache, `-ot 'PATTERN=CPU'` for FFN weights kept on the CPU.
+    #[must_use]
+    pub fn hatch_args(kv: KvType, n_cpu_ffn: u32) -> String {
+        let mut s = String::new();
+        if kv.is_quantized() {
+            s += &format!(" -ctk {0} -ctv {0} -fa on", kv.as_str());
+        }
+        if n_cpu_ffn > 0 {
+            s += &format!(" -ot '{}'", crate::engine::cpu_ffn_override(n_cpu_ffn));
+        }
+        s
+    }
+}
+
+/// One way to run the model at a context, in the order the guide ranks
+/// them: a quantized KV cache, a shorter context, FFN weights on the CPU,
+/// whole layers on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HatchKind {
+    /// Every layer on the GPU with a quantized KV cache.
+    KvCache,
+    /// The largest context that fits fully (another workload: predicted).
+    ShorterContext,
+    /// Every layer on the GPU, the dense FFN weights of the first K layers on the CPU.
+    FfnSpill,
+    /// The best whole-layer split (what Ollama's num_gpu can express).
+    LayerSplit,
+}
+
+impl HatchKind {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HatchKind::KvCache => "kv cache",
+            HatchKind::ShorterContext => "shorter context",
+            HatchKind::FfnSpill => "ffn on cpu",
+            HatchKind::LayerSplit => "layer split",
+        }
+    }
+}
+
+/// One escape hatch at one context: measured, or predicted with the reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlacementOption {
+    pub kind: HatchKind,
+    pub n_ctx: u32,
+    pub n_gpu_layers: u32,
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
+    pub n_cpu_ffn: u32,
+    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
+    pub kv_type: KvType,
+    pub measured: bool,
+    pub tg_ts: Option<f64>,
+    pub pp_ts: Option<f64>,
+    /// Device memory: the trial's (policy's currency) when measured, else llama.cpp's dry run.
+    pub device_bytes: Option<u64>,
+    /// Under the cap (by measurement where measured).
+    pub fits: bool,
+    /// Quality against the reference (f16 KV): mean KL divergence of the
+    /// token distributions and how often the top token agrees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<Quality>,
+    pub recommended: bool,
+    /// Why it was not measured, or what it costs or gains against the recommendation.
+    pub note: String,
+}
+
+/// A quantization's cost in quality, measured as llama.cpp's perplexity
+/// tool does with `--kl-divergence`, on tokens the reference generated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quality {
+    /// Mean KL divergence (nats) of the token distributions from the reference's.
+    pub kl_mean: f64,
+    /// 99th percentile of the per-token KL divergence.
+    pub kl_p99: f64,
+    /// Share of positions whose most likely token is the reference's.
+    pub top1_agree: f64,
+    pub tokens: u32,
+    /// What it was compared with ("f16 KV cache", a model file).
+    pub reference: String,
+}
+
+/// The answer at one context size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextPlacement {
+    pub n_ctx: u32,
+    /// Full offload with an f16 KV cache fits under the cap (dry run, or measured).
+    pub fits_fully: bool,
+    /// The f16 KV cache at full offload, by llama.cpp's dry run.
+    pub kv_bytes: Option<u64>,
+    pub recommendation: Recommendation,
+    /// The escape hatches in the guide's order (empty when nothing needed one).
+    pub options: Vec<PlacementOption>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -348,13 +501,49 @@ pub struct Profile {
     pub notes: Vec<String>,
     /// Wall time of the whole tuning, seconds.
     pub wall_s: f64,
+    /// The answer per context size, with the escape hatches measured or
+    /// predicted (schema 2; version-1 profiles: empty, `recommendation` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placements: Vec<ContextPlacement>,
 }
 
 impl Profile {
     /// The ngl search's trials as the decision saw them.
     #[must_use]
     pub fn search_points(&self) -> Vec<Point> {
-        self.trials.iter().filter(|t| t.is_search()).map(ProfileTrial::point).collect()
+        self.search_points_at(self.settings.n_ctx)
+    }
+
+    /// The ngl search's trials at one context size.
+    #[must_use]
+    pub fn search_points_at(&self, n_ctx: u32) -> Vec<Point> {
+        self.trials.iter().filter(|t| t.is_search() && t.at_ctx(n_ctx)).map(ProfileTrial::point).collect()
+    }
+
+    /// The profile as if only context `n_ctx` had been asked for: its
+    /// recommendation becomes the profile's (for `emit --ctx`).
+    ///
+    /// # Errors
+    /// `BadInput` naming the contexts the profile has.
+    pub fn at_context(mut self, n_ctx: u32) -> anyhow::Result<Profile> {
+        if self.recommendation.n_ctx == n_ctx {
+            return Ok(self);
+        }
+        let Some(c) = self.placement(n_ctx) else {
+            let have: Vec<String> = self.settings.contexts().iter().map(ToString::to_string).collect();
+            return Err(crate::error::bad(format!(
+                "the profile has no placement for a {n_ctx}-token context (tuned: {}); pick one of those or tune with --ctx {n_ctx}",
+                have.join(", ")
+            )));
+        };
+        self.recommendation = c.recommendation.clone();
+        Ok(self)
+    }
+
+    /// The placement at a context size (version-1 profiles: the recommendation at theirs).
+    #[must_use]
+    pub fn placement(&self, n_ctx: u32) -> Option<&ContextPlacement> {
+        self.placements.iter().find(|p| p.n_ctx == n_ctx)
     }
 }
 

@@ -102,10 +102,10 @@ pub fn read_profile(path: &Path) -> Result<Profile> {
     let v: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| bad(format!("{} is not JSON ({e}); it is not an ngl-tune profile", path.display())))?;
     match v.get("schema_version").and_then(serde_json::Value::as_u64) {
-        Some(n) if n == u64::from(SCHEMA_VERSION) => {}
+        Some(n) if (1..=u64::from(SCHEMA_VERSION)).contains(&n) => {}
         Some(n) => {
             return Err(bad(format!(
-                "{} has schema_version {n}; this ngl-tune reads version {SCHEMA_VERSION}: use a matching ngl-tune or re-tune",
+                "{} has schema_version {n}; this ngl-tune reads versions 1 to {SCHEMA_VERSION}: use a matching ngl-tune or re-tune",
                 path.display()
             )))
         }

@@ -27,6 +27,12 @@ pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec 
     spec.n_gpu_layers = c.ngl;
     spec.n_threads = c.threads;
     spec.n_cpu_moe = c.n_cpu_moe;
+    spec.n_cpu_ffn = c.n_cpu_ffn;
+    spec.kv_type = c.kv;
+    if c.kv.is_quantized() {
+        // llama.cpp quantizes the V cache only with flash attention.
+        spec.flash_attn = 1;
+    }
     spec.race = race.filter(|r| r.pp_below_ts.is_some() || r.tg_below_ts.is_some());
     spec
 }

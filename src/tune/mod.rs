@@ -10,7 +10,9 @@ pub mod choose;
 pub mod executor;
 pub mod knee;
 pub mod memory;
+pub mod placement;
 pub mod plan;
+pub mod quality;
 pub mod search;
 pub mod summary;
 #[cfg(test)]
@@ -80,7 +82,28 @@ pub struct TuneOutcome {
     pub notes: Vec<String>,
 }
 
-/// Runs the whole tuning and writes the profile.
+/// What one context size's search found.
+struct ContextOutcome {
+    found: search::Found,
+    trials: Vec<crate::profile::ProfileTrial>,
+    prediction: Option<crate::profile::PredictionReport>,
+    search: Option<crate::profile::SearchReport>,
+    fit_check: Vec<crate::profile::FitCheck>,
+    placement: crate::profile::ContextPlacement,
+    no_gpu: bool,
+    notes: Vec<String>,
+}
+
+/// The machine-wide facts every context's search shares.
+struct Shared<'a> {
+    opts: &'a TuneRequest,
+    hw: &'a Hardware,
+    policy: Option<MemoryPolicy>,
+    op_offload: bool,
+    exe: PathBuf,
+}
+
+/// Runs the whole tuning (each context size, smallest first) and writes the profile.
 ///
 /// # Errors
 /// Worker start failures, an interrupt (the checkpoint keeps finished
@@ -93,48 +116,44 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     let identity = ModelIdentity::of(info);
     let policy = memory::memory_policy(&hw, s.target_vram, s.vram_budget_bytes);
     let mut notes = hw.notes.clone();
-    let checkpoint = resume(opts, &identity, &hw, &mut notes);
+    let mut checkpoint = Some(resume(opts, &identity, &hw, &mut notes));
     let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
     if !op_offload && s.op_offload == crate::engine::OpOffload::Auto {
         notes.push(probe::op_offload_note(&hw.llama_devices));
     }
-    let mut plan = plan_for(info, s, &hw, policy.is_none());
-    let exe = crate::engine::child::current_exe()?;
-    let mut prediction = policy.as_ref().map(|p| memory::predict(&exe, info, s, p, &plan.full_grid, op_offload));
-    if let Some(pr) = &prediction {
-        plan.predicted_over.clone_from(&pr.predicted_over_cap);
-        plan.n_max = memory::largest_predicted_under(
-            &pr.predictions,
-            policy.as_ref().map_or(f64::INFINITY, |p| p.cap_bytes),
-            info.n_layer_full,
-        );
-        notes.extend(pr.error.as_ref().map(|e| {
-            format!("llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured")
-        }));
+    notes.extend(s.ctx_rule.clone());
+    let shared =
+        Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe: crate::engine::child::current_exe()? };
+    let mut outcomes = Vec::new();
+    for ctx in s.contexts() {
+        let sc = Settings { n_ctx: ctx, ..s.clone() };
+        let (o, c) = tune_context(&shared, &sc, checkpoint.take())?;
+        checkpoint = c;
+        outcomes.push(o);
     }
-    let runner = Runner::current(Duration::from_secs(s.trial_timeout_s), opts.verbose)?
-        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
-        .with_busy_threshold(s.busy_threshold);
-    let mut executor = WorkerExecutor::new(runner, base_spec(info, s, op_offload));
-    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
-    let progress = Progress::new(opts.progress, terminal, planned);
-    let mut search = Search::new(s, &mut executor, policy.clone(), progress, Some(checkpoint));
-    search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
-    let found = search.run(&plan)?;
-    let trials = search.into_trials();
-    notes.extend(found.notes.iter().cloned());
-    notes.extend(summary::noise_note(&trials));
-    let busy = crate::report::busy_note(trials.iter().map(|t| &t.result));
+    let primary = outcomes.pop().expect("at least one context");
+    let busy =
+        crate::report::busy_note(outcomes.iter().chain([&primary]).flat_map(|o| o.trials.iter().map(|t| &t.result)));
     let confidence = if busy.is_some() { Confidence::Low } else { Confidence::High };
+    let mut placements: Vec<crate::profile::ContextPlacement> = Vec::new();
+    let mut trials = Vec::new();
+    for o in outcomes.iter().chain([&primary]) {
+        let mut p = o.placement.clone();
+        p.recommendation.confidence = confidence;
+        placements.push(p);
+        trials.extend(o.trials.iter().cloned());
+        for n in &o.notes {
+            let n =
+                if o.placement.n_ctx == s.n_ctx { n.clone() } else { format!("{} context: {n}", o.placement.n_ctx) };
+            if !notes.contains(&n) {
+                notes.push(n);
+            }
+        }
+    }
     notes.extend(busy);
     notes.extend(crate::report::threads_note(trials.iter().map(|t| &t.result)));
-    if let Some(pr) = prediction.as_mut() {
-        summary::finish_prediction(pr, &trials, info.n_layer_full);
-    }
-    let runnable: Vec<u32> = plan.full_grid.iter().copied().filter(|n| !plan.predicted_over.contains(n)).collect();
-    let search_report = (!plan.no_gpu)
-        .then(|| summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full));
+    let mut recommendation = primary.placement.recommendation.clone();
+    recommendation.confidence = confidence;
     let profile = Profile {
         schema_version: SCHEMA_VERSION,
         tool: Tool::this(),
@@ -142,25 +161,126 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
         machine_id: hw.machine_id.clone(),
         fingerprint: hw.fingerprint.clone(),
         memory: policy.clone().unwrap_or_else(MemoryPolicy::no_gpu),
-        hardware: hw,
+        hardware: hw.clone(),
         model: identity,
         settings: s.clone(),
-        no_gpu: plan.no_gpu,
-        memory_fit_check: policy
-            .map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full))
-            .unwrap_or_default(),
-        recommendation: summary::recommendation(&found, &trials, s, info.n_layer_full, op_offload, confidence),
-        decision: found.decision,
-        skipped: found.skipped,
+        no_gpu: primary.no_gpu,
+        memory_fit_check: primary.fit_check,
+        recommendation,
+        decision: primary.found.decision,
+        skipped: primary.found.skipped,
         trials,
-        prediction,
-        search: search_report,
+        prediction: primary.prediction,
+        search: primary.search,
         notes: notes.clone(),
         wall_s: started.elapsed().as_secs_f64(),
+        placements: if policy.is_some() { placements } else { Vec::new() },
     };
     let path = store::save(&opts.store, &profile)?;
     let _ = std::fs::remove_file(store::checkpoint_path(&opts.store, &profile.machine_id, &profile.model));
     Ok(TuneOutcome { profile, path, notes })
+}
+
+/// The whole-layer search at one context size, then its escape hatches.
+fn tune_context(
+    sh: &Shared<'_>,
+    s: &Settings,
+    checkpoint: Option<Checkpointing>,
+) -> Result<(ContextOutcome, Option<Checkpointing>)> {
+    let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
+    let mut plan = plan_for(info, s, sh.hw, policy.is_none());
+    let mut prediction = policy.map(|p| memory::predict(&sh.exe, info, s, p, &plan.full_grid, sh.op_offload));
+    let mut notes = Vec::new();
+    if let Some(pr) = &prediction {
+        plan.predicted_over.clone_from(&pr.predicted_over_cap);
+        plan.n_max = memory::largest_predicted_under(
+            &pr.predictions,
+            policy.map_or(f64::INFINITY, |p| p.cap_bytes),
+            info.n_layer_full,
+        );
+        notes.extend(pr.error.as_ref().map(|e| {
+            format!("llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured")
+        }));
+    }
+    let runner = Runner::current(Duration::from_secs(s.trial_timeout_s), sh.opts.verbose)?
+        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
+        .with_busy_threshold(s.busy_threshold);
+    let mut executor = WorkerExecutor::new(runner, base_spec(info, s, sh.op_offload));
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
+    let progress = Progress::new(sh.opts.progress, terminal, planned);
+    let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint);
+    search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
+    let found = search.run(&plan)?;
+    notes.extend(found.notes.iter().cloned());
+    let layer_split = {
+        let t = &search.trials;
+        summary::recommendation(&found, t, s, info.n_layer_full, sh.op_offload, Confidence::High)
+    };
+    let hatches = match policy.filter(|_| !plan.no_gpu && prediction.as_ref().is_some_and(|p| p.error.is_none())) {
+        Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
+        None => placement::Hatches::default(),
+    };
+    notes.extend(hatches.notes.iter().cloned());
+    let (trials, checkpoint) = search.into_parts();
+    notes.extend(summary::noise_note(&trials));
+    if let Some(pr) = prediction.as_mut() {
+        summary::finish_prediction(pr, &trials, info.n_layer_full);
+    }
+    let runnable: Vec<u32> = plan.full_grid.iter().copied().filter(|n| !plan.predicted_over.contains(n)).collect();
+    let search_report = (!plan.no_gpu)
+        .then(|| summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full));
+    let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
+    let placement = crate::profile::ContextPlacement {
+        n_ctx: s.n_ctx,
+        fits_fully: hatches.fits_fully,
+        kv_bytes: hatches.kv_bytes,
+        recommendation: placement::recommend(&layer_split, &hatches.options),
+        options: hatches.options,
+    };
+    let no_gpu = plan.no_gpu;
+    let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
+    Ok((o, checkpoint))
+}
+
+/// The escape hatches at the search's context: priced by the dry run in a
+/// child, the KV cache's quality measured in another.
+fn hatches(
+    sh: &Shared<'_>,
+    s: &Settings,
+    policy: &MemoryPolicy,
+    plan: &Plan,
+    search: &mut Search<'_>,
+    layer_split: &crate::profile::Recommendation,
+) -> Result<placement::Hatches> {
+    use crate::engine::predict::{predict_in_child, PredictSpec};
+    let info = &sh.opts.info;
+    let h = placement::HatchInputs {
+        full: plan.full,
+        n_layer: plan.n_layer,
+        is_moe: plan.is_moe,
+        cap: policy.cap_bytes,
+        n_ctx: s.n_ctx,
+        threads: s.n_threads,
+    };
+    let mut predict = |cases: &[crate::engine::predict::PredictCase]| {
+        let spec = PredictSpec {
+            model: info.path.clone(),
+            ngl: Vec::new(),
+            n_ctx: s.n_ctx,
+            n_batch: s.n_batch,
+            n_ubatch: s.n_ubatch,
+            flash_attn: s.flash_attn,
+            op_offload: sh.op_offload,
+            fit_margin_bytes: None,
+            cases: cases.to_vec(),
+        };
+        predict_in_child(&sh.exe, &spec).map(|o| o.cases).unwrap_or_default()
+    };
+    // Quality does not depend on where the layers run: score at the fastest measured split.
+    let ngl = layer_split.n_gpu_layers;
+    let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload);
+    placement::escape_hatches(search, &h, &mut predict, &mut assess, layer_split)
 }
 
 /// The checkpoint to continue from: the previous one with `--resume` when

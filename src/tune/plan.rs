@@ -3,6 +3,8 @@
 
 use anyhow::Result;
 
+use crate::types::KvType;
+
 /// The default grid: 0, 10, 20, ... below full offload, then full offload
 /// (n_layer + 1: this llama.cpp counts the output layer, which goes first).
 #[must_use]
@@ -23,21 +25,23 @@ pub fn normalize(values: &[u32], n_layer_full: u32) -> Vec<u32> {
     g
 }
 
-/// A whole placement to measure: layers on the GPU, layers whose experts
-/// stay on the CPU, CPU threads. (Context, KV cache type, tensor overrides
-/// and devices join it as the placement question widens.)
+/// A whole placement to measure at the workload's context: layers on the
+/// GPU, layers whose experts or dense FFN weights stay on the CPU, the KV
+/// cache type, CPU threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Candidate {
     pub ngl: u32,
     pub n_cpu_moe: u32,
+    pub n_cpu_ffn: u32,
+    pub kv: KvType,
     pub threads: u32,
 }
 
 impl Candidate {
-    /// A whole-layer split with `threads` threads.
+    /// A whole-layer split with `threads` threads and an f16 KV cache.
     #[must_use]
     pub fn layers(ngl: u32, threads: u32) -> Candidate {
-        Candidate { ngl, n_cpu_moe: 0, threads }
+        Candidate { ngl, n_cpu_moe: 0, n_cpu_ffn: 0, kv: KvType::F16, threads }
     }
 
     /// The same placement with another thread count.
@@ -49,7 +53,11 @@ impl Candidate {
     /// Whether a trial measured this placement.
     #[must_use]
     pub fn is(&self, spec: &crate::types::TrialSpec) -> bool {
-        spec.n_gpu_layers == self.ngl && spec.n_cpu_moe == self.n_cpu_moe && spec.n_threads == self.threads
+        spec.n_gpu_layers == self.ngl
+            && spec.n_cpu_moe == self.n_cpu_moe
+            && spec.n_cpu_ffn == self.n_cpu_ffn
+            && spec.kv_type == self.kv
+            && spec.n_threads == self.threads
     }
 }
 

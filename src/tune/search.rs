@@ -135,6 +135,8 @@ pub struct Search<'a> {
     executor: &'a mut dyn TrialExecutor,
     policy: Option<MemoryPolicy>,
     pub trials: Vec<ProfileTrial>,
+    /// A resumed checkpoint's trials at other context sizes.
+    others: Vec<ProfileTrial>,
     pub predicted: Vec<Prediction>,
     pub progress: Progress,
     checkpoint: Option<Checkpointing>,
@@ -150,15 +152,32 @@ impl<'a> Search<'a> {
         progress: Progress,
         checkpoint: Option<Checkpointing>,
     ) -> Self {
-        let trials = checkpoint.as_ref().map(|c| c.checkpoint.trials.clone()).unwrap_or_default();
+        // Trials at other context sizes belong to their own searches: kept, not seen.
+        let (trials, others): (Vec<ProfileTrial>, Vec<ProfileTrial>) = checkpoint
+            .as_ref()
+            .map(|c| c.checkpoint.trials.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .partition(|t| t.at_ctx(settings.n_ctx));
         progress.bar.set_position(trials.len() as u64);
-        Search { settings, executor, policy, trials, predicted: Vec::new(), progress, checkpoint }
+        Search { settings, executor, policy, trials, others, predicted: Vec::new(), progress, checkpoint }
     }
 
     #[must_use]
     pub fn into_trials(self) -> Vec<ProfileTrial> {
+        self.into_parts().0
+    }
+
+    /// This search's trials and the checkpoint (holding every context's trials).
+    #[must_use]
+    pub fn into_parts(self) -> (Vec<ProfileTrial>, Option<Checkpointing>) {
         self.progress.clear();
-        self.trials
+        (self.trials, self.checkpoint)
+    }
+
+    #[must_use]
+    pub fn settings(&self) -> &'a Settings {
+        self.settings
     }
 
     fn candidate(&self, ngl: u32) -> Candidate {
@@ -168,7 +187,7 @@ impl<'a> Search<'a> {
     /// Racing thresholds from the best speeds measured so far: the
     /// objective's test alone decides (tg or pp), or each test for itself
     /// when the objective mixes both.
-    fn race(&self) -> Race {
+    pub fn race(&self) -> Race {
         let best = |pp: bool| {
             self.trials
                 .iter()
@@ -186,6 +205,7 @@ impl<'a> Search<'a> {
 
     /// Whether `c` was already measured in this role (a resumed run).
     fn done(&self, role: Role, c: Candidate) -> bool {
+        // (self.trials are at this search's context only)
         self.trials.iter().any(|t| t.role == role && c.is(&t.result.spec))
     }
 
@@ -211,9 +231,9 @@ impl<'a> Search<'a> {
         }
         self.progress.bar.abandon();
         let kept = match &self.checkpoint {
-            Some(c) if !self.trials.is_empty() => format!(
+            Some(c) if !self.trials.is_empty() || !self.others.is_empty() => format!(
                 "{} finished trials are kept in {}; run the same command with --resume to continue",
-                self.trials.len(),
+                self.trials.len() + self.others.len(),
                 c.path.display()
             ),
             _ => "no trial had finished".to_string(),
@@ -227,11 +247,7 @@ impl<'a> Search<'a> {
         #[allow(clippy::cast_precision_loss)]
         let share = peak.zip(self.policy.as_ref().and_then(|p| p.device_total_bytes)).map(|(b, t)| b as f64 / t as f64);
         let over_cap = self.policy.as_ref().is_some_and(|p| mem.is_some_and(|m| m > p.cap_bytes));
-        let predicted = self
-            .predicted
-            .iter()
-            .find(|p| p.n_gpu_layers == r.spec.n_gpu_layers && p.error.is_none() && r.spec.n_cpu_moe == 0)
-            .map(|p| p.device_bytes);
+        let predicted = self.predicted.iter().find(|p| p.error.is_none() && p.prices(&r.spec)).map(|p| p.device_bytes);
         let (prediction_error_pct, sampled_minus_predicted_bytes) =
             prediction_check(predicted, &r, self.policy.as_ref(), mem);
         ProfileTrial {
@@ -249,7 +265,7 @@ impl<'a> Search<'a> {
 
     fn save(&mut self) {
         let Some(c) = self.checkpoint.as_mut() else { return };
-        c.checkpoint.trials.clone_from(&self.trials);
+        c.checkpoint.trials = self.others.iter().chain(&self.trials).cloned().collect();
         if let Err(e) = store::write_checkpoint(&c.path, &c.checkpoint) {
             // Measuring goes on: the trials are in memory and go into the profile.
             if !c.failed {
@@ -386,7 +402,7 @@ impl<'a> Search<'a> {
         let grid = moe_grid(n_layer);
         self.progress.plan(grid.len() as u64);
         for &k in grid.iter().rev() {
-            let c = Candidate { ngl: full, n_cpu_moe: k, threads: s.n_threads };
+            let c = Candidate { n_cpu_moe: k, ..Candidate::layers(full, s.n_threads) };
             if !self.trials.iter().any(|t| t.role == Role::Moe && c.is(&t.result.spec)) {
                 self.measure(Role::Moe, c, None)?;
             }
@@ -520,7 +536,11 @@ pub fn fit_check(trials: &[ProfileTrial], d: &Decision, full: u32) -> Vec<FitChe
     let Some(fit) = &d.fits.memory else { return Vec::new() };
     trials
         .iter()
-        .filter(|t| t.result.status == TrialStatus::Ok && t.result.spec.n_gpu_layers > 0 && t.role != Role::Moe)
+        .filter(|t| {
+            t.result.status == TrialStatus::Ok
+                && t.result.spec.n_gpu_layers > 0
+                && !matches!(t.role, Role::Moe | Role::Hatch)
+        })
         .filter_map(|t| {
             let ngl = t.result.spec.n_gpu_layers.min(full);
             let m = t.mem_bytes?;

@@ -160,6 +160,8 @@ pub fn recommendation(
         t.result.spec.n_gpu_layers == ngl
             && t.result.spec.n_threads == threads
             && t.result.spec.n_cpu_moe == moe
+            && t.result.spec.n_cpu_ffn == 0
+            && t.result.spec.kv_type == crate::types::KvType::F16
             && t.result.status == TrialStatus::Ok
     });
     Recommendation {
@@ -176,6 +178,9 @@ pub fn recommendation(
         mem_bytes: rec.and_then(|t| t.mem_bytes).or(d.predicted_mem),
         modelfile: Recommendation::modelfile_lines(dense, threads, s.n_ctx),
         llama_cpp_args: Recommendation::llama_cpp_args(ngl, threads, s.n_ctx, moe, op_offload),
+        kv_type: crate::types::KvType::F16,
+        n_cpu_ffn: 0,
+        ollama_server_env: Vec::new(),
     }
 }
 

@@ -1,6 +1,8 @@
 //! What a person reads after tuning: the measured table, the choice and why,
 //! and the lines to paste.
 
+pub mod placement;
+
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -23,7 +25,9 @@ pub fn trial_table(p: &Profile) -> String {
     } else {
         "peak device memory"
     };
-    let mut t = crate::table::Table::new(&[
+    let several = p.settings.contexts().len() > 1;
+    let mut columns = if several { vec![("ctx", true)] } else { Vec::new() };
+    columns.extend([
         ("ngl", true),
         ("threads", true),
         ("pp t/s", true),
@@ -31,8 +35,12 @@ pub fn trial_table(p: &Profile) -> String {
         (mem_head, true),
         ("status", false),
     ]);
+    let mut t = crate::table::Table::new(&columns);
     let mut trials: Vec<_> = p.trials.iter().collect();
-    trials.sort_by_key(|t| (t.result.spec.n_gpu_layers, t.result.spec.n_threads));
+    trials.sort_by_key(|t| {
+        let sp = &t.result.spec;
+        (sp.n_ctx, sp.n_gpu_layers, sp.kv_type, sp.n_cpu_ffn, sp.n_threads)
+    });
     for tr in trials {
         let r = &tr.result;
         let mem = match (tr.device_peak_bytes, tr.device_share) {
@@ -42,29 +50,38 @@ pub fn trial_table(p: &Profile) -> String {
             (Some(b), None) => human_bytes(b),
             _ => "-".to_string(),
         };
-        t.row(vec![
-            r.spec.n_gpu_layers.to_string(),
+        let mut row = vec![
+            placement_cell(&r.spec),
             r.spec.n_threads.to_string(),
             ts(r.test(true)),
             ts(r.test(false)),
             mem,
             status_words(tr),
-        ]);
+        ];
+        if several {
+            row.insert(0, r.spec.n_ctx.map_or_else(|| "-".into(), |c| c.to_string()));
+        }
+        t.row(row);
     }
     for n in &p.skipped {
-        t.row(
-            [
-                n.to_string(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "skipped: a smaller ngl ran out of memory".into(),
-            ]
-            .to_vec(),
-        );
+        let mut row: Vec<String> = if several { vec![p.settings.n_ctx.to_string()] } else { Vec::new() };
+        row.extend([n.to_string(), "-".into(), "-".into(), "-".into(), "-".into()]);
+        row.push("skipped: a smaller ngl ran out of memory".into());
+        t.row(row);
     }
     t.render()
+}
+
+/// The ngl cell: the layers, and the hatch when there is one.
+fn placement_cell(spec: &crate::types::TrialSpec) -> String {
+    let mut c = spec.n_gpu_layers.to_string();
+    if spec.kv_type.is_quantized() {
+        c += &format!(" ({} KV)", spec.kv_type.as_str());
+    }
+    if spec.n_cpu_ffn > 0 {
+        c += &format!(" (FFN of {} on CPU)", spec.n_cpu_ffn);
+    }
+    c
 }
 
 /// A trial's status in words: how it ended, over the cap, why it ran,
@@ -262,6 +279,11 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     if let Some(sr) = &p.search {
         s.push_str(&search_line(sr));
     }
+    let pl = placement::placement_lines(p);
+    if !pl.is_empty() {
+        s.push('\n');
+        s.push_str(&pl);
+    }
     s.push_str(&paste_lines(p, path));
     s
 }
@@ -345,6 +367,13 @@ fn paste_lines(p: &Profile, path: &Path) -> String {
     }
     if let Some(n) = crate::emit::ollama_ctx_note(p, &|k| std::env::var(k).ok()) {
         let _ = writeln!(s, "  note: {n}");
+    }
+    if !rec.ollama_server_env.is_empty() {
+        let _ = writeln!(
+            s,
+            "Ollama server (not the Modelfile; applies to every model that server runs): {}",
+            rec.ollama_server_env.join(" ")
+        );
     }
     let _ = writeln!(s, "llama.cpp:  {}", rec.llama_cpp_args);
     let _ = writeln!(s, "profile:    {}", path.display());

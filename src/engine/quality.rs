@@ -1,0 +1,271 @@
+//! What a faster placement costs in output quality, measured the way
+//! llama.cpp's perplexity tool does with `--kl-divergence`, without a text
+//! corpus: the reference (an f16 KV cache, or the largest quantization)
+//! generates tokens greedily from fixed prompts; those same sequences are
+//! then scored, in one batch each, by the reference and by every
+//! alternative, and the token distributions compared position by position
+//! (mean KL divergence from the reference, how often the top token agrees).
+//! Runs in a child process (hidden `__kl`): models load one after another.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use serde::{Deserialize, Serialize};
+
+use crate::profile::Quality;
+use crate::types::KvType;
+
+/// The fixed prompts the reference continues (prose and code: different
+/// token statistics).
+pub const PROMPTS: [&str; 2] = [
+    "The history of the printing press begins in the fifteenth century, when",
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
+];
+
+/// One configuration to score.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KlConfig {
+    pub model: PathBuf,
+    pub kv_type: KvType,
+    pub n_gpu_layers: u32,
+    #[serde(default)]
+    pub op_offload: bool,
+}
+
+/// What `__kl` is asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KlSpec {
+    pub reference: KlConfig,
+    pub alternatives: Vec<KlConfig>,
+    /// Tokens the reference generates per prompt.
+    pub n_gen: u32,
+    pub n_threads: u32,
+}
+
+/// Each alternative's score, or why it has none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KlScore {
+    pub quality: Option<Quality>,
+    pub error: Option<String>,
+}
+
+/// All answers of one `__kl` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KlOutput {
+    pub scores: Vec<KlScore>,
+    pub error: Option<String>,
+}
+
+fn load(backend: &LlamaBackend, c: &KlConfig) -> Result<LlamaModel, String> {
+    let params = LlamaModelParams::default().with_n_gpu_layers(c.n_gpu_layers);
+    let m = LlamaModel::load_from_file(backend, &c.model, &params);
+    let log = super::logs::take();
+    m.map_err(|e| format!("{} could not be loaded ({e}): {}", c.model.display(), log.lines().last().unwrap_or("")))
+}
+
+fn context<'a>(
+    backend: &LlamaBackend,
+    m: &'a LlamaModel,
+    c: &KlConfig,
+    threads: u32,
+) -> Result<LlamaContext<'a>, String> {
+    let kv = match c.kv_type {
+        KvType::F16 => llama_cpp_2::context::params::KvCacheType::F16,
+        KvType::Q8_0 => llama_cpp_2::context::params::KvCacheType::Q8_0,
+        KvType::Q4_0 => llama_cpp_2::context::params::KvCacheType::Q4_0,
+    };
+    let t = i32::try_from(threads).unwrap_or(1);
+    let p = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(1024))
+        .with_n_batch(1024)
+        .with_n_ubatch(512)
+        .with_n_threads(t)
+        .with_n_threads_batch(t)
+        .with_type_k(kv)
+        .with_type_v(kv)
+        .with_op_offload(c.op_offload)
+        .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(if c.kv_type.is_quantized() {
+            1
+        } else {
+            -1
+        }));
+    let ctx = m.new_context(backend, p);
+    let log = super::logs::take();
+    ctx.map_err(|e| format!("context for {} failed ({e}): {}", c.kv_type.as_str(), log.lines().last().unwrap_or("")))
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i)
+}
+
+/// Greedy continuation of each prompt by the reference: the sequences to score.
+fn generate(ctx: &mut LlamaContext<'_>, m: &LlamaModel, n_gen: u32) -> Result<Vec<(usize, Vec<LlamaToken>)>, String> {
+    let vocab = m.vocab();
+    let mut out = Vec::new();
+    for prompt in PROMPTS {
+        let mut seq = vocab.tokenize(prompt.as_bytes(), true, false);
+        let n_prompt = seq.len();
+        ctx.clear_kv_cache();
+        let mut batch = LlamaBatch::new(1024, 1);
+        for (i, t) in seq.iter().enumerate() {
+            batch.add(*t, i32::try_from(i).unwrap_or(0), &[0], i + 1 == n_prompt).map_err(|e| e.to_string())?;
+        }
+        ctx.decode(&mut batch).map_err(|e| format!("decode failed: {e}"))?;
+        for _ in 0..n_gen {
+            let next = LlamaToken::new(i32::try_from(argmax(ctx.get_logits_ith(batch.n_tokens() - 1))).unwrap_or(0));
+            if vocab.is_eog(next) {
+                break;
+            }
+            seq.push(next);
+            batch.clear();
+            batch.add(next, i32::try_from(seq.len() - 1).unwrap_or(0), &[0], true).map_err(|e| e.to_string())?;
+            ctx.decode(&mut batch).map_err(|e| format!("decode failed: {e}"))?;
+        }
+        out.push((n_prompt, seq));
+    }
+    Ok(out)
+}
+
+/// Log-softmax of one row of logits.
+fn log_softmax(v: &[f32]) -> Vec<f32> {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = v.iter().map(|x| f64::from(x - max).exp()).sum();
+    #[allow(clippy::cast_possible_truncation)]
+    let lse = max + sum.ln() as f32;
+    v.iter().map(|x| x - lse).collect()
+}
+
+/// Each sequence decoded in one batch; the log-probabilities at every
+/// position that predicts a generated token.
+fn score(ctx: &mut LlamaContext<'_>, seqs: &[(usize, Vec<LlamaToken>)]) -> Result<Vec<Vec<f32>>, String> {
+    let mut rows = Vec::new();
+    for (n_prompt, seq) in seqs {
+        ctx.clear_kv_cache();
+        let mut batch = LlamaBatch::new(1024, 1);
+        for (i, t) in seq.iter().enumerate() {
+            let wanted = i + 1 >= *n_prompt && i + 1 < seq.len();
+            batch.add(*t, i32::try_from(i).unwrap_or(0), &[0], wanted).map_err(|e| e.to_string())?;
+        }
+        ctx.decode(&mut batch).map_err(|e| format!("decode failed: {e}"))?;
+        for i in (n_prompt - 1)..(seq.len() - 1) {
+            rows.push(log_softmax(ctx.get_logits_ith(i32::try_from(i).unwrap_or(0))));
+        }
+    }
+    Ok(rows)
+}
+
+/// KL divergence of each position's distribution from the reference's,
+/// and top-token agreement.
+#[must_use]
+pub fn compare(reference: &[Vec<f32>], alt: &[Vec<f32>], name: &str) -> Quality {
+    let mut kls: Vec<f64> = Vec::with_capacity(reference.len());
+    let mut agree = 0usize;
+    for (p, q) in reference.iter().zip(alt) {
+        let kl: f64 = p.iter().zip(q).map(|(lp, lq)| f64::from(lp.exp()) * f64::from(lp - lq)).sum();
+        kls.push(kl.max(0.0));
+        agree += usize::from(argmax(p) == argmax(q));
+    }
+    kls.sort_by(f64::total_cmp);
+    #[allow(clippy::cast_precision_loss)]
+    let n = kls.len().max(1) as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    let p99 = kls.get(((kls.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+    #[allow(clippy::cast_precision_loss)]
+    Quality {
+        kl_mean: kls.iter().sum::<f64>() / n,
+        kl_p99: p99,
+        top1_agree: agree as f64 / n,
+        tokens: u32::try_from(kls.len()).unwrap_or(u32::MAX),
+        reference: name.to_string(),
+    }
+}
+
+fn reference_name(c: &KlConfig) -> String {
+    let file = c.model.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+    format!("{file} with an {} KV cache", c.kv_type.as_str())
+}
+
+fn run(spec: &KlSpec) -> Result<Vec<KlScore>, String> {
+    let backend = LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?;
+    let (seqs, reference, n_vocab) = {
+        let m = load(&backend, &spec.reference)?;
+        let mut ctx = context(&backend, &m, &spec.reference, spec.n_threads)?;
+        let seqs = generate(&mut ctx, &m, spec.n_gen)?;
+        let rows = score(&mut ctx, &seqs)?;
+        (seqs, rows, m.n_vocab())
+    };
+    let name = reference_name(&spec.reference);
+    let mut out = Vec::new();
+    for alt in &spec.alternatives {
+        let scored = load(&backend, alt).and_then(|m| {
+            if m.n_vocab() != n_vocab {
+                return Err(format!(
+                    "{} has another vocabulary ({} tokens, the reference {n_vocab}): not comparable",
+                    alt.model.display(),
+                    m.n_vocab()
+                ));
+            }
+            let mut ctx = context(&backend, &m, alt, spec.n_threads)?;
+            score(&mut ctx, &seqs)
+        });
+        out.push(match scored {
+            Ok(rows) => KlScore { quality: Some(compare(&reference, &rows, &name)), error: None },
+            Err(e) => KlScore { quality: None, error: Some(e) },
+        });
+    }
+    Ok(out)
+}
+
+/// Entry point of the hidden `__kl` subcommand: a [`KlSpec`] on stdin, a
+/// [`KlOutput`] on stdout.
+///
+/// # Errors
+/// When stdin does not hold a spec.
+pub fn kl_main() -> Result<()> {
+    use std::io::Read;
+    let mut input = String::new();
+    std::io::stdin().read_to_string(&mut input)?;
+    let spec: KlSpec = serde_json::from_str(&input).context("__kl expects a KlSpec as JSON on stdin")?;
+    super::logs::install();
+    super::logs::quiet();
+    let out = match run(&spec) {
+        Ok(scores) => KlOutput { scores, error: None },
+        Err(e) => KlOutput { scores: Vec::new(), error: Some(e) },
+    };
+    println!("{}", serde_json::to_string(&out)?);
+    Ok(())
+}
+
+/// Scores the alternatives in a child process.
+///
+/// # Errors
+/// When the child cannot run or answers nonsense.
+pub fn kl_in_child(exe: &Path, spec: &KlSpec) -> Result<KlOutput> {
+    super::child::call(exe, "__kl", &[], spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_distributions_score_zero_and_others_more() {
+        let p = vec![log_softmax(&[2.0, 1.0, 0.0]), log_softmax(&[0.0, 3.0, 0.0])];
+        let same = compare(&p, &p, "ref");
+        assert!(same.kl_mean.abs() < 1e-12 && (same.top1_agree - 1.0).abs() < 1e-12);
+        let near = vec![log_softmax(&[1.8, 1.1, 0.0]), log_softmax(&[0.0, 2.8, 0.1])];
+        let far = vec![log_softmax(&[0.0, 2.0, 0.0]), log_softmax(&[3.0, 0.0, 0.0])];
+        let (n, f) = (compare(&p, &near, "ref"), compare(&p, &far, "ref"));
+        assert!(n.kl_mean > 0.0 && f.kl_mean > n.kl_mean, "{n:?} {f:?}");
+        assert!((n.top1_agree - 1.0).abs() < 1e-12 && f.top1_agree.abs() < 1e-12);
+        assert_eq!(f.tokens, 2);
+    }
+}

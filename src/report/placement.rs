@@ -1,0 +1,107 @@
+//! The placement part of the tune report: the answer per context size and
+//! the escape hatches in the guide's order, each measured or predicted.
+
+use std::fmt::Write as _;
+
+use crate::model::human_bytes;
+use crate::profile::{ContextPlacement, HatchKind, PlacementOption, Profile};
+use crate::tune::placement::describe;
+
+fn speed(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+}
+
+/// One option in one line: what it is, its figures, measured or predicted, the note.
+#[must_use]
+pub fn option_line(o: &PlacementOption) -> String {
+    let mem = o.device_bytes.map_or_else(|| "-".into(), human_bytes);
+    let figures = if o.measured {
+        format!("tg {} t/s, pp {} t/s, {mem}", speed(o.tg_ts), speed(o.pp_ts))
+    } else {
+        format!("predicted {mem}{}", if o.fits { "" } else { " (over the cap)" })
+    };
+    let quality = o
+        .quality
+        .as_ref()
+        .map_or(String::new(), |q| format!(", KL {:.4} (top token agrees {:.1}%)", q.kl_mean, q.top1_agree * 100.0));
+    let note = if o.note.is_empty() { String::new() } else { format!("; {}", o.note) };
+    let mark = if o.recommended { "  <- recommended" } else { "" };
+    format!("{}: {figures}{quality}{note}{mark}", describe(o))
+}
+
+/// A recommendation in a few words: "ngl 19, q8_0 KV".
+fn short(r: &crate::profile::Recommendation) -> String {
+    let mut v = format!("ngl {}", r.n_gpu_layers);
+    if r.kv_type.is_quantized() {
+        v += &format!(", {} KV", r.kv_type.as_str());
+    }
+    if r.n_cpu_ffn > 0 {
+        v += &format!(", FFN of {} layers on CPU", r.n_cpu_ffn);
+    }
+    if r.n_cpu_moe > 0 {
+        v += &format!(", experts of {} layers on CPU", r.n_cpu_moe);
+    }
+    v
+}
+
+/// The escape hatches at one context, numbered in the guide's order.
+fn hatch_lines(s: &mut String, p: &Profile, c: &ContextPlacement) {
+    if c.options.is_empty() {
+        return;
+    }
+    let why = if c.fits_fully {
+        "full offload fits, but the KV cache is a large share of the cap".to_string()
+    } else {
+        format!("full offload with an f16 KV cache does not fit under {}", p.memory.cap_reason)
+    };
+    let kv = c.kv_bytes.map_or(String::new(), |b| format!("; its f16 KV cache: {}", human_bytes(b)));
+    let _ = writeln!(s, "escape hatches at {} context ({why}{kv}):", c.n_ctx);
+    let mut options: Vec<&PlacementOption> = c.options.iter().collect();
+    options.sort_by_key(|o| o.kind);
+    for (i, o) in options.iter().enumerate() {
+        let _ = writeln!(s, "  {}. {}", i + 1, option_line(o));
+    }
+    if c.recommendation.n_cpu_ffn > 0 {
+        let split = c.options.iter().find(|o| o.kind == HatchKind::LayerSplit);
+        let gain = split.and_then(|l| Some((c.recommendation.tg_ts? / l.tg_ts? - 1.0) * 100.0));
+        let _ = writeln!(
+            s,
+            "  Ollama has no tensor overrides: its num_gpu is the whole-layer split{}",
+            gain.map_or(String::new(), |g| format!(" (the override buys {g:+.0}% tg in llama.cpp)"))
+        );
+    }
+}
+
+/// The per-context table (only with more than one context) and every
+/// context's escape hatches.
+#[must_use]
+pub fn placement_lines(p: &Profile) -> String {
+    let mut s = String::new();
+    if p.placements.len() > 1 {
+        let base = p.placements.first().and_then(|c| c.recommendation.tg_ts);
+        let mut t = crate::table::Table::new(&[
+            ("context", true),
+            ("placement", false),
+            ("tg t/s", true),
+            ("pp t/s", true),
+            ("device memory", true),
+            ("tg against the smallest context", true),
+        ]);
+        for c in &p.placements {
+            let r = &c.recommendation;
+            let cost = match (base, r.tg_ts) {
+                (Some(b), Some(v)) => format!("{:+.0}%", (v / b - 1.0) * 100.0),
+                _ => "-".into(),
+            };
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let mem = r.mem_bytes.map_or_else(|| "-".into(), |m| human_bytes(m as u64));
+            t.row(vec![c.n_ctx.to_string(), short(r), speed(r.tg_ts), speed(r.pp_ts), mem, cost]);
+        }
+        s.push_str(&t.render());
+        let _ = writeln!(s);
+    }
+    for c in &p.placements {
+        hatch_lines(&mut s, p, c);
+    }
+    s
+}

@@ -1,0 +1,460 @@
+//! Beyond the whole-layer split: the escape hatches of the guide our users
+//! read, in its order. When full offload at the requested context does not
+//! fit (or the KV cache is a large share of the cap), llama.cpp's dry run
+//! prices a quantized KV cache, shorter contexts and the dense FFN weights
+//! of K layers kept on the CPU; what can fit and win is measured (raced
+//! against the best so far), the rest is reported as predicted with the
+//! reason, and the best measured option under the cap (and under the
+//! quality limit) is recommended.
+
+use anyhow::Result;
+
+use super::plan::Candidate;
+use super::search::Search;
+use crate::engine::predict::{PredictCase, Prediction};
+use crate::model::human_bytes;
+use crate::profile::{HatchKind, PlacementOption, ProfileTrial, Quality, Recommendation, Settings};
+use crate::types::{KvType, Role, TrialStatus};
+
+/// The KV cache is worth shrinking when it takes at least this share of the cap.
+pub const KV_SHARE: f64 = 0.25;
+
+/// Contexts are rounded down to a multiple of this.
+const CTX_STEP: u32 = 256;
+
+/// What the hatches need to know about the model and the cap.
+#[derive(Debug, Clone)]
+pub struct HatchInputs {
+    pub full: u32,
+    pub n_layer: u32,
+    pub is_moe: bool,
+    pub cap: f64,
+    pub n_ctx: u32,
+    pub threads: u32,
+}
+
+/// What the hatch stage found at one context.
+#[derive(Debug, Clone, Default)]
+pub struct Hatches {
+    pub fits_fully: bool,
+    pub kv_bytes: Option<u64>,
+    pub options: Vec<PlacementOption>,
+    pub notes: Vec<String>,
+}
+
+/// Prices placements (llama.cpp's dry run in a child process; curves in tests).
+pub type Predictor<'a> = dyn FnMut(&[PredictCase]) -> Vec<Prediction> + 'a;
+/// Measures the quality of a KV cache type against f16.
+pub type Assessor<'a> = dyn FnMut(KvType) -> Option<Quality> + 'a;
+
+fn bytes(p: Option<&Prediction>) -> Option<u64> {
+    p.filter(|p| p.error.is_none()).map(|p| p.device_bytes)
+}
+
+/// The device KV cache (the context buffers) of a prediction.
+fn kv_of(p: Option<&Prediction>) -> Option<u64> {
+    let p = p.filter(|p| p.error.is_none())?;
+    Some(
+        p.buffers
+            .iter()
+            .filter(|b| !b.is_host && crate::engine::logs::is_device_buffer_type(&b.buffer_type))
+            .map(|b| b.context)
+            .sum(),
+    )
+}
+
+/// Where a line through (x0, y0) and (x1, y1) reaches `cap`.
+#[allow(clippy::cast_precision_loss)]
+fn reach(x0: f64, y0: u64, x1: f64, y1: u64, cap: f64) -> Option<f64> {
+    let slope = (y1 as f64 - y0 as f64) / (x1 - x0);
+    (slope.abs() > f64::EPSILON).then(|| x0 + (cap - y0 as f64) / slope)
+}
+
+/// The largest context (multiple of 256, at most `ctx`) whose full offload
+/// fits, from full offload priced at `ctx / 2` and `ctx` (KV cache and
+/// compute buffers grow linearly with the context).
+#[must_use]
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn largest_ctx(half: Option<u64>, at: Option<u64>, ctx: u32, cap: f64) -> Option<u32> {
+    let (h, a) = (half?, at?);
+    #[allow(clippy::cast_precision_loss)]
+    if a as f64 <= cap {
+        return Some(ctx);
+    }
+    let c = reach(f64::from(ctx / 2), h, f64::from(ctx), a, cap)?;
+    let c = (c.max(0.0) as u32 / CTX_STEP) * CTX_STEP;
+    (c >= CTX_STEP).then_some(c.min(ctx))
+}
+
+/// The fewest layers whose FFN weights must stay on the CPU for full
+/// offload to fit, from K = 1 and K = n_layer priced (each layer's FFN
+/// weights weigh the same); `None` when even all of them are not enough.
+#[must_use]
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+pub fn ffn_layers_needed(one: Option<u64>, all: Option<u64>, n_layer: u32, cap: f64) -> Option<u32> {
+    let (o, a) = (one?, all?);
+    if a as f64 > cap {
+        return None;
+    }
+    if o as f64 <= cap || n_layer <= 1 {
+        return Some(1);
+    }
+    let k = reach(1.0, o, f64::from(n_layer), a, cap)?;
+    Some((k.ceil().max(1.0) as u32).min(n_layer))
+}
+
+/// The placements the dry run prices first.
+fn first_cases(h: &HatchInputs) -> Vec<PredictCase> {
+    let full = |n_ctx, kv_type, n_cpu_ffn| PredictCase { ngl: h.full, n_ctx, kv_type, n_cpu_ffn, n_cpu_moe: 0 };
+    let mut v = vec![
+        full(h.n_ctx, KvType::F16, 0),
+        full(h.n_ctx, KvType::Q8_0, 0),
+        full(h.n_ctx, KvType::Q4_0, 0),
+        full(h.n_ctx / 2, KvType::F16, 0),
+        full(h.n_ctx / 2, KvType::Q8_0, 0),
+    ];
+    if !h.is_moe && h.n_layer > 0 {
+        v.push(full(h.n_ctx, KvType::F16, 1));
+        v.push(full(h.n_ctx, KvType::F16, h.n_layer));
+    }
+    v
+}
+
+fn find(preds: &[Prediction], c: PredictCase) -> Option<&Prediction> {
+    preds.iter().find(|p| p.case == Some(c))
+}
+
+/// Runs the hatch stage at the search's context after the whole-layer
+/// search. Measured trials join the search's (role `hatch`).
+///
+/// # Errors
+/// What the executor returns (an interrupt keeps the finished trials).
+pub fn escape_hatches(
+    search: &mut Search<'_>,
+    h: &HatchInputs,
+    predict: &mut Predictor<'_>,
+    assess: &mut Assessor<'_>,
+    layer_split: &Recommendation,
+) -> Result<Hatches> {
+    let mut preds = predict(&first_cases(h));
+    let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
+    let f16 = find(&preds, full(h.n_ctx, KvType::F16, 0));
+    let Some(f16_bytes) = bytes(f16) else {
+        let why = f16.and_then(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
+        return Ok(Hatches { notes: vec![format!("escape hatches not priced: {why}")], ..Hatches::default() });
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let fits_fully = f16_bytes as f64 <= h.cap;
+    let kv_bytes = kv_of(f16);
+    #[allow(clippy::cast_precision_loss)]
+    let kv_large = kv_bytes.is_some_and(|k| k as f64 >= KV_SHARE * h.cap);
+    if fits_fully && !kv_large {
+        return Ok(Hatches { fits_fully, kv_bytes, ..Hatches::default() });
+    }
+    // Second round: the solved context sizes and FFN spills, priced exactly.
+    let ctx_for = |kv| {
+        largest_ctx(
+            bytes(find(&preds, full(h.n_ctx / 2, kv, 0))),
+            bytes(find(&preds, full(h.n_ctx, kv, 0))),
+            h.n_ctx,
+            h.cap,
+        )
+    };
+    let shorter: Vec<(KvType, u32)> = [KvType::F16, KvType::Q8_0]
+        .into_iter()
+        .filter_map(|kv| ctx_for(kv).filter(|c| *c < h.n_ctx).map(|c| (kv, c)))
+        .collect();
+    let k = (!fits_fully && !h.is_moe).then(|| {
+        ffn_layers_needed(
+            bytes(find(&preds, full(h.n_ctx, KvType::F16, 1))),
+            bytes(find(&preds, full(h.n_ctx, KvType::F16, h.n_layer))),
+            h.n_layer,
+            h.cap,
+        )
+    });
+    let spills: Vec<u32> = k.flatten().map(|k| (k..=(k + 1).min(h.n_layer)).collect()).unwrap_or_default();
+    let second: Vec<PredictCase> = shorter
+        .iter()
+        .map(|(kv, c)| full(*c, *kv, 0))
+        .chain(spills.iter().map(|k| full(h.n_ctx, KvType::F16, *k)))
+        .collect();
+    preds.extend(predict(&second));
+    search.predicted.extend(preds.iter().cloned());
+
+    let under = |c: PredictCase| {
+        #[allow(clippy::cast_precision_loss)]
+        bytes(find(&preds, c)).is_some_and(|b| b as f64 <= h.cap)
+    };
+    // Measure what can fit and win: one KV type (the lightest that is
+    // needed), the FFN spills that fit.
+    let kv_pick = if under(full(h.n_ctx, KvType::Q8_0, 0)) {
+        Some(KvType::Q8_0)
+    } else {
+        under(full(h.n_ctx, KvType::Q4_0, 0)).then_some(KvType::Q4_0)
+    };
+    let base = Candidate::layers(h.full, h.threads);
+    let mut to_measure: Vec<Candidate> = kv_pick.map(|kv| Candidate { kv, ..base }).into_iter().collect();
+    to_measure.extend(
+        spills.iter().filter(|k| under(full(h.n_ctx, KvType::F16, **k))).map(|k| Candidate { n_cpu_ffn: *k, ..base }),
+    );
+    search.progress.plan(to_measure.len() as u64);
+    for c in to_measure {
+        if !search.trials.iter().any(|t| t.role == Role::Hatch && c.is(&t.result.spec)) {
+            let race = search.race();
+            search.measure(Role::Hatch, c, Some(race))?;
+        }
+    }
+    let quality = kv_pick.and_then(|kv| assess(kv).map(|q| (kv, q)));
+    let world = World { h, preds: &preds, trials: &search.trials, quality };
+    let mut options = world.options(kv_pick, &shorter, k, &spills, layer_split);
+    let notes = choose(&mut options, search.settings());
+    Ok(Hatches { fits_fully, kv_bytes, options, notes })
+}
+
+/// What the options are made of.
+struct World<'a> {
+    h: &'a HatchInputs,
+    preds: &'a [Prediction],
+    trials: &'a [ProfileTrial],
+    quality: Option<(KvType, Quality)>,
+}
+
+impl World<'_> {
+    fn measured(&self, c: Candidate) -> Option<&ProfileTrial> {
+        self.trials.iter().rev().find(|t| t.role == Role::Hatch && c.is(&t.result.spec))
+    }
+
+    fn option(&self, kind: HatchKind, case: PredictCase) -> PlacementOption {
+        let predicted = bytes(find(self.preds, case));
+        let c =
+            Candidate { kv: case.kv_type, n_cpu_ffn: case.n_cpu_ffn, ..Candidate::layers(case.ngl, self.h.threads) };
+        let t = (case.n_ctx == self.h.n_ctx).then(|| self.measured(c)).flatten();
+        let ok = t.filter(|t| t.result.status == TrialStatus::Ok);
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let device_bytes = ok.and_then(|t| t.mem_bytes.map(|m| m as u64)).or(predicted);
+        #[allow(clippy::cast_precision_loss)]
+        let fits = match ok {
+            Some(t) => !t.over_cap,
+            None => t.is_none() && predicted.is_some_and(|b| b as f64 <= self.h.cap),
+        };
+        let note = match (t, ok) {
+            (Some(t), None) => format!("{}: {}", t.result.status.as_str(), t.result.reason.clone().unwrap_or_default()),
+            _ => String::new(),
+        };
+        PlacementOption {
+            kind,
+            n_ctx: case.n_ctx,
+            n_gpu_layers: case.ngl,
+            n_cpu_ffn: case.n_cpu_ffn,
+            kv_type: case.kv_type,
+            measured: ok.is_some(),
+            tg_ts: ok.and_then(|t| t.result.test(false)).map(|x| x.avg_ts),
+            pp_ts: ok.and_then(|t| t.result.test(true)).map(|x| x.avg_ts),
+            device_bytes,
+            fits,
+            quality: self
+                .quality
+                .as_ref()
+                .filter(|(kv, _)| *kv == case.kv_type && kv.is_quantized())
+                .map(|(_, q)| q.clone()),
+            recommended: false,
+            note,
+        }
+    }
+
+    fn over(&self, case: PredictCase) -> String {
+        bytes(find(self.preds, case)).map_or_else(
+            || "llama.cpp's dry run could not price it".into(),
+            |b| format!("over the cap: llama.cpp's dry run predicts {} > {}", human_bytes(b), cap_str(self.h.cap)),
+        )
+    }
+
+    fn options(
+        &self,
+        kv_pick: Option<KvType>,
+        shorter: &[(KvType, u32)],
+        k: Option<Option<u32>>,
+        spills: &[u32],
+        layer_split: &Recommendation,
+    ) -> Vec<PlacementOption> {
+        let h = self.h;
+        let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
+        let mut v = Vec::new();
+        for kv in [KvType::Q8_0, KvType::Q4_0] {
+            let mut o = self.option(HatchKind::KvCache, full(h.n_ctx, kv, 0));
+            if Some(kv) != kv_pick {
+                if kv == KvType::Q4_0 && kv_pick == Some(KvType::Q8_0) {
+                    continue; // q8_0 is enough: q4_0 would only cost quality
+                }
+                o.note = self.over(full(h.n_ctx, kv, 0));
+            }
+            v.push(o);
+        }
+        for (kv, c) in shorter {
+            let mut o = self.option(HatchKind::ShorterContext, full(*c, *kv, 0));
+            o.note = format!(
+                "the largest context that fits fully with an {} KV cache; another workload, so predicted by llama.cpp's dry run, not measured",
+                kv.as_str()
+            );
+            v.push(o);
+        }
+        v.extend(self.spill_options(k, spills));
+        v.push(layer_split_option(layer_split));
+        v
+    }
+
+    fn spill_options(&self, k: Option<Option<u32>>, spills: &[u32]) -> Vec<PlacementOption> {
+        let h = self.h;
+        let full = |k| PredictCase { ngl: h.full, n_ctx: h.n_ctx, kv_type: KvType::F16, n_cpu_ffn: k, n_cpu_moe: 0 };
+        match k {
+            None if h.is_moe => Vec::new(), // experts: the MoE search keeps them on the CPU
+            None => Vec::new(),             // full offload fits: nothing to spill
+            Some(None) => {
+                let mut o = self.option(HatchKind::FfnSpill, full(h.n_layer));
+                o.note = format!(
+                    "over the cap even with every layer's FFN weights on the CPU: {}",
+                    self.over(full(h.n_layer)).trim_start_matches("over the cap: ")
+                );
+                vec![o]
+            }
+            Some(Some(_)) => spills.iter().map(|k| self.option(HatchKind::FfnSpill, full(*k))).collect(),
+        }
+    }
+}
+
+fn cap_str(cap: f64) -> String {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    human_bytes(cap.max(0.0) as u64)
+}
+
+/// The whole-layer split as an option (measured by the search).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn layer_split_option(r: &Recommendation) -> PlacementOption {
+    PlacementOption {
+        kind: HatchKind::LayerSplit,
+        n_ctx: r.n_ctx,
+        n_gpu_layers: r.n_gpu_layers,
+        n_cpu_ffn: 0,
+        kv_type: KvType::F16,
+        measured: r.measured,
+        tg_ts: r.tg_ts,
+        pp_ts: r.pp_ts,
+        device_bytes: r.mem_bytes.map(|m| m as u64),
+        fits: true,
+        quality: None,
+        recommended: false,
+        note: String::new(),
+    }
+}
+
+/// Marks the best measured option under the cap (a quantized KV cache only
+/// with its quality measured and under `--max-kl`) and says what each other
+/// one costs or gains against it. Returns notes for the report.
+pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<String> {
+    let score = |o: &PlacementOption| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts);
+    let eligible = |o: &PlacementOption| {
+        o.measured
+            && o.fits
+            && o.kind != HatchKind::ShorterContext
+            && (!o.kv_type.is_quantized() || o.quality.as_ref().is_some_and(|q| q.kl_mean <= s.max_kl))
+    };
+    let best = options
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| eligible(o))
+        .filter_map(|(i, o)| score(o).map(|v| (i, v)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let Some((bi, bv)) = best else { return Vec::new() };
+    options[bi].recommended = true;
+    let mut notes = Vec::new();
+    for (i, o) in options.iter_mut().enumerate() {
+        if i == bi || !o.note.is_empty() && !o.measured {
+            continue;
+        }
+        if o.kv_type.is_quantized() && o.measured && o.quality.is_none() {
+            o.note = "quality not measured: not recommended blind".into();
+        } else if let Some(q) = o.quality.as_ref().filter(|q| q.kl_mean > s.max_kl) {
+            o.note = format!("KL divergence {:.4} over --max-kl {}", q.kl_mean, s.max_kl);
+        } else if let Some(v) = score(o) {
+            o.note = format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, s.objective.as_str());
+        } else if !o.fits {
+            o.note = "over the cap".into();
+        }
+    }
+    if options[bi].kind != HatchKind::LayerSplit {
+        let o = &options[bi];
+        notes.push(format!("escape hatch at {} context: {}", o.n_ctx, describe(o)));
+    }
+    notes
+}
+
+/// One option in words: "q8_0 KV cache, every layer on the GPU".
+#[must_use]
+pub fn describe(o: &PlacementOption) -> String {
+    match o.kind {
+        HatchKind::KvCache => format!("{} KV cache, every layer on the GPU", o.kv_type.as_str()),
+        HatchKind::ShorterContext => {
+            format!("{} context, every layer on the GPU ({} KV cache)", o.n_ctx, o.kv_type.as_str())
+        }
+        HatchKind::FfnSpill => {
+            format!("every layer on the GPU, FFN weights of {} layers on the CPU (-ot)", o.n_cpu_ffn)
+        }
+        HatchKind::LayerSplit => format!("{} layers on the GPU (whole-layer split)", o.n_gpu_layers),
+    }
+}
+
+/// The recommendation at one context: the layer split's, or the chosen
+/// hatch's flags (llama.cpp takes each; Ollama takes a quantized KV cache
+/// as server settings and has no tensor overrides).
+#[must_use]
+pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption]) -> Recommendation {
+    let Some(o) = options.iter().find(|o| o.recommended && o.kind != HatchKind::LayerSplit) else {
+        return layer_split.clone();
+    };
+    let mut r = layer_split.clone();
+    r.n_gpu_layers = o.n_gpu_layers;
+    r.n_cpu_moe = 0;
+    r.kv_type = o.kv_type;
+    r.n_cpu_ffn = o.n_cpu_ffn;
+    r.tg_ts = o.tg_ts;
+    r.pp_ts = o.pp_ts;
+    #[allow(clippy::cast_precision_loss)]
+    let mem = o.device_bytes.map(|b| b as f64);
+    r.mem_bytes = mem;
+    r.measured = o.measured;
+    r.llama_cpp_args = r.flags();
+    if o.kind == HatchKind::KvCache {
+        r.ollama_num_gpu = None;
+        r.modelfile = Recommendation::modelfile_lines(o.n_gpu_layers, r.n_threads, r.n_ctx);
+        r.ollama_server_env =
+            vec![format!("OLLAMA_KV_CACHE_TYPE={}", o.kv_type.as_str()), "OLLAMA_FLASH_ATTENTION=1".into()];
+    } else {
+        // Ollama has no tensor overrides: its best is the whole-layer split.
+        r.ollama_num_gpu = Some(layer_split.ollama_num_gpu.unwrap_or(layer_split.n_gpu_layers));
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_context_that_fits() {
+        // 100 MB at 8k, 180 MB at 16k: 10 MB per 1k tokens.
+        let mb = 1_000_000;
+        assert_eq!(largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 500e6), Some(16384), "fits");
+        let c = largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 150e6).unwrap();
+        assert!(c % 256 == 0 && c < 16384 && c > 8192, "{c}");
+        assert_eq!(largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 1e6), None, "nothing fits");
+        assert_eq!(largest_ctx(None, Some(1), 16384, 1e9), None);
+    }
+
+    #[test]
+    fn ffn_layers_to_spill() {
+        // 1000 bytes with one layer's FFN on the CPU, 100 with all 10: 100 per layer.
+        assert_eq!(ffn_layers_needed(Some(1000), Some(100), 10, 2000.0), Some(1));
+        assert_eq!(ffn_layers_needed(Some(1000), Some(100), 10, 750.0), Some(4));
+        assert_eq!(ffn_layers_needed(Some(1000), Some(100), 10, 99.0), None, "attention and KV alone are over");
+    }
+}

@@ -1,0 +1,62 @@
+//! The quality side of a hatch: a quantized KV cache, or another
+//! quantization of the model, scored against its reference by the `__kl`
+//! child (see [`crate::engine::quality`]).
+
+use std::path::Path;
+
+use crate::engine::quality::{kl_in_child, KlConfig, KlSpec};
+use crate::model::ModelInfo;
+use crate::profile::{Quality, Settings};
+use crate::types::KvType;
+
+/// Tokens the reference generates from each fixed prompt.
+pub const KL_TOKENS: u32 = 128;
+
+/// A quantized KV cache against f16, both at `ngl` layers on the GPU.
+/// `None` when it could not be measured (the reason goes to stderr: the
+/// hatch is then not recommended).
+#[must_use]
+pub fn kv_quality(
+    exe: &Path,
+    info: &ModelInfo,
+    kv: KvType,
+    ngl: u32,
+    s: &Settings,
+    op_offload: bool,
+) -> Option<Quality> {
+    let config = |kv_type| KlConfig { model: info.path.clone(), kv_type, n_gpu_layers: ngl, op_offload };
+    let spec = KlSpec {
+        reference: config(KvType::F16),
+        alternatives: vec![config(kv)],
+        n_gen: KL_TOKENS,
+        n_threads: s.n_threads,
+    };
+    score(exe, &spec).into_iter().next().flatten()
+}
+
+/// Scores every alternative of `spec`; `None` for one that could not be
+/// scored, with the reason on stderr.
+#[must_use]
+pub fn score(exe: &Path, spec: &KlSpec) -> Vec<Option<Quality>> {
+    match kl_in_child(exe, spec) {
+        Ok(out) => {
+            if let Some(e) = &out.error {
+                eprintln!("warning: quality not measured: {e}");
+                return vec![None; spec.alternatives.len()];
+            }
+            out.scores
+                .into_iter()
+                .map(|s| {
+                    if let Some(e) = &s.error {
+                        eprintln!("warning: quality not measured: {e}");
+                    }
+                    s.quality
+                })
+                .collect()
+        }
+        Err(e) => {
+            eprintln!("warning: quality not measured: {e:#}");
+            vec![None; spec.alternatives.len()]
+        }
+    }
+}
