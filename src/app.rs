@@ -45,6 +45,10 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", serde_json::to_string(&check)?);
             Ok(exit::OK)
         }
+        Command::Quantize { input, output, kind } => {
+            crate::synth::quantize(&input, &output, &kind)?;
+            Ok(exit::OK)
+        }
         Command::Synth(a) => {
             let spec = crate::synth::SynthSpec::default()
                 .with_n_layer(a.layers)
@@ -204,40 +208,101 @@ fn choose_contexts(a: &TuneArgs, s: &mut crate::profile::Settings, info: &ModelI
 }
 
 fn cmd_tune(a: &TuneArgs) -> Result<i32> {
-    // The cap's options are judged first, before the store and the model.
+    // The cap's options are judged first, before the store and the models.
     let target = crate::tune::parse_target(&a.target_vram)?;
     let budget = a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?;
     let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
-    let info = model::inspect(&a.model)?;
-    let settings = tune_settings(a, &info, target, budget)?;
+    if a.models.len() > 1 {
+        for (given, flag) in [(a.chart.is_some(), "--chart"), (a.write_modelfile.is_some(), "--write-modelfile")] {
+            if given {
+                return Err(bad(format!(
+                    "{flag} takes one model; tune the models together, then use emit {flag} on the one you pick"
+                )));
+            }
+        }
+    }
+    // Every model and its settings are checked before anything is measured.
+    let mut infos = Vec::new();
+    for m in &a.models {
+        let info = model::inspect(m)?;
+        let settings = tune_settings(a, &info, target, budget)?;
+        infos.push((info, settings));
+    }
     if let Some(c) = &a.chart {
         check_output_path(c, "--chart")?;
     }
     if let Some(m) = &a.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
-    let mut req =
-        crate::tune::TuneRequest::new(info, settings, store)?.with_resume(a.resume).with_output(a.verbose, !a.quiet);
-    choose_contexts(a, &mut req.settings, &req.info, &crate::probe::hardware(req.devices.clone()));
+    let mut reqs = Vec::new();
+    for (info, settings) in infos {
+        let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
+            .with_resume(a.resume)
+            .with_output(a.verbose, !a.quiet);
+        choose_contexts(a, &mut req.settings, &req.info, &crate::probe::hardware(req.devices.clone()));
+        reqs.push(req);
+    }
     crate::interrupt::install();
+    let names: Vec<&str> = reqs.iter().map(|r| r.info.file_name.as_str()).collect();
     let _lock = crate::profile::lock::StoreLock::acquire(
-        &req.store,
+        &store,
         &crate::probe::machine_id(),
         a.no_wait,
-        &format!("ngl-tune tune {}", req.info.file_name),
+        &format!("ngl-tune tune {}", names.join(" ")),
     )?;
-    let outcome = crate::tune::tune(&req)?;
+    let mut outcomes = Vec::new();
+    for req in &reqs {
+        outcomes.push(crate::tune::tune(req)?);
+    }
+    if outcomes.len() > 1 {
+        return ranked(a, &mut outcomes);
+    }
+    let outcome = &outcomes[0];
     write_extras(&outcome.profile, a.chart.as_deref(), a.write_modelfile.as_deref())?;
     let mut out = std::io::stdout().lock();
     if a.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
     } else {
-        // The noise warning belongs beside the numbers, in the report.
-        let notes: Vec<String> =
-            outcome.notes.iter().filter(|n| crate::report::Warning::of(n).is_none()).cloned().collect();
-        print_notes(&notes);
-        write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
+        print_report(&mut out, outcome)?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+fn print_report(out: &mut impl Write, outcome: &crate::tune::TuneOutcome) -> Result<()> {
+    // The noise warning belongs beside the numbers, in the report.
+    let notes: Vec<String> =
+        outcome.notes.iter().filter(|n| crate::report::Warning::of(n).is_none()).cloned().collect();
+    print_notes(&notes);
+    write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
+    Ok(())
+}
+
+/// Several models: each one's report, then the ranking with each one's
+/// quality against the largest (stored in its profile).
+fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32> {
+    use crate::tune::rank;
+    let profiles: Vec<crate::profile::Profile> = outcomes.iter().map(|o| o.profile.clone()).collect();
+    let exe = crate::engine::child::current_exe()?;
+    let qualities = rank::qualities(&exe, &profiles, profiles[0].settings.n_threads);
+    for (o, q) in outcomes.iter_mut().zip(&qualities) {
+        if q.is_some() {
+            o.profile.model_quality.clone_from(q);
+            crate::profile::store::write_profile(&o.path, &o.profile)?;
+        }
+    }
+    let rows = rank::rank(&profiles, &qualities, profiles[0].settings.max_kl);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let all: Vec<&crate::profile::Profile> = outcomes.iter().map(|o| &o.profile).collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&serde_json::json!({ "ranking": rows, "profiles": all }))?)?;
+    } else {
+        for o in outcomes.iter() {
+            print_report(&mut out, o)?;
+            writeln!(out)?;
+        }
+        write!(out, "{}", rank::render(&rows))?;
     }
     out.flush()?;
     Ok(exit::OK)

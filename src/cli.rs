@@ -41,6 +41,14 @@ pub enum Command {
     /// Internal: write a synthetic GGUF model (tests and benchmarks)
     #[command(name = "__synth", hide = true)]
     Synth(SynthArgs),
+    /// Internal: quantize a GGUF model with llama.cpp's quantize API (tests and benchmarks)
+    #[command(name = "__quantize", hide = true)]
+    Quantize {
+        input: PathBuf,
+        output: PathBuf,
+        /// q8_0, q4_0, q4_k_m, q3_k_m or q2_k
+        kind: String,
+    },
     /// Internal: check that llama.cpp can load a model's header and vocabulary
     #[command(name = "__check", hide = true)]
     Check { model: PathBuf },
@@ -177,8 +185,10 @@ pub enum ObjectiveArg {
 
 #[derive(Debug, Args)]
 pub struct TuneArgs {
-    /// GGUF model file
-    pub model: PathBuf,
+    /// GGUF model file; several (one model's quantizations, or other models) are tuned under the
+    /// same cap and workload and ranked, each with its KL divergence from the largest
+    #[arg(required = true, num_args = 1.., value_name = "MODEL")]
+    pub models: Vec<PathBuf>,
     /// Use at most this share of each device's memory (all processes counted where a sampler can see them)
     #[arg(long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
     pub target_vram: String,

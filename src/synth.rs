@@ -206,3 +206,37 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     use std::io::Write;
     f.flush()
 }
+
+/// Quantizes `input` into `output` with llama.cpp's own quantizer
+/// (`llama_model_quantize`, requantizing allowed), for a second
+/// quantization of one model in tests and benchmarks.
+///
+/// # Errors
+/// `BadInput` for an unknown type; llama.cpp's failure otherwise.
+pub fn quantize(input: &Path, output: &Path, kind: &str) -> anyhow::Result<()> {
+    use llama_cpp_sys_2 as sys;
+    let ftype = match kind {
+        "q8_0" => sys::LLAMA_FTYPE_MOSTLY_Q8_0,
+        "q4_0" => sys::LLAMA_FTYPE_MOSTLY_Q4_0,
+        "q4_k_m" => sys::LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        "q3_k_m" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_M,
+        "q2_k" => sys::LLAMA_FTYPE_MOSTLY_Q2_K,
+        _ => {
+            return Err(crate::error::bad(format!(
+                "quantization type '{kind}': use q8_0, q4_0, q4_k_m, q3_k_m or q2_k"
+            )))
+        }
+    };
+    let c = |p: &Path| std::ffi::CString::new(p.to_string_lossy().as_bytes()).unwrap_or_default();
+    let (i, o) = (c(input), c(output));
+    let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
+    // SAFETY: default params from llama.cpp, valid NUL-terminated paths for the call's duration.
+    let rc = unsafe {
+        let mut params = sys::llama_model_quantize_default_params();
+        params.ftype = ftype;
+        params.allow_requantize = true;
+        sys::llama_model_quantize(i.as_ptr(), o.as_ptr(), &raw const params)
+    };
+    anyhow::ensure!(rc == 0, "llama.cpp could not quantize {} to {kind} (code {rc})", input.display());
+    Ok(())
+}

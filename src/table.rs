@@ -5,14 +5,14 @@
 /// md` and `bench -o md`.
 pub struct Table {
     /// Column names, and whether the column is right-aligned (numbers).
-    pub columns: Vec<(&'static str, bool)>,
+    pub columns: Vec<(String, bool)>,
     pub rows: Vec<Vec<String>>,
 }
 
 impl Table {
     #[must_use]
-    pub fn new(columns: &[(&'static str, bool)]) -> Table {
-        Table { columns: columns.to_vec(), rows: Vec::new() }
+    pub fn new(columns: &[(&str, bool)]) -> Table {
+        Table { columns: columns.iter().map(|(n, r)| ((*n).to_string(), *r)).collect(), rows: Vec::new() }
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -24,7 +24,7 @@ impl Table {
     #[must_use]
     pub fn render(&self) -> String {
         let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
-        let mut s = line(self.columns.iter().map(|(n, _)| (*n).to_string()).collect());
+        let mut s = line(self.columns.iter().map(|(n, _)| n.clone()).collect());
         s += &line(
             self.columns
                 .iter()

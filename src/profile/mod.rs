@@ -505,6 +505,10 @@ pub struct Profile {
     /// predicted (schema 2; version-1 profiles: empty, `recommendation` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placements: Vec<ContextPlacement>,
+    /// Tuned beside other models: this one's quality against the largest
+    /// of them (absent for the reference and for a model tuned alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_quality: Option<Quality>,
 }
 
 impl Profile {

@@ -13,6 +13,7 @@ pub mod memory;
 pub mod placement;
 pub mod plan;
 pub mod quality;
+pub mod rank;
 pub mod search;
 pub mod summary;
 #[cfg(test)]
@@ -175,6 +176,7 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
         notes: notes.clone(),
         wall_s: started.elapsed().as_secs_f64(),
         placements: if policy.is_some() { placements } else { Vec::new() },
+        model_quality: None,
     };
     let path = store::save(&opts.store, &profile)?;
     let _ = std::fs::remove_file(store::checkpoint_path(&opts.store, &profile.machine_id, &profile.model));
