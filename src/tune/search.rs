@@ -617,7 +617,7 @@ mod tests {
     ) -> (Found, Vec<ProfileTrial>) {
         let dir = tempfile::tempdir().unwrap();
         let mut cp: Checkpoint = serde_json::from_value(serde_json::json!({
-            "schema_version": 1, "kind": "checkpoint", "created_at": "2026-11-30T00:00:00Z",
+            "schema_version": crate::profile::SCHEMA_VERSION, "kind": "checkpoint", "created_at": "2026-11-30T00:00:00Z",
             "model": {"file_name": "m.gguf", "path": "m.gguf", "file_size": 1, "sha256_16m": "0".repeat(64), "mtime": 0,
                       "architecture": "llama", "n_layer": 1, "n_layer_full": 2, "quantization": "F32", "n_params": 1, "n_expert": 0},
             "fingerprint": "f", "settings": s, "trials": []
