@@ -364,6 +364,9 @@ pub struct SynthArgs {
     /// Weight matrices in Q8_0 instead of F32
     #[arg(long)]
     pub q8_0: bool,
+    /// The context it was "trained" for
+    #[arg(long, default_value_t = 4096)]
+    pub ctx_train: u32,
 }
 
 #[derive(Debug, Args)]

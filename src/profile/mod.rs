@@ -136,7 +136,7 @@ pub struct Settings {
     /// Escape hatches that change the output (a quantized KV cache) are
     /// recommended only when their mean KL divergence from the reference
     /// stays under this (nats).
-    #[serde(default = "default_max_kl")]
+    #[serde(default = "default_max_kl", skip_serializing_if = "is_default_max_kl")]
     pub max_kl: f64,
 }
 
@@ -147,6 +147,11 @@ pub const DEFAULT_MAX_KL: f64 = 0.05;
 
 fn default_max_kl() -> f64 {
     DEFAULT_MAX_KL
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
+fn is_default_max_kl(k: &f64) -> bool {
+    *k == DEFAULT_MAX_KL
 }
 
 impl Settings {
@@ -444,6 +449,9 @@ pub struct PlacementOption {
     pub recommended: bool,
     /// Why it was not measured, or what it costs or gains against the recommendation.
     pub note: String,
+    /// llama.cpp's flags for this option.
+    #[serde(default)]
+    pub llama_cpp_args: String,
 }
 
 /// A quantization's cost in quality, measured as llama.cpp's perplexity

@@ -264,6 +264,7 @@ fn hatches(
         cap: policy.cap_bytes,
         n_ctx: s.n_ctx,
         threads: s.n_threads,
+        op_offload: sh.op_offload,
     };
     let mut predict = |cases: &[crate::engine::predict::PredictCase]| {
         let spec = PredictSpec {

@@ -31,6 +31,7 @@ pub struct HatchInputs {
     pub cap: f64,
     pub n_ctx: u32,
     pub threads: u32,
+    pub op_offload: bool,
 }
 
 /// What the hatch stage found at one context.
@@ -259,6 +260,8 @@ impl World<'_> {
                 .map(|(_, q)| q.clone()),
             recommended: false,
             note,
+            llama_cpp_args: Recommendation::llama_cpp_args(case.ngl, self.h.threads, case.n_ctx, 0, self.h.op_offload)
+                + &Recommendation::hatch_args(case.kv_type, case.n_cpu_ffn),
         }
     }
 
@@ -344,6 +347,7 @@ fn layer_split_option(r: &Recommendation) -> PlacementOption {
         quality: None,
         recommended: false,
         note: String::new(),
+        llama_cpp_args: r.llama_cpp_args.clone(),
     }
 }
 
@@ -438,6 +442,113 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption]) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn option(kind: HatchKind, kv: KvType, tg: f64, fits: bool, kl: Option<f64>) -> PlacementOption {
+        PlacementOption {
+            kind,
+            n_ctx: 32768,
+            n_gpu_layers: 19,
+            n_cpu_ffn: u32::from(kind == HatchKind::FfnSpill) * 4,
+            kv_type: kv,
+            measured: kind != HatchKind::ShorterContext,
+            tg_ts: Some(tg),
+            pp_ts: Some(tg * 10.0),
+            device_bytes: Some(100),
+            fits,
+            quality: kl.map(|k| Quality {
+                kl_mean: k,
+                kl_p99: k * 5.0,
+                top1_agree: 0.99,
+                tokens: 256,
+                reference: "f16".into(),
+            }),
+            recommended: false,
+            note: String::new(),
+            llama_cpp_args: String::new(),
+        }
+    }
+
+    fn settings() -> Settings {
+        let mut s: Settings = serde_json::from_value(serde_json::json!({
+            "target_vram": 0.9, "vram_budget_bytes": null, "n_ctx": 32768, "n_prompt": 64, "n_gen": 16,
+            "repetitions": 2, "n_threads": 2, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1,
+            "objective": "tg", "grid": null, "quick": false, "no_skip": false, "trial_timeout_s": 60,
+            "sample_interval_ms": 20
+        }))
+        .unwrap();
+        s.max_kl = 0.05;
+        s
+    }
+
+    fn picked(options: &[PlacementOption]) -> Vec<HatchKind> {
+        options.iter().filter(|o| o.recommended).map(|o| o.kind).collect()
+    }
+
+    #[test]
+    fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommended() {
+        let s = settings();
+        // The guide's worked example: a q8_0 KV cache keeps every layer on the GPU at ~37 t/s,
+        // offloading gives ~3 t/s.
+        let mut v = vec![
+            option(HatchKind::KvCache, KvType::Q8_0, 37.0, true, Some(0.002)),
+            option(HatchKind::ShorterContext, KvType::F16, 40.0, true, None),
+            option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None),
+            option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
+        ];
+        let notes = choose(&mut v, &s);
+        assert_eq!(picked(&v), [HatchKind::KvCache], "a shorter context is another workload: never picked");
+        assert!(notes[0].contains("q8_0 KV cache"), "{notes:?}");
+        assert!(v[3].note.contains("-92% tg"), "{}", v[3].note);
+        let r = recommend(&Recommendation { ..layer_split() }, &v);
+        assert_eq!((r.n_gpu_layers, r.kv_type), (19, KvType::Q8_0));
+        assert!(r.llama_cpp_args.ends_with("-ctk q8_0 -ctv q8_0 -fa on"), "{}", r.llama_cpp_args);
+        assert_eq!(r.ollama_server_env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
+
+        // Over --max-kl, or quality unknown: not recommended blind; the FFN spill wins.
+        for kl in [Some(0.2), None] {
+            let mut v = vec![
+                option(HatchKind::KvCache, KvType::Q4_0, 37.0, true, kl),
+                option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None),
+                option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
+            ];
+            choose(&mut v, &s);
+            assert_eq!(picked(&v), [HatchKind::FfnSpill], "{kl:?}");
+            assert!(v[0].note.contains("max-kl") || v[0].note.contains("blind"), "{}", v[0].note);
+            let r = recommend(&layer_split(), &v);
+            assert_eq!(r.ollama_num_gpu, Some(7), "Ollama gets the whole-layer split");
+            assert!(r.llama_cpp_args.contains("-ot 'blk"), "{}", r.llama_cpp_args);
+        }
+
+        // Over the cap when measured: out, whatever its speed.
+        let mut v = vec![
+            option(HatchKind::FfnSpill, KvType::F16, 13.6, false, None),
+            option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
+        ];
+        choose(&mut v, &s);
+        assert_eq!(picked(&v), [HatchKind::LayerSplit]);
+        assert_eq!(recommend(&layer_split(), &v), layer_split());
+    }
+
+    fn layer_split() -> Recommendation {
+        Recommendation {
+            n_gpu_layers: 7,
+            n_cpu_moe: 0,
+            ollama_num_gpu: None,
+            n_threads: 2,
+            n_ctx: 32768,
+            measured: true,
+            confidence: crate::profile::Confidence::High,
+            op_offload: true,
+            tg_ts: Some(3.0),
+            pp_ts: Some(30.0),
+            mem_bytes: Some(100.0),
+            modelfile: Recommendation::modelfile_lines(7, 2, 32768),
+            llama_cpp_args: Recommendation::llama_cpp_args(7, 2, 32768, 0, true),
+            kv_type: KvType::F16,
+            n_cpu_ffn: 0,
+            ollama_server_env: Vec::new(),
+        }
+    }
 
     #[test]
     fn largest_context_that_fits() {

@@ -1,0 +1,211 @@
+//! Beyond ngl: per-context placements, the escape hatches (a quantized KV
+//! cache, FFN weights on the CPU, shorter contexts, the whole-layer split)
+//! measured on the real model through llvmpipe, the flags of each run
+//! through the engine, and quality measured as KL divergence.
+//! Outcomes asserted are ones no noise can flip: what fits, what was
+//! measured, what loads and runs, prediction errors, KL orderings from
+//! deterministic CPU arithmetic.
+
+mod common;
+
+use common::*;
+
+const VK: (&str, &str) = ("GGML_VK_VISIBLE_DEVICES", "0");
+
+fn placement_tune(store: &std::path::Path) -> serde_json::Value {
+    let m = real_model();
+    // 32k context: full offload with an f16 KV cache needs ~722 MiB on
+    // llvmpipe; 710 MiB lets a q8_0 KV cache (453 MiB) and the FFN weights
+    // of a few layers on the CPU fit, not the f16 cache.
+    let o = run_env(
+        &[
+            m.to_str().unwrap(),
+            "--ctx",
+            "4096,32768",
+            "--vram-budget",
+            "710MiB",
+            "-p",
+            "16",
+            "-n",
+            "16",
+            "-r",
+            "2",
+            "-t",
+            "2",
+            "--profiles",
+            store.to_str().unwrap(),
+            "-q",
+            "--json",
+        ],
+        &[VK],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    p
+}
+
+fn bench_ok(args: &str) -> serde_json::Value {
+    let m = real_model();
+    let o = run_env(
+        &["bench", m.to_str().unwrap(), "--llama-args", args, "-p", "8", "-n", "4", "-r", "1", "-o", "json", "-q"],
+        &[VK],
+    );
+    assert!(o.status.success(), "{args}: {}", stderr(&o));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for r in rows.as_array().unwrap() {
+        assert_eq!(r["status"], "ok", "{args}: {r}");
+    }
+    rows
+}
+
+#[test]
+fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_flags_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = placement_tune(dir.path());
+    let cap = p["memory"]["cap_bytes"].as_f64().unwrap();
+    let placements = p["placements"].as_array().unwrap();
+    assert_eq!(placements.iter().map(|c| c["n_ctx"].as_u64().unwrap()).collect::<Vec<_>>(), [4096, 32768]);
+    assert_eq!(placements[0]["fits_fully"], true, "4k fits: {}", placements[0]);
+    assert!(placements[0]["options"].as_array().unwrap().is_empty(), "nothing to escape at 4k");
+
+    let big = &placements[1];
+    assert_eq!(big["fits_fully"], false);
+    let options = big["options"].as_array().unwrap();
+    let kinds: Vec<&str> = options.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    let mut sorted = kinds.clone();
+    sorted.sort_by_key(|k| ["kv_cache", "shorter_context", "ffn_spill", "layer_split"].iter().position(|x| x == k));
+    assert_eq!(kinds, sorted, "the guide's order");
+    let of = |k: &'static str| options.iter().filter(move |o| o["kind"] == k);
+    let kv = of("kv_cache").next().expect("a KV cache option");
+    assert_eq!((kv["kv_type"].as_str(), kv["measured"].as_bool()), (Some("q8_0"), Some(true)), "{kv}");
+    let q = &kv["quality"];
+    assert!(q["kl_mean"].as_f64().unwrap() > 0.0 && q["top1_agree"].as_f64().unwrap() > 0.5, "{q}");
+    assert!(of("ffn_spill").any(|o| o["measured"] == true && o["fits"] == true), "an FFN spill measured under the cap");
+    let shorter: Vec<_> = of("shorter_context").collect();
+    assert!(!shorter.is_empty() && shorter.iter().all(|o| o["measured"] == false), "predicted, with the reason");
+    assert!(shorter.iter().all(|o| o["n_ctx"].as_u64().unwrap() < 32768 && o["device_bytes"].as_f64().unwrap() <= cap));
+    assert_eq!(of("layer_split").count(), 1);
+    let recommended: Vec<_> = options.iter().filter(|o| o["recommended"] == true).collect();
+    assert_eq!(recommended.len(), 1, "one recommendation");
+    assert_eq!(recommended[0]["llama_cpp_args"], big["recommendation"]["llama_cpp_args"]);
+    assert_eq!(big["recommendation"], p["recommendation"], "the largest context is the profile's answer");
+    for o in options.iter().filter(|o| o["measured"] == true && o["fits"] == true) {
+        assert!(o["device_bytes"].as_f64().unwrap() <= cap, "{o}");
+    }
+
+    // llama.cpp's dry run priced every trial kind within 2% of what it allocated.
+    let kinds_checked: std::collections::BTreeSet<String> = p["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["status"] == "ok" && t["prediction_error_pct"].is_number())
+        .map(|t| {
+            let e = t["prediction_error_pct"].as_f64().unwrap();
+            assert!(e.abs() <= 2.0, "{e}% off: {}", t["spec"]);
+            format!("{}/{}/{}", t["spec"]["n_ctx"], t["spec"]["kv_type"], t["spec"]["n_cpu_ffn"])
+        })
+        .collect();
+    assert!(kinds_checked.len() >= 4, "contexts, KV types and overrides all checked: {kinds_checked:?}");
+
+    // Every kind's flags, as emitted, load and run in llama.cpp through the engine.
+    for o in options.iter().filter(|o| o["measured"] == true) {
+        let rows = bench_ok(o["llama_cpp_args"].as_str().unwrap());
+        let r = &rows[0];
+        assert_eq!(r["type_k"], o["kv_type"].as_str().unwrap_or("f16"), "{o}");
+        assert_eq!(r["n_gpu_layers"], o["n_gpu_layers"]);
+    }
+
+    // emit picks a context; the llama-server env carries the hatch.
+    let store = dir.path().to_str().unwrap();
+    let m = real_model();
+    let small = run(&["emit", m.to_str().unwrap(), "--profiles", store, "-f", "llama-cpp", "--ctx", "4096"]);
+    assert!(stdout(&small).contains("-c 4096") && !stdout(&small).contains("-ctk"), "{}", stdout(&small));
+    let none = run(&["emit", m.to_str().unwrap(), "--profiles", store, "--ctx", "8192"]);
+    assert_bad_input(&none, "tuned: 4096, 32768");
+    let report = run(&["emit", m.to_str().unwrap(), "--profiles", store, "-f", "md"]);
+    assert!(report.status.success());
+}
+
+#[test]
+fn two_quantizations_are_ranked_with_their_kl_divergence_from_the_larger() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = real_model();
+    let q3 = dir.path().join("gemma-3-270m-q3_k_m.gguf");
+    let o = run(&["__quantize", m.to_str().unwrap(), q3.to_str().unwrap(), "q3_k_m"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let store = dir.path().join("store");
+    let o = run(&[
+        m.to_str().unwrap(),
+        q3.to_str().unwrap(),
+        "-c",
+        "512",
+        "-p",
+        "16",
+        "-n",
+        "16",
+        "-r",
+        "2",
+        "-t",
+        "2",
+        "--profiles",
+        store.to_str().unwrap(),
+        "-q",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows = v["ranking"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    let reference: Vec<_> = rows.iter().filter(|r| r["reference"] == true).collect();
+    assert_eq!(reference.len(), 1);
+    assert_eq!(reference[0]["file_name"], "gemma-3-270m-q4_k_m.gguf", "the larger file is the reference");
+    let other = rows.iter().find(|r| r["reference"] == false).unwrap();
+    let q = &other["quality"];
+    assert!(q["kl_mean"].as_f64().unwrap() > 0.0, "a lower quantization loses something: {q}");
+    assert!(q["tokens"].as_u64().unwrap() >= 64);
+    assert_eq!(rows.iter().filter(|r| r["best"] == true).count(), 1);
+    for r in rows {
+        assert!(r["bits_per_weight"].as_f64().unwrap() > 1.0 && r["tg_ts"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let stored: Vec<serde_json::Value> = profiles_in(&store).iter().map(|p| read_json(p)).collect();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(
+        stored.iter().filter(|p| p["model_quality"]["kl_mean"].is_number()).count(),
+        1,
+        "the lower one carries it"
+    );
+    for p in &stored {
+        assert!(schema_errors(p).is_empty(), "{:?}", schema_errors(p));
+    }
+    let plain = run(&[m.to_str().unwrap(), q3.to_str().unwrap(), "--chart", "x.svg"]);
+    assert_bad_input(&plain, "--chart takes one model");
+}
+
+#[test]
+fn kv_cache_quality_is_zero_for_the_same_cache_and_grows_with_quantization() {
+    let m = real_model();
+    let config = |kv: &str| serde_json::json!({"model": m, "kv_type": kv, "n_gpu_layers": 0});
+    let spec = serde_json::json!({
+        "reference": config("f16"),
+        "alternatives": [config("f16"), config("q8_0"), config("q4_0")],
+        "n_gen": 64,
+        "n_threads": 2
+    });
+    let mut child = std::process::Command::new(BIN)
+        .arg("__kl")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), spec.to_string().as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let kl = |i: usize| out["scores"][i]["quality"]["kl_mean"].as_f64().unwrap_or_else(|| panic!("{out}"));
+    assert!(kl(0) < 1e-9, "an identical configuration scores zero: {out}");
+    assert!((out["scores"][0]["quality"]["top1_agree"].as_f64().unwrap() - 1.0).abs() < 1e-12);
+    assert!(kl(1) > kl(0), "q8_0 loses something: {out}");
+    assert!(kl(2) > kl(1), "q4_0 loses more than q8_0: {out}");
+}
