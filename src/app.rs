@@ -309,10 +309,8 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
     Ok(exit::OK)
 }
 
-fn cmd_bench(a: &BenchArgs) -> Result<i32> {
-    let mut clock = crate::clock::Phases::from_env();
-    let info = model::inspect(&a.model)?;
-    clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
+/// Bench's placement: `--llama-args` over the options, and the tensors kept on the CPU.
+fn bench_placement(a: &BenchArgs) -> Result<(crate::llama_args::LlamaArgs, crate::cli::Workload, Vec<String>)> {
     let llama = match &a.llama_args {
         Some(line) => crate::llama_args::parse(line).map_err(|e| bad(format!("--llama-args: {e}")))?,
         None => crate::llama_args::LlamaArgs::default(),
@@ -323,8 +321,6 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     if llama.no_op_offload {
         w.op_offload = crate::engine::OpOffload::Off;
     }
-    let threads = check_workload(&w, &info)?;
-    let w = &w;
     let mut cpu_overrides = Vec::new();
     for o in &a.override_tensor {
         match o.split_once('=') {
@@ -333,6 +329,16 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         }
     }
     cpu_overrides.extend(llama.cpu_overrides.iter().cloned());
+    Ok((llama, w, cpu_overrides))
+}
+
+fn cmd_bench(a: &BenchArgs) -> Result<i32> {
+    let mut clock = crate::clock::Phases::from_env();
+    let info = model::inspect(&a.model)?;
+    clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
+    let (llama, w, cpu_overrides) = bench_placement(a)?;
+    let threads = check_workload(&w, &info)?;
+    let w = &w;
     let opts = BenchOptions {
         model: a.model.clone(),
         ngl: match llama.ngl {
@@ -576,6 +582,30 @@ struct Version {
     tg_ts: Option<f64>,
     pp_ts: Option<f64>,
     current: bool,
+    /// Each context tuned: its size, flags and speeds (the largest first is `n_gpu_layers` above).
+    contexts: Vec<VersionContext>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct VersionContext {
+    n_ctx: u32,
+    llama_cpp_args: String,
+    tg_ts: Option<f64>,
+    pp_ts: Option<f64>,
+}
+
+fn version_contexts(p: &crate::profile::Profile) -> Vec<VersionContext> {
+    let of = |r: &crate::profile::Recommendation| VersionContext {
+        n_ctx: r.n_ctx,
+        llama_cpp_args: r.llama_cpp_args.clone(),
+        tg_ts: r.tg_ts,
+        pp_ts: r.pp_ts,
+    };
+    if p.placements.is_empty() {
+        vec![of(&p.recommendation)]
+    } else {
+        p.placements.iter().map(|c| of(&c.recommendation)).collect()
+    }
 }
 
 fn cmd_history(a: &HistoryArgs) -> Result<i32> {
@@ -602,6 +632,7 @@ fn cmd_history(a: &HistoryArgs) -> Result<i32> {
                 tg_ts: p.recommendation.tg_ts,
                 pp_ts: p.recommendation.pp_ts,
                 current: f == &current_path,
+                contexts: version_contexts(&p),
             }),
             Err(e) => eprintln!("warning: {e:#}; skipped"),
         }
@@ -613,23 +644,32 @@ fn cmd_history(a: &HistoryArgs) -> Result<i32> {
         return Ok(exit::OK);
     }
     writeln!(out, "{} on {}: {} versions", current.model.file_name, current.machine_id, versions.len())?;
-    writeln!(out, "| made | fingerprint | llama.cpp | ngl | threads | tg t/s | pp t/s | |")?;
-    writeln!(out, "| ---- | ----------- | --------- | --: | ------: | -----: | -----: | - |")?;
+    let mut t = crate::table::Table::new(&[
+        ("made", false),
+        ("fingerprint", false),
+        ("llama.cpp", false),
+        ("ctx", true),
+        ("llama.cpp flags", false),
+        ("tg t/s", true),
+        ("pp t/s", true),
+        ("version", false),
+    ]);
     let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
     for v in &versions {
-        writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            v.created_at,
-            v.fingerprint,
-            v.llama_cpp_revision,
-            v.n_gpu_layers,
-            v.n_threads,
-            f(v.tg_ts),
-            f(v.pp_ts),
-            if v.current { "current" } else { "" }
-        )?;
+        for c in &v.contexts {
+            t.row(vec![
+                v.created_at.clone(),
+                v.fingerprint.clone(),
+                v.llama_cpp_revision.clone(),
+                c.n_ctx.to_string(),
+                c.llama_cpp_args.clone(),
+                f(c.tg_ts),
+                f(c.pp_ts),
+                if v.current { "current".into() } else { String::new() },
+            ]);
+        }
     }
+    write!(out, "{}", t.render())?;
     Ok(exit::OK)
 }
 

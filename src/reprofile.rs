@@ -173,6 +173,12 @@ pub fn parse_duration(s: &str, opt: &str) -> Result<Duration> {
 pub struct Comparison {
     pub n_gpu_layers: u32,
     pub n_threads: u32,
+    /// The context size of the trials (profiles before schema 2: their one context).
+    pub n_ctx: Option<u32>,
+    /// What else the placement holds beside layers: "q8_0 KV", "FFN of 5 layers on CPU",
+    /// "experts of 4 layers on CPU"; empty for a whole-layer split.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub placement: String,
     /// "pp512" or "tg128".
     pub test: String,
     pub old_ts: f64,
@@ -195,10 +201,50 @@ pub struct Drift {
     /// Comparisons not judged because a trial ran on a busy machine.
     #[serde(default)]
     pub contended: usize,
+    /// Contexts whose recommended flags changed: (context, old flags, new flags).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub placements_changed: Vec<(u32, String, String)>,
 }
 
-fn key(t: &ProfileTrial) -> (u32, u32) {
-    (t.result.spec.n_gpu_layers, t.result.spec.n_threads)
+/// What identifies a measured placement across profiles: layers, threads,
+/// context, KV cache type, FFN and expert overrides.
+type Key = (u32, u32, Option<u32>, crate::types::KvType, u32, u32);
+
+fn key(t: &ProfileTrial) -> Key {
+    let s = &t.result.spec;
+    (s.n_gpu_layers, s.n_threads, s.n_ctx, s.kv_type, s.n_cpu_ffn, s.n_cpu_moe)
+}
+
+/// The placement beside layers, in words (empty for a whole-layer split).
+fn placement_words(s: &crate::types::TrialSpec) -> String {
+    let mut v = Vec::new();
+    if s.kv_type.is_quantized() {
+        v.push(format!("{} KV", s.kv_type.as_str()));
+    }
+    if s.n_cpu_ffn > 0 {
+        v.push(format!("FFN of {} layers on CPU", s.n_cpu_ffn));
+    }
+    if s.n_cpu_moe > 0 {
+        v.push(format!("experts of {} layers on CPU", s.n_cpu_moe));
+    }
+    v.join(", ")
+}
+
+/// Contexts tuned in both profiles whose recommended flags changed.
+fn placements_changed(old: &Profile, new: &Profile) -> Vec<(u32, String, String)> {
+    new.settings
+        .contexts()
+        .into_iter()
+        .filter_map(|c| {
+            let rec = |p: &Profile| {
+                p.placement(c)
+                    .map(|x| x.recommendation.flags())
+                    .or_else(|| (p.recommendation.n_ctx == c).then(|| p.recommendation.flags()))
+            };
+            let (o, n) = (rec(old)?, rec(new)?);
+            (o != n).then_some((c, o, n))
+        })
+        .collect()
 }
 
 /// Compares every setting measured in both profiles, test by test, with
@@ -231,6 +277,8 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
             comparisons.push(Comparison {
                 n_gpu_layers: key(nt).0,
                 n_threads: key(nt).1,
+                n_ctx: nt.result.spec.n_ctx,
+                placement: placement_words(&nt.result.spec),
                 test: ntest.name(),
                 old_ts: om,
                 new_ts: nm,
@@ -264,6 +312,7 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
         comparisons,
         recommendation_changed: (o.n_gpu_layers != n.n_gpu_layers).then_some((o.n_gpu_layers, n.n_gpu_layers)),
         threads_changed: (o.n_threads != n.n_threads).then_some((o.n_threads, n.n_threads)),
+        placements_changed: placements_changed(old, new),
     }
 }
 
@@ -444,8 +493,10 @@ fn one(
 
 fn say_drift(d: &Drift, threshold: f64, say: &mut dyn FnMut(&str)) {
     for c in d.comparisons.iter().filter(|c| c.verdict != "same" && c.verdict != "contended") {
+        let ctx = c.n_ctx.map_or(String::new(), |n| format!(" -c {n}"));
+        let extra = if c.placement.is_empty() { String::new() } else { format!(" ({})", c.placement) };
         say(&format!(
-            "           {} {} at ngl {} -t {}: {:.2} → {:.2} t/s ({:+.1}%, p {})",
+            "           {} {} at ngl {} -t {}{ctx}{extra}: {:.2} → {:.2} t/s ({:+.1}%, p {})",
             c.verdict.to_uppercase(),
             c.test,
             c.n_gpu_layers,
@@ -458,6 +509,9 @@ fn say_drift(d: &Drift, threshold: f64, say: &mut dyn FnMut(&str)) {
     }
     if let Some((a, b)) = d.recommendation_changed {
         say(&format!("           recommendation changed: ngl {a} → ngl {b}"));
+    }
+    for (c, a, b) in &d.placements_changed {
+        say(&format!("           at {c} context the flags changed: {a} → {b}"));
     }
     if d.contended > 0 {
         say(&format!("           {} comparisons not judged: the machine was busy during those trials", d.contended));

@@ -20,7 +20,7 @@ impl Table {
     }
 
     /// The header, a separator as wide as each name (`--:` where
-    /// right-aligned), and one line a row; `|` in a cell becomes `/`.
+    /// right-aligned), and one line a row; `|` in a cell is escaped as `\|` (GitHub markdown).
     #[must_use]
     pub fn render(&self) -> String {
         let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
@@ -38,7 +38,7 @@ impl Table {
                 .collect(),
         );
         for r in &self.rows {
-            s += &line(r.iter().map(|c| c.replace('|', "/")).collect());
+            s += &line(r.iter().map(|c| c.replace('|', "\\|")).collect());
         }
         s
     }

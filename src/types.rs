@@ -800,3 +800,18 @@ pub struct Decision {
     /// Why this setting, in two or three lines.
     pub reasons: Vec<String>,
 }
+
+/// A quantization's cost in quality, measured as llama.cpp's perplexity
+/// tool does with `--kl-divergence`, on tokens the reference generated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quality {
+    /// Mean KL divergence (nats) of the token distributions from the reference's.
+    pub kl_mean: f64,
+    /// 99th percentile of the per-token KL divergence.
+    pub kl_p99: f64,
+    /// Share of positions whose most likely token is the reference's.
+    pub top1_agree: f64,
+    pub tokens: u32,
+    /// What it was compared with ("f16 KV cache", a model file).
+    pub reference: String,
+}

@@ -15,6 +15,7 @@ const MEM: RGBColor = RGBColor(44, 160, 44);
 const CAP: RGBColor = RGBColor(214, 39, 40);
 const REC: RGBColor = RGBColor(0, 0, 0);
 const KNEE: RGBColor = RGBColor(148, 103, 189);
+const OTHER_CTX: [RGBColor; 3] = [RGBColor(127, 127, 127), RGBColor(23, 190, 207), RGBColor(188, 189, 34)];
 
 fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("cannot draw the chart: {e}")
@@ -33,11 +34,18 @@ struct Data {
     y_max: f64,
     m_max: f64,
     cap_visible: bool,
+    /// tg measured at ngl values for each other context tuned.
+    other_ctx: Vec<(u32, Vec<(f64, f64)>)>,
 }
 
 impl Data {
     fn of(p: &Profile) -> Data {
-        let ok: Vec<_> = p.trials.iter().filter(|t| t.result.status == TrialStatus::Ok && t.is_search()).collect();
+        let n_ctx = p.settings.n_ctx;
+        let ok: Vec<_> = p
+            .trials
+            .iter()
+            .filter(|t| t.result.status == TrialStatus::Ok && t.is_search() && t.at_ctx(n_ctx))
+            .collect();
         let at = |t: &&crate::profile::ProfileTrial, v: f64| (f64::from(t.result.spec.n_gpu_layers), v);
         let tg: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.result.test(false).map(|x| at(t, x.avg_ts))).collect();
         let pp: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.result.test(true).map(|x| at(t, x.avg_ts))).collect();
@@ -56,7 +64,32 @@ impl Data {
         let mem_fit = line((0..=n_full).filter_map(|n| mem_c.predict(n).map(|m| (f64::from(n), m / MIB))).collect());
         let cap_mib = (p.memory.cap_bytes / MIB).max(0.0);
         // Headroom keeps the data below the legend in the upper right.
-        let y_max = tg.iter().chain(&pp).chain(&tg_fit).chain(&pp_fit).map(|v| v.1).fold(1.0, f64::max) * 1.4;
+        // The other contexts' whole-layer searches: one tg line each.
+        let other_ctx: Vec<(u32, Vec<(f64, f64)>)> = p
+            .settings
+            .contexts()
+            .into_iter()
+            .filter(|c| *c != n_ctx)
+            .map(|c| {
+                let mut v: Vec<(f64, f64)> = p
+                    .trials
+                    .iter()
+                    .filter(|t| t.result.status == TrialStatus::Ok && t.is_search() && t.at_ctx(c))
+                    .filter_map(|t| t.result.test(false).map(|x| (f64::from(t.result.spec.n_gpu_layers), x.avg_ts)))
+                    .collect();
+                v.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (c, v)
+            })
+            .collect();
+        let y_max = tg
+            .iter()
+            .chain(&pp)
+            .chain(&tg_fit)
+            .chain(&pp_fit)
+            .chain(other_ctx.iter().flat_map(|(_, v)| v))
+            .map(|v| v.1)
+            .fold(1.0, f64::max)
+            * 1.4;
         let mem_top = mem.iter().chain(&mem_fit).map(|v| v.1).fold(0.0, f64::max);
         // Show the cap when it is within reach of the data; otherwise note it in the caption.
         let cap_visible = cap_mib > 0.0 && cap_mib <= mem_top * 4.0;
@@ -73,6 +106,7 @@ impl Data {
             y_max,
             m_max,
             cap_visible,
+            other_ctx,
         }
     }
 }
@@ -114,6 +148,14 @@ fn draw_speeds(chart: &mut Dual<'_, '_>, d: &Data) -> Result<()> {
         .map_err(err)?
         .label("pp measured")
         .legend(|(x, y)| TriangleMarker::new((x + 10, y), 6, PP.filled()));
+    for (i, (c, v)) in d.other_ctx.iter().enumerate() {
+        let color = OTHER_CTX[i % OTHER_CTX.len()];
+        chart
+            .draw_series(LineSeries::new(v.clone(), color.stroke_width(1)).point_size(3))
+            .map_err(err)?
+            .label(format!("tg at {c} context"))
+            .legend(legend_line(color));
+    }
     Ok(())
 }
 
@@ -183,7 +225,8 @@ fn draw_marks(chart: &mut Dual<'_, '_>, d: &Data, p: &Profile) -> Result<()> {
 /// Drawing errors (plotters).
 pub fn svg(p: &Profile) -> Result<String> {
     let d = Data::of(p);
-    let title = format!("{}: throughput and device memory against ngl", p.model.file_name);
+    let title =
+        format!("{}: throughput and device memory against ngl at {} context", p.model.file_name, p.settings.n_ctx);
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (960, 560)).into_drawing_area();

@@ -20,8 +20,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use serde::{Deserialize, Serialize};
 
-use crate::profile::Quality;
-use crate::types::KvType;
+use crate::types::{KvType, Quality};
 
 /// The fixed prompts the reference continues (prose and code: different
 /// token statistics).

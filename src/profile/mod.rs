@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::engine::TrialResult;
 use crate::model::ModelInfo;
 use crate::probe::Hardware;
+pub use crate::types::Quality;
 use crate::types::{Decision, KvType, Objective, Point};
 
 /// 2: per-context placements, KV cache types, FFN overrides; version 1 is read.
@@ -454,19 +455,21 @@ pub struct PlacementOption {
     pub llama_cpp_args: String,
 }
 
-/// A quantization's cost in quality, measured as llama.cpp's perplexity
-/// tool does with `--kl-divergence`, on tokens the reference generated.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Quality {
-    /// Mean KL divergence (nats) of the token distributions from the reference's.
-    pub kl_mean: f64,
-    /// 99th percentile of the per-token KL divergence.
-    pub kl_p99: f64,
-    /// Share of positions whose most likely token is the reference's.
-    pub top1_agree: f64,
-    pub tokens: u32,
-    /// What it was compared with ("f16 KV cache", a model file).
-    pub reference: String,
+impl PlacementOption {
+    /// The option in words: "q8_0 KV cache, every layer on the GPU".
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match self.kind {
+            HatchKind::KvCache => format!("{} KV cache, every layer on the GPU", self.kv_type.as_str()),
+            HatchKind::ShorterContext => {
+                format!("{} context, every layer on the GPU ({} KV cache)", self.n_ctx, self.kv_type.as_str())
+            }
+            HatchKind::FfnSpill => {
+                format!("every layer on the GPU, FFN weights of {} layers on the CPU (-ot)", self.n_cpu_ffn)
+            }
+            HatchKind::LayerSplit => format!("{} layers on the GPU (whole-layer split)", self.n_gpu_layers),
+        }
+    }
 }
 
 /// The answer at one context size.

@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use crate::model::human_bytes;
 use crate::profile::{ContextPlacement, HatchKind, PlacementOption, Profile};
-use crate::tune::placement::describe;
 
 fn speed(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
@@ -26,7 +25,7 @@ pub fn option_line(o: &PlacementOption) -> String {
         .map_or(String::new(), |q| format!(", KL {:.4} (top token agrees {:.1}%)", q.kl_mean, q.top1_agree * 100.0));
     let note = if o.note.is_empty() { String::new() } else { format!("; {}", o.note) };
     let mark = if o.recommended { "  <- recommended" } else { "" };
-    format!("{}: {figures}{quality}{note}{mark}", describe(o))
+    format!("{}: {figures}{quality}{note}{mark}", o.describe())
 }
 
 /// A recommendation in a few words: "ngl 19, q8_0 KV".

@@ -152,35 +152,10 @@ pub fn escape_hatches(
     if fits_fully && !kv_large {
         return Ok(Hatches { fits_fully, kv_bytes, ..Hatches::default() });
     }
-    // Second round: the solved context sizes and FFN spills, priced exactly.
-    let ctx_for = |kv| {
-        largest_ctx(
-            bytes(find(&preds, full(h.n_ctx / 2, kv, 0))),
-            bytes(find(&preds, full(h.n_ctx, kv, 0))),
-            h.n_ctx,
-            h.cap,
-        )
-    };
-    let shorter: Vec<(KvType, u32)> = [KvType::F16, KvType::Q8_0]
-        .into_iter()
-        .filter_map(|kv| ctx_for(kv).filter(|c| *c < h.n_ctx).map(|c| (kv, c)))
-        .collect();
-    let k = (!fits_fully && !h.is_moe).then(|| {
-        ffn_layers_needed(
-            bytes(find(&preds, full(h.n_ctx, KvType::F16, 1))),
-            bytes(find(&preds, full(h.n_ctx, KvType::F16, h.n_layer))),
-            h.n_layer,
-            h.cap,
-        )
-    });
-    let spills: Vec<u32> = k.flatten().map(|k| (k..=(k + 1).min(h.n_layer)).collect()).unwrap_or_default();
-    let second: Vec<PredictCase> = shorter
-        .iter()
-        .map(|(kv, c)| full(*c, *kv, 0))
-        .chain(spills.iter().map(|k| full(h.n_ctx, KvType::F16, *k)))
-        .collect();
-    preds.extend(predict(&second));
+    let second = second_round(h, &preds, fits_fully);
+    preds.extend(predict(&second.cases));
     search.predicted.extend(preds.iter().cloned());
+    let Second { shorter, k, spills, .. } = second;
 
     let under = |c: PredictCase| {
         #[allow(clippy::cast_precision_loss)]
@@ -210,6 +185,44 @@ pub fn escape_hatches(
     let mut options = world.options(kv_pick, &shorter, k, &spills, layer_split);
     let notes = choose(&mut options, search.settings());
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
+}
+
+/// The second dry run: the solved context sizes and FFN spills, priced exactly.
+struct Second {
+    /// The largest context that fits fully, per KV type (only those below the asked one).
+    shorter: Vec<(KvType, u32)>,
+    /// FFN layers to spill: `None` when full offload fits (or MoE), `Some(None)` when no K is enough.
+    k: Option<Option<u32>>,
+    /// K and its neighbour.
+    spills: Vec<u32>,
+    cases: Vec<PredictCase>,
+}
+
+fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Second {
+    let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
+    let at = |c| bytes(find(preds, c));
+    let shorter: Vec<(KvType, u32)> = [KvType::F16, KvType::Q8_0]
+        .into_iter()
+        .filter_map(|kv| {
+            let c = largest_ctx(at(full(h.n_ctx / 2, kv, 0)), at(full(h.n_ctx, kv, 0)), h.n_ctx, h.cap)?;
+            (c < h.n_ctx).then_some((kv, c))
+        })
+        .collect();
+    let k = (!fits_fully && !h.is_moe).then(|| {
+        ffn_layers_needed(
+            at(full(h.n_ctx, KvType::F16, 1)),
+            at(full(h.n_ctx, KvType::F16, h.n_layer)),
+            h.n_layer,
+            h.cap,
+        )
+    });
+    let spills: Vec<u32> = k.flatten().map(|k| (k..=(k + 1).min(h.n_layer)).collect()).unwrap_or_default();
+    let cases = shorter
+        .iter()
+        .map(|(kv, c)| full(*c, *kv, 0))
+        .chain(spills.iter().map(|k| full(h.n_ctx, KvType::F16, *k)))
+        .collect();
+    Second { shorter, k, spills, cases }
 }
 
 /// What the options are made of.
@@ -387,24 +400,9 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<String> {
     }
     if options[bi].kind != HatchKind::LayerSplit {
         let o = &options[bi];
-        notes.push(format!("escape hatch at {} context: {}", o.n_ctx, describe(o)));
+        notes.push(format!("escape hatch at {} context: {}", o.n_ctx, o.describe()));
     }
     notes
-}
-
-/// One option in words: "q8_0 KV cache, every layer on the GPU".
-#[must_use]
-pub fn describe(o: &PlacementOption) -> String {
-    match o.kind {
-        HatchKind::KvCache => format!("{} KV cache, every layer on the GPU", o.kv_type.as_str()),
-        HatchKind::ShorterContext => {
-            format!("{} context, every layer on the GPU ({} KV cache)", o.n_ctx, o.kv_type.as_str())
-        }
-        HatchKind::FfnSpill => {
-            format!("every layer on the GPU, FFN weights of {} layers on the CPU (-ot)", o.n_cpu_ffn)
-        }
-        HatchKind::LayerSplit => format!("{} layers on the GPU (whole-layer split)", o.n_gpu_layers),
-    }
 }
 
 /// The recommendation at one context: the layer split's, or the chosen
@@ -556,7 +554,7 @@ mod tests {
         let mb = 1_000_000;
         assert_eq!(largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 500e6), Some(16384), "fits");
         let c = largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 150e6).unwrap();
-        assert!(c % 256 == 0 && c < 16384 && c > 8192, "{c}");
+        assert!(c.is_multiple_of(256) && c < 16384 && c > 8192, "{c}");
         assert_eq!(largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 1e6), None, "nothing fits");
         assert_eq!(largest_ctx(None, Some(1), 16384, 1e9), None);
     }
