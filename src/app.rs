@@ -184,14 +184,26 @@ fn parse_contexts(list: &str, info: &ModelInfo) -> Result<Vec<u32>> {
 
 /// The contexts to tune and the rule that chose them: `--ctx`, `-c`, the
 /// Modelfile's num_ctx, or Ollama's default here.
-fn choose_contexts(a: &TuneArgs, s: &mut crate::profile::Settings, info: &ModelInfo, hw: &crate::probe::Hardware) {
+///
+/// # Errors
+/// `BadInput` for a Modelfile to update that Ollama would reject (said
+/// before anything is measured, not after).
+fn choose_contexts(
+    a: &TuneArgs,
+    s: &mut crate::profile::Settings,
+    info: &ModelInfo,
+    hw: &crate::probe::Hardware,
+) -> Result<()> {
+    let existing = a.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
+    let cmds = existing.map(crate::emit::modelfile::read).transpose()?;
     if a.ctx.is_some() || a.workload.ctx_size.is_some() {
-        return;
+        return Ok(());
     }
-    let from_modelfile = a.write_modelfile.as_deref().filter(|p| p.exists()).and_then(|p| {
-        let cmds = crate::emit::modelfile::read(p).ok()?;
-        let params = crate::emit::modelfile::parameters(&cmds);
-        let v = params.iter().find(|(k, _)| k == "num_ctx")?.1.last()?.trim().parse::<u32>().ok()?;
+    let from_modelfile = cmds.as_deref().zip(existing).and_then(|(cmds, p)| {
+        let params = crate::emit::modelfile::parameters(cmds);
+        let v = params.iter().find(|(k, _)| k == "num_ctx")?.1.last()?.trim().parse::<u32>().ok().filter(|v| *v > 0)?;
+        // llama.cpp (and Ollama) cap the context at the trained one.
+        let v = if info.ctx_train > 0 { v.min(u32::try_from(info.ctx_train).unwrap_or(u32::MAX)) } else { v };
         Some((v, p.display().to_string()))
     });
     let (ctx, rule) = match from_modelfile {
@@ -206,6 +218,7 @@ fn choose_contexts(a: &TuneArgs, s: &mut crate::profile::Settings, info: &ModelI
     };
     s.n_ctx = ctx;
     s.ctx_rule = Some(rule);
+    Ok(())
 }
 
 fn cmd_tune(a: &TuneArgs) -> Result<i32> {
@@ -241,7 +254,7 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
             .with_resume(a.resume)
             .with_output(a.verbose, !a.quiet);
-        choose_contexts(a, &mut req.settings, &req.info, &crate::probe::hardware(req.devices.clone()));
+        choose_contexts(a, &mut req.settings, &req.info, &crate::probe::hardware(req.devices.clone()))?;
         reqs.push(req);
     }
     crate::interrupt::install();
@@ -286,7 +299,7 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
     use crate::tune::rank;
     let profiles: Vec<crate::profile::Profile> = outcomes.iter().map(|o| o.profile.clone()).collect();
     let exe = crate::engine::child::current_exe()?;
-    let qualities = rank::qualities(&exe, &profiles, profiles[0].settings.n_threads);
+    let qualities = rank::qualities(&exe, &profiles, profiles[0].settings.n_threads)?;
     for (o, q) in outcomes.iter_mut().zip(&qualities) {
         if q.is_some() {
             o.profile.model_quality.clone_from(q);

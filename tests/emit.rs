@@ -482,3 +482,62 @@ fn every_modelfile_form_round_trips_or_is_refused_untouched() {
         assert!(!dir.path().join(format!("{name}.bad.bak")).exists(), "{name}: nothing written");
     }
 }
+
+/// A profile whose answer at 32k is a quantized KV cache, and one whose
+/// answer is FFN weights on the CPU: each consumer gets it where it takes it.
+#[test]
+fn a_hatch_goes_where_each_consumer_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ex = examples().into_iter().find(|p| p.to_string_lossy().contains("llvmpipe")).unwrap();
+    let base = read_json(&ex);
+    let with = |edit: &dyn Fn(&mut serde_json::Value), name: &str| {
+        let mut p = base.clone();
+        edit(&mut p["recommendation"]);
+        let path = dir.path().join(name);
+        std::fs::write(&path, serde_json::to_string(&p).unwrap()).unwrap();
+        assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+        path
+    };
+    let kv = with(
+        &|r| {
+            r["n_gpu_layers"] = 19.into();
+            r["kv_type"] = "q8_0".into();
+            r["ollama_server_env"] = serde_json::json!(["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
+        },
+        "kv.json",
+    );
+    let emit = |p: &Path, f: &str| {
+        let o = run(&["emit", p.to_str().unwrap(), "--format", f]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    assert!(emit(&kv, "llama-cpp").contains("-ngl 19 -t 2 -c 4096 --no-op-offload -ctk q8_0 -ctv q8_0 -fa on"));
+    let env = emit(&kv, "llama-server-env");
+    for line in ["LLAMA_ARG_CACHE_TYPE_K=q8_0", "LLAMA_ARG_CACHE_TYPE_V=q8_0", "LLAMA_ARG_FLASH_ATTN=on"] {
+        assert!(env.lines().any(|l| l == line), "{line} in {env}");
+    }
+    let mf = emit(&kv, "modelfile");
+    assert!(mf.contains("# set on the Ollama server, not here") && mf.contains("OLLAMA_KV_CACHE_TYPE=q8_0"), "{mf}");
+    assert!(mf.contains("PARAMETER num_gpu 19"), "Ollama runs it fully offloaded with the server setting: {mf}");
+    check_ollama_rules(&mf);
+
+    let ffn = with(
+        &|r| {
+            r["n_gpu_layers"] = 19.into();
+            r["n_cpu_ffn"] = 3.into();
+            r["ollama_num_gpu"] = 12.into();
+        },
+        "ffn.json",
+    );
+    let pattern = r"blk\.(0|1|2)\.ffn_(up|down|gate)\.weight=CPU";
+    assert!(emit(&ffn, "llama-cpp").contains(&format!("-ot '{pattern}'")), "{}", emit(&ffn, "llama-cpp"));
+    let env = emit(&ffn, "llama-server-env");
+    // Double-quoted with backslashes escaped: what systemd and sh both undo.
+    let quoted = format!("LLAMA_ARG_OVERRIDE_TENSOR=\"{}\"", pattern.replace('\\', "\\\\"));
+    assert!(env.lines().any(|l| l == quoted), "{quoted} in {env}");
+    let docker = emit(&ffn, "docker-env");
+    assert!(docker.lines().any(|l| l == format!("LLAMA_ARG_OVERRIDE_TENSOR={pattern}")), "{docker}");
+    let mf = emit(&ffn, "modelfile");
+    assert!(mf.contains("PARAMETER num_gpu 12") && mf.contains("Ollama has no tensor overrides"), "{mf}");
+    check_ollama_rules(&mf);
+}

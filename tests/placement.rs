@@ -209,3 +209,37 @@ fn kv_cache_quality_is_zero_for_the_same_cache_and_grows_with_quantization() {
     assert!(kl(1) > kl(0), "q8_0 loses something: {out}");
     assert!(kl(2) > kl(1), "q4_0 loses more than q8_0: {out}");
 }
+
+#[test]
+fn the_context_is_the_users_and_never_more_than_the_model_was_trained_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 4); // trained for 4096 tokens
+    let store = dir.path().join("store");
+    let (m, s) = (m.to_str().unwrap(), store.to_str().unwrap());
+    assert_bad_input(&run(&[m, "--ctx", "2048,8192", "--profiles", s]), "trained for");
+    assert_bad_input(&run(&[m, "--ctx", "2048,lots", "--profiles", s]), "not a context size");
+    assert!(!store.exists() || profiles_in(&store).is_empty(), "nothing written");
+    let tune = |extra: &[&str]| {
+        let mut args = vec![m, "-p", "8", "-n", "8", "-r", "1", "-t", "1", "--profiles", s, "-q", "--json"];
+        args.extend_from_slice(extra);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    // The Modelfile being updated says which context its users run.
+    let mf = dir.path().join("Modelfile");
+    std::fs::write(&mf, format!("FROM {m}\nPARAMETER num_ctx 1024\n")).unwrap();
+    let p = tune(&["--write-modelfile", mf.to_str().unwrap()]);
+    assert_eq!(p["settings"]["n_ctx"], 1024);
+    assert!(p["settings"]["ctx_rule"].as_str().unwrap().contains("num_ctx of the Modelfile"), "{}", p["settings"]);
+    assert!(std::fs::read_to_string(&mf).unwrap().contains("PARAMETER num_ctx 1024"));
+    // Without one: what Ollama gives this model here (no real GPU: 4k), at most the trained context.
+    let p = tune(&[]);
+    assert_eq!(p["settings"]["n_ctx"], 4096);
+    assert!(p["settings"]["ctx_rule"].as_str().unwrap().contains("Ollama"), "{}", p["settings"]);
+    // Several contexts: one placement each, the largest is the profile's answer.
+    let p = tune(&["--ctx", "512,2048"]);
+    assert_eq!(p["settings"]["contexts"], serde_json::json!([512, 2048]));
+    assert_eq!(p["recommendation"]["n_ctx"], 2048);
+    assert!(p["settings"]["ctx_rule"].is_null(), "asked for, not chosen");
+}

@@ -46,7 +46,7 @@ pub struct Hatches {
 /// Prices placements (llama.cpp's dry run in a child process; curves in tests).
 pub type Predictor<'a> = dyn FnMut(&[PredictCase]) -> Vec<Prediction> + 'a;
 /// Measures the quality of a KV cache type against f16.
-pub type Assessor<'a> = dyn FnMut(KvType) -> Option<Quality> + 'a;
+pub type Assessor<'a> = dyn FnMut(KvType) -> Result<Option<Quality>> + 'a;
 
 fn bytes(p: Option<&Prediction>) -> Option<u64> {
     p.filter(|p| p.error.is_none()).map(|p| p.device_bytes)
@@ -155,12 +155,18 @@ pub fn escape_hatches(
     let second = second_round(h, &preds, fits_fully);
     preds.extend(predict(&second.cases));
     search.predicted.extend(preds.iter().cloned());
-    let Second { shorter, k, spills, .. } = second;
-
+    let Second { shorter, k, spills: priced, .. } = second;
     let under = |c: PredictCase| {
         #[allow(clippy::cast_precision_loss)]
         bytes(find(&preds, c)).is_some_and(|b| b as f64 <= h.cap)
     };
+    // The line through K = 1 and K = n_layer is close, not exact (compute
+    // buffers move too): the fewest priced K that fits, and its neighbour.
+    let spills: Vec<u32> = match priced.iter().position(|k| under(full(h.n_ctx, KvType::F16, *k))) {
+        Some(i) => priced[i..].iter().take(2).copied().collect(),
+        None => priced.last().copied().into_iter().collect(),
+    };
+
     // Measure what can fit and win: one KV type (the lightest that is
     // needed), the FFN spills that fit.
     let kv_pick = if under(full(h.n_ctx, KvType::Q8_0, 0)) {
@@ -180,7 +186,10 @@ pub fn escape_hatches(
             search.measure(Role::Hatch, c, Some(race))?;
         }
     }
-    let quality = kv_pick.and_then(|kv| assess(kv).map(|q| (kv, q)));
+    let quality = match kv_pick {
+        Some(kv) => assess(kv)?.map(|q| (kv, q)),
+        None => None,
+    };
     let world = World { h, preds: &preds, trials: &search.trials, quality };
     let mut options = world.options(kv_pick, &shorter, k, &spills, layer_split);
     let notes = choose(&mut options, search.settings());
@@ -193,7 +202,7 @@ struct Second {
     shorter: Vec<(KvType, u32)>,
     /// FFN layers to spill: `None` when full offload fits (or MoE), `Some(None)` when no K is enough.
     k: Option<Option<u32>>,
-    /// K and its neighbour.
+    /// K from one below the solved value to three above (priced exactly).
     spills: Vec<u32>,
     cases: Vec<PredictCase>,
 }
@@ -216,7 +225,8 @@ fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Seco
             h.cap,
         )
     });
-    let spills: Vec<u32> = k.flatten().map(|k| (k..=(k + 1).min(h.n_layer)).collect()).unwrap_or_default();
+    let spills: Vec<u32> =
+        k.flatten().map(|k| (k.saturating_sub(1).max(1)..=(k + 3).min(h.n_layer)).collect()).unwrap_or_default();
     let cases = shorter
         .iter()
         .map(|(kv, c)| full(*c, *kv, 0))

@@ -15,7 +15,9 @@ pub const KL_TOKENS: u32 = 128;
 /// A quantized KV cache against f16, both at `ngl` layers on the GPU.
 /// `None` when it could not be measured (the reason goes to stderr: the
 /// hatch is then not recommended).
-#[must_use]
+///
+/// # Errors
+/// Only an interrupt.
 pub fn kv_quality(
     exe: &Path,
     info: &ModelInfo,
@@ -23,7 +25,7 @@ pub fn kv_quality(
     ngl: u32,
     s: &Settings,
     op_offload: bool,
-) -> Option<Quality> {
+) -> anyhow::Result<Option<Quality>> {
     let config = |kv_type| KlConfig { model: info.path.clone(), kv_type, n_gpu_layers: ngl, op_offload };
     let spec = KlSpec {
         reference: config(KvType::F16),
@@ -31,18 +33,20 @@ pub fn kv_quality(
         n_gen: KL_TOKENS,
         n_threads: s.n_threads,
     };
-    score(exe, &spec).into_iter().next().flatten()
+    Ok(score(exe, &spec)?.into_iter().next().flatten())
 }
 
 /// Scores every alternative of `spec`; `None` for one that could not be
 /// scored, with the reason on stderr.
-#[must_use]
-pub fn score(exe: &Path, spec: &KlSpec) -> Vec<Option<Quality>> {
-    match kl_in_child(exe, spec) {
+///
+/// # Errors
+/// Only an interrupt (the tuning stops; its finished trials are kept).
+pub fn score(exe: &Path, spec: &KlSpec) -> anyhow::Result<Vec<Option<Quality>>> {
+    Ok(match kl_in_child(exe, spec) {
         Ok(out) => {
             if let Some(e) = &out.error {
                 eprintln!("warning: quality not measured: {e}");
-                return vec![None; spec.alternatives.len()];
+                return Ok(vec![None; spec.alternatives.len()]);
             }
             out.scores
                 .into_iter()
@@ -54,9 +58,10 @@ pub fn score(exe: &Path, spec: &KlSpec) -> Vec<Option<Quality>> {
                 })
                 .collect()
         }
+        Err(e) if e.is::<crate::error::Interrupted>() => return Err(e),
         Err(e) => {
             eprintln!("warning: quality not measured: {e:#}");
             vec![None; spec.alternatives.len()]
         }
-    }
+    })
 }

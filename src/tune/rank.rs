@@ -39,8 +39,10 @@ pub fn reference(profiles: &[Profile]) -> usize {
 
 /// Scores every model against the reference at its recommended layers
 /// with an f16 KV cache (the quantization alone), in the `__kl` child.
-#[must_use]
-pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> Vec<Option<Quality>> {
+///
+/// # Errors
+/// Only an interrupt.
+pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Result<Vec<Option<Quality>>> {
     let r = reference(profiles);
     let config = |p: &Profile| KlConfig {
         model: p.model.path.clone(),
@@ -55,12 +57,12 @@ pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> Vec<Option<Q
         n_gen: super::quality::KL_TOKENS,
         n_threads: threads,
     };
-    let scores = super::quality::score(exe, &spec);
+    let scores = super::quality::score(exe, &spec)?;
     let mut out = vec![None; profiles.len()];
     for (i, q) in others.into_iter().zip(scores) {
         out[i] = q;
     }
-    out
+    Ok(out)
 }
 
 /// The ranking, best first by the objective; the best is the fastest whose
