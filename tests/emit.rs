@@ -511,7 +511,7 @@ fn a_hatch_goes_where_each_consumer_takes_it() {
         assert!(o.status.success(), "{}", stderr(&o));
         stdout(&o)
     };
-    assert!(emit(&kv, "llama-cpp").contains("-ngl 19 -t 2 -c 4096 --no-op-offload -ctk q8_0 -ctv q8_0 -fa on"));
+    assert!(emit(&kv, "llama-cpp").contains("-ngl 19 -t 2 -c 4096 -ctk q8_0 -ctv q8_0 -fa on"));
     let env = emit(&kv, "llama-server-env");
     for line in ["LLAMA_ARG_CACHE_TYPE_K=q8_0", "LLAMA_ARG_CACHE_TYPE_V=q8_0", "LLAMA_ARG_FLASH_ATTN=on"] {
         assert!(env.lines().any(|l| l == line), "{line} in {env}");
