@@ -459,15 +459,16 @@ impl PlacementOption {
     /// The option in words: "q8_0 KV cache, every layer on the GPU".
     #[must_use]
     pub fn describe(&self) -> String {
+        let n = self.n_gpu_layers;
         match self.kind {
-            HatchKind::KvCache => format!("{} KV cache, every layer on the GPU", self.kv_type.as_str()),
+            HatchKind::KvCache => format!("{} KV cache at ngl {n}", self.kv_type.as_str()),
             HatchKind::ShorterContext => {
-                format!("{} context, every layer on the GPU ({} KV cache)", self.n_ctx, self.kv_type.as_str())
+                format!("{} context at ngl {n} ({} KV cache)", self.n_ctx, self.kv_type.as_str())
             }
             HatchKind::FfnSpill => {
-                format!("every layer on the GPU, FFN weights of {} layers on the CPU (-ot)", self.n_cpu_ffn)
+                format!("ngl {n} with the FFN weights of {} layers on the CPU (-ot)", self.n_cpu_ffn)
             }
-            HatchKind::LayerSplit => format!("{} layers on the GPU (whole-layer split)", self.n_gpu_layers),
+            HatchKind::LayerSplit => format!("ngl {n}, whole layers (the layer split)"),
         }
     }
 }

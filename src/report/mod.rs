@@ -257,6 +257,9 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     if !p.no_gpu {
         let _ = writeln!(s, "cap: {} [memory: {}]", p.memory.cap_reason, p.memory.source);
     }
+    if let Some(rule) = &p.settings.ctx_rule {
+        let _ = writeln!(s, "{rule}");
+    }
     let _ = writeln!(s);
     s.push_str(&trial_table(p));
     let _ = writeln!(s);

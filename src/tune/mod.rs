@@ -122,7 +122,6 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     if !op_offload && s.op_offload == crate::engine::OpOffload::Auto {
         notes.push(probe::op_offload_note(&hw.llama_devices));
     }
-    notes.extend(s.ctx_rule.clone());
     let shared =
         Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe: crate::engine::child::current_exe()? };
     let mut outcomes = Vec::new();
@@ -265,6 +264,7 @@ fn hatches(
         n_ctx: s.n_ctx,
         threads: s.n_threads,
         op_offload: sh.op_offload,
+        grid: plan.full_grid.clone(),
     };
     let mut predict = |cases: &[crate::engine::predict::PredictCase]| {
         let spec = PredictSpec {

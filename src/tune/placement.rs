@@ -32,6 +32,9 @@ pub struct HatchInputs {
     pub n_ctx: u32,
     pub threads: u32,
     pub op_offload: bool,
+    /// The whole-layer grid (where a quantized KV cache is priced when it
+    /// does not fit at full offload).
+    pub grid: Vec<u32>,
 }
 
 /// What the hatch stage found at one context.
@@ -155,7 +158,7 @@ pub fn escape_hatches(
     let second = second_round(h, &preds, fits_fully);
     preds.extend(predict(&second.cases));
     search.predicted.extend(preds.iter().cloned());
-    let Second { shorter, k, spills: priced, .. } = second;
+    let Second { shorter, k, spills: priced, partial, .. } = second;
     let under = |c: PredictCase| {
         #[allow(clippy::cast_precision_loss)]
         bytes(find(&preds, c)).is_some_and(|b| b as f64 <= h.cap)
@@ -174,8 +177,23 @@ pub fn escape_hatches(
     } else {
         under(full(h.n_ctx, KvType::Q4_0, 0)).then_some(KvType::Q4_0)
     };
+    // Or: the most layers a q8_0 cache lets on, when that is more than the layer split's.
+    let kv_at = match kv_pick {
+        Some(_) => h.full,
+        None => {
+            let q8: Vec<Prediction> = partial.iter().filter_map(|c| find(&preds, *c).cloned()).collect();
+            let n = super::memory::largest_predicted_under(&q8, h.cap, h.full);
+            if q8.is_empty() || n <= layer_split.n_gpu_layers {
+                0
+            } else {
+                n
+            }
+        }
+    };
+    let kv_pick = kv_pick.or((kv_at > 0).then_some(KvType::Q8_0));
     let base = Candidate::layers(h.full, h.threads);
-    let mut to_measure: Vec<Candidate> = kv_pick.map(|kv| Candidate { kv, ..base }).into_iter().collect();
+    let mut to_measure: Vec<Candidate> =
+        kv_pick.map(|kv| Candidate { kv, ..Candidate::layers(kv_at, h.threads) }).into_iter().collect();
     to_measure.extend(
         spills.iter().filter(|k| under(full(h.n_ctx, KvType::F16, **k))).map(|k| Candidate { n_cpu_ffn: *k, ..base }),
     );
@@ -191,7 +209,7 @@ pub fn escape_hatches(
         None => None,
     };
     let world = World { h, preds: &preds, trials: &search.trials, quality };
-    let mut options = world.options(kv_pick, &shorter, k, &spills, layer_split);
+    let mut options = world.options((kv_pick, kv_at), &shorter, k, &spills, layer_split);
     let notes = choose(&mut options, search.settings());
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
 }
@@ -204,6 +222,8 @@ struct Second {
     k: Option<Option<u32>>,
     /// K from one below the solved value to three above (priced exactly).
     spills: Vec<u32>,
+    /// A q8_0 cache over the whole-layer grid (only when none fits at full offload).
+    partial: Vec<PredictCase>,
     cases: Vec<PredictCase>,
 }
 
@@ -227,12 +247,26 @@ fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Seco
     });
     let spills: Vec<u32> =
         k.flatten().map(|k| (k.saturating_sub(1).max(1)..=(k + 3).min(h.n_layer)).collect()).unwrap_or_default();
+    // No quantized cache fits at full offload: a q8_0 cache may still let more layers on.
+    #[allow(clippy::cast_precision_loss)]
+    let kv_fits =
+        [KvType::Q8_0, KvType::Q4_0].iter().any(|kv| at(full(h.n_ctx, *kv, 0)).is_some_and(|b| b as f64 <= h.cap));
+    let partial: Vec<PredictCase> = if kv_fits {
+        Vec::new()
+    } else {
+        h.grid
+            .iter()
+            .filter(|n| **n > 0 && **n < h.full)
+            .map(|n| PredictCase { ngl: *n, ..full(h.n_ctx, KvType::Q8_0, 0) })
+            .collect()
+    };
     let cases = shorter
         .iter()
         .map(|(kv, c)| full(*c, *kv, 0))
         .chain(spills.iter().map(|k| full(h.n_ctx, KvType::F16, *k)))
+        .chain(partial.iter().copied())
         .collect();
-    Second { shorter, k, spills, cases }
+    Second { shorter, k, spills, partial, cases }
 }
 
 /// What the options are made of.
@@ -297,7 +331,7 @@ impl World<'_> {
 
     fn options(
         &self,
-        kv_pick: Option<KvType>,
+        (kv_pick, kv_at): (Option<KvType>, u32),
         shorter: &[(KvType, u32)],
         k: Option<Option<u32>>,
         spills: &[u32],
@@ -306,7 +340,19 @@ impl World<'_> {
         let h = self.h;
         let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
         let mut v = Vec::new();
-        for kv in [KvType::Q8_0, KvType::Q4_0] {
+        if kv_pick.is_some() && kv_at < h.full {
+            // Over the cap at full offload with either type; the q8_0 cache at the most layers it lets on.
+            let mut o = self.option(HatchKind::KvCache, PredictCase { ngl: kv_at, ..full(h.n_ctx, KvType::Q8_0, 0) });
+            if o.note.is_empty() {
+                o.note = format!(
+                    "full offload is {}",
+                    self.over(full(h.n_ctx, KvType::Q4_0, 0))
+                        .replace("over the cap: ", "over the cap even with q4_0: ")
+                );
+            }
+            v.push(o);
+        }
+        for kv in [KvType::Q8_0, KvType::Q4_0].into_iter().filter(|_| kv_at == h.full || kv_pick.is_none()) {
             let mut o = self.option(HatchKind::KvCache, full(h.n_ctx, kv, 0));
             if Some(kv) != kv_pick {
                 if kv == KvType::Q4_0 && kv_pick == Some(KvType::Q8_0) {
@@ -403,7 +449,8 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<String> {
         } else if let Some(q) = o.quality.as_ref().filter(|q| q.kl_mean > s.max_kl) {
             o.note = format!("KL divergence {:.4} over --max-kl {}", q.kl_mean, s.max_kl);
         } else if let Some(v) = score(o) {
-            o.note = format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, s.objective.as_str());
+            let cmp = format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, s.objective.as_str());
+            o.note = if o.note.is_empty() { cmp } else { format!("{}; {cmp}", o.note) };
         } else if !o.fits {
             o.note = "over the cap".into();
         }
@@ -556,6 +603,133 @@ mod tests {
             n_cpu_ffn: 0,
             ollama_server_env: Vec::new(),
         }
+    }
+
+    /// A model of 10 layers + output: each layer 100 bytes of weights, 60
+    /// of them FFN; the KV cache 0.01 bytes per token per layer in f16
+    /// (half in q8_0, a quarter in q4_0); the output layer 100.
+    fn bytes_at(c: Candidate, n_ctx: u32) -> u64 {
+        let layers = u64::from(c.ngl.min(10));
+        let per_token = match c.kv {
+            KvType::F16 => 1.0,
+            KvType::Q8_0 => 0.5,
+            KvType::Q4_0 => 0.25,
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let kv = (f64::from(n_ctx) * 0.01 * per_token) as u64 * layers;
+        layers * 100 - u64::from(c.n_cpu_ffn.min(c.ngl)) * 60 + kv + if c.ngl > 10 { 100 } else { 0 }
+    }
+
+    fn predictor(cases: &[PredictCase]) -> Vec<Prediction> {
+        cases
+            .iter()
+            .map(|c| {
+                let cand = Candidate { ngl: c.ngl, n_cpu_moe: 0, n_cpu_ffn: c.n_cpu_ffn, kv: c.kv_type, threads: 2 };
+                let all = bytes_at(cand, c.n_ctx);
+                let weights = bytes_at(Candidate { kv: KvType::F16, ..cand }, 0);
+                Prediction {
+                    n_gpu_layers: c.ngl,
+                    device_bytes: all,
+                    device_model_bytes: weights,
+                    buffers: vec![crate::engine::predict::PredictedBuffer {
+                        buffer_type: "Vulkan0".into(),
+                        is_host: false,
+                        model: weights,
+                        context: all - weights,
+                        compute: 0,
+                    }],
+                    error: None,
+                    case: Some(*c),
+                }
+            })
+            .collect()
+    }
+
+    /// Runs the hatch stage in a world where full offload is fastest (40
+    /// t/s), a q8_0 cache costs a little (37), FFN weights on the CPU cost
+    /// more (13.6), and whole layers on the CPU cost most (3 + 0.3 per layer
+    /// on the GPU).
+    fn hatch_world(cap: f64, split_ngl: u32) -> (Hatches, Vec<Candidate>) {
+        use crate::tune::executor::fake::{Outcome, World};
+        let s = settings();
+        let mut world = World::new(|c: Candidate| Outcome::Ok {
+            tg: match (c.ngl, c.kv, c.n_cpu_ffn) {
+                (11, KvType::F16, 0) => 40.0,
+                (11, KvType::F16, _) => 13.6,
+                (11, _, _) => 37.0,
+                (n, _, _) => 3.0 + 0.3 * f64::from(n),
+            },
+            pp: 100.0,
+            mem: bytes_at(c, 32768),
+        });
+        world.base.n_ctx = Some(32768);
+        let policy = crate::profile::MemoryPolicy {
+            source: crate::types::Source::Accounted,
+            device: "Vulkan0 (fake)".into(),
+            device_total_bytes: Some(1 << 40),
+            baseline_bytes: 0,
+            cap_bytes: cap,
+            cap_reason: "test".into(),
+        };
+        let progress = crate::tune::search::Progress::new(false, false, 0);
+        let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
+        let h = HatchInputs {
+            full: 11,
+            n_layer: 10,
+            is_moe: false,
+            cap,
+            n_ctx: 32768,
+            threads: 2,
+            op_offload: true,
+            grid: vec![0, 5, 10, 11],
+        };
+        let mut split = layer_split();
+        split.n_gpu_layers = split_ngl;
+        let quality = |k: KvType| Quality {
+            kl_mean: if k == KvType::Q8_0 { 0.002 } else { 0.02 },
+            kl_p99: 0.01,
+            top1_agree: 0.98,
+            tokens: 256,
+            reference: "f16".into(),
+        };
+        let hatches = escape_hatches(&mut search, &h, &mut predictor, &mut |k| Ok(Some(quality(k))), &split).unwrap();
+        drop(search);
+        (hatches, world.measured)
+    }
+
+    #[test]
+    fn the_guides_example_a_q8_0_cache_keeps_every_layer_on_the_gpu() {
+        // f16 full offload: 10 x (100 + 327) + 100 = 4370; q8_0: 10 x (100 + 163) + 100 = 2730.
+        let (h, measured) = hatch_world(3000.0, 6);
+        assert!(!h.fits_fully);
+        let kinds: Vec<(HatchKind, bool)> = h.options.iter().map(|o| (o.kind, o.measured)).collect();
+        assert_eq!(kinds[0], (HatchKind::KvCache, true));
+        assert!(kinds.contains(&(HatchKind::ShorterContext, false)));
+        assert_eq!(kinds.last(), Some(&(HatchKind::LayerSplit, true)));
+        let picked: Vec<&PlacementOption> = h.options.iter().filter(|o| o.recommended).collect();
+        assert_eq!((picked[0].kind, picked[0].kv_type, picked[0].n_gpu_layers), (HatchKind::KvCache, KvType::Q8_0, 11));
+        assert_eq!(picked[0].quality.as_ref().map(|q| q.kl_mean), Some(0.002));
+        // Attention and KV alone are over 3000: no FFN spill can fit, so none is measured.
+        assert!(measured.iter().all(|c| c.n_cpu_ffn == 0), "{measured:?}");
+        assert!(h.options.iter().any(|o| o.kind == HatchKind::FfnSpill && !o.measured && !o.fits));
+    }
+
+    #[test]
+    fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_where_nothing_fits_fully() {
+        // 4370 at full offload; the FFN of K layers saves 60 each: K = 3 gives 4190.
+        let (h, measured) = hatch_world(4200.0, 8);
+        let spills: Vec<u32> = measured.iter().filter(|c| c.n_cpu_ffn > 0).map(|c| c.n_cpu_ffn).collect();
+        assert_eq!(spills, [3, 4], "the fewest that fit and one more");
+        // q8_0 fits at full offload here and wins (37 against 13.6).
+        assert!(h.options.iter().any(|o| o.recommended && o.kind == HatchKind::KvCache));
+
+        // 1500: not even q4_0 fits at full offload (10 x 181 + 100 = 1910).
+        let (h, measured) = hatch_world(1500.0, 3);
+        let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv != KvType::F16).collect();
+        assert_eq!(kv.len(), 1, "{measured:?}");
+        assert!(kv[0].ngl > 3 && kv[0].ngl < 11, "more layers than the f16 split's 3: {:?}", kv[0]);
+        let o = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.measured).unwrap();
+        assert!(o.fits && o.recommended, "{o:?}");
     }
 
     #[test]
