@@ -12,35 +12,23 @@ use common::*;
 
 const VK: (&str, &str) = ("GGML_VK_VISIBLE_DEVICES", "0");
 
+/// Tunes `models` with the short workload these tests share, plus `extra`; the printed JSON.
+fn tune_json(models: &[&str], extra: &[&str], store: &std::path::Path, env: &[(&str, &str)]) -> serde_json::Value {
+    let mut args: Vec<&str> = models.to_vec();
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["-p", "16", "-n", "16", "-r", "2", "-t", "2", "--profiles", store.to_str().unwrap()]);
+    args.extend_from_slice(&["-q", "--json"]);
+    let o = run_env(&args, env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
 fn placement_tune(store: &std::path::Path) -> serde_json::Value {
     let m = real_model();
     // 32k context: full offload with an f16 KV cache needs ~722 MiB on
     // llvmpipe; 710 MiB lets a q8_0 KV cache (453 MiB) and the FFN weights
     // of a few layers on the CPU fit, not the f16 cache.
-    let o = run_env(
-        &[
-            m.to_str().unwrap(),
-            "--ctx",
-            "4096,32768",
-            "--vram-budget",
-            "710MiB",
-            "-p",
-            "16",
-            "-n",
-            "16",
-            "-r",
-            "2",
-            "-t",
-            "2",
-            "--profiles",
-            store.to_str().unwrap(),
-            "-q",
-            "--json",
-        ],
-        &[VK],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let p = tune_json(&[m.to_str().unwrap()], &["--ctx", "4096,32768", "--vram-budget", "710MiB"], store, &[VK]);
     assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
     p
 }
@@ -116,7 +104,7 @@ fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_
         assert_eq!(r["n_gpu_layers"], o["n_gpu_layers"]);
     }
 
-    // emit picks a context; the llama-server env carries the hatch.
+    // emit picks a context, and refuses one that was not tuned.
     let store = dir.path().to_str().unwrap();
     let m = real_model();
     let small = run(&["emit", m.to_str().unwrap(), "--profiles", store, "-f", "llama-cpp", "--ctx", "4096"]);
@@ -135,26 +123,7 @@ fn two_quantizations_are_ranked_with_their_kl_divergence_from_the_larger() {
     let o = run(&["__quantize", m.to_str().unwrap(), q3.to_str().unwrap(), "q3_k_m"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let store = dir.path().join("store");
-    let o = run(&[
-        m.to_str().unwrap(),
-        q3.to_str().unwrap(),
-        "-c",
-        "512",
-        "-p",
-        "16",
-        "-n",
-        "16",
-        "-r",
-        "2",
-        "-t",
-        "2",
-        "--profiles",
-        store.to_str().unwrap(),
-        "-q",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = tune_json(&[m.to_str().unwrap(), q3.to_str().unwrap()], &["-c", "512"], &store, &[]);
     let rows = v["ranking"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     let reference: Vec<_> = rows.iter().filter(|r| r["reference"] == true).collect();

@@ -236,7 +236,7 @@ fn tune_context(
         n_ctx: s.n_ctx,
         fits_fully: hatches.fits_fully,
         kv_bytes: hatches.kv_bytes,
-        recommendation: placement::recommend(&layer_split, &hatches.options),
+        recommendation: placement::recommend(&layer_split, &hatches.options, s.n_threads),
         options: hatches.options,
     };
     let no_gpu = plan.no_gpu;

@@ -465,12 +465,14 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<String> {
 /// The recommendation at one context: the layer split's, or the chosen
 /// hatch's flags (llama.cpp takes each; Ollama takes a quantized KV cache
 /// as server settings and has no tensor overrides).
+/// `threads` is what the hatch trials ran with.
 #[must_use]
-pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption]) -> Recommendation {
+pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], threads: u32) -> Recommendation {
     let Some(o) = options.iter().find(|o| o.recommended && o.kind != HatchKind::LayerSplit) else {
         return layer_split.clone();
     };
     let mut r = layer_split.clone();
+    r.n_threads = threads;
     r.n_gpu_layers = o.n_gpu_layers;
     r.n_cpu_moe = 0;
     r.kv_type = o.kv_type;
@@ -554,7 +556,7 @@ mod tests {
         assert_eq!(picked(&v), [HatchKind::KvCache], "a shorter context is another workload: never picked");
         assert!(notes[0].contains("q8_0 KV cache"), "{notes:?}");
         assert!(v[3].note.contains("-92% tg"), "{}", v[3].note);
-        let r = recommend(&Recommendation { ..layer_split() }, &v);
+        let r = recommend(&Recommendation { ..layer_split() }, &v, 2);
         assert_eq!((r.n_gpu_layers, r.kv_type), (19, KvType::Q8_0));
         assert!(r.llama_cpp_args.ends_with("-ctk q8_0 -ctv q8_0 -fa on"), "{}", r.llama_cpp_args);
         assert_eq!(r.ollama_server_env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
@@ -569,7 +571,7 @@ mod tests {
             choose(&mut v, &s);
             assert_eq!(picked(&v), [HatchKind::FfnSpill], "{kl:?}");
             assert!(v[0].note.contains("max-kl") || v[0].note.contains("blind"), "{}", v[0].note);
-            let r = recommend(&layer_split(), &v);
+            let r = recommend(&layer_split(), &v, 2);
             assert_eq!(r.ollama_num_gpu, Some(7), "Ollama gets the whole-layer split");
             assert!(r.llama_cpp_args.contains("-ot 'blk"), "{}", r.llama_cpp_args);
         }
@@ -581,7 +583,7 @@ mod tests {
         ];
         choose(&mut v, &s);
         assert_eq!(picked(&v), [HatchKind::LayerSplit]);
-        assert_eq!(recommend(&layer_split(), &v), layer_split());
+        assert_eq!(recommend(&layer_split(), &v, 2), layer_split());
     }
 
     fn layer_split() -> Recommendation {
@@ -663,14 +665,7 @@ mod tests {
             mem: bytes_at(c, 32768),
         });
         world.base.n_ctx = Some(32768);
-        let policy = crate::profile::MemoryPolicy {
-            source: crate::types::Source::Accounted,
-            device: "Vulkan0 (fake)".into(),
-            device_total_bytes: Some(1 << 40),
-            baseline_bytes: 0,
-            cap_bytes: cap,
-            cap_reason: "test".into(),
-        };
+        let policy = crate::tune::worlds::policy(cap);
         let progress = crate::tune::search::Progress::new(false, false, 0);
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
         let h = HatchInputs {

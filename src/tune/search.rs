@@ -559,7 +559,7 @@ pub fn fit_check(trials: &[ProfileTrial], d: &Decision, full: u32) -> Vec<FitChe
 mod tests {
     use super::*;
     use crate::tune::executor::fake::{Outcome, World};
-    use crate::tune::worlds::{hurting_world, readme_world};
+    use crate::tune::worlds::{hurting_world, policy, readme_world};
 
     const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -571,17 +571,6 @@ mod tests {
             "sample_interval_ms": 20, "search": search
         }))
         .unwrap()
-    }
-
-    fn policy(cap: f64) -> MemoryPolicy {
-        MemoryPolicy {
-            source: crate::types::Source::Accounted,
-            device: "Vulkan0 (fake)".into(),
-            device_total_bytes: Some(1 << 40),
-            baseline_bytes: 0,
-            cap_bytes: cap,
-            cap_reason: "test".into(),
-        }
     }
 
     fn plan(full: u32, grid: Vec<u32>, grid_mode: bool, n_max: u32) -> Plan {

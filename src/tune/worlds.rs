@@ -58,3 +58,15 @@ pub fn decide_on(ngls: &[u32], cap: f64, full: u32, world: fn(u32) -> (f64, f64)
         measured.push(d.recommended_ngl);
     }
 }
+
+/// The memory policy of a fake device with a cap of `cap` bytes (llama.cpp's accounted memory).
+pub fn policy(cap: f64) -> crate::profile::MemoryPolicy {
+    crate::profile::MemoryPolicy {
+        source: crate::types::Source::Accounted,
+        device: "Vulkan0 (fake)".into(),
+        device_total_bytes: Some(1 << 40),
+        baseline_bytes: 0,
+        cap_bytes: cap,
+        cap_reason: "test".into(),
+    }
+}
