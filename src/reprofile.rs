@@ -689,4 +689,40 @@ mod tests {
             && c.n_threads == key(&new.trials[0]).1
             && c.n_gpu_layers == key(&new.trials[0]).0)));
     }
+
+    #[test]
+    fn drift_is_judged_per_context_and_placement_kind() {
+        use crate::profile::{ContextPlacement, HatchKind};
+        use crate::types::KvType;
+        let mut old = example();
+        // The same ngl and threads at a second context, once with an f16 and once with a q8_0 KV cache.
+        let mut at_32k = old.trials[1].clone();
+        at_32k.result.spec.n_ctx = Some(32768);
+        let mut q8 = at_32k.clone();
+        q8.role = crate::types::Role::Hatch;
+        q8.result.spec.kv_type = crate::types::KvType::Q8_0;
+        old.trials.extend([at_32k, q8]);
+        old.settings.contexts = vec![4096, 32768];
+        let place = |p: &Profile, n_ctx: u32, kv| {
+            let mut r = p.recommendation.clone();
+            r.n_ctx = n_ctx;
+            r.kv_type = kv;
+            r.llama_cpp_args = r.flags();
+            ContextPlacement { n_ctx, fits_fully: false, kv_bytes: None, recommendation: r, options: Vec::new() }
+        };
+        old.placements = vec![place(&old, 4096, KvType::F16), place(&old, 32768, KvType::F16)];
+        let mut new = old.clone();
+        // Only the q8_0 trial at 32k got slower; the new answer at 32k is that cache.
+        scale(new.trials[3].result.tests.iter_mut().find(|x| x.n_gen > 0).unwrap(), 0.5);
+        new.placements[1] = place(&new, 32768, KvType::Q8_0);
+        let d = drift(&old, &new, 0.05);
+        let bad: Vec<&Comparison> = d.comparisons.iter().filter(|c| c.verdict == "regression").collect();
+        assert_eq!(bad.len(), 1, "{:#?}", d.comparisons);
+        assert_eq!((bad[0].n_ctx, bad[0].placement.as_str()), (Some(32768), "q8_0 KV"));
+        assert!(d.comparisons.iter().filter(|c| c.n_ctx == Some(4096)).all(|c| c.verdict == "same"));
+        assert_eq!(d.placements_changed.len(), 1, "{:?}", d.placements_changed);
+        assert_eq!(d.placements_changed[0].0, 32768);
+        assert!(d.placements_changed[0].2.contains("-ctk q8_0"), "{:?}", d.placements_changed);
+        assert!(HatchKind::KvCache < HatchKind::LayerSplit, "the guide's order");
+    }
 }

@@ -124,6 +124,12 @@ fn first_cases(h: &HatchInputs) -> Vec<PredictCase> {
     v
 }
 
+/// Priced under the cap.
+#[allow(clippy::cast_precision_loss)]
+fn under(preds: &[Prediction], c: PredictCase, cap: f64) -> bool {
+    bytes(find(preds, c)).is_some_and(|b| b as f64 <= cap)
+}
+
 fn find(preds: &[Prediction], c: PredictCase) -> Option<&Prediction> {
     preds.iter().find(|p| p.case == Some(c))
 }
@@ -159,43 +165,35 @@ pub fn escape_hatches(
     preds.extend(predict(&second.cases));
     search.predicted.extend(preds.iter().cloned());
     let Second { shorter, k, spills: priced, partial, .. } = second;
-    let under = |c: PredictCase| {
-        #[allow(clippy::cast_precision_loss)]
-        bytes(find(&preds, c)).is_some_and(|b| b as f64 <= h.cap)
-    };
     // The line through K = 1 and K = n_layer is close, not exact (compute
     // buffers move too): the fewest priced K that fits, and its neighbour.
-    let spills: Vec<u32> = match priced.iter().position(|k| under(full(h.n_ctx, KvType::F16, *k))) {
+    let spills: Vec<u32> = match priced.iter().position(|k| under(&preds, full(h.n_ctx, KvType::F16, *k), h.cap)) {
         Some(i) => priced[i..].iter().take(2).copied().collect(),
         None => priced.last().copied().into_iter().collect(),
     };
 
     // Measure what can fit and win: one KV type (the lightest that is
     // needed), the FFN spills that fit.
-    let kv_pick = if under(full(h.n_ctx, KvType::Q8_0, 0)) {
+    let kv_pick = if under(&preds, full(h.n_ctx, KvType::Q8_0, 0), h.cap) {
         Some(KvType::Q8_0)
     } else {
-        under(full(h.n_ctx, KvType::Q4_0, 0)).then_some(KvType::Q4_0)
+        under(&preds, full(h.n_ctx, KvType::Q4_0, 0), h.cap).then_some(KvType::Q4_0)
     };
     // Or: the most layers a q8_0 cache lets on, when that is more than the layer split's.
     let kv_at = match kv_pick {
         Some(_) => h.full,
-        None => {
-            let q8: Vec<Prediction> = partial.iter().filter_map(|c| find(&preds, *c).cloned()).collect();
-            let n = super::memory::largest_predicted_under(&q8, h.cap, h.full);
-            if q8.is_empty() || n <= layer_split.n_gpu_layers {
-                0
-            } else {
-                n
-            }
-        }
+        None => partial_q8(h, &partial, &mut preds, predict, layer_split.n_gpu_layers),
     };
+    search.predicted.extend(preds.iter().filter(|p| p.case.is_some_and(|c| c.ngl == kv_at && kv_at < h.full)).cloned());
     let kv_pick = kv_pick.or((kv_at > 0).then_some(KvType::Q8_0));
     let base = Candidate::layers(h.full, h.threads);
     let mut to_measure: Vec<Candidate> =
         kv_pick.map(|kv| Candidate { kv, ..Candidate::layers(kv_at, h.threads) }).into_iter().collect();
     to_measure.extend(
-        spills.iter().filter(|k| under(full(h.n_ctx, KvType::F16, **k))).map(|k| Candidate { n_cpu_ffn: *k, ..base }),
+        spills
+            .iter()
+            .filter(|k| under(&preds, full(h.n_ctx, KvType::F16, **k), h.cap))
+            .map(|k| Candidate { n_cpu_ffn: *k, ..base }),
     );
     search.progress.plan(to_measure.len() as u64);
     for c in to_measure {
@@ -212,6 +210,35 @@ pub fn escape_hatches(
     let mut options = world.options((kv_pick, kv_at), &shorter, k, &spills, layer_split);
     let notes = choose(&mut options, search.settings());
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
+}
+
+/// The most layers a q8_0 cache lets on under the cap (interpolated over the
+/// grid, then priced exactly, one layer less while over), or 0 when that is
+/// not more than `split` (the f16 layer split's).
+fn partial_q8(
+    h: &HatchInputs,
+    partial: &[PredictCase],
+    preds: &mut Vec<Prediction>,
+    predict: &mut Predictor<'_>,
+    split: u32,
+) -> u32 {
+    let q8: Vec<Prediction> = partial.iter().filter_map(|c| find(preds, *c).cloned()).collect();
+    let mut n = super::memory::largest_predicted_under(&q8, h.cap, h.full);
+    if q8.is_empty() {
+        return 0;
+    }
+    while n > split {
+        let case = partial.first().map(|c| PredictCase { ngl: n, ..*c }).expect("q8 is not empty");
+        let priced = predict(&[case]);
+        #[allow(clippy::cast_precision_loss)]
+        let fits = bytes(priced.first()).is_some_and(|b| b as f64 <= h.cap);
+        preds.extend(priced);
+        if fits {
+            return n;
+        }
+        n -= 1;
+    }
+    0
 }
 
 /// The second dry run: the solved context sizes and FFN spills, priced exactly.
