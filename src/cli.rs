@@ -112,7 +112,7 @@ pub struct Workload {
     /// Physical batch size (llama-bench: -ub)
     #[arg(long = "ubatch-size", default_value_t = 512)]
     pub ubatch_size: u32,
-    /// Context size [default: bench n_prompt + n_gen of each test (as llama-bench), tune 4096 (Ollama's default)]
+    /// Context size [default: bench n_prompt + n_gen of each test (as llama-bench); tune: see --ctx]
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<u32>,
     /// Flash attention (llama-bench: -fa)
