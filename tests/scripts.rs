@@ -96,6 +96,12 @@ fn gpu_check_runs_in_local_mode_and_reports_regret() {
         "every ngl of the 4-layer model (0 to 5), pp and tg"
     );
     assert_eq!(raw["mid.budget.adaptive"]["search"]["mode"], "adaptive");
+    // The long-context run: f16 full offload cannot fit under the budget, the hatches are measured.
+    assert!(report.contains("## small-long.gguf at 4096 context"), "{report}");
+    assert!(report.contains("- full offload with an f16 KV cache fits: False"), "{report}");
+    assert!(report.contains("- kv_cache ") && report.contains("-ctk q8_0"), "{report}");
+    assert_eq!(report.matches("(recommended)").count(), 1, "{report}");
+    assert_eq!(raw["small.placement"]["placements"][0]["fits_fully"], false);
     let files: Vec<_> = std::fs::read_dir(out.path()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(files.len() <= 8, "few files travel back from a GPU machine: {files:?}");
 }
