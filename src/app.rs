@@ -192,7 +192,7 @@ fn choose_contexts(
     a: &TuneArgs,
     s: &mut crate::profile::Settings,
     info: &ModelInfo,
-    hw: &crate::probe::Hardware,
+    devices: &[crate::types::LlamaDevice],
 ) -> Result<()> {
     let existing = a.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
     let cmds = existing.map(crate::emit::modelfile::read).transpose()?;
@@ -209,7 +209,9 @@ fn choose_contexts(
     let (ctx, rule) = match from_modelfile {
         Some((v, path)) => (v, format!("context {v}: num_ctx of the Modelfile being updated ({path})")),
         None => {
-            let c = crate::emit::ollama_ctx_here(hw, info.ctx_train, &|k| std::env::var(k).ok());
+            // Probed only here: the tune probes the machine itself.
+            let hw = crate::probe::hardware(devices.to_vec());
+            let c = crate::emit::ollama_ctx_here(&hw, info.ctx_train, &|k| std::env::var(k).ok());
             let c = u32::try_from(c).unwrap_or(u32::MAX);
             (c, format!(
                 "context {c}: what current Ollama gives this model here without num_ctx (4k under 23 GiB of GPU memory, 32k from 23 GiB, 256k from 47 GiB; OLLAMA_CONTEXT_LENGTH replaces the rule; at most the trained context); --ctx tunes others"
@@ -254,7 +256,7 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
             .with_resume(a.resume)
             .with_output(a.verbose, !a.quiet);
-        choose_contexts(a, &mut req.settings, &req.info, &crate::probe::hardware(req.devices.clone()))?;
+        choose_contexts(a, &mut req.settings, &req.info, &req.devices)?;
         reqs.push(req);
     }
     crate::interrupt::install();

@@ -76,11 +76,7 @@ fn context<'a>(
     c: &KlConfig,
     threads: u32,
 ) -> Result<LlamaContext<'a>, String> {
-    let kv = match c.kv_type {
-        KvType::F16 => llama_cpp_2::context::params::KvCacheType::F16,
-        KvType::Q8_0 => llama_cpp_2::context::params::KvCacheType::Q8_0,
-        KvType::Q4_0 => llama_cpp_2::context::params::KvCacheType::Q4_0,
-    };
+    let kv = super::worker::kv_cache_type(c.kv_type);
     let t = i32::try_from(threads).unwrap_or(1);
     let p = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(1024))

@@ -225,7 +225,8 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
     result
 }
 
-fn kv_cache_type(k: crate::types::KvType) -> llama_cpp_2::context::params::KvCacheType {
+/// llama-cpp-2's name for a KV cache type.
+pub(crate) fn kv_cache_type(k: crate::types::KvType) -> llama_cpp_2::context::params::KvCacheType {
     use llama_cpp_2::context::params::KvCacheType;
     match k {
         crate::types::KvType::F16 => KvCacheType::F16,

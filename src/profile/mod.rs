@@ -414,18 +414,6 @@ pub enum HatchKind {
     LayerSplit,
 }
 
-impl HatchKind {
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HatchKind::KvCache => "kv cache",
-            HatchKind::ShorterContext => "shorter context",
-            HatchKind::FfnSpill => "ffn on cpu",
-            HatchKind::LayerSplit => "layer split",
-        }
-    }
-}
-
 /// One escape hatch at one context: measured, or predicted with the reason.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlacementOption {
