@@ -1,12 +1,20 @@
-// Dry-run memory prediction: llama.cpp loads the model and creates the
-// context without allocating (no_alloc), then reports what it would allocate
-// per buffer type through llama_get_memory_breakdown (C++ only, in
+// The placement and the dry run, in one place: how a trial's placement
+// (whole layers, per-device split, tensors kept on the CPU) becomes
+// llama.cpp's model parameters, for the trial's real load and for the
+// dry run alike. The dry run loads the model and creates the context
+// without allocating (no_alloc), then reports what it would allocate per
+// buffer type through llama_get_memory_breakdown (C++ only, in
 // llama-ext.h), the mechanism llama.cpp's own --fit uses.
+//
+// Also llama.cpp's RPC backend (ggml-rpc.h): registering remote devices as
+// common/arg.cpp's add_rpc_devices does, and serving this machine's devices.
 #include "llama-ext.h"
 #include "ggml-backend.h"
+#include "ggml-rpc.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -15,24 +23,79 @@ extern "C" {
 typedef void (*ngl_tune_buft_cb)(void * user, const char * buft, int is_host, uint64_t model, uint64_t context,
                                  uint64_t compute);
 
-// Returns 0 on success, 1 when the model cannot be loaded, 2 when the context
-// cannot be created. `cpu_patterns` (n_cpu_patterns regular expressions)
-// keep the tensors they match in the CPU buffer type, as llama.cpp's -ot.
-// `type_kv` is the ggml type of both KV caches.
-int ngl_tune_predict(const char * path, int32_t n_gpu_layers, uint32_t n_ctx, uint32_t n_batch, uint32_t n_ubatch,
-                     int32_t flash_attn, int32_t op_offload, int32_t type_kv, const char * const * cpu_patterns,
-                     uint32_t n_cpu_patterns, ngl_tune_buft_cb cb, void * user) {
+// Where a model's parts go. `tensor_split` (n_split proportions, one per
+// offload device in llama.cpp's device order; none: llama.cpp's default by
+// free memory) and `split_mode`/`main_gpu` are llama.cpp's -ts, -sm, -mg.
+// `cpu_patterns` (n_cpu_patterns regular expressions) keep the tensors they
+// match in the CPU buffer type, as llama.cpp's -ot PATTERN=CPU.
+typedef struct ngl_tune_placement {
+    int32_t              n_gpu_layers;
+    int32_t              split_mode;
+    int32_t              main_gpu;
+    const float *        tensor_split;
+    uint32_t             n_split;
+    const char * const * cpu_patterns;
+    uint32_t             n_cpu_patterns;
+} ngl_tune_placement;
+
+}  // extern "C"
+
+namespace {
+
+// The model parameters of a placement; `overrides` and `split` own what the
+// parameters point to and must outlive the load.
+llama_model_params make_params(const ngl_tune_placement * p, std::vector<llama_model_tensor_buft_override> & overrides,
+                               std::vector<float> & split) {
     llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers       = n_gpu_layers;
-    std::vector<llama_model_tensor_buft_override> overrides;
+    mp.n_gpu_layers       = p->n_gpu_layers;
+    mp.split_mode         = (llama_split_mode) p->split_mode;
+    mp.main_gpu           = p->main_gpu;
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (n_cpu_patterns > 0 && cpu != nullptr) {
-        for (uint32_t i = 0; i < n_cpu_patterns; i++) {
-            overrides.push_back({ cpu_patterns[i], ggml_backend_dev_buffer_type(cpu) });
+    if (p->n_cpu_patterns > 0 && cpu != nullptr) {
+        for (uint32_t i = 0; i < p->n_cpu_patterns; i++) {
+            overrides.push_back({ p->cpu_patterns[i], ggml_backend_dev_buffer_type(cpu) });
         }
         overrides.push_back({ nullptr, nullptr });
         mp.tensor_buft_overrides = overrides.data();
     }
+    if (p->n_split > 0) {
+        split.assign(llama_max_devices(), 0.0f);
+        for (uint32_t i = 0; i < p->n_split && i < split.size(); i++) {
+            split[i] = p->tensor_split[i];
+        }
+        mp.tensor_split = split.data();
+    }
+    return mp;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Loads the model for a trial (allocating, memory-mapped as llama.cpp's
+// default). nullptr when llama.cpp cannot load it; its log says why.
+llama_model * ngl_tune_load_model(const char * path, const ngl_tune_placement * p) {
+    std::vector<llama_model_tensor_buft_override> overrides;
+    std::vector<float>                            split;
+    llama_model_params mp = make_params(p, overrides, split);
+    // The override patterns are kept by the model for its life: copy them
+    // where they live as long as the process (one trial).
+    for (auto & o : overrides) {
+        if (o.pattern != nullptr) {
+            o.pattern = strdup(o.pattern);
+        }
+    }
+    return llama_model_load_from_file(path, mp);
+}
+
+// Returns 0 on success, 1 when the model cannot be loaded, 2 when the context
+// cannot be created. `type_kv` is the ggml type of both KV caches.
+int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n_ctx, uint32_t n_batch,
+                     uint32_t n_ubatch, int32_t flash_attn, int32_t op_offload, int32_t type_kv, ngl_tune_buft_cb cb,
+                     void * user) {
+    std::vector<llama_model_tensor_buft_override> overrides;
+    std::vector<float>                            split;
+    llama_model_params mp = make_params(p, overrides, split);
     mp.no_alloc           = true;
     mp.load_mode          = LLAMA_LOAD_MODE_NONE;  // as common_fit_params: map nothing, read nothing
     llama_model * model   = llama_model_load_from_file(path, mp);
@@ -62,4 +125,50 @@ int ngl_tune_predict(const char * path, int32_t n_gpu_layers, uint32_t n_ctx, ui
     llama_model_free(model);
     return 0;
 }
+
+// The RPC protocol version this build speaks: major << 16 | minor << 8 | patch.
+uint32_t ngl_tune_rpc_protocol(void) {
+    return (RPC_PROTO_MAJOR_VERSION << 16) | (RPC_PROTO_MINOR_VERSION << 8) | RPC_PROTO_PATCH_VERSION;
 }
+
+// Registers the devices of one RPC server (host:port), as llama.cpp's
+// --rpc does. Returns how many it has; 0 when it has none. The caller has
+// checked that the server answers: ggml aborts on a server it cannot reach.
+int ngl_tune_add_rpc(const char * endpoint) {
+    ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint);
+    if (reg == nullptr) {
+        return 0;
+    }
+    ggml_backend_register(reg);
+    return (int) ggml_backend_reg_dev_count(reg);
+}
+
+// Serves the named devices (llama.cpp's device names; with none, as
+// llama.cpp's rpc-server: every local GPU, else the CPU) over llama.cpp's RPC protocol on host:port until the
+// process ends. Returns -1 when a name is not a device; otherwise returns
+// only when the server could not start (its reason on stderr).
+int ngl_tune_rpc_serve(const char * endpoint, const char * cache_dir, uint32_t n_threads, const char * const * names,
+                       uint32_t n_names) {
+    std::vector<ggml_backend_dev_t> devices;
+    for (uint32_t i = 0; i < n_names; i++) {
+        ggml_backend_dev_t dev = ggml_backend_dev_by_name(names[i]);
+        if (dev == nullptr) {
+            return -1;
+        }
+        devices.push_back(dev);
+    }
+    for (size_t i = 0; n_names == 0 && i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU &&
+            strcmp(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev)), "RPC") != 0) {
+            devices.push_back(dev);
+        }
+    }
+    if (devices.empty()) {
+        devices.push_back(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+    }
+    ggml_backend_rpc_start_server(endpoint, cache_dir, n_threads, devices.size(), devices.data());
+    return 1;
+}
+
+}  // extern "C"

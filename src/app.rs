@@ -25,20 +25,28 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
         Command::Predict => crate::engine::predict::predict_main().map(|()| exit::OK),
         Command::Kl => crate::engine::quality::kl_main().map(|()| exit::OK),
-        Command::Devices => {
+        Command::Devices { rpc } => {
+            let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
+            let rpc = rpc_list(rpc.as_deref())?;
+            crate::rpc::probe_all(&rpc)?;
+            crate::engine::placement::add_rpc_servers(&rpc).map_err(anyhow::Error::msg)?;
             let devices = crate::probe::ggml::devices();
             println!("{}", serde_json::to_string(&devices)?);
             Ok(exit::OK)
         }
         Command::Hw(a) => cmd_hw(&a),
+        Command::RpcServer(a) => {
+            let threads = a.threads.unwrap_or_else(|| crate::probe::hardware(Vec::new()).cpu.physical_cores.max(1));
+            crate::rpc::serve(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
+        }
         Command::Emit(a) => cmd_emit(&a),
         Command::Reprofile(a) => cmd_reprofile(&a),
         Command::History(a) => cmd_history(&a),
         Command::Profiles(a) => match a.command {
             crate::cli::ProfilesCommand::List { profiles, json } => cmd_profiles_list(profiles.as_deref(), json),
         },
-        Command::Check { model } => {
-            let verdict = crate::engine::worker::check_loadable(&model);
+        Command::Check { model, rpc } => {
+            let verdict = crate::engine::worker::check_loadable(&model, &rpc_list(rpc.as_deref())?);
             // The backend is up now: the device list costs nothing more.
             let devices = if verdict.is_ok() { crate::probe::ggml::devices() } else { Vec::new() };
             let check = crate::engine::child::Check { ok: verdict.is_ok(), error: verdict.err(), devices };
@@ -61,6 +69,34 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(exit::OK)
         }
     }
+}
+
+/// `--rpc`'s servers (none when not given).
+fn rpc_list(s: Option<&str>) -> Result<Vec<String>> {
+    s.map_or_else(|| Ok(Vec::new()), crate::rpc::parse_list)
+}
+
+/// Parses `--vram-budget`: one size for every device, and/or `DEV=SIZE` per device.
+fn parse_budgets(s: &str) -> Result<(Option<u64>, Vec<crate::profile::DeviceBudget>)> {
+    let (mut all, mut per) = (None, Vec::new());
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.rsplit_once('=') {
+            Some((dev, size)) => per.push(crate::profile::DeviceBudget {
+                device: dev.trim().to_string(),
+                bytes: crate::tune::parse_size(size.trim())?,
+            }),
+            None if all.is_none() => all = Some(crate::tune::parse_size(part)?),
+            None => {
+                return Err(bad(format!(
+                    "--vram-budget '{s}' has two sizes for every device; give one, and DEV=SIZE for the others"
+                )))
+            }
+        }
+    }
+    if all.is_none() && per.is_empty() {
+        return Err(bad("--vram-budget is empty; give a size like 8GiB, or DEV=SIZE per device"));
+    }
+    Ok((all, per))
 }
 
 /// Checks workload options, returning the thread count to use.
@@ -152,6 +188,8 @@ fn tune_settings(
         op_offload: w.op_offload,
         contexts: contexts.unwrap_or_default(),
         ctx_rule: None,
+        rpc: Vec::new(),
+        device_budgets: Vec::new(),
         max_kl: a
             .max_kl
             .trim()
@@ -226,7 +264,10 @@ fn choose_contexts(
 fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     // The cap's options are judged first, before the store and the models.
     let target = crate::tune::parse_target(&a.target_vram)?;
-    let budget = a.vram_budget.as_deref().map(crate::tune::parse_size).transpose()?;
+    let (budget, device_budgets) = a.vram_budget.as_deref().map(parse_budgets).transpose()?.unwrap_or_default();
+    // Every RPC server answers before anything else happens (ggml aborts on one that does not).
+    let rpc = rpc_list(a.workload.rpc.as_deref())?;
+    crate::rpc::probe_all(&rpc)?;
     let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
     if a.models.len() > 1 {
@@ -242,7 +283,9 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     let mut infos = Vec::new();
     for m in &a.models {
         let info = model::inspect(m)?;
-        let settings = tune_settings(a, &info, target, budget)?;
+        let mut settings = tune_settings(a, &info, target, budget)?;
+        settings.rpc.clone_from(&rpc);
+        settings.device_budgets.clone_from(&device_budgets);
         infos.push((info, settings));
     }
     if let Some(c) = &a.chart {
@@ -353,6 +396,8 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
     let (llama, w, cpu_overrides) = bench_placement(a)?;
     let threads = check_workload(&w, &info)?;
+    let rpc = if llama.rpc.is_empty() { rpc_list(w.rpc.as_deref())? } else { llama.rpc.clone() };
+    crate::rpc::probe_all(&rpc)?;
     let w = &w;
     let opts = BenchOptions {
         model: a.model.clone(),
@@ -366,6 +411,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         },
         kv_type: llama.kv_type.unwrap_or(a.cache_type),
         cpu_overrides,
+        rpc,
+        tensor_split: llama.tensor_split.clone(),
+        main_gpu: llama.main_gpu.unwrap_or(0),
         n_prompt: w.n_prompt.unwrap_or(512),
         n_gen: w.n_gen.unwrap_or(128),
         repetitions: w.repetitions.unwrap_or(5),
@@ -448,8 +496,12 @@ fn cmd_inspect(a: &InspectArgs) -> Result<i32> {
 
 fn cmd_hw(a: &HwArgs) -> Result<i32> {
     let exe = std::env::current_exe()?;
-    let devices = crate::engine::child::devices(&exe)?;
-    let hw = crate::probe::hardware(devices);
+    let rpc = rpc_list(a.rpc.as_deref())?;
+    let servers = crate::rpc::probe_all(&rpc)?;
+    let devices = crate::engine::child::devices(&exe, &rpc)?;
+    let mut hw = crate::probe::hardware(devices);
+    hw.rpc_servers = servers;
+    hw.fingerprint = crate::probe::fingerprint(&hw);
     print_json_or_text(a.json, &hw, || crate::report::render_hw(&hw))
 }
 

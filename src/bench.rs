@@ -32,6 +32,11 @@ pub struct BenchOptions {
     pub kv_type: crate::types::KvType,
     /// Tensor-name patterns kept on the CPU (`-ot PATTERN=CPU`).
     pub cpu_overrides: Vec<String>,
+    /// llama.cpp RPC servers (`--rpc`), probed by the caller.
+    pub rpc: Vec<String>,
+    /// Layers per offload device (`-ts`); empty: llama.cpp's default split.
+    pub tensor_split: Vec<u32>,
+    pub main_gpu: u32,
     /// As asked; the worker resolves auto from its devices.
     pub op_offload: crate::types::OpOffload,
     pub warmup: bool,
@@ -80,6 +85,9 @@ impl BenchOptions {
             kv_type: self.kv_type,
             op_offload: self.op_offload,
             race: None,
+            rpc: self.rpc.clone(),
+            tensor_split: self.tensor_split.clone(),
+            main_gpu: self.main_gpu,
         }
     }
 }
@@ -156,6 +164,12 @@ pub struct Row {
     pub type_v: &'static str,
     pub n_gpu_layers: u32,
     pub n_cpu_moe: u32,
+    /// llama-bench's fields: split mode, main device, `-ts` as "a/b/c" ("0.00": none).
+    pub split_mode: &'static str,
+    pub main_gpu: u32,
+    pub tensor_split: String,
+    /// llama-bench's `--rpc` servers ("": none).
+    pub rpc: String,
     pub flash_attn: i8,
     pub use_mmap: bool,
     pub embeddings: bool,
@@ -176,6 +190,8 @@ pub struct Row {
     pub layers_offloaded: Option<u32>,
     pub layers_total: Option<u32>,
     pub accounted_device_bytes: u64,
+    /// llama.cpp's accounted bytes per device buffer type ("RPC0[10.0.0.2:50052]", "CUDA1").
+    pub accounted_bytes_by_device: std::collections::BTreeMap<String, u64>,
     pub model_device_bytes: u64,
     /// "nvml" or "ggml" when a trustworthy sampler measured device memory,
     /// "accounted" when only llama.cpp's own accounting is available.
@@ -224,6 +240,14 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             type_v: s.kv_type.as_str(),
             n_gpu_layers: s.n_gpu_layers,
             n_cpu_moe: s.n_cpu_moe,
+            split_mode: "layer",
+            main_gpu: s.main_gpu,
+            tensor_split: if s.tensor_split.is_empty() {
+                "0.00".to_string()
+            } else {
+                s.tensor_split.iter().map(|l| format!("{l}.00")).collect::<Vec<_>>().join("/")
+            },
+            rpc: s.rpc.join(","),
             flash_attn: r.flash_attn,
             use_mmap: true,
             embeddings: false,
@@ -243,6 +267,7 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             layers_offloaded: r.layers_offloaded,
             layers_total: r.layers_total,
             accounted_device_bytes: r.accounted_device_bytes(),
+            accounted_bytes_by_device: r.accounted_per_device().into_iter().collect(),
             model_device_bytes: r.device_model_bytes(),
             memory_source: peak.map_or(crate::types::Source::Accounted, |m| m.source),
             sampled_peak_device_bytes: peak.map(|m| m.peak_used),

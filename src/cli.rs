@@ -38,6 +38,9 @@ pub enum Command {
     Profiles(ProfilesArgs),
     /// What this machine has: GPUs (NVML), llama.cpp devices, CPU, RAM, fingerprint
     Hw(HwArgs),
+    /// Serve this machine's devices to other hosts' tunes over llama.cpp's RPC protocol (no
+    /// authentication: bind beyond 127.0.0.1 on a private network only)
+    RpcServer(RpcServerArgs),
     /// Internal: write a synthetic GGUF model (tests and benchmarks)
     #[command(name = "__synth", hide = true)]
     Synth(SynthArgs),
@@ -51,7 +54,11 @@ pub enum Command {
     },
     /// Internal: check that llama.cpp can load a model's header and vocabulary
     #[command(name = "__check", hide = true)]
-    Check { model: PathBuf },
+    Check {
+        model: PathBuf,
+        #[arg(long)]
+        rpc: Option<String>,
+    },
     /// Internal: predict device memory by llama.cpp's dry run (spec as JSON on stdin)
     #[command(name = "__predict", hide = true)]
     Predict,
@@ -59,7 +66,10 @@ pub enum Command {
     Kl,
     /// Internal: print llama.cpp's devices as JSON
     #[command(name = "__devices", hide = true)]
-    Devices,
+    Devices {
+        #[arg(long)]
+        rpc: Option<String>,
+    },
     /// Internal: run one trial (spec as JSON on stdin, result as one line on stdout)
     #[command(name = "__trial", hide = true)]
     Trial,
@@ -137,6 +147,11 @@ pub struct Workload {
     /// Vulkan device (llvmpipe), where it cannot beat the CPU backend
     #[arg(long, value_enum, default_value_t = crate::engine::OpOffload::Auto)]
     pub op_offload: crate::engine::OpOffload,
+    /// llama.cpp RPC servers whose devices join this machine's, host:port,... (llama.cpp's
+    /// --rpc; each runs `ngl-tune rpc-server` or llama.cpp's rpc-server of the same revision).
+    /// With two or more offload devices, tune measures how to split the layers between them
+    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC")]
+    pub rpc: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -192,8 +207,10 @@ pub struct TuneArgs {
     /// Use at most this share of each device's memory (all processes counted where a sampler can see them)
     #[arg(long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
     pub target_vram: String,
-    /// Absolute cap on the memory the model may take, e.g. 8GiB (the stricter of this and --target-vram applies)
-    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    /// Absolute cap on the memory the model may take, e.g. 8GiB (the stricter of this and --target-vram
+    /// applies); per device as DEV=SIZE,... where DEV is a llama.cpp device (CUDA1, RPC0; see `hw`) or an
+    /// RPC server's host:port (RPC0=4GiB,Vulkan0=6GiB); a plain SIZE applies to every device
+    #[arg(long, value_name = "SIZE|DEV=SIZE,...", allow_hyphen_values = true)]
     pub vram_budget: Option<String>,
     /// ngl values to measure instead of the default grid (0,10,20,... and full offload); 99 = all layers
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
@@ -374,6 +391,26 @@ pub struct HwArgs {
     /// Print JSON (stable; documented in the README)
     #[arg(long)]
     pub json: bool,
+    /// Also list the devices of these llama.cpp RPC servers (host:port,...) and the round trip to each
+    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC")]
+    pub rpc: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RpcServerArgs {
+    /// Address to listen on. Anything but 127.0.0.1 is reachable from other machines: llama.cpp's
+    /// RPC protocol has no authentication or encryption, so bind to a private network only
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on
+    #[arg(long, default_value_t = 50052)]
+    pub port: u16,
+    /// Devices to serve, by llama.cpp's names (CUDA0,CUDA1; see `hw`) [default: every GPU, else the CPU]
+    #[arg(long, value_delimiter = ',', value_name = "DEV,...")]
+    pub device: Vec<String>,
+    /// CPU threads for a served CPU device [default: physical cores]
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -19,10 +19,15 @@ pub struct LlamaArgs {
     pub cpu_overrides: Vec<String>,
     pub n_cpu_moe: Option<u32>,
     pub no_op_offload: bool,
+    /// `--rpc` servers.
+    pub rpc: Vec<String>,
+    /// `-ts` as whole layers per device.
+    pub tensor_split: Vec<u32>,
+    pub main_gpu: Option<u32>,
 }
 
 /// The flags this reads.
-pub const KNOWN: &str = "-ngl, -t, -c, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload";
+pub const KNOWN: &str = "-ngl, -t, -c, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -ts, -sm layer, -mg";
 
 fn kv(flag: &str, v: &str) -> Result<KvType, String> {
     match v {
@@ -78,6 +83,28 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
                     a.cpu_overrides.push(pattern.to_string());
                 }
             }
+            "--rpc" => {
+                a.rpc = crate::rpc::parse_list(value()?).map_err(|e| e.to_string())?;
+            }
+            // common/arg.cpp splits -ts at ',' or '/'; ngl-tune measures whole layers per device.
+            "-ts" | "--tensor-split" => {
+                a.tensor_split = value()?
+                    .split([',', '/'])
+                    .map(|p| {
+                        p.trim()
+                            .parse::<u32>()
+                            .map_err(|_| format!("{flag} '{p}': ngl-tune runs whole layers per device (like 20,21)"))
+                    })
+                    .collect::<Result<_, _>>()?;
+                if a.tensor_split.len() > 15 {
+                    return Err(format!("{flag}: llama.cpp takes at most 15 proportions"));
+                }
+            }
+            "-sm" | "--split-mode" => match value()?.as_str() {
+                "layer" => {}
+                other => return Err(format!("{flag} {other}: ngl-tune measures split mode layer only")),
+            },
+            "-mg" | "--main-gpu" => a.main_gpu = Some(number(flag, value()?)?),
             other => return Err(format!("'{other}' is not a flag ngl-tune bench runs; it runs {KNOWN}")),
         }
     }
@@ -105,6 +132,9 @@ mod tests {
         assert_eq!((a.kv_type, a.flash_attn, a.no_op_offload), (Some(KvType::Q8_0), Some(1), true));
         assert_eq!(a.cpu_overrides, [r"blk\.(0|1|2)\.ffn_(up|down|gate)\.weight"]);
         assert_eq!(parse("--n-cpu-moe 4").unwrap().n_cpu_moe, Some(4));
+        let split = parse("--rpc 10.0.0.2:50052,10.0.0.3:50052 -ngl 41 -sm layer -ts 20/21 -mg 0").unwrap();
+        assert_eq!(split.rpc, ["10.0.0.2:50052", "10.0.0.3:50052"]);
+        assert_eq!((split.tensor_split, split.main_gpu), (vec![20, 21], Some(0)));
     }
 
     #[test]
@@ -118,6 +148,9 @@ mod tests {
             ("-ot x", "no '=BUFFER'"),
             ("-fa maybe", "on, off or auto"),
             ("--mlock", "not a flag"),
+            ("-ts 0.5,0.5", "whole layers"),
+            ("-sm row", "split mode layer only"),
+            ("--rpc host", "host:port"),
             ("-ot 'x", "unclosed quote"),
         ] {
             let e = parse(line).unwrap_err();

@@ -74,6 +74,26 @@ pub fn hardware_changes(old: &Hardware, new: &Hardware) -> Vec<String> {
     if old.backends != new.backends {
         v.push(format!("backends {} → {}", old.backends.join(","), new.backends.join(",")));
     }
+    for o in &old.rpc_servers {
+        match new.rpc_servers.iter().find(|n| n.endpoint == o.endpoint) {
+            None => v.push(format!("RPC server {} is no longer used", o.endpoint)),
+            Some(n) if n.protocol != o.protocol => {
+                v.push(format!("RPC server {} protocol {} → {}", o.endpoint, o.protocol, n.protocol));
+            }
+            Some(n) => {
+                let mem =
+                    |r: &crate::rpc::RpcServer| -> Vec<u64> { r.devices.iter().map(|d| d.memory_total).collect() };
+                if mem(o) != mem(n) {
+                    v.push(format!(
+                        "RPC server {} devices changed: memory {:?} → {:?} bytes",
+                        o.endpoint,
+                        mem(o),
+                        mem(n)
+                    ));
+                }
+            }
+        }
+    }
     if v.is_empty() && old.fingerprint != new.fingerprint {
         v.push(format!("hardware fingerprint {} → {}", old.fingerprint, new.fingerprint));
     }
@@ -401,7 +421,7 @@ pub fn modelfiles_for(dir: &Path, model: &Path) -> Vec<PathBuf> {
 /// re-tune is an entry, not an error.
 pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<Summary> {
     let exe = crate::engine::child::current_exe()?;
-    let hw = crate::probe::hardware(crate::engine::child::devices(&exe)?);
+    let hw = crate::probe::hardware(crate::engine::child::devices(&exe, &[])?);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let files = store::profile_files(&opts.store.join(&hw.machine_id));
     say(&format!("reprofile: {} profiles of machine {} in {}", files.len(), hw.machine_id, opts.store.display()));
@@ -412,6 +432,19 @@ pub fn reprofile(opts: &ReprofileOptions, say: &mut dyn FnMut(&str)) -> Result<S
         entries.push(one(&path, &hw, now, opts, say, &mut busy_at_start)?);
     }
     Ok(summarize(entries, opts, &hw, busy_at_start.flatten()))
+}
+
+/// This machine with the devices of `rpc`'s servers.
+///
+/// # Errors
+/// A server that does not answer (named).
+pub fn hardware_with_rpc(rpc: &[String]) -> Result<Hardware> {
+    let servers = crate::rpc::probe_all(rpc)?;
+    let exe = crate::engine::child::current_exe()?;
+    let mut hw = crate::probe::hardware(crate::engine::child::devices(&exe, rpc)?);
+    hw.rpc_servers = servers;
+    hw.fingerprint = crate::probe::fingerprint(&hw);
+    Ok(hw)
 }
 
 fn entry(path: &Path, old: Option<&Profile>, status: &str, reasons: Vec<String>) -> Entry {
@@ -454,6 +487,24 @@ fn one(
         say(&format!("  missing  {}: {why}; skipped", old.model.file_name));
         return Ok(entry(path, Some(&old), "model_missing", vec![why]));
     }
+    // A profile tuned with RPC servers is judged with their devices.
+    let with_rpc;
+    let hw = if old.settings.rpc.is_empty() {
+        hw
+    } else {
+        match hardware_with_rpc(&old.settings.rpc) {
+            Ok(h) => {
+                with_rpc = h;
+                &with_rpc
+            }
+            Err(err) => {
+                say(&format!("  failed   {}: {err:#}", old.model.file_name));
+                let mut e = entry(path, Some(&old), "failed", vec![format!("{err:#}")]);
+                e.error = Some(format!("{err:#}"));
+                return Ok(e);
+            }
+        }
+    };
     let reasons = stale_reasons(&old, hw, now, opts.max_age);
     if reasons.is_empty() {
         let age = store::parse_rfc3339(&old.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
@@ -708,7 +759,14 @@ mod tests {
             r.n_ctx = n_ctx;
             r.kv_type = kv;
             r.llama_cpp_args = r.flags();
-            ContextPlacement { n_ctx, fits_fully: false, kv_bytes: None, recommendation: r, options: Vec::new() }
+            ContextPlacement {
+                n_ctx,
+                fits_fully: false,
+                kv_bytes: None,
+                recommendation: r,
+                options: Vec::new(),
+                split: None,
+            }
         };
         old.placements = vec![place(&old, 4096, KvType::F16), place(&old, 32768, KvType::F16)];
         let mut new = old.clone();

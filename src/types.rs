@@ -145,6 +145,20 @@ pub struct TrialSpec {
     /// Cut the trial short where it is clearly losing (adaptive search).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub race: Option<Race>,
+    /// llama.cpp RPC servers (`host:port`) whose devices join this
+    /// machine's, as llama.cpp's `--rpc`: listed first among the offload
+    /// devices, as llama.cpp orders them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
+    /// Layers per offload device, in llama.cpp's device order (llama.cpp's
+    /// `-ts` with split mode layer); empty: llama.cpp's default split, by
+    /// free memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
+    /// The device that holds the output and intermediate results in split
+    /// mode layer (`-mg`); llama.cpp's default 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub main_gpu: u32,
 }
 
 /// Racing: a test whose first repetition is slower than its threshold
@@ -233,6 +247,8 @@ pub enum Role {
     /// An escape hatch at the same context: another KV cache type, or the
     /// FFN weights of some layers on the CPU.
     Hatch,
+    /// Layers split across several devices by a chosen proportion (`-ts`).
+    Split,
 }
 
 impl Role {
@@ -251,6 +267,7 @@ impl Role {
             Role::Threads => "threads",
             Role::Moe => "moe",
             Role::Hatch => "hatch",
+            Role::Split => "split",
         }
     }
 }
@@ -401,6 +418,41 @@ impl TrialResult {
             .max()
             .unwrap_or(0);
         model + ctx
+    }
+
+    /// What llama.cpp accounted per device buffer type: model buffers plus
+    /// the largest context of the trial's tests on that device.
+    #[must_use]
+    pub fn accounted_per_device(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = Vec::new();
+        let mut add = |name: &str, bytes: u64, max: bool| match out.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) if max => *v = (*v).max(bytes),
+            Some((_, v)) => *v += bytes,
+            None => out.push((name.to_string(), bytes)),
+        };
+        for b in self.model_buffers.iter().filter(|b| b.on_device()) {
+            add(&b.buffer_type, b.bytes, false);
+        }
+        let mut ctx: Vec<(String, u64)> = Vec::new();
+        for t in &self.tests {
+            let mut per: Vec<(String, u64)> = Vec::new();
+            for b in t.context_buffers.iter().filter(|b| b.on_device()) {
+                match per.iter_mut().find(|(n, _)| *n == b.buffer_type) {
+                    Some((_, v)) => *v += b.bytes,
+                    None => per.push((b.buffer_type.clone(), b.bytes)),
+                }
+            }
+            for (n, v) in per {
+                match ctx.iter_mut().find(|(c, _)| *c == n) {
+                    Some((_, c)) => *c = (*c).max(v),
+                    None => ctx.push((n, v)),
+                }
+            }
+        }
+        for (n, v) in ctx {
+            add(&n, v, false);
+        }
+        out
     }
 
     /// Device model-buffer bytes only (weights).
@@ -594,6 +646,12 @@ impl LlamaDevice {
         self.kind == "gpu" || self.kind == "igpu"
     }
 
+    /// A device of a llama.cpp RPC server (its description is the endpoint).
+    #[must_use]
+    pub fn is_remote(&self) -> bool {
+        self.backend == "RPC"
+    }
+
     /// A Vulkan implementation that runs on the CPU (Mesa's llvmpipe and
     /// lavapipe, Google's SwiftShader): ggml lists it as a GPU, but
     /// offloading to it cannot beat the CPU backend.
@@ -635,6 +693,10 @@ pub struct Hardware {
     pub llama_cpp_revision: String,
     /// Backends compiled into this build: "CPU", "Vulkan", "CUDA", "Metal".
     pub backends: Vec<String>,
+    /// llama.cpp RPC servers whose devices join this machine's (`--rpc`),
+    /// as they answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc_servers: Vec<crate::rpc::RpcServer>,
     /// Short hash of what changes a tuning answer.
     pub fingerprint: String,
     /// Plain-words notes about missing or untrustworthy sources.

@@ -541,3 +541,47 @@ fn a_hatch_goes_where_each_consumer_takes_it() {
     assert!(mf.contains("PARAMETER num_gpu 12") && mf.contains("Ollama has no tensor overrides"), "{mf}");
     check_ollama_rules(&mf);
 }
+
+#[test]
+fn a_split_goes_where_each_consumer_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ex = examples().into_iter().find(|p| p.to_string_lossy().contains("llvmpipe")).unwrap();
+    let mut p = read_json(&ex);
+    let r = &mut p["recommendation"];
+    r["n_gpu_layers"] = 41.into();
+    r["rpc"] = serde_json::json!(["10.0.0.2:50052", "10.0.0.3:50052"]);
+    r["tensor_split"] = serde_json::json!([9, 13, 19]);
+    r["ollama_num_gpu"] = 19.into();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    let path = dir.path().join("split.json");
+    std::fs::write(&path, serde_json::to_string(&p).unwrap()).unwrap();
+    let emit = |f: &str| {
+        let o = run(&["emit", path.to_str().unwrap(), "--format", f]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let line = emit("llama-cpp");
+    assert!(
+        line.contains("--rpc 10.0.0.2:50052,10.0.0.3:50052 -ngl 41") && line.contains("-sm layer -ts 9,13,19 -mg 0"),
+        "{line}"
+    );
+    // What llama.cpp's parser would read back: bench runs the same flags.
+    let flags = line.split_once(".gguf'").or_else(|| line.split_once(".gguf")).unwrap().1;
+    let a = ngl_tune::llama_args::parse(flags.trim()).unwrap();
+    assert_eq!((a.rpc.len(), a.tensor_split, a.ngl, a.main_gpu), (2, vec![9, 13, 19], Some(41), Some(0)));
+    let env = emit("llama-server-env");
+    for want in [
+        "LLAMA_ARG_RPC=\"10.0.0.2:50052,10.0.0.3:50052\"",
+        "LLAMA_ARG_SPLIT_MODE=\"layer\"",
+        "LLAMA_ARG_TENSOR_SPLIT=\"9,13,19\"",
+        "LLAMA_ARG_MAIN_GPU=\"0\"",
+    ] {
+        let bare = want.replace('"', "");
+        assert!(env.lines().any(|l| l == want || l == bare), "{want} in {env}");
+    }
+    let docker = emit("docker-env");
+    assert!(docker.lines().any(|l| l == "LLAMA_ARG_TENSOR_SPLIT=9,13,19"), "{docker}");
+    let mf = emit("modelfile");
+    assert!(mf.contains("PARAMETER num_gpu 19") && mf.contains("Ollama cannot use them"), "{mf}");
+    check_ollama_rules(&mf);
+}

@@ -67,6 +67,18 @@ pub fn render(p: &Profile) -> String {
         ));
     }
     let r = &p.recommendation;
+    if !r.rpc.is_empty() {
+        s.push_str(&format!(
+            "# llama.cpp runs this fastest with its RPC servers ({}); Ollama cannot use them: num_gpu is the layers this machine's own devices hold in that split\n",
+            r.rpc.join(",")
+        ));
+    } else if !r.tensor_split.is_empty() {
+        let ts: Vec<String> = r.tensor_split.iter().map(u32::to_string).collect();
+        s.push_str(&format!(
+            "# llama.cpp splits the layers {} (-ts); Ollama splits GPUs itself by free memory and takes no proportions, only num_gpu\n",
+            ts.join(",")
+        ));
+    }
     if !r.ollama_server_env.is_empty() {
         s.push_str(&format!(
             "# set on the Ollama server, not here (they apply to every model it runs): {}\n",

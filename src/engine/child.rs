@@ -174,8 +174,17 @@ pub fn current_exe() -> Result<PathBuf> {
 ///
 /// # Errors
 /// When the child cannot run or answers nonsense.
-pub fn devices(exe: &Path) -> Result<Vec<LlamaDevice>> {
-    call(exe, "__devices", &[], &())
+pub fn devices(exe: &Path, rpc: &[String]) -> Result<Vec<LlamaDevice>> {
+    call(exe, "__devices", &rpc_args(rpc), &())
+}
+
+/// `--rpc LIST` for a child, when there are servers.
+fn rpc_args(rpc: &[String]) -> Vec<std::ffi::OsString> {
+    if rpc.is_empty() {
+        Vec::new()
+    } else {
+        vec!["--rpc".into(), rpc.join(",").into()]
+    }
 }
 
 /// Whether llama.cpp can load a model's header and vocabulary, and the
@@ -193,8 +202,10 @@ pub struct Check {
 ///
 /// # Errors
 /// When the child cannot run at all (its own failure is a `Check`).
-pub fn check(exe: &Path, model: &Path) -> Result<Check> {
-    let spawned = spawn(exe, "__check", &[model.as_os_str().to_owned()], b"", false)?;
+pub fn check(exe: &Path, model: &Path, rpc: &[String]) -> Result<Check> {
+    let mut args = vec![model.as_os_str().to_owned()];
+    args.extend(rpc_args(rpc));
+    let spawned = spawn(exe, "__check", &args, b"", false)?;
     let done = spawned.wait(CALL_TIMEOUT, Duration::from_millis(5), || {})?;
     Ok(serde_json::from_str(done.stdout.trim()).unwrap_or_else(|_| Check {
         ok: false,
@@ -209,8 +220,8 @@ pub fn check(exe: &Path, model: &Path) -> Result<Check> {
 ///
 /// # Errors
 /// `BadInput` with llama.cpp's reason.
-pub fn check_loadable(exe: &Path, info: &crate::model::ModelInfo) -> Result<Vec<LlamaDevice>> {
-    let c = check(exe, &info.path)?;
+pub fn check_loadable(exe: &Path, info: &crate::model::ModelInfo, rpc: &[String]) -> Result<Vec<LlamaDevice>> {
+    let c = check(exe, &info.path, rpc)?;
     if c.ok {
         return Ok(c.devices);
     }

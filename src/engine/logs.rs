@@ -64,7 +64,8 @@ pub fn parse_buffers(log: &str) -> Vec<BufferLine> {
             continue;
         };
         // left: "llama_kv_cache:    Vulkan0 KV" or "load_tensors:   CPU_Mapped model"
-        let left = left.rsplit_once(':').map_or(left, |(_, l)| l);
+        // (an RPC buffer type names its server: "RPC0[10.0.0.2:50052]")
+        let left = left.split_once(": ").map_or(left, |(_, l)| l);
         let mut words = left.split_whitespace().collect::<Vec<_>>();
         let Some(kind) = words.pop() else { continue };
         let buffer_type = words.join(" ");
@@ -99,12 +100,15 @@ llama_kv_cache:    Vulkan0 KV buffer size =    28.00 MiB
 llama_context:    Vulkan0 compute buffer size =    27.01 MiB
 llama_context: Vulkan_Host compute buffer size =   514.50 MiB
 llama_context:  CPU  output buffer size =     1.00 MiB
+load_tensors: RPC0[127.0.0.1:50052] model buffer size =    12.50 MiB
 ";
 
     #[test]
     fn parses_llama_cpp_buffer_lines() {
         let b = parse_buffers(LOG);
-        assert_eq!(b.len(), 6);
+        assert_eq!(b.len(), 7);
+        assert_eq!(b[6].buffer_type, "RPC0[127.0.0.1:50052]", "the port's colon is not the prefix's");
+        assert!(b[6].on_device());
         assert_eq!(b[0].buffer_type, "Vulkan0");
         assert_eq!(b[0].kind, "model");
         assert_eq!(b[0].bytes, (32.77f64 * 1048576.0).round() as u64);
@@ -116,7 +120,7 @@ llama_context:  CPU  output buffer size =     1.00 MiB
         assert_eq!(b[5].kind, "output");
         let device: u64 = b.iter().filter(|l| l.on_device()).map(|l| l.bytes).sum();
         let mib = |v: f64| (v * 1048576.0).round() as u64;
-        assert_eq!(device, mib(32.77) + mib(28.0) + mib(27.01));
+        assert_eq!(device, mib(32.77) + mib(28.0) + mib(27.01) + mib(12.5));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod child;
 pub mod logs;
+pub mod placement;
 pub mod predict;
 pub mod quality;
 pub mod runner;
@@ -61,6 +62,9 @@ pub(crate) fn test_spec() -> TrialSpec {
         kv_type: crate::types::KvType::F16,
         op_offload: OpOffload::On,
         race: None,
+        rpc: Vec::new(),
+        tensor_split: Vec::new(),
+        main_gpu: 0,
     }
 }
 

@@ -13,15 +13,13 @@ use serde::{Deserialize, Serialize};
 extern "C" {
     fn ngl_tune_predict(
         path: *const c_char,
-        n_gpu_layers: i32,
+        placement: *const super::placement::RawPlacement,
         n_ctx: u32,
         n_batch: u32,
         n_ubatch: u32,
         flash_attn: i32,
         op_offload: i32,
         type_kv: i32,
-        cpu_patterns: *const *const c_char,
-        n_cpu_patterns: u32,
         cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64, u64),
         user: *mut c_void,
     ) -> c_int;
@@ -50,6 +48,27 @@ pub struct Prediction {
     /// The placement, where it is more than a whole-layer split at the spec's context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub case: Option<PredictCase>,
+    /// Layers per offload device, where the prediction is for a split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split: Vec<u32>,
+}
+
+impl Prediction {
+    /// Bytes per accelerator buffer type (model + context + compute), in
+    /// the order llama.cpp reported them: one buffer type per device in
+    /// split mode layer (`Vulkan0`, `CUDA1`, `RPC0[host:port]`).
+    #[must_use]
+    pub fn per_device(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = Vec::new();
+        for b in self.buffers.iter().filter(|b| !b.is_host && super::logs::is_device_buffer_type(&b.buffer_type)) {
+            let name = b.buffer_type.clone();
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => *v += b.model + b.context + b.compute,
+                None => out.push((name, b.model + b.context + b.compute)),
+            }
+        }
+        out
+    }
 }
 
 impl Prediction {
@@ -63,6 +82,7 @@ impl Prediction {
             && c.kv_type == spec.kv_type
             && c.n_cpu_ffn == spec.n_cpu_ffn
             && c.n_cpu_moe == spec.n_cpu_moe
+            && self.split == spec.tensor_split
     }
 }
 
@@ -107,6 +127,17 @@ pub struct PredictSpec {
     /// More placements to price (answered in `PredictOutput::cases`).
     #[serde(default)]
     pub cases: Vec<PredictCase>,
+    /// Splits to price at the spec's context, f16 KV: layers per offload
+    /// device (answered in `PredictOutput::splits`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<Vec<u32>>,
+    /// RPC servers whose devices join (`--rpc`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
+    /// Per-device margins for llama.cpp's fit, in device order: asks it
+    /// for its split (answered in `PredictOutput::llama_fit_split`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fit_split_margins: Vec<u64>,
 }
 
 /// What llama.cpp's `--fit` would choose for the same memory margin.
@@ -126,6 +157,20 @@ pub struct PredictOutput {
     pub llama_fit: Option<LlamaFit>,
     #[serde(default)]
     pub cases: Vec<Prediction>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<Prediction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama_fit_split: Option<LlamaFitSplit>,
+}
+
+/// What llama.cpp's fit chose with a margin per device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaFitSplit {
+    pub margins: Vec<u64>,
+    pub n_gpu_layers: Option<i32>,
+    /// Its `-ts` proportions, one per offload device.
+    pub tensor_split: Vec<f32>,
+    pub error: Option<String>,
 }
 
 fn llama_fit(spec: &PredictSpec, margin: u64) -> LlamaFit {
@@ -162,31 +207,26 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 }
 
 /// One dry run in this process (the backend must be initialized).
-fn predict_one(spec: &PredictSpec, c: PredictCase) -> Prediction {
+fn predict_one(spec: &PredictSpec, c: PredictCase, split: &[u32]) -> Prediction {
     let mut buffers: Vec<PredictedBuffer> = Vec::new();
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
-    let patterns: Vec<CString> = (0..c.n_cpu_ffn)
-        .map(super::cpu_ffn_pattern)
-        .chain((0..c.n_cpu_moe).map(super::cpu_moe_pattern))
-        .map(|p| CString::new(p).unwrap_or_default())
-        .collect();
-    let pointers: Vec<*const c_char> = patterns.iter().map(|p| p.as_ptr()).collect();
+    let patterns = (0..c.n_cpu_ffn).map(super::cpu_ffn_pattern).chain((0..c.n_cpu_moe).map(super::cpu_moe_pattern));
+    let placement = super::placement::Placement::new(c.ngl, split, 0, patterns);
+    let raw = placement.raw();
     // A quantized V cache needs flash attention (as the trials run it).
     let fa = if c.kv_type.is_quantized() { 1 } else { i32::from(spec.flash_attn) };
-    // SAFETY: valid C strings that outlive the call, a callback that only
-    // touches `buffers`, which outlives the call.
+    // SAFETY: valid C strings and a placement that outlive the call, a
+    // callback that only touches `buffers`, which outlives the call.
     let rc = unsafe {
         ngl_tune_predict(
             path.as_ptr(),
-            i32::try_from(c.ngl).unwrap_or(i32::MAX),
+            &raw const raw,
             c.n_ctx,
             spec.n_batch,
             spec.n_ubatch,
             fa,
             i32::from(spec.op_offload),
             c.kv_type.ggml_type(),
-            pointers.as_ptr(),
-            u32::try_from(pointers.len()).unwrap_or(0),
             collect,
             (&raw mut buffers).cast::<c_void>(),
         )
@@ -207,6 +247,7 @@ fn predict_one(spec: &PredictSpec, c: PredictCase) -> Prediction {
         buffers,
         error,
         case: None,
+        split: split.to_vec(),
     }
 }
 
@@ -227,12 +268,66 @@ pub fn predict_main() -> Result<()> {
     super::logs::install();
     super::logs::quiet();
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
+    // Probed first: ggml aborts on a server it cannot reach.
+    crate::rpc::probe_all(&spec.rpc)?;
+    super::placement::add_rpc_servers(&spec.rpc).map_err(anyhow::Error::msg)?;
     let predictions: Vec<Prediction> =
-        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx))).collect();
-    let cases = spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c) }).collect();
+        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), &[])).collect();
+    let cases = spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, &[]) }).collect();
+    let splits = spec
+        .splits
+        .iter()
+        .map(|split| predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), split))
+        .collect();
     let llama_fit = spec.fit_margin_bytes.map(|m| llama_fit(&spec, m));
-    println!("{}", serde_json::to_string(&PredictOutput { predictions, llama_fit, cases })?);
+    let llama_fit_split = (!spec.fit_split_margins.is_empty()).then(|| llama_fit_split(&spec));
+    let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split };
+    println!("{}", serde_json::to_string(&out)?);
     Ok(())
+}
+
+/// llama.cpp's fit (`common_fit_params`, through llama-cpp-sys-2's
+/// wrapper) with a margin per device, read back with its tensor split.
+fn llama_fit_split(spec: &PredictSpec) -> LlamaFitSplit {
+    let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
+    // SAFETY: plain default constructors; the fit writes into buffers sized
+    // as llama.cpp asks (max devices, max overrides + 1).
+    unsafe {
+        let n_dev = llama_cpp_sys_2::llama_max_devices();
+        let mut mp = llama_cpp_sys_2::llama_model_default_params();
+        let mut cp = llama_cpp_sys_2::llama_context_default_params();
+        cp.n_ctx = spec.n_ctx;
+        cp.n_batch = spec.n_batch;
+        cp.n_ubatch = spec.n_ubatch;
+        cp.op_offload = spec.op_offload;
+        let mut split = vec![0f32; n_dev];
+        let empty =
+            llama_cpp_sys_2::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() };
+        let mut overrides = vec![empty; llama_cpp_sys_2::llama_max_tensor_buft_overrides() + 1];
+        let mut margins: Vec<usize> = (0..n_dev)
+            .map(|i| spec.fit_split_margins.get(i).map_or(0, |m| usize::try_from(*m).unwrap_or(usize::MAX)))
+            .collect();
+        let rc = llama_cpp_sys_2::llama_rs_fit_params(
+            path.as_ptr(),
+            &raw mut mp,
+            &raw mut cp,
+            split.as_mut_ptr(),
+            overrides.as_mut_ptr(),
+            margins.as_mut_ptr(),
+            spec.n_ctx,
+            std::ptr::null(),
+            llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR,
+        );
+        let _ = super::logs::take();
+        let n_split = spec.fit_split_margins.len();
+        split.truncate(n_split);
+        LlamaFitSplit {
+            margins: spec.fit_split_margins.clone(),
+            n_gpu_layers: (rc == 0).then_some(mp.n_gpu_layers),
+            tensor_split: if rc == 0 { split } else { Vec::new() },
+            error: (rc != 0).then(|| "llama.cpp's fit found no allocation that fits".to_string()),
+        }
+    }
 }
 
 /// Runs the predictions in a child process.

@@ -131,7 +131,7 @@ impl Runner {
         let pid = child.pid();
         let nvml = if self.nvml_note.is_none() { NvmlSource::open().ok() } else { None };
         let gpu_before = nvml.as_ref().map(|n| n.busy_before(&[pid, std::process::id()]));
-        let monitor = crate::probe::cpu::Monitor::start(Some(pid));
+        let monitor = crate::probe::cpu::Monitor::start(Some(pid), local_rpc_servers(&spec.rpc));
         let sampler = (!self.sample_interval.is_zero())
             .then(|| Sampler::start(Self::sources(nvml), self.sample_interval, Some(pid)));
         let done = child.wait(self.timeout, self.poll, || on_tick(pid))?;
@@ -143,6 +143,12 @@ impl Runner {
         result.contention = monitor.stop(threshold).map(|c| with_gpu(c, gpu_before));
         if result.status != TrialStatus::Ok {
             result.stderr_tail = done.tail;
+            // A server that died or stalls mid-trial is named (ggml only aborts).
+            if matches!(result.status, TrialStatus::Crashed | TrialStatus::Timeout) {
+                if let Some(dead) = crate::rpc::dead_server(&spec.rpc) {
+                    result.reason = Some(format!("{dead}; {}", result.reason.unwrap_or_default()));
+                }
+            }
         }
         Ok(result)
     }
@@ -204,4 +210,20 @@ pub fn worker_main() -> Result<()> {
     writeln!(out, "{RESULT_PREFIX}{line}")?;
     out.flush()?;
     Ok(())
+}
+
+/// The processes of RPC servers this trial uses that run on this machine
+/// (given by a loopback address): their CPU is the trial's, not contention.
+fn local_rpc_servers(rpc: &[String]) -> Vec<u32> {
+    let ports: Vec<u16> = rpc
+        .iter()
+        .filter_map(|e| crate::rpc::parse_endpoint(e).ok())
+        .filter(|(host, _)| host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback()))
+        .map(|(_, port)| port)
+        .collect();
+    if ports.is_empty() {
+        Vec::new()
+    } else {
+        crate::probe::cpu::listening_pids(&ports)
+    }
 }

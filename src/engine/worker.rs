@@ -115,6 +115,13 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
         Ok(b) => b,
         Err(e) => return fail(result, TrialStatus::Failed, format!("llama.cpp backend init failed: {e}")),
     };
+    // The servers are checked first: ggml aborts on one it cannot reach.
+    if let Err(e) = spec.rpc.iter().try_for_each(|e| crate::rpc::probe(e).map(|_| ())) {
+        return fail(result, TrialStatus::Failed, e.to_string());
+    }
+    if let Err(e) = super::placement::add_rpc_servers(&spec.rpc) {
+        return fail(result, TrialStatus::Failed, e);
+    }
     result.devices = crate::probe::ggml::devices();
     // Auto becomes what was used: off where every offload device runs on the CPU.
     let on = spec.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
@@ -147,21 +154,9 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
 
 fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResult) -> TrialResult {
     inject_memory_limit(spec.n_gpu_layers);
-    let mut params = Box::pin(LlamaModelParams::default().with_n_gpu_layers(spec.n_gpu_layers));
-    for layer in 0..spec.n_cpu_moe {
-        // llama.cpp keeps the pattern's pointer for the model's life; this
-        // process lives one trial, so leaking the few strings is the owner.
-        let pattern: &'static std::ffi::CStr =
-            Box::leak(std::ffi::CString::new(super::cpu_moe_pattern(layer)).unwrap_or_default().into_boxed_c_str());
-        params.as_mut().add_cpu_buft_override(pattern);
-    }
-    for p in (0..spec.n_cpu_ffn).map(super::cpu_ffn_pattern).chain(spec.cpu_overrides.iter().cloned()) {
-        let pattern: &'static std::ffi::CStr =
-            Box::leak(std::ffi::CString::new(p).unwrap_or_default().into_boxed_c_str());
-        params.as_mut().add_cpu_buft_override(pattern);
-    }
+    let placement = super::placement::Placement::of(spec);
     let t_load = Instant::now();
-    let model = LlamaModel::load_from_file(backend, &spec.model, &params);
+    let model = placement.load(&spec.model).ok_or("llama.cpp returned no model");
     let load_log = logs::take();
     let model = match model {
         Ok(m) => m,
@@ -337,9 +332,11 @@ fn test_gen(
 ///
 /// # Errors
 /// The reason llama.cpp gave.
-pub fn check_loadable(path: &std::path::Path) -> Result<(), String> {
+pub fn check_loadable(path: &std::path::Path, rpc: &[String]) -> Result<(), String> {
     logs::install();
     let backend = LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?;
+    rpc.iter().try_for_each(|e| crate::rpc::probe(e).map(|_| ())).map_err(|e| e.to_string())?;
+    super::placement::add_rpc_servers(rpc)?;
     let params = LlamaModelParams::default().with_vocab_only(true);
     let loaded = LlamaModel::load_from_file(&backend, path, &params);
     let log = logs::take();

@@ -101,6 +101,10 @@ fn logical_cores() -> u32 {
 /// `getrusage(RUSAGE_CHILDREN)` once it has been reaped.
 struct Tally {
     worker: Option<u32>,
+    /// Processes whose CPU is the measurement's too (RPC servers on this
+    /// machine that the trial's layers run in).
+    helpers: Vec<u32>,
+    helpers_start: f64,
     ticks_per_s: f64,
     started: Instant,
     busy_start: Option<u64>,
@@ -116,12 +120,14 @@ struct Tally {
 }
 
 impl Tally {
-    fn new(worker: Option<u32>) -> Tally {
+    fn new(worker: Option<u32>, helpers: Vec<u32>) -> Tally {
         let now = Instant::now();
         let procs = all_processes();
         let busy = machine_busy();
         let mut t = Tally {
             worker,
+            helpers,
+            helpers_start: 0.0,
             ticks_per_s: clock_ticks(),
             started: now,
             busy_start: busy,
@@ -136,8 +142,14 @@ impl Tally {
             load: load_avg(),
         };
         t.last_own_s = t.own_s(&procs).unwrap_or(0.0);
+        t.helpers_start = t.helpers_s(&procs);
         t.last_procs = procs;
         t
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn helpers_s(&self, procs: &HashMap<u32, (u64, String)>) -> f64 {
+        self.helpers.iter().filter_map(|h| procs.get(h)).map(|t| t.0 as f64 / self.ticks_per_s).sum()
     }
 
     /// CPU seconds the measurement itself has used: this process, and the
@@ -148,7 +160,7 @@ impl Tally {
             Some(w) => procs.get(&w).map(|t| t.0 as f64 / self.ticks_per_s)?,
             None => 0.0,
         };
-        Some(rusage_s(libc::RUSAGE_SELF) + worker)
+        Some(rusage_s(libc::RUSAGE_SELF) + worker + self.helpers_s(procs))
     }
 
     #[allow(clippy::cast_precision_loss)]
@@ -168,7 +180,7 @@ impl Tally {
         }
         let me = std::process::id();
         for (pid, (ticks, name)) in &procs {
-            if *pid == me || Some(*pid) == self.worker {
+            if *pid == me || Some(*pid) == self.worker || self.helpers.contains(pid) {
                 continue;
             }
             // A process first seen now started since the last reading: all of its time is new.
@@ -194,8 +206,9 @@ impl Tally {
         self.read();
         let busy_s = self.last_busy?.saturating_sub(self.busy_start?) as f64 / self.ticks_per_s;
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-        let own_s =
-            (rusage_s(libc::RUSAGE_SELF) - self.self_start) + (rusage_s(libc::RUSAGE_CHILDREN) - self.children_start);
+        let own_s = (rusage_s(libc::RUSAGE_SELF) - self.self_start)
+            + (rusage_s(libc::RUSAGE_CHILDREN) - self.children_start)
+            + (self.helpers_s(&self.last_procs) - self.helpers_start);
         let cores = logical_cores();
         let mean = ((busy_s - own_s) / secs).max(0.0);
         // /proc/stat counts in clock ticks, sampled per CPU: over a short
@@ -238,11 +251,12 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Starts watching; the CPU time of this process and of `worker` (a
-    /// child, to be reaped before [`Monitor::stop`]) is the measurement's own.
+    /// Starts watching; the CPU time of this process, of `worker` (a
+    /// child, to be reaped before [`Monitor::stop`]) and of `helpers` (RPC
+    /// servers on this machine) is the measurement's own.
     #[must_use]
-    pub fn start(worker: Option<u32>) -> Monitor {
-        let mut tally = Tally::new(worker);
+    pub fn start(worker: Option<u32>, helpers: Vec<u32>) -> Monitor {
+        let mut tally = Tally::new(worker, helpers);
         let stop: Stop = Arc::new((Mutex::new(false), Condvar::new()));
         let stop2 = Arc::clone(&stop);
         let handle = std::thread::spawn(move || {
@@ -290,9 +304,42 @@ impl Drop for Monitor {
 /// What others use over `window`, measured now (this process excluded).
 #[must_use]
 pub fn others_now(window: Duration, threshold_cores: f64) -> Option<Contention> {
-    let m = Monitor::start(None);
+    let m = Monitor::start(None, Vec::new());
     std::thread::sleep(window);
     m.stop(threshold_cores)
+}
+
+/// The processes of this machine listening on these TCP ports (an RPC
+/// server given as `127.0.0.1:50052` is one): `/proc/net/tcp{,6}` gives the
+/// listening sockets' inodes, `/proc/PID/fd` who holds them.
+#[must_use]
+pub fn listening_pids(ports: &[u16]) -> Vec<u32> {
+    let mut inodes = Vec::new();
+    for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(f) else { continue };
+        for line in text.lines().skip(1) {
+            let v: Vec<&str> = line.split_whitespace().collect();
+            let port = v.get(1).and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if v.get(3) == Some(&"0A") && port.is_some_and(|p| ports.contains(&p)) {
+                inodes.extend(v.get(9).map(|i| format!("socket:[{i}]")));
+            }
+        }
+    }
+    let mut pids = Vec::new();
+    if inodes.is_empty() {
+        return pids;
+    }
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let fds = std::fs::read_dir(e.path().join("fd")).into_iter().flatten().flatten();
+        if fds
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
 }
 
 #[cfg(test)]
@@ -318,5 +365,14 @@ mod tests {
         assert_eq!(seen.top[0].pid, child.id(), "{seen:?}");
         assert_eq!(seen.top[0].name, "sh");
         assert!(seen.top_words().starts_with(&format!("sh (pid {}) ", child.id())), "{}", seen.top_words());
+    }
+
+    #[test]
+    fn the_process_listening_on_a_port_is_found() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(listening_pids(&[port]), [std::process::id()]);
+        drop(l);
+        assert!(listening_pids(&[port]).is_empty());
     }
 }

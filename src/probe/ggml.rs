@@ -30,12 +30,14 @@ pub fn devices() -> Vec<LlamaDevice> {
         .collect()
 }
 
-/// Whether a device's free/total figures move with use. Mesa's llvmpipe
+/// Whether a device's free/total figures move with use (and may be
+/// sampled while a trial runs: not over the network the trial measures,
+/// so not for an RPC device, whose accounted memory applies). Mesa's llvmpipe
 /// offers no memory budget (free always equals total), so its samples say
 /// nothing; the same holds for any device reporting free == total.
 #[must_use]
 pub fn has_budget(d: &LlamaDevice) -> bool {
-    !d.is_software_renderer() && d.memory_free < d.memory_total
+    !d.is_software_renderer() && !d.is_remote() && d.memory_free < d.memory_total
 }
 
 /// "Vulkan0 (llvmpipe) reports no memory budget: using llama.cpp's accounted memory".
@@ -46,6 +48,9 @@ pub fn budget_notes(devices: &[LlamaDevice]) -> Vec<String> {
         .filter(|d| d.is_offload_target() && !has_budget(d))
         .map(|d| {
             let short = d.description.split_whitespace().next().unwrap_or(&d.description).trim_end_matches(',');
+            if d.is_remote() {
+                return format!("{} ({short}) is an RPC device: using llama.cpp's accounted memory", d.name);
+            }
             format!("{} ({short}) reports no memory budget: using llama.cpp's accounted memory", d.name)
         })
         .collect()

@@ -222,7 +222,8 @@ pub fn no_gpu_note(devices: &[LlamaDevice]) -> Option<String> {
 
 /// The fields that change a tuning answer, hashed: GPU models, memory and
 /// driver; CPU; RAM size (GiB, so free memory does not move it); llama.cpp
-/// revision; backends and their devices.
+/// revision; backends and their devices; RPC servers, their protocol and
+/// their devices' memory.
 #[must_use]
 pub fn fingerprint(hw: &Hardware) -> String {
     let mut parts = Vec::new();
@@ -241,6 +242,10 @@ pub fn fingerprint(hw: &Hardware) -> String {
     parts.push(format!("ram:{}", (hw.ram.total + (1 << 29)) >> 30));
     parts.push(format!("llama:{}", hw.llama_cpp_revision));
     parts.push(format!("backends:{}", hw.backends.join(",")));
+    for r in &hw.rpc_servers {
+        let devs: Vec<String> = r.devices.iter().map(|d| d.memory_total.to_string()).collect();
+        parts.push(format!("rpc:{}:{}:{}", r.endpoint, r.protocol, devs.join(",")));
+    }
     let mut h = Sha256::new();
     h.update(parts.join("\n").as_bytes());
     format!("{:x}", h.finalize())[..16].to_string()
@@ -312,6 +317,7 @@ pub fn hardware(llama_devices: Vec<LlamaDevice>) -> Hardware {
         kernel: sysinfo::System::kernel_version().unwrap_or_default(),
         llama_cpp_revision: LLAMA_CPP_REVISION.to_string(),
         backends: compiled_backends(),
+        rpc_servers: Vec::new(),
         fingerprint: String::new(),
         notes,
     };
@@ -396,6 +402,7 @@ mod tests {
             kernel: "6".into(),
             llama_cpp_revision: "r1".into(),
             backends: vec!["CPU".into()],
+            rpc_servers: vec![],
             fingerprint: String::new(),
             notes: vec![],
         }
@@ -431,5 +438,21 @@ mod tests {
         let mut rev = hw();
         rev.llama_cpp_revision = "r2".into();
         assert_ne!(fingerprint(&rev), base);
+        let mut remote = hw();
+        let dev = crate::rpc::RpcDevice { index: 0, memory_total: 8 << 30, memory_free: 1 };
+        let server = crate::rpc::RpcServer {
+            endpoint: "10.0.0.2:50052".into(),
+            protocol: "7.0.0".into(),
+            devices: vec![dev],
+            rtt_ms: 0.2,
+        };
+        remote.rpc_servers.push(server);
+        let with_rpc = fingerprint(&remote);
+        assert_ne!(with_rpc, base);
+        remote.rpc_servers[0].devices[0].memory_free = 2;
+        remote.rpc_servers[0].rtt_ms = 3.0;
+        assert_eq!(fingerprint(&remote), with_rpc, "free memory and the round trip do not change it");
+        remote.rpc_servers[0].devices[0].memory_total = 16 << 30;
+        assert_ne!(fingerprint(&remote), with_rpc, "a changed remote device does");
     }
 }

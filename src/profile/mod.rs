@@ -94,6 +94,13 @@ impl ModelIdentity {
     }
 }
 
+/// A cap for one device (`--vram-budget DEV=SIZE`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceBudget {
+    pub device: String,
+    pub bytes: u64,
+}
+
 /// The settings a tuning ran with; a re-tune reuses them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
@@ -134,6 +141,13 @@ pub struct Settings {
     /// Which rule chose the context when none was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ctx_rule: Option<String>,
+    /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
+    /// Per-device caps from `--vram-budget DEV=SIZE` (a device name like
+    /// RPC0 or CUDA1, or an RPC server's host:port).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_budgets: Vec<DeviceBudget>,
     /// Escape hatches that change the output (a quantized KV cache) are
     /// recommended only when their mean KL divergence from the reference
     /// stays under this (nats).
@@ -353,6 +367,13 @@ pub struct Recommendation {
     /// `OLLAMA_FLASH_ATTENTION`): they apply to every model that server runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ollama_server_env: Vec<String>,
+    /// llama.cpp RPC servers whose devices the placement uses (`--rpc`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
+    /// Layers per offload device, in llama.cpp's device order (`-sm layer
+    /// -ts a,b,.. -mg 0`); empty: one device, or llama.cpp's default split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
 }
 
 impl Recommendation {
@@ -379,8 +400,36 @@ impl Recommendation {
     /// This recommendation's llama.cpp flags.
     #[must_use]
     pub fn flags(&self) -> String {
-        Recommendation::llama_cpp_args(self.n_gpu_layers, self.n_threads, self.n_ctx, self.n_cpu_moe, self.op_offload)
-            + &Recommendation::hatch_args(self.kv_type, self.n_cpu_ffn)
+        let flags = Recommendation::llama_cpp_args(
+            self.n_gpu_layers,
+            self.n_threads,
+            self.n_ctx,
+            self.n_cpu_moe,
+            self.op_offload,
+        ) + &Recommendation::hatch_args(self.kv_type, self.n_cpu_ffn)
+            + &Recommendation::split_args(&self.tensor_split);
+        Recommendation::with_rpc(&self.rpc, flags)
+    }
+
+    /// `-sm layer -ts a,b -mg 0` for layers split by proportion (llama.cpp
+    /// reads `-ts` as proportions; whole layer counts are exact ones).
+    #[must_use]
+    pub fn split_args(split: &[u32]) -> String {
+        if split.is_empty() {
+            return String::new();
+        }
+        let ts: Vec<String> = split.iter().map(u32::to_string).collect();
+        format!(" -sm layer -ts {} -mg 0", ts.join(","))
+    }
+
+    /// `--rpc host:port,..` in front of `flags` when RPC servers are used.
+    #[must_use]
+    pub fn with_rpc(rpc: &[String], flags: String) -> String {
+        if rpc.is_empty() {
+            flags
+        } else {
+            format!("--rpc {} {flags}", rpc.join(","))
+        }
     }
 
     /// The flags a hatch adds: `-ctk T -ctv T -fa on` for a quantized KV
@@ -472,6 +521,79 @@ pub struct ContextPlacement {
     pub recommendation: Recommendation,
     /// The escape hatches in the guide's order (empty when nothing needed one).
     pub options: Vec<PlacementOption>,
+    /// With several offload devices: the splits priced and measured, and
+    /// each device's share of the recommendation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitReport>,
+}
+
+/// One offload device's cap and its share of a placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceShare {
+    /// llama.cpp's device name ("RPC0", "Vulkan0", "CUDA1").
+    pub device: String,
+    /// Its buffer type in llama.cpp's log ("RPC0[10.0.0.2:50052]", "CUDA1").
+    pub buffer_type: String,
+    pub description: String,
+    pub cap_bytes: u64,
+    pub cap_reason: String,
+    /// Layers of the recommendation on this device.
+    pub layers: u32,
+    /// llama.cpp's dry run for the recommendation.
+    pub predicted_bytes: Option<u64>,
+    /// What llama.cpp allocated there in the recommendation's trial.
+    pub accounted_bytes: Option<u64>,
+}
+
+/// One split: priced by the dry run, measured where it could win.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SplitOption {
+    /// How it was made: "by capacity", "fill in device order", "llama.cpp's default split", ...
+    pub label: String,
+    pub n_gpu_layers: u32,
+    /// Layers per offload device (empty: llama.cpp's default by free memory).
+    pub tensor_split: Vec<u32>,
+    /// Bytes per device by the dry run, in the devices' order.
+    pub predicted_bytes: Vec<u64>,
+    /// Bytes per device llama.cpp allocated in the trial.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounted_bytes: Vec<u64>,
+    pub measured: bool,
+    pub tg_ts: Option<f64>,
+    pub pp_ts: Option<f64>,
+    /// Under every device's cap (by the trial where measured).
+    pub fits: bool,
+    pub recommended: bool,
+    pub note: String,
+    pub llama_cpp_args: String,
+}
+
+/// The split stage at one context.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SplitReport {
+    /// The offload devices in llama.cpp's order (RPC servers first), with
+    /// the recommendation's share of each.
+    pub devices: Vec<DeviceShare>,
+    pub options: Vec<SplitOption>,
+    /// What llama.cpp's fit chose for the same per-device caps.
+    pub llama_fit: Option<LlamaFitChoice>,
+    /// The round trip to each RPC server, measured before the trials.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc_links: Vec<RpcLink>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaFitChoice {
+    pub n_gpu_layers: Option<i32>,
+    pub tensor_split: Vec<f32>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcLink {
+    pub endpoint: String,
+    pub protocol: String,
+    pub rtt_ms: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,6 +2,7 @@
 //! and the lines to paste.
 
 pub mod placement;
+pub mod split;
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -80,6 +81,10 @@ fn placement_cell(spec: &crate::types::TrialSpec) -> String {
     }
     if spec.n_cpu_ffn > 0 {
         c += &format!(" (FFN of {} on CPU)", spec.n_cpu_ffn);
+    }
+    if !spec.tensor_split.is_empty() {
+        let ts: Vec<String> = spec.tensor_split.iter().map(u32::to_string).collect();
+        c += &format!(" (-ts {})", ts.join(","));
     }
     c
 }
@@ -287,6 +292,12 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         s.push('\n');
         s.push_str(&pl);
     }
+    for c in &p.placements {
+        if let Some(r) = &c.split {
+            s.push('\n');
+            s.push_str(&split::split_lines(c, r));
+        }
+    }
     s.push_str(&paste_lines(p, path));
     s
 }
@@ -459,6 +470,17 @@ pub fn render_hw(hw: &crate::probe::Hardware) -> String {
             d.description,
             human_bytes(d.memory_total),
             human_bytes(d.memory_free)
+        );
+    }
+    for r in &hw.rpc_servers {
+        let devs: Vec<String> = r.devices.iter().map(|d| human_bytes(d.memory_total)).collect();
+        s += &format!(
+            "rpc          {} protocol {}, {} device(s) ({}), round trip {:.3} ms\n",
+            r.endpoint,
+            r.protocol,
+            r.devices.len(),
+            devs.join(", "),
+            r.rtt_ms
         );
     }
     if hw.gpus.is_empty() {

@@ -29,6 +29,13 @@ pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec 
     spec.n_cpu_moe = c.n_cpu_moe;
     spec.n_cpu_ffn = c.n_cpu_ffn;
     spec.kv_type = c.kv;
+    spec.tensor_split = c.split.layers();
+    if c.ngl == 0 {
+        // Every layer on the CPU: measured as recommended, without the
+        // servers (with them, llama.cpp's op offload could ship the
+        // prompt's matrix products to one).
+        spec.rpc.clear();
+    }
     if c.kv.is_quantized() {
         // llama.cpp quantizes the V cache only with flash attention.
         spec.flash_attn = 1;

@@ -60,6 +60,37 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
     }
 }
 
+/// The policy of a tuning: one device's (its `--vram-budget DEV=SIZE` as
+/// its budget), or with several offload devices the sum of their caps in
+/// llama.cpp's accounted memory for the whole-layer search, each device's
+/// own cap being the split stage's to keep.
+#[must_use]
+pub fn policy_for(hw: &Hardware, s: &Settings, caps: &[super::split::DeviceCap]) -> Option<MemoryPolicy> {
+    if caps.len() < 2 {
+        let named = s.device_budgets.first().map(|b| b.bytes);
+        let budget = named.into_iter().chain(s.vram_budget_bytes).min();
+        return memory_policy(hw, s.target_vram, budget);
+    }
+    let names: Vec<String> = caps.iter().map(|c| format!("{} {}", c.device, human_bytes(c.cap_bytes))).collect();
+    #[allow(clippy::cast_precision_loss)]
+    let cap = caps.iter().map(|c| c.cap_bytes).sum::<u64>() as f64;
+    Some(MemoryPolicy {
+        source: Source::Accounted,
+        device: format!(
+            "{} devices ({})",
+            caps.len(),
+            caps.iter().map(|c| c.device.as_str()).collect::<Vec<_>>().join(", ")
+        ),
+        device_total_bytes: None,
+        baseline_bytes: 0,
+        cap_bytes: cap,
+        cap_reason: format!(
+            "each device's own cap ({}), checked per device on llama.cpp's accounted memory",
+            names.join(", ")
+        ),
+    })
+}
+
 /// What a trial cost in the policy's currency, and the device-wide peak.
 #[must_use]
 #[allow(clippy::cast_precision_loss)]
@@ -133,6 +164,9 @@ pub fn predict(
         op_offload,
         fit_margin_bytes: margin,
         cases: Vec::new(),
+        splits: Vec::new(),
+        rpc: s.rpc.clone(),
+        fit_split_margins: Vec::new(),
     };
     match predict_in_child(exe, &spec) {
         Ok(out) => {
@@ -204,6 +238,7 @@ mod tests {
             buffers: vec![],
             error: None,
             case: None,
+            split: vec![],
         };
         let preds = [p(0, 0), p(10, 100), p(20, 200), p(30, 300), p(35, 400)];
         assert_eq!(largest_predicted_under(&preds, 1000.0, 35), 35);

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod quality;
 pub mod rank;
 pub mod search;
+pub mod split;
 pub mod summary;
 #[cfg(test)]
 pub(crate) mod worlds;
@@ -57,7 +58,11 @@ impl TuneRequest {
     /// `BadInput` naming the store or the model and the fix.
     pub fn new(info: ModelInfo, settings: Settings, store: PathBuf) -> Result<TuneRequest> {
         store::check_dir(&store)?;
-        let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info)?;
+        let devices =
+            crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info, &settings.rpc)?;
+        // A budget naming no device here is bad input before anything is measured.
+        let s = &settings;
+        split::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
         Ok(TuneRequest { info, settings, store, resume: false, verbose: false, progress: true, devices })
     }
 
@@ -102,6 +107,8 @@ struct Shared<'a> {
     policy: Option<MemoryPolicy>,
     op_offload: bool,
     exe: PathBuf,
+    /// Each offload device's cap, in llama.cpp's device order.
+    caps: Vec<split::DeviceCap>,
 }
 
 /// Runs the whole tuning (each context size, smallest first) and writes the profile.
@@ -113,17 +120,20 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     let started = Instant::now();
     let info = &opts.info;
     let s = &opts.settings;
-    let hw = probe::hardware(opts.devices.clone());
+    let mut hw = probe::hardware(opts.devices.clone());
+    hw.rpc_servers = crate::rpc::probe_all(&s.rpc)?;
+    hw.fingerprint = probe::fingerprint(&hw);
     let identity = ModelIdentity::of(info);
-    let policy = memory::memory_policy(&hw, s.target_vram, s.vram_budget_bytes);
+    let caps = split::device_caps(&hw.llama_devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
+    let policy = memory::policy_for(&hw, s, &caps);
     let mut notes = hw.notes.clone();
     let mut checkpoint = Some(resume(opts, &identity, &hw, &mut notes));
     let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
     if !op_offload && s.op_offload == crate::engine::OpOffload::Auto {
         notes.push(probe::op_offload_note(&hw.llama_devices));
     }
-    let shared =
-        Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe: crate::engine::child::current_exe()? };
+    let exe = crate::engine::child::current_exe()?;
+    let shared = Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe, caps };
     let mut outcomes = Vec::new();
     for ctx in s.contexts() {
         let sc = Settings { n_ctx: ctx, ..s.clone() };
@@ -218,11 +228,15 @@ fn tune_context(
         let t = &search.trials;
         summary::recommendation(&found, t, s, info.n_layer_full, sh.op_offload, Confidence::High)
     };
-    let hatches = match policy.filter(|_| !plan.no_gpu && prediction.as_ref().is_some_and(|p| p.error.is_none())) {
-        Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
-        None => placement::Hatches::default(),
-    };
+    let several = sh.caps.len() >= 2 && !plan.no_gpu;
+    let hatches =
+        match policy.filter(|_| !several && !plan.no_gpu && prediction.as_ref().is_some_and(|p| p.error.is_none())) {
+            Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
+            None => placement::Hatches::default(),
+        };
     notes.extend(hatches.notes.iter().cloned());
+    let split = if several { Some(split(sh, s, &plan, &mut search)?) } else { None };
+    notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
     let (trials, checkpoint) = search.into_parts();
     notes.extend(summary::noise_note(&trials));
     if let Some(pr) = prediction.as_mut() {
@@ -232,16 +246,76 @@ fn tune_context(
     let search_report = (!plan.no_gpu)
         .then(|| summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full));
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
+    let mut recommendation = placement::recommend(&layer_split, &hatches.options, s.n_threads);
+    let mut options = hatches.options;
+    if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
+        recommendation.rpc.clone_from(&s.rpc);
+        recommendation.llama_cpp_args = recommendation.flags();
+        for o in &mut options {
+            o.llama_cpp_args = crate::profile::Recommendation::with_rpc(&s.rpc, std::mem::take(&mut o.llama_cpp_args));
+        }
+    }
+    let split = split.map(|f| {
+        if let Some(best) = f.best.map(|i| &f.options[i]) {
+            recommendation = split::recommendation(&recommendation, best, &sh.caps, &s.rpc);
+        }
+        f.report
+    });
+    let split = split.filter(|r| !r.devices.is_empty());
     let placement = crate::profile::ContextPlacement {
         n_ctx: s.n_ctx,
         fits_fully: hatches.fits_fully,
         kv_bytes: hatches.kv_bytes,
-        recommendation: placement::recommend(&layer_split, &hatches.options, s.n_threads),
-        options: hatches.options,
+        recommendation,
+        options,
+        split,
     };
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))
+}
+
+/// The split across several devices at the search's context, priced by
+/// the dry run in a child (with llama.cpp's own fit for the same caps).
+fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
+    use crate::engine::predict::{predict_in_child, PredictSpec};
+    let info = &sh.opts.info;
+    let spec = |splits: Vec<Vec<u32>>, margins: Vec<u64>| PredictSpec {
+        model: info.path.clone(),
+        ngl: Vec::new(),
+        n_ctx: s.n_ctx,
+        n_batch: s.n_batch,
+        n_ubatch: s.n_ubatch,
+        flash_attn: s.flash_attn,
+        op_offload: sh.op_offload,
+        fit_margin_bytes: None,
+        cases: Vec::new(),
+        splits,
+        rpc: s.rpc.clone(),
+        fit_split_margins: margins,
+    };
+    let mut predict = |splits: &[Vec<u32>]| {
+        predict_in_child(&sh.exe, &spec(splits.to_vec(), Vec::new())).map(|o| o.splits).unwrap_or_default()
+    };
+    let inp = split::SplitInputs {
+        devs: &sh.caps,
+        full: plan.full,
+        threads: s.n_threads,
+        rpc: &s.rpc,
+        op_offload: sh.op_offload,
+    };
+    if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
+        let n = sh.caps.len();
+        return Ok(split::SplitFound {
+            notes: vec![format!("the split across {n} devices was not tuned: {dead}")],
+            ..split::SplitFound::default()
+        });
+    }
+    let mut found = split::split_stage(search, &inp, &mut predict)?;
+    let margins = split::fit_margins(&sh.caps, &sh.hw.llama_devices);
+    let fit = predict_in_child(&sh.exe, &spec(Vec::new(), margins)).ok().and_then(|o| o.llama_fit_split);
+    found.report = split::report(&sh.caps, &found, fit, &sh.hw.rpc_servers);
+    Ok(found)
 }
 
 /// The escape hatches at the search's context: priced by the dry run in a
@@ -277,6 +351,9 @@ fn hatches(
             op_offload: sh.op_offload,
             fit_margin_bytes: None,
             cases: cases.to_vec(),
+            splits: Vec::new(),
+            rpc: s.rpc.clone(),
+            fit_split_margins: Vec::new(),
         };
         predict_in_child(&sh.exe, &spec).map(|o| o.cases).unwrap_or_default()
     };
@@ -374,6 +451,9 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         kv_type: crate::types::KvType::F16,
         op_offload: if op_offload { crate::types::OpOffload::On } else { crate::types::OpOffload::Off },
         race: None,
+        rpc: s.rpc.clone(),
+        tensor_split: Vec::new(),
+        main_gpu: 0,
     }
 }
 

@@ -553,15 +553,7 @@ mod tests {
     }
 
     fn settings() -> Settings {
-        let mut s: Settings = serde_json::from_value(serde_json::json!({
-            "target_vram": 0.9, "vram_budget_bytes": null, "n_ctx": 32768, "n_prompt": 64, "n_gen": 16,
-            "repetitions": 2, "n_threads": 2, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1,
-            "objective": "tg", "grid": null, "quick": false, "no_skip": false, "trial_timeout_s": 60,
-            "sample_interval_ms": 20
-        }))
-        .unwrap();
-        s.max_kl = 0.05;
-        s
+        crate::tune::worlds::settings()
     }
 
     fn picked(options: &[PlacementOption]) -> Vec<HatchKind> {
@@ -631,6 +623,8 @@ mod tests {
             kv_type: KvType::F16,
             n_cpu_ffn: 0,
             ollama_server_env: Vec::new(),
+            rpc: Vec::new(),
+            tensor_split: Vec::new(),
         }
     }
 
@@ -653,7 +647,7 @@ mod tests {
         cases
             .iter()
             .map(|c| {
-                let cand = Candidate { ngl: c.ngl, n_cpu_moe: 0, n_cpu_ffn: c.n_cpu_ffn, kv: c.kv_type, threads: 2 };
+                let cand = Candidate { n_cpu_ffn: c.n_cpu_ffn, kv: c.kv_type, ..Candidate::layers(c.ngl, 2) };
                 let all = bytes_at(cand, c.n_ctx);
                 let weights = bytes_at(Candidate { kv: KvType::F16, ..cand }, 0);
                 Prediction {
@@ -669,6 +663,7 @@ mod tests {
                     }],
                     error: None,
                     case: Some(*c),
+                    split: vec![],
                 }
             })
             .collect()

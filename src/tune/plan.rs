@@ -35,13 +35,48 @@ pub struct Candidate {
     pub n_cpu_ffn: u32,
     pub kv: KvType,
     pub threads: u32,
+    /// Layers per offload device (`-ts`); empty: llama.cpp's default split.
+    pub split: Split,
+}
+
+/// Layers per offload device, in llama.cpp's device order (at most 16, as
+/// llama.cpp's devices and RPC servers); kept inline so a candidate stays
+/// a plain value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Split {
+    n: u8,
+    layers: [u16; 16],
+}
+
+impl Split {
+    /// # Panics
+    /// Over 16 devices or 65535 layers on one (llama.cpp allows neither).
+    #[must_use]
+    pub fn new(layers: &[u32]) -> Split {
+        assert!(layers.len() <= 16, "llama.cpp takes at most 16 devices");
+        let mut s = Split { n: u8::try_from(layers.len()).unwrap_or(16), layers: [0; 16] };
+        for (i, l) in layers.iter().enumerate() {
+            s.layers[i] = u16::try_from(*l).expect("layers per device fit in u16");
+        }
+        s
+    }
+
+    #[must_use]
+    pub fn layers(&self) -> Vec<u32> {
+        self.layers[..usize::from(self.n)].iter().map(|l| u32::from(*l)).collect()
+    }
+
+    #[must_use]
+    pub fn total(&self) -> u32 {
+        self.layers().iter().sum()
+    }
 }
 
 impl Candidate {
     /// A whole-layer split with `threads` threads and an f16 KV cache.
     #[must_use]
     pub fn layers(ngl: u32, threads: u32) -> Candidate {
-        Candidate { ngl, n_cpu_moe: 0, n_cpu_ffn: 0, kv: KvType::F16, threads }
+        Candidate { ngl, n_cpu_moe: 0, n_cpu_ffn: 0, kv: KvType::F16, threads, split: Split::default() }
     }
 
     /// The same placement with another thread count.
@@ -58,6 +93,7 @@ impl Candidate {
             && spec.n_cpu_ffn == self.n_cpu_ffn
             && spec.kv_type == self.kv
             && spec.n_threads == self.threads
+            && spec.tensor_split == self.split.layers()
     }
 }
 

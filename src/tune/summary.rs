@@ -181,6 +181,8 @@ pub fn recommendation(
         kv_type: crate::types::KvType::F16,
         n_cpu_ffn: 0,
         ollama_server_env: Vec::new(),
+        rpc: Vec::new(),
+        tensor_split: Vec::new(),
     }
 }
 

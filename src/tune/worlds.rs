@@ -70,3 +70,16 @@ pub fn policy(cap: f64) -> crate::profile::MemoryPolicy {
         cap_reason: "test".into(),
     }
 }
+
+/// Settings for unit tests: 32k context, tg objective, two threads.
+pub fn settings() -> crate::profile::Settings {
+    let mut s: crate::profile::Settings = serde_json::from_value(serde_json::json!({
+        "target_vram": 0.9, "vram_budget_bytes": null, "n_ctx": 32768, "n_prompt": 64, "n_gen": 16,
+        "repetitions": 2, "n_threads": 2, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1,
+        "objective": "tg", "grid": null, "quick": false, "no_skip": false, "trial_timeout_s": 60,
+        "sample_interval_ms": 20
+    }))
+    .unwrap();
+    s.max_kl = 0.05;
+    s
+}

@@ -1,0 +1,104 @@
+//! A trial's placement as llama.cpp's model parameters, built in one place
+//! (the shim's `make_params`) for the trial's load and the dry run alike:
+//! whole layers (`-ngl`), layers per device (`-ts`, split mode layer,
+//! `-mg`), tensors kept on the CPU (`-ot PATTERN=CPU`, `--n-cpu-moe`).
+//! Also registers llama.cpp RPC servers' devices, as `--rpc` does.
+
+use std::ffi::{c_char, c_int, CString};
+
+use llama_cpp_2::model::LlamaModel;
+
+/// llama.cpp's `LLAMA_SPLIT_MODE_LAYER`.
+const SPLIT_MODE_LAYER: i32 = 1;
+
+#[repr(C)]
+pub(crate) struct RawPlacement {
+    n_gpu_layers: i32,
+    split_mode: i32,
+    main_gpu: i32,
+    tensor_split: *const f32,
+    n_split: u32,
+    cpu_patterns: *const *const c_char,
+    n_cpu_patterns: u32,
+}
+
+extern "C" {
+    fn ngl_tune_load_model(path: *const c_char, p: *const RawPlacement) -> *mut llama_cpp_sys_2::llama_model;
+    fn ngl_tune_add_rpc(endpoint: *const c_char) -> c_int;
+}
+
+/// A placement and the C strings and numbers its raw form points to.
+pub(crate) struct Placement {
+    ngl: u32,
+    main_gpu: u32,
+    split: Vec<f32>,
+    patterns: Vec<CString>,
+    pointers: Vec<*const c_char>,
+}
+
+impl Placement {
+    /// `split`: layers per offload device (empty: llama.cpp's default);
+    /// `cpu_patterns`: regular expressions of tensors kept on the CPU.
+    pub(crate) fn new(ngl: u32, split: &[u32], main_gpu: u32, cpu_patterns: impl IntoIterator<Item = String>) -> Self {
+        let patterns: Vec<CString> = cpu_patterns.into_iter().map(|p| CString::new(p).unwrap_or_default()).collect();
+        let pointers = patterns.iter().map(|p| p.as_ptr()).collect();
+        #[allow(clippy::cast_precision_loss)]
+        let split = split.iter().map(|&l| l as f32).collect();
+        Placement { ngl, main_gpu, split, patterns, pointers }
+    }
+
+    /// Everything a trial spec places.
+    pub(crate) fn of(spec: &crate::types::TrialSpec) -> Self {
+        let patterns = (0..spec.n_cpu_moe)
+            .map(super::cpu_moe_pattern)
+            .chain((0..spec.n_cpu_ffn).map(super::cpu_ffn_pattern))
+            .chain(spec.cpu_overrides.iter().cloned());
+        Placement::new(spec.n_gpu_layers, &spec.tensor_split, spec.main_gpu, patterns)
+    }
+
+    /// The raw form; valid while `self` lives.
+    pub(crate) fn raw(&self) -> RawPlacement {
+        debug_assert_eq!(self.patterns.len(), self.pointers.len());
+        RawPlacement {
+            n_gpu_layers: i32::try_from(self.ngl).unwrap_or(i32::MAX),
+            split_mode: SPLIT_MODE_LAYER,
+            main_gpu: i32::try_from(self.main_gpu).unwrap_or(0),
+            tensor_split: self.split.as_ptr(),
+            n_split: u32::try_from(self.split.len()).unwrap_or(0),
+            cpu_patterns: self.pointers.as_ptr(),
+            n_cpu_patterns: u32::try_from(self.pointers.len()).unwrap_or(0),
+        }
+    }
+
+    /// Loads the model for a trial; `None` when llama.cpp cannot (its log says why).
+    pub(crate) fn load(&self, path: &std::path::Path) -> Option<LlamaModel> {
+        // llama-cpp-2's model handle is one pointer (its `Ptr` is a
+        // transparent `NonNull`); its parameters have no tensor split, so
+        // the shim loads and the handle takes ownership (and frees it).
+        const _: () = assert!(std::mem::size_of::<LlamaModel>() == std::mem::size_of::<*mut u8>());
+        let c = CString::new(path.to_string_lossy().as_bytes()).ok()?;
+        let raw = self.raw();
+        // SAFETY: valid C strings and a placement whose buffers outlive the call.
+        let model = unsafe { ngl_tune_load_model(c.as_ptr(), &raw const raw) };
+        let model = std::ptr::NonNull::new(model)?;
+        // SAFETY: same size and a single pointer field; the model is ours to free.
+        Some(unsafe { std::mem::transmute::<std::ptr::NonNull<llama_cpp_sys_2::llama_model>, LlamaModel>(model) })
+    }
+}
+
+/// Registers each RPC server's devices with llama.cpp (after the backend
+/// is up, before a model loads). The servers were probed first
+/// ([`crate::rpc::probe`]): ggml aborts on one it cannot reach.
+///
+/// # Errors
+/// An endpoint with no devices.
+pub(crate) fn add_rpc_servers(endpoints: &[String]) -> Result<(), String> {
+    for e in endpoints {
+        let c = CString::new(e.as_str()).map_err(|_| format!("RPC endpoint '{e}' holds a NUL byte"))?;
+        // SAFETY: a valid C string; ggml copies it.
+        if unsafe { ngl_tune_add_rpc(c.as_ptr()) } <= 0 {
+            return Err(format!("RPC server {e} offers no devices"));
+        }
+    }
+    Ok(())
+}

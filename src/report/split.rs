@@ -1,0 +1,104 @@
+//! The split part of the tune report: each offload device's cap and share,
+//! the splits priced and measured, llama.cpp's own fit for the same caps,
+//! and the round trip to each RPC server.
+
+use std::fmt::Write as _;
+
+use crate::model::human_bytes;
+use crate::profile::{ContextPlacement, SplitReport};
+
+fn speed(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+}
+
+/// Bytes per device as "30.5 MiB / 49.6 MiB".
+fn per_device(bytes: &[u64]) -> String {
+    if bytes.is_empty() {
+        return "-".into();
+    }
+    bytes.iter().map(|b| human_bytes(*b)).collect::<Vec<_>>().join(" / ")
+}
+
+fn split_words(ngl: u32, ts: &[u32]) -> String {
+    if ts.is_empty() {
+        format!("ngl {ngl}")
+    } else {
+        let ts: Vec<String> = ts.iter().map(u32::to_string).collect();
+        format!("ngl {ngl}, -ts {}", ts.join(","))
+    }
+}
+
+/// The devices, the options and the figures of one context's split stage.
+#[must_use]
+pub fn split_lines(c: &ContextPlacement, r: &SplitReport) -> String {
+    let mut s = String::new();
+    let names: Vec<&str> = r.devices.iter().map(|d| d.device.as_str()).collect();
+    let _ = writeln!(s, "split across {} devices at {} context (llama.cpp's device order):", r.devices.len(), c.n_ctx);
+    let mut t = crate::table::Table::new(&[
+        ("device", false),
+        ("where", false),
+        ("cap", true),
+        ("layers", true),
+        ("predicted", true),
+        ("allocated", true),
+    ]);
+    for d in &r.devices {
+        t.row(vec![
+            d.device.clone(),
+            d.description.clone(),
+            format!("{} ({})", human_bytes(d.cap_bytes), d.cap_reason),
+            d.layers.to_string(),
+            d.predicted_bytes.map_or_else(|| "-".into(), human_bytes),
+            d.accounted_bytes.map_or_else(|| "-".into(), human_bytes),
+        ]);
+    }
+    s.push_str(&t.render());
+    if r.options.is_empty() {
+        return s;
+    }
+    let mut t = crate::table::Table::new(&[
+        ("split", false),
+        ("placement", false),
+        ("tg t/s", true),
+        ("pp t/s", true),
+        ("memory per device", true),
+        ("note", false),
+    ]);
+    for o in &r.options {
+        let mark = if o.recommended { " <- recommended" } else { "" };
+        let mem = if o.accounted_bytes.is_empty() { &o.predicted_bytes } else { &o.accounted_bytes };
+        let fits = if o.fits { "" } else { " (over a cap)" };
+        t.row(vec![
+            o.label.clone(),
+            split_words(o.n_gpu_layers, &o.tensor_split),
+            speed(o.tg_ts),
+            speed(o.pp_ts),
+            format!("{}{fits}", per_device(mem)),
+            format!("{}{mark}", o.note),
+        ]);
+    }
+    let _ = writeln!(s, "memory per device in the order {}:", names.join(" / "));
+    s.push_str(&t.render());
+    s += &fit_and_links(r);
+    s
+}
+
+fn fit_and_links(r: &SplitReport) -> String {
+    let mut s = String::new();
+    if let Some(f) = &r.llama_fit {
+        let ts: Vec<String> = f.tensor_split.iter().map(|v| format!("{v:.0}")).collect();
+        let _ = match (f.n_gpu_layers, &f.error) {
+            (Some(n), _) => writeln!(s, "llama.cpp's fit for the same caps: ngl {n}, -ts {}", ts.join(",")),
+            (None, Some(e)) => writeln!(s, "llama.cpp's fit for the same caps: {e}"),
+            (None, None) => Ok(()),
+        };
+    }
+    for l in &r.rpc_links {
+        let _ = writeln!(
+            s,
+            "RPC server {} (protocol {}): round trip {:.3} ms; a device boundary costs at least this per token",
+            l.endpoint, l.protocol, l.rtt_ms
+        );
+    }
+    s
+}

@@ -1,0 +1,278 @@
+//! llama.cpp's RPC servers, as a client sees them before anything loads:
+//! the handshake (protocol version), the devices and their memory, and the
+//! network's round trip, spoken in ggml-rpc's own wire format
+//! (`ggml-rpc.cpp`: a command byte, a little-endian u64 request size, the
+//! request; the answer's u64 size, the answer). ggml aborts the whole
+//! process on a server it cannot reach, so every endpoint is probed here
+//! first; a failure is one line naming the endpoint.
+//!
+//! Also `ngl-tune rpc-server`: this machine's devices served over the same
+//! protocol, through the shim and ggml's own server.
+
+use std::ffi::{c_char, CString};
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use crate::error::bad;
+
+const CMD_GET_DEVICE_MEMORY: u8 = 11;
+const CMD_HELLO: u8 = 14;
+const CMD_DEVICE_COUNT: u8 = 15;
+/// `RPC_CONN_CAPS_SIZE` (transport.h): the transport capabilities of the
+/// hello; all zero is plain TCP.
+const CONN_CAPS: usize = 24;
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// Round trips timed per server.
+const PINGS: usize = 9;
+
+extern "C" {
+    fn ngl_tune_rpc_protocol() -> u32;
+    fn ngl_tune_rpc_serve(
+        endpoint: *const c_char,
+        cache_dir: *const c_char,
+        n_threads: u32,
+        names: *const *const c_char,
+        n_names: u32,
+    ) -> i32;
+}
+
+/// The RPC protocol version this build speaks (`RPC_PROTO_*_VERSION`).
+#[must_use]
+pub fn protocol() -> (u8, u8, u8) {
+    // SAFETY: returns three constants.
+    let v = unsafe { ngl_tune_rpc_protocol() };
+    #[allow(clippy::cast_possible_truncation)]
+    ((v >> 16) as u8, (v >> 8) as u8, v as u8)
+}
+
+fn version(v: (u8, u8, u8)) -> String {
+    format!("{}.{}.{}", v.0, v.1, v.2)
+}
+
+/// One device of an RPC server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RpcDevice {
+    /// The server's device index (the `N` of llama.cpp's `RPC<N>[host:port]` buffers is a client-wide count).
+    pub index: u32,
+    pub memory_total: u64,
+    pub memory_free: u64,
+}
+
+/// What one server answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcServer {
+    pub endpoint: String,
+    /// Its RPC protocol version ("7.0.0").
+    pub protocol: String,
+    pub devices: Vec<RpcDevice>,
+    /// Median round trip of a small request, in milliseconds.
+    pub rtt_ms: f64,
+}
+
+/// Splits "host:port" as ggml-rpc does (at the first ':').
+///
+/// # Errors
+/// Not `host:port` with a port number.
+pub fn parse_endpoint(e: &str) -> Result<(String, u16)> {
+    let fix = "write it as host:port, like 192.168.1.20:50052";
+    let (host, port) = e.split_once(':').ok_or_else(|| bad(format!("--rpc '{e}' is not host:port; {fix}")))?;
+    let port: u16 = port.parse().map_err(|_| bad(format!("--rpc '{e}' has no port number; {fix}")))?;
+    if host.is_empty() || port == 0 {
+        return Err(bad(format!("--rpc '{e}' needs a host and a port; {fix}")));
+    }
+    Ok((host.to_string(), port))
+}
+
+/// Parses `--rpc host:port,host:port`.
+///
+/// # Errors
+/// An endpoint that is not `host:port`, or one named twice.
+pub fn parse_list(s: &str) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for e in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        parse_endpoint(e)?;
+        if out.iter().any(|o| o == e) {
+            return Err(bad(format!("--rpc names {e} twice; give each server once")));
+        }
+        out.push(e.to_string());
+    }
+    if out.is_empty() {
+        return Err(bad("--rpc is empty; give host:port of each llama.cpp RPC server, comma-separated"));
+    }
+    Ok(out)
+}
+
+fn call(s: &mut TcpStream, cmd: u8, input: &[u8], out_len: usize) -> std::io::Result<Vec<u8>> {
+    let mut msg = Vec::with_capacity(9 + input.len());
+    msg.push(cmd);
+    msg.extend_from_slice(&(input.len() as u64).to_le_bytes());
+    msg.extend_from_slice(input);
+    s.write_all(&msg)?;
+    let mut size = [0u8; 8];
+    s.read_exact(&mut size)?;
+    let n = u64::from_le_bytes(size);
+    if n != out_len as u64 {
+        return Err(std::io::Error::other(format!("answered {n} bytes where {out_len} were expected")));
+    }
+    let mut out = vec![0u8; out_len];
+    s.read_exact(&mut out)?;
+    Ok(out)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Connects, shakes hands, lists the devices and times the round trip;
+/// the connection closes before this returns (a server serves one client
+/// at a time).
+///
+/// # Errors
+/// `BadInput` naming the endpoint: not reachable, not an RPC server, or
+/// another protocol version than this build's (both named).
+pub fn probe(endpoint: &str) -> Result<RpcServer> {
+    let (host, port) = parse_endpoint(endpoint)?;
+    let unreachable = |why: String| {
+        bad(format!(
+            "RPC server {endpoint} is unreachable ({why}); start `ngl-tune rpc-server --host {host} --port {port}` there, or drop it from --rpc"
+        ))
+    };
+    let addr = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| unreachable(e.to_string()))?
+        .next()
+        .ok_or_else(|| unreachable("the host has no address".into()))?;
+    let mut s = TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| unreachable(e.to_string()))?;
+    s.set_read_timeout(Some(TIMEOUT))?;
+    s.set_write_timeout(Some(TIMEOUT))?;
+    let _ = s.set_nodelay(true);
+    let not_rpc = |e: std::io::Error| {
+        bad(format!("{endpoint} did not answer llama.cpp's RPC handshake ({e}); is it an rpc-server, and is it serving another client?"))
+    };
+    let hello = call(&mut s, CMD_HELLO, &[0u8; CONN_CAPS], 4 + CONN_CAPS).map_err(not_rpc)?;
+    let theirs = (hello[0], hello[1], hello[2]);
+    let ours = protocol();
+    if theirs.0 != ours.0 || theirs.1 > ours.1 {
+        return Err(bad(format!(
+            "RPC server {endpoint} speaks llama.cpp RPC protocol {}, this ngl-tune (llama.cpp {}) speaks {}; run the same llama.cpp revision on both ends (`ngl-tune rpc-server` from this build)",
+            version(theirs),
+            crate::types::LLAMA_CPP_REVISION,
+            version(ours)
+        )));
+    }
+    let mut rtts = Vec::with_capacity(PINGS);
+    let mut count = 0u32;
+    for _ in 0..PINGS {
+        let t = Instant::now();
+        let b = call(&mut s, CMD_DEVICE_COUNT, &[], 4).map_err(not_rpc)?;
+        rtts.push(t.elapsed().as_secs_f64() * 1e3);
+        count = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    let mut devices = Vec::new();
+    for index in 0..count {
+        let b = call(&mut s, CMD_GET_DEVICE_MEMORY, &index.to_le_bytes(), 16).map_err(not_rpc)?;
+        devices.push(RpcDevice { index, memory_free: u64_at(&b, 0), memory_total: u64_at(&b, 8) });
+    }
+    rtts.sort_by(f64::total_cmp);
+    Ok(RpcServer { endpoint: endpoint.to_string(), protocol: version(theirs), devices, rtt_ms: rtts[PINGS / 2] })
+}
+
+/// Probes every endpoint, in order.
+///
+/// # Errors
+/// The first endpoint that fails [`probe`].
+pub fn probe_all(endpoints: &[String]) -> Result<Vec<RpcServer>> {
+    endpoints.iter().map(|e| probe(e)).collect()
+}
+
+/// Why a trial that used RPC servers failed, where a server is to blame:
+/// the first endpoint that no longer answers.
+#[must_use]
+pub fn dead_server(endpoints: &[String]) -> Option<String> {
+    endpoints.iter().find_map(|e| probe(e).err().map(|err| format!("{err:#}")))
+}
+
+/// llama.cpp's warning for a server bound beyond this machine, in one line.
+pub const NO_AUTH_WARNING: &str = "llama.cpp's RPC protocol has no authentication or encryption: anyone who reaches this port can run code on these devices; bind to a private network only";
+
+/// Serves this machine's devices until the process ends.
+///
+/// # Errors
+/// `BadInput` for a bad host, port or device name; an error when the
+/// server could not start (the port is taken, ...).
+pub fn serve(host: &str, port: u16, devices: &[String], threads: u32) -> Result<()> {
+    let endpoint = format!("{host}:{port}");
+    parse_endpoint(&endpoint)?;
+    if host != "127.0.0.1" && host != "localhost" {
+        eprintln!("warning: {NO_AUTH_WARNING}");
+    }
+    let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
+    let known: Vec<String> = crate::probe::ggml::devices().into_iter().map(|d| d.name).collect();
+    if let Some(d) = devices.iter().find(|d| !known.contains(d)) {
+        return Err(bad(format!("--device {d} is not a llama.cpp device here; choose from {}", known.join(", "))));
+    }
+    let served = if devices.is_empty() { "every GPU, else the CPU".to_string() } else { devices.join(", ") };
+    eprintln!(
+        "ngl-tune rpc-server: serving {served} on {endpoint} (llama.cpp RPC protocol {}, llama.cpp {}); stop with Ctrl-C",
+        version(protocol()),
+        crate::types::LLAMA_CPP_REVISION
+    );
+    let c_endpoint = CString::new(endpoint.clone())?;
+    let names: Vec<CString> = devices.iter().map(|d| CString::new(d.as_str()).unwrap_or_default()).collect();
+    let pointers: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
+    // SAFETY: valid C strings that outlive the call (it returns only when the server cannot start).
+    let rc = unsafe {
+        ngl_tune_rpc_serve(
+            c_endpoint.as_ptr(),
+            std::ptr::null(),
+            threads,
+            pointers.as_ptr(),
+            u32::try_from(pointers.len()).unwrap_or(0),
+        )
+    };
+    anyhow::bail!("the RPC server on {endpoint} could not start (rc {rc}; llama.cpp's reason is above)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_parsed_as_ggml_rpc_does() {
+        assert_eq!(parse_endpoint("10.0.0.2:50052").unwrap(), ("10.0.0.2".into(), 50052));
+        assert_eq!(parse_list("a:1, b:2").unwrap(), ["a:1", "b:2"]);
+        for bad in ["host", "host:", ":50052", "host:port", "h:0", "h:70000"] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
+        assert!(parse_list("a:1,a:1").is_err());
+        assert!(parse_list(",").is_err());
+    }
+
+    #[test]
+    fn a_server_of_another_protocol_is_named_with_both_versions() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = l.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = [0u8; 1 + 8 + CONN_CAPS];
+            s.read_exact(&mut req).unwrap();
+            assert_eq!(req[0], CMD_HELLO);
+            let mut answer = (4 + CONN_CAPS as u64).to_le_bytes().to_vec();
+            answer.extend_from_slice(&[3, 0, 0, 0]);
+            answer.extend_from_slice(&[0u8; CONN_CAPS]);
+            s.write_all(&answer).unwrap();
+        });
+        let err = format!("{:#}", probe(&endpoint).unwrap_err());
+        server.join().unwrap();
+        let ours = version(protocol());
+        assert!(err.contains(&endpoint) && err.contains("3.0.0") && err.contains(&ours), "{err}");
+        let closed = probe(&endpoint).unwrap_err();
+        assert_eq!(crate::error::exit_code(&closed), crate::error::exit::BAD_INPUT, "{closed:#}");
+    }
+}

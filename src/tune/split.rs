@@ -1,0 +1,643 @@
+//! Several offload devices (local GPUs, llama.cpp RPC servers, or both):
+//! how many layers each holds. llama.cpp's own split follows free memory
+//! only; here each device has its own cap, llama.cpp's dry run prices
+//! splits per device, and the few that can win are measured.
+//!
+//! The stage runs after the whole-layer search (which measured llama.cpp's
+//! default split at each ngl): two dry runs give each device's cost per
+//! layer and its fixed cost (compute buffer, the output layer on the last
+//! device), from which each device's capacity under its cap follows. The
+//! candidates are the splits a user would try: layers in proportion to
+//! what each device can hold, and the devices filled in llama.cpp's order
+//! and in reverse (fewer devices, fewer boundaries); or, when the layers
+//! do not all fit, every device at its capacity and the rest on the CPU.
+//! Each is priced exactly, trimmed a layer at a time while over a cap,
+//! then measured, raced against the best so far. The recommendation is
+//! the fastest measured split under every device's cap.
+
+use anyhow::Result;
+
+use super::plan::{Candidate, Split};
+use super::search::Search;
+use crate::engine::predict::Prediction;
+use crate::model::human_bytes;
+use crate::profile::{DeviceBudget, DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
+use crate::types::{LlamaDevice, Role, TrialStatus};
+
+/// One offload device and its cap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceCap {
+    pub device: String,
+    pub buffer_type: String,
+    pub description: String,
+    pub cap_bytes: u64,
+    pub cap_reason: String,
+}
+
+/// The offload devices in llama.cpp's order (`llama_model_load`'s default
+/// selection: RPC servers first, then GPUs, then integrated GPUs when no
+/// GPU), with the buffer type each allocates in.
+#[must_use]
+pub fn offload_devices(devices: &[LlamaDevice]) -> Vec<(LlamaDevice, String)> {
+    let rpc: Vec<&LlamaDevice> = devices.iter().filter(|d| d.is_offload_target() && d.is_remote()).collect();
+    let gpus: Vec<&LlamaDevice> = devices.iter().filter(|d| d.kind == "gpu" && !d.is_remote()).collect();
+    let igpus: Vec<&LlamaDevice> = devices.iter().filter(|d| d.kind == "igpu" && !d.is_remote()).collect();
+    let mut out = Vec::new();
+    for (i, d) in rpc.iter().enumerate() {
+        // ggml-rpc names a buffer type by the server's device index and endpoint.
+        let k = rpc[..i].iter().filter(|o| o.description == d.description).count();
+        out.push(((*d).clone(), format!("RPC{k}[{}]", d.description)));
+    }
+    let local = if gpus.is_empty() { igpus } else { gpus };
+    out.extend(local.into_iter().map(|d| (d.clone(), d.name.clone())));
+    out
+}
+
+/// Each offload device's cap: `target` of its memory, or a budget of
+/// `--vram-budget` (one size for all, or `DEV=SIZE` naming it by its
+/// llama.cpp name or its RPC server's host:port), the stricter.
+///
+/// # Errors
+/// `BadInput` for a budget that names no device here.
+pub fn device_caps(
+    devices: &[LlamaDevice],
+    target: f64,
+    all: Option<u64>,
+    per: &[DeviceBudget],
+) -> Result<Vec<DeviceCap>> {
+    let offload = offload_devices(devices);
+    if let Some(b) = per.iter().find(|b| !offload.iter().any(|(d, _)| d.name == b.device || d.description == b.device))
+    {
+        let names: Vec<String> = offload.iter().map(|(d, _)| format!("{} ({})", d.name, d.description)).collect();
+        return Err(crate::error::bad(format!(
+            "--vram-budget {}={}: no offload device is called {}; name one of {}",
+            b.device,
+            human_bytes(b.bytes),
+            b.device,
+            if names.is_empty() { "none (no offload device here)".to_string() } else { names.join(", ") }
+        )));
+    }
+    Ok(offload
+        .into_iter()
+        .map(|(d, buffer_type)| {
+            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let by_target = (target * d.memory_total as f64) as u64;
+            let named = per.iter().find(|b| b.device == d.name || b.device == d.description).map(|b| b.bytes);
+            let budget = named.or(all);
+            let (cap_bytes, cap_reason) = match budget {
+                Some(b) if b < by_target => (b, format!("--vram-budget {}", human_bytes(b))),
+                _ => (by_target, format!("{:.0}% of {}", target * 100.0, human_bytes(d.memory_total))),
+            };
+            DeviceCap { device: d.name, buffer_type, description: d.description, cap_bytes, cap_reason }
+        })
+        .collect())
+}
+
+/// Bytes a prediction puts on each device, in the devices' order.
+#[must_use]
+pub fn per_device(p: &Prediction, devs: &[DeviceCap]) -> Vec<u64> {
+    let by = p.per_device();
+    devs.iter().map(|d| by.iter().find(|(n, _)| *n == d.buffer_type).map_or(0, |(_, b)| *b)).collect()
+}
+
+fn fits(bytes: &[u64], devs: &[DeviceCap]) -> bool {
+    bytes.iter().zip(devs).all(|(b, d)| *b <= d.cap_bytes)
+}
+
+/// `total` layers spread over `weights` (largest remainder), each at most its weight.
+#[must_use]
+pub fn proportional(total: u32, weights: &[u32]) -> Vec<u32> {
+    let sum: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    if sum == 0 {
+        return vec![0; weights.len()];
+    }
+    let exact: Vec<f64> = weights.iter().map(|w| f64::from(*w) * f64::from(total) / sum as f64).collect();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let mut out: Vec<u32> = exact.iter().map(|e| e.floor() as u32).collect();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|a, b| (exact[*b] - exact[*b].floor()).total_cmp(&(exact[*a] - exact[*a].floor())));
+    let mut left = total.saturating_sub(out.iter().sum());
+    for i in order.into_iter().cycle().take(weights.len() * 2) {
+        if left == 0 {
+            break;
+        }
+        if out[i] < weights[i] {
+            out[i] += 1;
+            left -= 1;
+        }
+    }
+    out
+}
+
+/// Devices filled to their capacity one after another in `order`.
+#[must_use]
+pub fn fill(total: u32, capacity: &[u32], order: &[usize]) -> Vec<u32> {
+    let mut out = vec![0; capacity.len()];
+    let mut left = total;
+    for &i in order {
+        out[i] = capacity[i].min(left);
+        left -= out[i];
+    }
+    out
+}
+
+/// What a device's share costs: weights and KV cache per layer, plus a
+/// fixed part (compute buffer, the output layer on the last device) that
+/// differs between full offload and partial offload (where llama.cpp's
+/// compute buffers are laid out differently).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceCost {
+    pub per_layer: f64,
+    pub fixed_full: f64,
+    pub fixed_partial: f64,
+}
+
+impl DeviceCost {
+    /// Layers that fit under `cap` in one regime.
+    #[must_use]
+    pub fn capacity(&self, cap: u64, full_offload: bool, most: u32) -> u32 {
+        let fixed = if full_offload { self.fixed_full } else { self.fixed_partial };
+        #[allow(clippy::cast_precision_loss)]
+        let room = cap as f64 - fixed;
+        if self.per_layer <= 0.0 {
+            return if room >= 0.0 { most } else { 0 };
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = (room / self.per_layer).floor().clamp(0.0, f64::from(most)) as u32;
+        n
+    }
+
+    /// Layers to take off to save `over` bytes.
+    #[must_use]
+    pub fn layers_for(&self, over: u64) -> u32 {
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = if self.per_layer > 0.0 { (over as f64 / self.per_layer).ceil() as u32 } else { 1 };
+        n.max(1)
+    }
+}
+
+/// Bytes per device as (weights + KV cache, compute buffers).
+#[must_use]
+pub fn parts(p: &Prediction, devs: &[DeviceCap]) -> Vec<(u64, u64)> {
+    devs.iter()
+        .map(|d| {
+            p.buffers
+                .iter()
+                .filter(|b| b.buffer_type == d.buffer_type)
+                .fold((0, 0), |(w, c), b| (w + b.model + b.context, c + b.compute))
+        })
+        .collect()
+}
+
+/// Each device's cost from two dry runs: `a` at full offload and `b` at
+/// partial offload, with different layer counts on every device.
+#[must_use]
+pub fn costs(a: (&[u32], &[(u64, u64)]), b: (&[u32], &[(u64, u64)])) -> Vec<DeviceCost> {
+    (0..a.0.len())
+        .map(|d| {
+            let (la, lb) = (f64::from(a.0[d]), f64::from(b.0[d]));
+            #[allow(clippy::cast_precision_loss)]
+            let (wa, ca, wb, cb) = (a.1[d].0 as f64, a.1[d].1 as f64, b.1[d].0 as f64, b.1[d].1 as f64);
+            let per_layer = if (la - lb).abs() > 0.0 { ((wa - wb) / (la - lb)).max(0.0) } else { 0.0 };
+            DeviceCost { per_layer, fixed_full: wa + ca - la * per_layer, fixed_partial: wb + cb - lb * per_layer }
+        })
+        .collect()
+}
+
+/// The candidate splits (label, layers per device), without repeats:
+/// `full_cap` is each device's capacity at full offload, `partial_cap` at
+/// partial offload.
+#[must_use]
+pub fn candidates(full_cap: &[u32], partial_cap: &[u32], full: u32) -> Vec<(String, Vec<u32>)> {
+    let n = full_cap.len();
+    let mut out: Vec<(String, Vec<u32>)> = Vec::new();
+    let mut add = |label: &str, split: Vec<u32>| {
+        if split.iter().sum::<u32>() > 0 && !out.iter().any(|(_, s)| *s == split) {
+            out.push((label.to_string(), split));
+        }
+    };
+    if full_cap.iter().sum::<u32>() < full {
+        // The output layer goes to the GPU first: the CPU keeps at least one repeating layer.
+        let most = full - 1;
+        let total: u32 = partial_cap.iter().sum::<u32>().min(most);
+        add("every device at its capacity, the rest on the CPU", proportional(total, partial_cap));
+        return out;
+    }
+    add("in proportion to what each device holds", proportional(full, full_cap));
+    add("devices filled in llama.cpp's order", fill(full, full_cap, &(0..n).collect::<Vec<_>>()));
+    add("devices filled in reverse order", fill(full, full_cap, &(0..n).rev().collect::<Vec<_>>()));
+    out
+}
+
+/// What the stage needs from the tuner.
+pub struct SplitInputs<'a> {
+    pub devs: &'a [DeviceCap],
+    /// Layers of the model plus the output layer (ngl of full offload).
+    pub full: u32,
+    pub threads: u32,
+    pub rpc: &'a [String],
+    pub op_offload: bool,
+}
+
+/// What the stage found.
+#[derive(Debug, Default)]
+pub struct SplitFound {
+    pub options: Vec<SplitOption>,
+    /// The recommended option's index in `options`.
+    pub best: Option<usize>,
+    pub notes: Vec<String>,
+    /// What the profile keeps (filled by [`report`]).
+    pub report: SplitReport,
+}
+
+fn flags(ngl: u32, split: &[u32], s: &Settings, threads: u32, rpc: &[String], op_offload: bool) -> String {
+    let f = crate::profile::Recommendation::llama_cpp_args(ngl, threads, s.n_ctx, 0, op_offload)
+        + &crate::profile::Recommendation::split_args(split);
+    crate::profile::Recommendation::with_rpc(rpc, f)
+}
+
+/// Prices, trims and measures the candidate splits; the whole-layer
+/// search's trials (llama.cpp's default split) are options too.
+///
+/// # Errors
+/// What the search's executor returns (an interrupt).
+pub fn split_stage(
+    search: &mut Search<'_>,
+    inp: &SplitInputs<'_>,
+    predict: &mut dyn FnMut(&[Vec<u32>]) -> Vec<Prediction>,
+) -> Result<SplitFound> {
+    let (devs, full) = (inp.devs, inp.full);
+    let n = u32::try_from(devs.len()).unwrap_or(1);
+    let even = proportional(full, &vec![full; devs.len()]);
+    let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
+    let probes = predict(&[even.clone(), half.clone()]);
+    let mut found = SplitFound::default();
+    if probes.len() < 2 || probes.iter().any(|p| p.error.is_some()) {
+        let why = probes.iter().find_map(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
+        found.notes.push(format!("the split across {n} devices was not tuned: llama.cpp's dry run failed ({why})"));
+        return Ok(found);
+    }
+    let cost = costs((&even, &parts(&probes[0], devs)), (&half, &parts(&probes[1], devs)));
+    let cap_at = |full_offload: bool| -> Vec<u32> {
+        cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, full_offload, full)).collect()
+    };
+    let mut todo = candidates(&cap_at(true), &cap_at(false), full);
+    // Priced exactly; a device over its cap gives up the layers its cost
+    // says it must (to the CPU), up to three times.
+    let mut priced: Vec<(String, Vec<u32>, Prediction)> = Vec::new();
+    for _round in 0..4 {
+        if todo.is_empty() {
+            break;
+        }
+        let splits: Vec<Vec<u32>> = todo.iter().map(|(_, s)| s.clone()).collect();
+        let answers = predict(&splits);
+        let mut next = Vec::new();
+        for ((label, split), p) in todo.into_iter().zip(answers) {
+            let bytes = per_device(&p, devs);
+            if p.error.is_none() && fits(&bytes, devs) {
+                if !priced.iter().any(|(_, s, _)| *s == split) {
+                    priced.push((label, split, p));
+                }
+                continue;
+            }
+            let mut trimmed = split.clone();
+            for (d, b) in bytes.iter().enumerate() {
+                if *b > devs[d].cap_bytes {
+                    trimmed[d] = trimmed[d].saturating_sub(cost[d].layers_for(*b - devs[d].cap_bytes));
+                }
+            }
+            if trimmed != split && trimmed.iter().sum::<u32>() > 0 {
+                next.push((label, trimmed));
+            }
+        }
+        todo = next;
+    }
+    search.predicted.extend(priced.iter().map(|(_, _, p)| p.clone()));
+    let s = search.settings();
+    let op_offload = inp.op_offload;
+    for (label, split, p) in &priced {
+        let ngl: u32 = split.iter().sum();
+        let c = Candidate { split: Split::new(split), ..Candidate::layers(ngl, inp.threads) };
+        let race = search.race();
+        let t = search.measure(Role::Split, c, Some(race))?;
+        found.options.push(option_of(label, split, per_device(p, devs), Some(t), devs, s, inp, op_offload));
+    }
+    // llama.cpp's default split at each ngl the search measured (ngl 0: every layer on the CPU).
+    let defaults: Vec<_> =
+        search.trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok).cloned().collect();
+    for t in &defaults {
+        let ngl = t.result.spec.n_gpu_layers;
+        let label = if ngl == 0 { "every layer on the CPU" } else { "llama.cpp's default split (by free memory)" };
+        let mut o = option_of(label, &[], Vec::new(), Some(t), devs, s, inp, op_offload);
+        o.n_gpu_layers = ngl;
+        o.predicted_bytes.clone_from(&o.accounted_bytes);
+        o.llama_cpp_args = flags(ngl, &[], s, t.result.spec.n_threads, inp.rpc, op_offload);
+        found.options.push(o);
+    }
+    choose(&mut found, s);
+    Ok(found)
+}
+
+/// What llama.cpp allocated on each device in a trial.
+#[must_use]
+pub fn accounted(r: &crate::types::TrialResult, devs: &[DeviceCap]) -> Vec<u64> {
+    let by = r.accounted_per_device();
+    devs.iter().map(|d| by.iter().find(|(n, _)| *n == d.buffer_type).map_or(0, |(_, b)| *b)).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn option_of(
+    label: &str,
+    split: &[u32],
+    predicted: Vec<u64>,
+    t: Option<&crate::profile::ProfileTrial>,
+    devs: &[DeviceCap],
+    s: &Settings,
+    inp: &SplitInputs<'_>,
+    op_offload: bool,
+) -> SplitOption {
+    let ok = t.filter(|t| t.result.status == TrialStatus::Ok);
+    let acc = ok.map(|t| accounted(&t.result, devs)).unwrap_or_default();
+    let ngl = split.iter().sum();
+    let fits = if acc.is_empty() { fits(&predicted, devs) } else { fits(&acc, devs) };
+    let note = match t {
+        Some(t) if t.result.status != TrialStatus::Ok => {
+            format!("{}: {}", t.result.status.as_str(), t.result.reason.clone().unwrap_or_default())
+        }
+        _ if !fits => "over a device's cap".to_string(),
+        _ => String::new(),
+    };
+    let threads = t.map_or(inp.threads, |t| t.result.spec.n_threads);
+    SplitOption {
+        label: label.to_string(),
+        n_gpu_layers: ngl,
+        tensor_split: split.to_vec(),
+        predicted_bytes: predicted,
+        accounted_bytes: acc,
+        measured: ok.is_some(),
+        tg_ts: ok.and_then(|t| t.result.test(false).map(|x| x.avg_ts)),
+        pp_ts: ok.and_then(|t| t.result.test(true).map(|x| x.avg_ts)),
+        fits,
+        recommended: false,
+        note,
+        llama_cpp_args: flags(ngl, split, s, threads, inp.rpc, op_offload),
+    }
+}
+
+/// Marks the fastest measured option under every cap (by the objective)
+/// and says how the others compare.
+pub fn choose(found: &mut SplitFound, s: &Settings) {
+    let score = |o: &SplitOption| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts);
+    let best = found
+        .options
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.measured && o.fits)
+        .filter_map(|(i, o)| score(o).map(|v| (i, v)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    found.best = best.map(|(i, _)| i);
+    let Some((bi, bv)) = best else {
+        found.notes.push("no measured split stays under every device's cap".into());
+        return;
+    };
+    for (i, o) in found.options.iter_mut().enumerate() {
+        o.recommended = i == bi;
+        if i != bi && o.note.is_empty() {
+            if let Some(v) = score(o) {
+                o.note = format!("{:+.0}% against the recommendation", (v / bv - 1.0) * 100.0);
+            }
+        }
+    }
+}
+
+/// Each device's share of the recommended option.
+#[must_use]
+pub fn shares(devs: &[DeviceCap], o: &SplitOption) -> Vec<DeviceShare> {
+    devs.iter()
+        .enumerate()
+        .map(|(i, d)| DeviceShare {
+            device: d.device.clone(),
+            buffer_type: d.buffer_type.clone(),
+            description: d.description.clone(),
+            cap_bytes: d.cap_bytes,
+            cap_reason: d.cap_reason.clone(),
+            layers: o.tensor_split.get(i).copied().unwrap_or(0),
+            predicted_bytes: o.predicted_bytes.get(i).copied(),
+            accounted_bytes: o.accounted_bytes.get(i).copied(),
+        })
+        .collect()
+}
+
+/// The margin per device that makes llama.cpp's fit stop at each cap:
+/// free memory less the cap.
+#[must_use]
+pub fn fit_margins(devs: &[DeviceCap], devices: &[LlamaDevice]) -> Vec<u64> {
+    devs.iter()
+        .map(|c| devices.iter().find(|d| d.name == c.device).map_or(0, |d| d.memory_free.saturating_sub(c.cap_bytes)))
+        .collect()
+}
+
+/// The stage as the profile keeps it.
+#[must_use]
+pub fn report(
+    devs: &[DeviceCap],
+    found: &SplitFound,
+    fit: Option<crate::engine::predict::LlamaFitSplit>,
+    servers: &[crate::rpc::RpcServer],
+) -> SplitReport {
+    let empty = SplitOption {
+        label: String::new(),
+        n_gpu_layers: 0,
+        tensor_split: Vec::new(),
+        predicted_bytes: Vec::new(),
+        accounted_bytes: Vec::new(),
+        measured: false,
+        tg_ts: None,
+        pp_ts: None,
+        fits: false,
+        recommended: false,
+        note: String::new(),
+        llama_cpp_args: String::new(),
+    };
+    let best = found.best.map_or(&empty, |i| &found.options[i]);
+    SplitReport {
+        devices: shares(devs, best),
+        options: found.options.clone(),
+        llama_fit: fit.map(|f| crate::profile::LlamaFitChoice {
+            n_gpu_layers: f.n_gpu_layers,
+            tensor_split: f.tensor_split,
+            error: f.error,
+        }),
+        rpc_links: servers
+            .iter()
+            .map(|r| crate::profile::RpcLink {
+                endpoint: r.endpoint.clone(),
+                protocol: r.protocol.clone(),
+                rtt_ms: r.rtt_ms,
+            })
+            .collect(),
+    }
+}
+
+/// The recommendation of a measured split. Ollama cannot use RPC servers
+/// and splits its GPUs itself: its `num_gpu` is the layers the local
+/// devices hold in this split.
+#[must_use]
+pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap], rpc: &[String]) -> Recommendation {
+    let mut r = base.clone();
+    r.n_gpu_layers = o.n_gpu_layers;
+    r.n_cpu_moe = 0;
+    r.n_cpu_ffn = 0;
+    r.kv_type = crate::types::KvType::F16;
+    r.ollama_server_env = Vec::new();
+    r.tensor_split.clone_from(&o.tensor_split);
+    // Every layer on the CPU needs no server.
+    r.rpc = if o.n_gpu_layers == 0 { Vec::new() } else { rpc.to_vec() };
+    r.tg_ts = o.tg_ts;
+    r.pp_ts = o.pp_ts;
+    #[allow(clippy::cast_precision_loss)]
+    let mem = o.accounted_bytes.iter().sum::<u64>() as f64;
+    r.mem_bytes = Some(mem);
+    r.measured = o.measured;
+    r.llama_cpp_args = r.flags();
+    let local: u32 = if o.tensor_split.is_empty() {
+        o.n_gpu_layers
+    } else {
+        o.tensor_split.iter().zip(devs).filter(|(_, d)| !d.buffer_type.starts_with("RPC")).map(|(l, _)| *l).sum()
+    };
+    let ollama = if r.rpc.is_empty() { o.n_gpu_layers } else { local };
+    r.ollama_num_gpu = (ollama != r.n_gpu_layers).then_some(ollama);
+    r.modelfile = Recommendation::modelfile_lines(ollama, r.n_threads, r.n_ctx);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(name: &str, backend: &str, desc: &str, kind: &str, total: u64) -> LlamaDevice {
+        LlamaDevice {
+            index: 0,
+            name: name.into(),
+            description: desc.into(),
+            backend: backend.into(),
+            kind: kind.into(),
+            memory_total: total,
+            memory_free: total,
+        }
+    }
+
+    fn caps(bytes: &[u64]) -> Vec<DeviceCap> {
+        bytes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| DeviceCap {
+                device: format!("D{i}"),
+                buffer_type: format!("D{i}"),
+                description: String::new(),
+                cap_bytes: *b,
+                cap_reason: String::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn devices_come_in_llama_cpps_order_with_their_buffer_types() {
+        let devices = vec![
+            dev("CPU", "CPU", "EPYC", "cpu", 1 << 34),
+            dev("CUDA0", "CUDA", "RTX 3060", "gpu", 12 << 30),
+            dev("RPC0", "RPC", "10.0.0.2:50052", "gpu", 8 << 30),
+            dev("RPC1", "RPC", "10.0.0.2:50052", "gpu", 8 << 30),
+            dev("RPC2", "RPC", "10.0.0.3:50052", "gpu", 24 << 30),
+        ];
+        let order: Vec<(String, String)> = offload_devices(&devices).into_iter().map(|(d, b)| (d.name, b)).collect();
+        let want = [
+            ("RPC0", "RPC0[10.0.0.2:50052]"),
+            ("RPC1", "RPC1[10.0.0.2:50052]"),
+            ("RPC2", "RPC0[10.0.0.3:50052]"),
+            ("CUDA0", "CUDA0"),
+        ];
+        assert_eq!(order, want.map(|(a, b)| (a.to_string(), b.to_string())));
+        let budgets = [
+            DeviceBudget { device: "10.0.0.3:50052".into(), bytes: 1 << 30 },
+            DeviceBudget { device: "CUDA0".into(), bytes: 64 << 30 },
+        ];
+        let c = device_caps(&devices, 0.5, Some(2 << 30), &budgets).unwrap();
+        let got: Vec<u64> = c.iter().map(|c| c.cap_bytes).collect();
+        assert_eq!(got, [2 << 30, 2 << 30, 1 << 30, 6 << 30], "the stricter of the budget and the target, per device");
+        let unknown = [DeviceBudget { device: "CUDA7".into(), bytes: 1 }];
+        let e = device_caps(&devices, 0.9, None, &unknown).unwrap_err().to_string();
+        assert!(e.contains("CUDA7") && e.contains("RPC0 (10.0.0.2:50052)"), "{e}");
+    }
+
+    #[test]
+    fn capacity_follows_cost_per_layer_and_fixed_cost() {
+        // Device 0: 10 MB a layer, compute 5 MB; device 1: 20 MB a layer, the
+        // output 10 MB, compute 20 MB at full offload and 8 MB at partial.
+        let mb = 1_000_000u64;
+        let at = |l: &[u32], full: bool| -> Vec<(u64, u64)> {
+            vec![
+                (u64::from(l[0]) * 10 * mb, 5 * mb),
+                (u64::from(l[1]) * 20 * mb + 10 * mb, if full { 20 * mb } else { 8 * mb }),
+            ]
+        };
+        let d = caps(&[105 * mb, 250 * mb]);
+        let (a, b) = (vec![21, 20], vec![10, 10]);
+        let c = costs((&a, &at(&a, true)), (&b, &at(&b, false)));
+        assert_eq!(c[1], DeviceCost { per_layer: 20e6, fixed_full: 30e6, fixed_partial: 18e6 });
+        let full: Vec<u32> = c.iter().zip(&d).map(|(c, d)| c.capacity(d.cap_bytes, true, 41)).collect();
+        let partial: Vec<u32> = c.iter().zip(&d).map(|(c, d)| c.capacity(d.cap_bytes, false, 41)).collect();
+        assert_eq!((full.clone(), partial.clone()), (vec![10, 11], vec![10, 11]));
+        assert_eq!(c[1].layers_for(1), 1);
+        assert_eq!(c[1].layers_for(41 * mb), 3);
+        let cands = candidates(&full, &partial, 41);
+        assert_eq!(cands, [("every device at its capacity, the rest on the CPU".to_string(), vec![10, 11])]);
+        let wide = candidates(&[30, 20], &[30, 20], 41);
+        let splits: Vec<Vec<u32>> = wide.iter().map(|(_, s)| s.clone()).collect();
+        assert_eq!(splits, [vec![25, 16], vec![30, 11], vec![21, 20]]);
+        for s in &splits {
+            assert_eq!(s.iter().sum::<u32>(), 41);
+        }
+        let most = candidates(&[20, 20], &[30, 30], 41);
+        assert_eq!(most[0].1.iter().sum::<u32>(), 40, "the CPU keeps a layer when not everything fits");
+    }
+
+    #[test]
+    fn proportions_never_exceed_a_devices_capacity() {
+        assert_eq!(proportional(41, &[41, 41]), [21, 20]);
+        assert_eq!(proportional(10, &[1, 100]), [0, 10]);
+        assert_eq!(proportional(5, &[0, 0]), [0, 0]);
+        assert_eq!(fill(41, &[30, 20], &[1, 0]), [21, 20]);
+    }
+
+    #[test]
+    fn the_fastest_split_under_every_cap_is_recommended() {
+        let s = crate::tune::worlds::settings();
+        let o = |tg: f64, fits: bool, measured: bool| SplitOption {
+            label: "x".into(),
+            n_gpu_layers: 41,
+            tensor_split: vec![20, 21],
+            predicted_bytes: vec![1, 1],
+            accounted_bytes: vec![],
+            measured,
+            tg_ts: Some(tg),
+            pp_ts: Some(tg * 10.0),
+            fits,
+            recommended: false,
+            note: String::new(),
+            llama_cpp_args: String::new(),
+        };
+        let mut f = SplitFound {
+            options: vec![o(9.0, true, true), o(12.0, false, true), o(10.0, true, true)],
+            ..SplitFound::default()
+        };
+        choose(&mut f, &s);
+        assert_eq!(f.best, Some(2), "the faster one over a cap is not eligible");
+        assert!(f.options[2].recommended && !f.options[1].recommended);
+        assert_eq!(f.options[0].note, "-10% against the recommendation");
+        let mut none = SplitFound { options: vec![o(9.0, false, true), o(20.0, true, false)], ..SplitFound::default() };
+        choose(&mut none, &s);
+        assert_eq!(none.best, None);
+        assert!(none.notes[0].contains("no measured split"));
+    }
+}

@@ -1,0 +1,276 @@
+//! Several devices over llama.cpp's RPC protocol: two `ngl-tune
+//! rpc-server` processes on localhost (the CPU backend each) and a
+//! synthetic 40-layer model. Outcomes asserted are ones no noise can flip:
+//! what fits each device's cap, what the dry run predicted against what
+//! llama.cpp allocated, that the flags load and run, which trials were
+//! kept when a server died, and what bad input says.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// An `ngl-tune rpc-server` on a free localhost port, killed when dropped.
+struct Server {
+    child: Child,
+    endpoint: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = free_port();
+        let child = Command::new(BIN)
+            .args(["rpc-server", "--port", &port.to_string(), "-t", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let endpoint = format!("127.0.0.1:{port}");
+        let s = Server { child, endpoint };
+        let t = Instant::now();
+        // Ready when the handshake answers (the probe closes its connection).
+        while ngl_tune::rpc::probe(&s.endpoint).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(20), "rpc-server on {} did not start", s.endpoint);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// 40 layers of 256 wide F32 weights: about 2.6 MiB of weights a layer.
+fn model(dir: &Path) -> PathBuf {
+    let p = dir.join("synth-40L.gguf");
+    let spec = ngl_tune::synth::SynthSpec::default().with_n_layer(40).with_dims(256, 512, 2);
+    ngl_tune::synth::write_model(&p, &spec).unwrap();
+    p
+}
+
+const MIB: u64 = 1 << 20;
+/// Caps that force a split: neither device takes all 41 layers (~112 MiB at 1k context), both together not either.
+const CAPS: [u64; 2] = [40 * MIB, 50 * MIB];
+
+fn u64s(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array().map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect()).unwrap_or_default()
+}
+
+#[test]
+fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let (a, b) = (Server::start(), Server::start());
+    let rpc = format!("{},{}", a.endpoint, b.endpoint);
+    let store = dir.path().join("store");
+    let budget = format!("RPC0={}MiB,{}={}MiB", CAPS[0] / MIB, b.endpoint, CAPS[1] / MIB);
+    let args = [m.to_str().unwrap(), "--rpc", &rpc, "--vram-budget", &budget, "-c", "1024", "-p", "16", "-n", "8"];
+    let o = run(&[&args[..], &["-r", "2", "-t", "2", "--profiles", store.to_str().unwrap(), "-q", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    assert_eq!(p["hardware"]["rpc_servers"].as_array().unwrap().len(), 2);
+    let split = &p["placements"].as_array().unwrap().last().unwrap()["split"];
+    let devices = split["devices"].as_array().unwrap();
+    let caps: Vec<u64> = devices.iter().map(|d| d["cap_bytes"].as_u64().unwrap()).collect();
+    assert_eq!(caps, CAPS, "one cap per device, named by llama.cpp's name and by endpoint");
+    assert_eq!(devices[1]["buffer_type"], format!("RPC0[{}]", b.endpoint));
+
+    let options = split["options"].as_array().unwrap();
+    let measured: Vec<&serde_json::Value> =
+        options.iter().filter(|o| o["measured"] == true && !u64s(&o["tensor_split"]).is_empty()).collect();
+    assert!(!measured.is_empty(), "a split was measured: {options:?}");
+    for o in &measured {
+        let (pred, acc) = (u64s(&o["predicted_bytes"]), u64s(&o["accounted_bytes"]));
+        assert_eq!(acc.len(), 2, "{o}");
+        for d in 0..2 {
+            assert!(acc[d] <= CAPS[d], "device {d} over its cap: {o}");
+            #[allow(clippy::cast_precision_loss)]
+            let err = (pred[d] as f64 - acc[d] as f64).abs() / acc[d] as f64;
+            assert!(err <= 0.02, "the dry run is within 2% on device {d}: {o}");
+        }
+        let ts = u64s(&o["tensor_split"]);
+        assert_eq!(ts.iter().sum::<u64>(), o["n_gpu_layers"].as_u64().unwrap());
+        assert!(ts.iter().all(|l| *l > 0), "both devices hold layers: {o}");
+        // The flags load and run in llama.cpp, with each device under its cap.
+        let flags = o["llama_cpp_args"].as_str().unwrap();
+        assert!(flags.starts_with(&format!("--rpc {rpc} ")) && flags.contains(" -sm layer -ts "), "{flags}");
+        let out =
+            run(&["bench", m.to_str().unwrap(), "--llama-args", flags, "-p", "8", "-n", "4", "-r", "1", "-o", "json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let rows: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        for row in rows.as_array().unwrap() {
+            assert_eq!(row["status"], "ok", "{row}");
+            let by = row["accounted_bytes_by_device"].as_object().unwrap();
+            for (d, s) in [&a, &b].iter().enumerate() {
+                let bytes = by[&format!("RPC0[{}]", s.endpoint)].as_u64().unwrap();
+                assert!(bytes <= CAPS[d], "{row}");
+            }
+        }
+    }
+    // The recommendation satisfies every cap, by what llama.cpp allocated.
+    let best: Vec<&serde_json::Value> = options.iter().filter(|o| o["recommended"] == true).collect();
+    assert_eq!(best.len(), 1, "{options:?}");
+    let acc = u64s(&best[0]["accounted_bytes"]);
+    assert!(acc.iter().zip(CAPS).all(|(a, c)| *a <= c), "{}", best[0]);
+    assert_eq!(best[0]["fits"], true);
+    let r = &p["recommendation"];
+    assert_eq!(r["n_gpu_layers"], best[0]["n_gpu_layers"]);
+    assert!(split["llama_fit"]["n_gpu_layers"].is_i64(), "llama.cpp's fit is shown beside: {split}");
+    assert_eq!(split["rpc_links"].as_array().unwrap().len(), 2);
+    // llama.cpp's default split at a measured ngl, where it breaks a cap, is not recommended.
+    for o in options.iter().filter(|o| o["fits"] == false) {
+        assert_eq!(o["recommended"], false, "{o}");
+    }
+}
+
+/// Lines of a child's stderr, read on a thread, with a way to wait for one.
+struct Lines(std::sync::mpsc::Receiver<String>);
+
+impl Lines {
+    fn of(child: &mut Child) -> Lines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Lines(rx)
+    }
+
+    fn wait_for(&self, prefix: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Ok(l) = self.0.recv_timeout(Duration::from_secs(120)) {
+            let hit = l.starts_with(prefix);
+            seen.push(l);
+            if hit {
+                return seen;
+            }
+        }
+        panic!("no '{prefix}' line: {seen:?}");
+    }
+}
+
+#[test]
+fn a_server_that_dies_mid_sweep_loses_no_finished_trial() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let (a, mut b) = (Server::start(), Server::start());
+    let rpc = format!("{},{}", a.endpoint, b.endpoint);
+
+    // bench: the rows after the death fail naming the server; the first is kept.
+    let mut child = Command::new(BIN)
+        .args(["bench", m.to_str().unwrap(), "--rpc", &rpc, "-ngl", "41,41,41", "-p", "16", "-n", "8", "-r", "2"])
+        .args(["-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut child);
+    lines.wait_for("trial 1/3");
+    b.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "two of three rows failed, not all: {:?}", out.status);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows[0]["status"], "ok", "the finished trial is kept");
+    let last = rows.last().unwrap();
+    assert_ne!(last["status"], "ok");
+    assert!(last["reason"].as_str().unwrap().contains(&b.endpoint), "the dead server is named: {last}");
+
+    // tune: the same death after its first trial; the finished trials are in the profile.
+    let b2 = Server::start();
+    let rpc = format!("{},{}", a.endpoint, b2.endpoint);
+    let mut b2 = b2;
+    let store = dir.path().join("store");
+    let mut child = Command::new(BIN)
+        .args([m.to_str().unwrap(), "--rpc", &rpc, "--vram-budget", "RPC0=40MiB,RPC1=50MiB", "-c", "1024"])
+        .args(["-p", "16", "-n", "8", "-r", "2", "-t", "2", "--profiles", store.to_str().unwrap(), "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut child);
+    let first = lines.wait_for("trial 1/");
+    b2.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{first:?} {}", String::from_utf8_lossy(&out.stdout));
+    let p: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let trials = p["trials"].as_array().unwrap();
+    let offloaded =
+        trials.iter().find(|t| t["spec"]["n_gpu_layers"].as_u64() > Some(0)).expect("the first trial offloaded");
+    assert_eq!(offloaded["status"], "ok", "measured before the server died, and kept: {offloaded}");
+    let notes: Vec<&str> = p["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(notes.iter().any(|n| n.contains(&b2.endpoint) && n.contains("unreachable")), "{notes:?}");
+    assert!(profiles_in(&store).len() == 1 && checkpoints_in(&store).is_empty());
+}
+
+#[test]
+fn an_unreachable_or_foreign_server_is_one_line_and_nothing_is_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 4);
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let closed = format!("127.0.0.1:{}", free_port());
+    for args in [
+        vec![m.to_str().unwrap(), "--rpc", &closed, "--profiles", store.to_str().unwrap()],
+        vec!["bench", m.to_str().unwrap(), "--rpc", &closed],
+        vec!["bench", m.to_str().unwrap(), "--llama-args", &format!("--rpc {closed} -ngl 99")],
+        vec!["hw", "--rpc", &closed],
+    ] {
+        let o = run(&args);
+        assert_bad_input(&o, &format!("RPC server {closed} is unreachable"));
+    }
+    assert!(std::fs::read_dir(&store).unwrap().next().is_none(), "nothing written");
+    assert_bad_input(&run(&["bench", m.to_str().unwrap(), "--rpc", "nohost"]), "is not host:port");
+    // A budget that names no device is refused before anything is measured.
+    let a = Server::start();
+    let o = run(&[
+        m.to_str().unwrap(),
+        "--rpc",
+        &a.endpoint,
+        "--vram-budget",
+        "CUDA3=1GiB",
+        "--profiles",
+        store.to_str().unwrap(),
+    ]);
+    assert_bad_input(&o, "no offload device is called CUDA3");
+    assert!(std::fs::read_dir(&store).unwrap().next().is_none(), "nothing written");
+}
+
+#[test]
+fn a_server_beyond_localhost_says_it_has_no_authentication() {
+    let port = free_port().to_string();
+    let mut child = Command::new(BIN)
+        .args(["rpc-server", "--host", "0.0.0.0", "--port", &port, "-t", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut child);
+    let first = lines.wait_for("warning:");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(first.last().unwrap().contains("no authentication"), "{first:?}");
+    let help = stdout(&run(&["rpc-server", "--help"]));
+    assert!(help.contains("no authentication"), "{help}");
+}
