@@ -220,67 +220,9 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
     let time = crate::clock::now_rfc3339();
     let mut out = Vec::new();
     for r in results {
-        let s = &r.spec;
-        let sampled = r.sampled_devices();
-        let peak = sampled.iter().max_by_key(|m| m.peak_used);
-        let base = Row {
-            build_commit: LLAMA_CPP_REVISION.to_string(),
-            build_number: 0,
-            cpu_info: cpu.clone(),
-            gpu_info: gpu_info.to_string(),
-            backends: backends.clone(),
-            model_filename: s.model.display().to_string(),
-            model_type: model.model_type(),
-            model_size: model.file_size,
-            model_n_params: model.n_params,
-            n_batch: s.n_batch,
-            n_ubatch: s.n_ubatch,
-            n_threads: s.n_threads,
-            type_k: s.kv_type.as_str(),
-            type_v: s.kv_type.as_str(),
-            n_gpu_layers: s.n_gpu_layers,
-            n_cpu_moe: s.n_cpu_moe,
-            split_mode: "layer",
-            main_gpu: s.main_gpu,
-            tensor_split: if s.tensor_split.is_empty() {
-                "0.00".to_string()
-            } else {
-                s.tensor_split.iter().map(|l| format!("{l}.00")).collect::<Vec<_>>().join("/")
-            },
-            rpc: s.rpc.join(","),
-            flash_attn: r.flash_attn,
-            use_mmap: true,
-            embeddings: false,
-            n_prompt: 0,
-            n_gen: 0,
-            n_depth: 0,
-            n_ctx: 0,
-            test_time: time.clone(),
-            avg_ns: None,
-            stddev_ns: None,
-            avg_ts: None,
-            stddev_ts: None,
-            samples_ns: Vec::new(),
-            samples_ts: Vec::new(),
-            status: r.status.as_str(),
-            reason: r.reason.clone(),
-            layers_offloaded: r.layers_offloaded,
-            layers_total: r.layers_total,
-            accounted_device_bytes: r.accounted_device_bytes(),
-            accounted_bytes_by_device: r.accounted_per_device().into_iter().collect(),
-            model_device_bytes: r.device_model_bytes(),
-            memory_source: peak.map_or(crate::types::Source::Accounted, |m| m.source),
-            sampled_peak_device_bytes: peak.map(|m| m.peak_used),
-            sampled_device_total_bytes: peak.map(|m| m.total),
-            sampled_device_share: peak.map(|m| m.peak_share()),
-            sampled_peak_pid_bytes: peak.and_then(|m| m.peak_pid_used),
-            peak_host_rss_bytes: r.peak_host_rss(),
-            no_op_offload: u8::from(s.op_offload == crate::types::OpOffload::Off),
-            others_cpu_cores: r.contention.as_ref().map(|c| c.others_cores_mean),
-            contended: r.contended(),
-        };
+        let base = base_row(model, r, (&cpu, gpu_info, &backends, &time));
         if r.tests.is_empty() {
-            for (p, g) in s.tests() {
+            for (p, g) in r.spec.tests() {
                 out.push(Row { n_prompt: p, n_gen: g, ..base.clone() });
             }
             continue;
@@ -301,6 +243,74 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
         }
     }
     out
+}
+
+/// The row of a trial before its tests: `ctx` is (cpu, gpu, backends, time).
+fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -> Row {
+    let (cpu, gpu_info, backends, time) = ctx;
+    let s = &r.spec;
+    let sampled = r.sampled_devices();
+    let peak = sampled.iter().max_by_key(|m| m.peak_used);
+    Row {
+        build_commit: LLAMA_CPP_REVISION.to_string(),
+        build_number: 0,
+        cpu_info: cpu.to_string(),
+        gpu_info: gpu_info.to_string(),
+        backends: backends.to_string(),
+        model_filename: s.model.display().to_string(),
+        model_type: model.model_type(),
+        model_size: model.file_size,
+        model_n_params: model.n_params,
+        n_batch: s.n_batch,
+        n_ubatch: s.n_ubatch,
+        n_threads: s.n_threads,
+        type_k: s.kv_type.as_str(),
+        type_v: s.kv_type.as_str(),
+        n_gpu_layers: s.n_gpu_layers,
+        n_cpu_moe: s.n_cpu_moe,
+        split_mode: "layer",
+        main_gpu: s.main_gpu,
+        tensor_split: tensor_split_field(&s.tensor_split),
+        rpc: s.rpc.join(","),
+        flash_attn: r.flash_attn,
+        use_mmap: true,
+        embeddings: false,
+        n_prompt: 0,
+        n_gen: 0,
+        n_depth: 0,
+        n_ctx: 0,
+        test_time: time.to_string(),
+        avg_ns: None,
+        stddev_ns: None,
+        avg_ts: None,
+        stddev_ts: None,
+        samples_ns: Vec::new(),
+        samples_ts: Vec::new(),
+        status: r.status.as_str(),
+        reason: r.reason.clone(),
+        layers_offloaded: r.layers_offloaded,
+        layers_total: r.layers_total,
+        accounted_device_bytes: r.accounted_device_bytes(),
+        accounted_bytes_by_device: r.accounted_per_device().into_iter().collect(),
+        model_device_bytes: r.device_model_bytes(),
+        memory_source: peak.map_or(crate::types::Source::Accounted, |m| m.source),
+        sampled_peak_device_bytes: peak.map(|m| m.peak_used),
+        sampled_device_total_bytes: peak.map(|m| m.total),
+        sampled_device_share: peak.map(|m| m.peak_share()),
+        sampled_peak_pid_bytes: peak.and_then(|m| m.peak_pid_used),
+        peak_host_rss_bytes: r.peak_host_rss(),
+        no_op_offload: u8::from(s.op_offload == crate::types::OpOffload::Off),
+        others_cpu_cores: r.contention.as_ref().map(|c| c.others_cores_mean),
+        contended: r.contended(),
+    }
+}
+
+/// llama-bench's `tensor_split` field: "10.00/31.00", "0.00" for none.
+fn tensor_split_field(split: &[u32]) -> String {
+    if split.is_empty() {
+        return "0.00".to_string();
+    }
+    split.iter().map(|l| format!("{l}.00")).collect::<Vec<_>>().join("/")
 }
 
 fn test_name(r: &Row) -> String {

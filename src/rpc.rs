@@ -15,7 +15,6 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
 
 use crate::error::bad;
 
@@ -53,25 +52,7 @@ fn version(v: (u8, u8, u8)) -> String {
     format!("{}.{}.{}", v.0, v.1, v.2)
 }
 
-/// One device of an RPC server.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RpcDevice {
-    /// The server's device index (the `N` of llama.cpp's `RPC<N>[host:port]` buffers is a client-wide count).
-    pub index: u32,
-    pub memory_total: u64,
-    pub memory_free: u64,
-}
-
-/// What one server answered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RpcServer {
-    pub endpoint: String,
-    /// Its RPC protocol version ("7.0.0").
-    pub protocol: String,
-    pub devices: Vec<RpcDevice>,
-    /// Median round trip of a small request, in milliseconds.
-    pub rtt_ms: f64,
-}
+pub use crate::types::{RpcDevice, RpcServer};
 
 /// Splits "host:port" as ggml-rpc does (at the first ':').
 ///

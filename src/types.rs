@@ -696,7 +696,7 @@ pub struct Hardware {
     /// llama.cpp RPC servers whose devices join this machine's (`--rpc`),
     /// as they answered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rpc_servers: Vec<crate::rpc::RpcServer>,
+    pub rpc_servers: Vec<RpcServer>,
     /// Short hash of what changes a tuning answer.
     pub fingerprint: String,
     /// Plain-words notes about missing or untrustworthy sources.
@@ -876,4 +876,24 @@ pub struct Quality {
     pub tokens: u32,
     /// What it was compared with ("f16 KV cache", a model file).
     pub reference: String,
+}
+
+/// One device of an RPC server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RpcDevice {
+    /// The server's device index (the `N` of llama.cpp's `RPC<N>[host:port]` buffers is a client-wide count).
+    pub index: u32,
+    pub memory_total: u64,
+    pub memory_free: u64,
+}
+
+/// What one server answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcServer {
+    pub endpoint: String,
+    /// Its RPC protocol version ("7.0.0").
+    pub protocol: String,
+    pub devices: Vec<RpcDevice>,
+    /// Median round trip of a small request, in milliseconds.
+    pub rtt_ms: f64,
 }

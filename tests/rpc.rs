@@ -274,3 +274,44 @@ fn a_server_beyond_localhost_says_it_has_no_authentication() {
     let help = stdout(&run(&["rpc-server", "--help"]));
     assert!(help.contains("no authentication"), "{help}");
 }
+
+#[test]
+fn a_changed_or_gone_remote_device_makes_a_profile_stale_with_the_reason() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 4);
+    let mut a = Server::start();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let o = run(&[
+        m.to_str().unwrap(),
+        "--rpc",
+        &a.endpoint,
+        "-c",
+        "256",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--profiles",
+        s,
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let path = profiles_in(&store).pop().unwrap();
+    let fresh = run(&["reprofile", "--profiles", s, "--dry-run"]);
+    assert!(stdout(&fresh).contains("fresh"), "same servers, same devices: {}", stdout(&fresh));
+    // The profile was made when the server had another device.
+    let mut p = read_json(&path);
+    p["hardware"]["rpc_servers"][0]["devices"][0]["memory_total"] = 8_589_934_592u64.into();
+    p["fingerprint"] = "0000000000000000".into();
+    std::fs::write(&path, serde_json::to_string(&p).unwrap()).unwrap();
+    let stale = stdout(&run(&["reprofile", "--profiles", s, "--dry-run"]));
+    assert!(stale.contains(&format!("RPC server {} devices changed", a.endpoint)), "{stale}");
+    a.kill();
+    let gone = run(&["reprofile", "--profiles", s, "--dry-run", "--json"]);
+    let text = stdout(&gone);
+    assert!(text.contains(&a.endpoint) && text.contains("unreachable"), "{text}");
+}

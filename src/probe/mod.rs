@@ -439,8 +439,8 @@ mod tests {
         rev.llama_cpp_revision = "r2".into();
         assert_ne!(fingerprint(&rev), base);
         let mut remote = hw();
-        let dev = crate::rpc::RpcDevice { index: 0, memory_total: 8 << 30, memory_free: 1 };
-        let server = crate::rpc::RpcServer {
+        let dev = crate::types::RpcDevice { index: 0, memory_total: 8 << 30, memory_free: 1 };
+        let server = crate::types::RpcServer {
             endpoint: "10.0.0.2:50052".into(),
             protocol: "7.0.0".into(),
             devices: vec![dev],
