@@ -95,7 +95,7 @@ fn fresh_is_skipped_fast_and_a_driver_change_is_retuned_with_its_reason() {
 }
 
 #[test]
-fn a_previous_profile_20_percent_faster_is_a_regression_and_noise_is_not() {
+fn a_previous_profile_half_again_faster_is_a_regression_and_noise_is_not() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_store(dir.path());
@@ -110,9 +110,11 @@ fn a_previous_profile_20_percent_faster_is_a_regression_and_noise_is_not() {
     let cmp = s["entries"][0]["drift"]["comparisons"].as_array().unwrap();
     assert!(cmp.len() >= 2, "every setting measured in both is compared: {cmp:?}");
 
-    // The previous profile claims 20% more speed than this machine gives: a regression, exit 3.
-    edit(&p, |v| claim_faster(v, 1.2));
-    // The default threshold (5%): the claimed 20% is far beyond it and the noise.
+    // The previous profile claims 50% more speed than this machine gives: a regression, exit 3.
+    // (20% was once within what two runs on this 2-core machine differ by
+    // when a test beside them starts: a verdict noise could flip.)
+    edit(&p, |v| claim_faster(v, 1.5));
+    // The default threshold (5%): the claimed 50% is far beyond it and the noise.
     let o = reprofile(&store, &["--max-age", "0s", "--drift-threshold", "0.05"]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(3), "{out}");

@@ -158,6 +158,10 @@ pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::t
     if s.n_cpu_moe > 0 {
         let _ = write!(setting, " --n-cpu-moe {}", s.n_cpu_moe);
     }
+    if !s.tensor_split.is_empty() {
+        let ts: Vec<String> = s.tensor_split.iter().map(u32::to_string).collect();
+        let _ = write!(setting, " -ts {}", ts.join(","));
+    }
     let mut what: Vec<String> = r.tests.iter().map(|t| format!("{} {:.2} t/s", t.name(), t.avg_ts)).collect();
     if r.status != TrialStatus::Ok {
         what.push(format!("{}{}", r.status.as_str(), r.reason.as_deref().map_or(String::new(), |w| format!(" ({w})"))));

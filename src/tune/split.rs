@@ -640,4 +640,97 @@ mod tests {
         assert_eq!(none.best, None);
         assert!(none.notes[0].contains("no measured split"));
     }
+
+    /// Two devices "D0" and "D1": 10 MB a layer on either; D0's compute
+    /// buffer 5 MB; D1 holds the output (10 MB) and a compute buffer of
+    /// 20 MB at full offload, 8 MB at partial. `extra_d1` is what the dry
+    /// run adds on D1 beyond that line (a cost the two probes missed).
+    fn split_prediction(split: &[u32], extra_d1: u64) -> Prediction {
+        let mb = 1_000_000u64;
+        let full = split.iter().sum::<u32>() == 21;
+        let buf = |name: &str, model: u64, compute: u64| crate::engine::predict::PredictedBuffer {
+            buffer_type: name.into(),
+            is_host: false,
+            model,
+            context: 0,
+            compute,
+        };
+        let d1_extra = if split[1] >= 12 { extra_d1 } else { 0 };
+        Prediction {
+            n_gpu_layers: split.iter().sum(),
+            device_bytes: 0,
+            device_model_bytes: 0,
+            buffers: vec![
+                buf("D0", u64::from(split[0]) * 10 * mb, 5 * mb),
+                buf("D1", u64::from(split[1]) * 10 * mb + 10 * mb + d1_extra, if full { 20 * mb } else { 8 * mb }),
+            ],
+            error: None,
+            case: None,
+            split: split.to_vec(),
+        }
+    }
+
+    /// Measures what the dry run priced: per-device buffers as predicted,
+    /// tg faster the more layers D1 holds.
+    struct SplitWorld {
+        extra_d1: u64,
+        measured: Vec<Vec<u32>>,
+    }
+
+    impl crate::tune::executor::TrialExecutor for SplitWorld {
+        fn measure(&mut self, c: Candidate, race: Option<crate::types::Race>) -> Result<crate::types::TrialResult> {
+            use crate::types::{BufferLine, TestResult, TrialResult};
+            let split = c.split.layers();
+            self.measured.push(split.clone());
+            let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), c, race);
+            let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
+            r.reason = None;
+            for b in split_prediction(&split, self.extra_d1).buffers {
+                let bytes = b.model + b.compute;
+                r.model_buffers.push(BufferLine { buffer_type: b.buffer_type, kind: "model".into(), bytes });
+            }
+            let tg = 50.0 + f64::from(split[1]);
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let ns = (16.0 / tg * 1e9) as u64;
+            r.tests.push(TestResult::from_samples(0, 16, 256, vec![ns; 2]));
+            r.tests.push(TestResult::from_samples(64, 0, 256, vec![ns / 10; 2]));
+            Ok(r)
+        }
+    }
+
+    fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
+        let s = crate::tune::worlds::settings();
+        let mut world = SplitWorld { extra_d1, measured: Vec::new() };
+        let progress = crate::tune::search::Progress::new(false, false, 0);
+        let policy = crate::tune::worlds::policy(255e6);
+        let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
+        let mb = 1_000_000u64;
+        let devs = caps(&[105 * mb, 150 * mb]);
+        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true };
+        let mut priced = Vec::new();
+        let mut predict = |splits: &[Vec<u32>]| {
+            priced.extend(splits.iter().cloned());
+            splits.iter().map(|s| split_prediction(s, extra_d1)).collect()
+        };
+        let found = split_stage(&mut search, &inp, &mut predict).unwrap();
+        drop(search);
+        (found, world.measured)
+    }
+
+    #[test]
+    fn the_split_stage_prices_trims_and_measures_only_what_fits_every_cap() {
+        // Capacities at full offload: D0 (105 - 5) / 10 = 10, D1 (150 - 30) / 10 = 12.
+        let (found, measured) = split_world(0);
+        assert_eq!(measured, [vec![10, 11], vec![9, 12]], "in proportion, then D1 filled first");
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!(best.tensor_split, [9, 12], "D1 is faster here");
+        assert!(found.options.iter().all(|o| o.fits && o.measured));
+        assert_eq!(best.accounted_bytes, best.predicted_bytes);
+        // D1 costs 25 MB more at 12 layers than the probes said: [9, 12]
+        // is over its cap, loses the layers that covers, and is measured as [9, 9].
+        let (found, measured) = split_world(25_000_000);
+        assert_eq!(measured, [vec![10, 11], vec![9, 9]], "trimmed, never measured over the cap");
+        assert!(found.options.iter().all(|o| o.fits));
+        assert_eq!(found.options[found.best.unwrap()].tensor_split, [10, 11]);
+    }
 }
