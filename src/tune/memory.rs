@@ -154,20 +154,7 @@ pub fn predict(
     #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let margin =
         policy.device_total_bytes.map(|t| (t as f64 - policy.baseline_bytes as f64 - policy.cap_bytes).max(0.0) as u64);
-    let spec = PredictSpec {
-        model: info.path.clone(),
-        ngl: grid.to_vec(),
-        n_ctx: s.n_ctx,
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
-        flash_attn: s.flash_attn,
-        op_offload,
-        fit_margin_bytes: margin,
-        cases: Vec::new(),
-        splits: Vec::new(),
-        rpc: s.rpc.clone(),
-        fit_split_margins: Vec::new(),
-    };
+    let spec = PredictSpec { ngl: grid.to_vec(), fit_margin_bytes: margin, ..super::predict_spec(info, s, op_offload) };
     match predict_in_child(exe, &spec) {
         Ok(out) => {
             #[allow(clippy::cast_precision_loss)]

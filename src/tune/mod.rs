@@ -275,24 +275,33 @@ fn tune_context(
     Ok((o, checkpoint))
 }
 
-/// The split across several devices at the search's context, priced by
-/// the dry run in a child (with llama.cpp's own fit for the same caps).
-fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
-    use crate::engine::predict::{predict_in_child, PredictSpec};
-    let info = &sh.opts.info;
-    let spec = |splits: Vec<Vec<u32>>, margins: Vec<u64>| PredictSpec {
+/// A dry run of the settings' workload that prices nothing yet.
+fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engine::predict::PredictSpec {
+    crate::engine::predict::PredictSpec {
         model: info.path.clone(),
         ngl: Vec::new(),
         n_ctx: s.n_ctx,
         n_batch: s.n_batch,
         n_ubatch: s.n_ubatch,
         flash_attn: s.flash_attn,
-        op_offload: sh.op_offload,
+        op_offload,
         fit_margin_bytes: None,
         cases: Vec::new(),
-        splits,
+        splits: Vec::new(),
         rpc: s.rpc.clone(),
-        fit_split_margins: margins,
+        fit_split_margins: Vec::new(),
+    }
+}
+
+/// The split across several devices at the search's context, priced by
+/// the dry run in a child (with llama.cpp's own fit for the same caps).
+fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
+    use crate::engine::predict::{predict_in_child, PredictSpec};
+    let info = &sh.opts.info;
+    let spec = |splits: Vec<Vec<u32>>, fit_split_margins: Vec<u64>| PredictSpec {
+        splits,
+        fit_split_margins,
+        ..predict_spec(info, s, sh.op_offload)
     };
     let mut predict = |splits: &[Vec<u32>]| {
         predict_in_child(&sh.exe, &spec(splits.to_vec(), Vec::new())).map(|o| o.splits).unwrap_or_default()
@@ -341,20 +350,7 @@ fn hatches(
         grid: plan.full_grid.clone(),
     };
     let mut predict = |cases: &[crate::engine::predict::PredictCase]| {
-        let spec = PredictSpec {
-            model: info.path.clone(),
-            ngl: Vec::new(),
-            n_ctx: s.n_ctx,
-            n_batch: s.n_batch,
-            n_ubatch: s.n_ubatch,
-            flash_attn: s.flash_attn,
-            op_offload: sh.op_offload,
-            fit_margin_bytes: None,
-            cases: cases.to_vec(),
-            splits: Vec::new(),
-            rpc: s.rpc.clone(),
-            fit_split_margins: Vec::new(),
-        };
+        let spec = PredictSpec { cases: cases.to_vec(), ..predict_spec(info, s, sh.op_offload) };
         predict_in_child(&sh.exe, &spec).map(|o| o.cases).unwrap_or_default()
     };
     // Quality does not depend on where the layers run: score at the fastest measured split.
