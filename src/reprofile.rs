@@ -227,12 +227,12 @@ pub struct Drift {
 }
 
 /// What identifies a measured placement across profiles: layers, threads,
-/// context, KV cache type, FFN and expert overrides.
-type Key = (u32, u32, Option<u32>, crate::types::KvType, u32, u32);
+/// context, KV cache type, FFN and expert overrides, layers per device.
+type Key = (u32, u32, Option<u32>, crate::types::KvType, u32, u32, Vec<u32>);
 
 fn key(t: &ProfileTrial) -> Key {
     let s = &t.result.spec;
-    (s.n_gpu_layers, s.n_threads, s.n_ctx, s.kv_type, s.n_cpu_ffn, s.n_cpu_moe)
+    (s.n_gpu_layers, s.n_threads, s.n_ctx, s.kv_type, s.n_cpu_ffn, s.n_cpu_moe, s.tensor_split.clone())
 }
 
 /// The placement beside layers, in words (empty for a whole-layer split).
@@ -246,6 +246,10 @@ fn placement_words(s: &crate::types::TrialSpec) -> String {
     }
     if s.n_cpu_moe > 0 {
         v.push(format!("experts of {} layers on CPU", s.n_cpu_moe));
+    }
+    if !s.tensor_split.is_empty() {
+        let ts: Vec<String> = s.tensor_split.iter().map(u32::to_string).collect();
+        v.push(format!("-ts {}", ts.join(",")));
     }
     v.join(", ")
 }
@@ -782,5 +786,23 @@ mod tests {
         assert_eq!(d.placements_changed[0].0, 32768);
         assert!(d.placements_changed[0].2.contains("-ctk q8_0"), "{:?}", d.placements_changed);
         assert!(HatchKind::KvCache < HatchKind::LayerSplit, "the guide's order");
+    }
+
+    #[test]
+    fn a_split_is_compared_with_the_same_split_only() {
+        let mut old = example();
+        // At the same ngl and threads: llama.cpp's default split and a -ts split.
+        let mut split = old.trials[1].clone();
+        split.role = crate::types::Role::Split;
+        split.result.spec.tensor_split = vec![9, 13];
+        old.trials.push(split);
+        let mut new = old.clone();
+        // Only the split got slower.
+        let last = new.trials.len() - 1;
+        scale(new.trials[last].result.tests.iter_mut().find(|x| x.n_gen > 0).unwrap(), 0.5);
+        let d = drift(&old, &new, 0.05);
+        let bad: Vec<&Comparison> = d.comparisons.iter().filter(|c| c.verdict == "regression").collect();
+        assert_eq!(bad.len(), 1, "{:#?}", d.comparisons);
+        assert_eq!(bad[0].placement, "-ts 9,13");
     }
 }

@@ -190,6 +190,12 @@ pub const NO_AUTH_WARNING: &str = "llama.cpp's RPC protocol has no authenticatio
 pub fn serve(host: &str, port: u16, devices: &[String], threads: u32) -> Result<()> {
     let endpoint = format!("{host}:{port}");
     parse_endpoint(&endpoint)?;
+    // ggml's server would only print that it cannot bind: say which and why first.
+    if let Err(e) = std::net::TcpListener::bind((host, port)) {
+        return Err(bad(format!(
+            "cannot listen on {endpoint} ({e}); pick another --port, or a --host of this machine"
+        )));
+    }
     if host != "127.0.0.1" && host != "localhost" {
         eprintln!("warning: {NO_AUTH_WARNING}");
     }

@@ -273,6 +273,10 @@ fn a_server_beyond_localhost_says_it_has_no_authentication() {
     assert!(first.last().unwrap().contains("no authentication"), "{first:?}");
     let help = stdout(&run(&["rpc-server", "--help"]));
     assert!(help.contains("no authentication"), "{help}");
+    // A port that is taken is one line, exit 2.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    assert_bad_input(&run(&["rpc-server", "--port", &port]), "cannot listen on 127.0.0.1:");
 }
 
 #[test]
