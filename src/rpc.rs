@@ -134,7 +134,10 @@ pub fn probe(endpoint: &str) -> Result<RpcServer> {
     s.set_write_timeout(Some(TIMEOUT))?;
     let _ = s.set_nodelay(true);
     let not_rpc = |e: std::io::Error| {
-        bad(format!("{endpoint} did not answer llama.cpp's RPC handshake ({e}); is it an rpc-server, and is it serving another client?"))
+        bad(format!(
+            "RPC server {endpoint} did not answer llama.cpp's RPC handshake within {} s ({e}); is it an rpc-server, stalled, or serving another client?",
+            TIMEOUT.as_secs()
+        ))
     };
     let hello = call(&mut s, CMD_HELLO, &[0u8; CONN_CAPS], 4 + CONN_CAPS).map_err(not_rpc)?;
     let theirs = (hello[0], hello[1], hello[2]);

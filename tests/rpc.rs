@@ -225,6 +225,36 @@ fn a_server_that_dies_mid_sweep_loses_no_finished_trial() {
 }
 
 #[test]
+fn a_server_that_stalls_mid_sweep_ends_at_the_trial_timeout_named() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let (a, b) = (Server::start(), Server::start());
+    let rpc = format!("{},{}", a.endpoint, b.endpoint);
+    let mut child = Command::new(BIN)
+        .args(["bench", m.to_str().unwrap(), "--rpc", &rpc, "-ngl", "41,41", "-p", "16", "-n", "8", "-r", "2"])
+        .args(["--trial-timeout", "3", "-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut child);
+    lines.wait_for("trial 1/2");
+    let pid = b.child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    assert!(out.status.success(), "{:?}", out.status);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows[0]["status"], "ok", "the finished trial is kept");
+    let last = rows.last().unwrap();
+    assert_eq!(last["status"], "timeout", "{last}");
+    let why = last["reason"].as_str().unwrap();
+    assert!(why.contains(&b.endpoint) && why.contains("did not answer"), "{why}");
+}
+
+#[test]
 fn an_unreachable_or_foreign_server_is_one_line_and_nothing_is_measured() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 4);
