@@ -27,9 +27,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Kl => crate::engine::quality::kl_main().map(|()| exit::OK),
         Command::Devices { rpc } => {
             let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
-            let rpc = rpc_list(rpc.as_deref())?;
-            crate::rpc::probe_all(&rpc)?;
-            crate::engine::placement::add_rpc_servers(&rpc).map_err(anyhow::Error::msg)?;
+            crate::engine::placement::add_rpc_servers(&rpc_list(rpc.as_deref())?)?;
             let devices = crate::probe::ggml::devices();
             println!("{}", serde_json::to_string(&devices)?);
             Ok(exit::OK)

@@ -87,17 +87,19 @@ impl Placement {
 }
 
 /// Registers each RPC server's devices with llama.cpp (after the backend
-/// is up, before a model loads). The servers were probed first
-/// ([`crate::rpc::probe`]): ggml aborts on one it cannot reach.
+/// is up, before a model loads), each probed first: ggml aborts the
+/// process on a server it cannot reach, so that is a clean error here.
 ///
 /// # Errors
-/// An endpoint with no devices.
-pub(crate) fn add_rpc_servers(endpoints: &[String]) -> Result<(), String> {
+/// A server that does not answer (named, as [`crate::rpc::probe`] says
+/// it), or one with no devices.
+pub(crate) fn add_rpc_servers(endpoints: &[String]) -> anyhow::Result<()> {
     for e in endpoints {
-        let c = CString::new(e.as_str()).map_err(|_| format!("RPC endpoint '{e}' holds a NUL byte"))?;
+        crate::rpc::probe(e)?;
+        let c = CString::new(e.as_str())?;
         // SAFETY: a valid C string; ggml copies it.
         if unsafe { ngl_tune_add_rpc(c.as_ptr()) } <= 0 {
-            return Err(format!("RPC server {e} offers no devices"));
+            anyhow::bail!("RPC server {e} offers no devices");
         }
     }
     Ok(())

@@ -268,9 +268,7 @@ pub fn predict_main() -> Result<()> {
     super::logs::install();
     super::logs::quiet();
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
-    // Probed first: ggml aborts on a server it cannot reach.
-    crate::rpc::probe_all(&spec.rpc)?;
-    super::placement::add_rpc_servers(&spec.rpc).map_err(anyhow::Error::msg)?;
+    super::placement::add_rpc_servers(&spec.rpc)?;
     let predictions: Vec<Prediction> =
         spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), &[])).collect();
     let cases = spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, &[]) }).collect();

@@ -115,12 +115,8 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
         Ok(b) => b,
         Err(e) => return fail(result, TrialStatus::Failed, format!("llama.cpp backend init failed: {e}")),
     };
-    // The servers are checked first: ggml aborts on one it cannot reach.
-    if let Err(e) = spec.rpc.iter().try_for_each(|e| crate::rpc::probe(e).map(|_| ())) {
-        return fail(result, TrialStatus::Failed, e.to_string());
-    }
     if let Err(e) = super::placement::add_rpc_servers(&spec.rpc) {
-        return fail(result, TrialStatus::Failed, e);
+        return fail(result, TrialStatus::Failed, e.to_string());
     }
     result.devices = crate::probe::ggml::devices();
     // Auto becomes what was used: off where every offload device runs on the CPU.
@@ -335,8 +331,7 @@ fn test_gen(
 pub fn check_loadable(path: &std::path::Path, rpc: &[String]) -> Result<(), String> {
     logs::install();
     let backend = LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?;
-    rpc.iter().try_for_each(|e| crate::rpc::probe(e).map(|_| ())).map_err(|e| e.to_string())?;
-    super::placement::add_rpc_servers(rpc)?;
+    super::placement::add_rpc_servers(rpc).map_err(|e| e.to_string())?;
     let params = LlamaModelParams::default().with_vocab_only(true);
     let loaded = LlamaModel::load_from_file(&backend, path, &params);
     let log = logs::take();
