@@ -263,9 +263,8 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     // The cap's options are judged first, before the store and the models.
     let target = crate::tune::parse_target(&a.target_vram)?;
     let (budget, device_budgets) = a.vram_budget.as_deref().map(parse_budgets).transpose()?.unwrap_or_default();
-    // Every RPC server answers before anything else happens (ggml aborts on one that does not).
+    // The servers are probed with the request (tune::TuneRequest::new).
     let rpc = rpc_list(a.workload.rpc.as_deref())?;
-    crate::rpc::probe_all(&rpc)?;
     let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
     if a.models.len() > 1 {

@@ -35,8 +35,9 @@ use crate::profile::{Checkpoint, Confidence, MemoryPolicy, ModelIdentity, Profil
 use executor::WorkerExecutor;
 use search::{Checkpointing, Plan, Progress, Search};
 
-/// A validated tuning request: the model, settings llama.cpp can run, and
-/// the devices its loadability check listed. The command line and the
+/// A validated tuning request: the model, settings llama.cpp can run, the
+/// RPC servers as they answered, the devices the loadability check listed
+/// and each one's cap. The command line and the
 /// nightly re-tune both build one with [`TuneRequest::new`], so both make
 /// the same checks.
 #[derive(Debug, Clone)]
@@ -49,21 +50,36 @@ pub struct TuneRequest {
     pub progress: bool,
     /// llama.cpp's devices, as the loadability check listed them.
     pub devices: Vec<crate::types::LlamaDevice>,
+    /// The settings' RPC servers, probed before the check.
+    pub rpc_servers: Vec<crate::types::RpcServer>,
+    /// Each offload device's cap, in llama.cpp's device order.
+    pub caps: Vec<split::DeviceCap>,
 }
 
 impl TuneRequest {
-    /// Checks that the store is usable and that llama.cpp can load the model.
+    /// Checks that the store is usable, that every RPC server answers, that
+    /// llama.cpp can load the model, and that each budget names a device.
     ///
     /// # Errors
-    /// `BadInput` naming the store or the model and the fix.
+    /// `BadInput` naming the store, the server, the model or the budget and the fix.
     pub fn new(info: ModelInfo, settings: Settings, store: PathBuf) -> Result<TuneRequest> {
         store::check_dir(&store)?;
-        let devices =
-            crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info, &settings.rpc)?;
-        // A budget naming no device here is bad input before anything is measured.
         let s = &settings;
-        split::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
-        Ok(TuneRequest { info, settings, store, resume: false, verbose: false, progress: true, devices })
+        // Before the check: its child could only say it cannot load the model.
+        let rpc_servers = crate::rpc::probe_all(&s.rpc)?;
+        let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info, &s.rpc)?;
+        let caps = split::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
+        Ok(TuneRequest {
+            info,
+            settings,
+            store,
+            resume: false,
+            verbose: false,
+            progress: true,
+            devices,
+            rpc_servers,
+            caps,
+        })
     }
 
     #[must_use]
@@ -107,8 +123,6 @@ struct Shared<'a> {
     policy: Option<MemoryPolicy>,
     op_offload: bool,
     exe: PathBuf,
-    /// Each offload device's cap, in llama.cpp's device order.
-    caps: Vec<split::DeviceCap>,
 }
 
 /// Runs the whole tuning (each context size, smallest first) and writes the profile.
@@ -121,11 +135,10 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     let info = &opts.info;
     let s = &opts.settings;
     let mut hw = probe::hardware(opts.devices.clone());
-    hw.rpc_servers = crate::rpc::probe_all(&s.rpc)?;
+    hw.rpc_servers.clone_from(&opts.rpc_servers);
     hw.fingerprint = probe::fingerprint(&hw);
     let identity = ModelIdentity::of(info);
-    let caps = split::device_caps(&hw.llama_devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
-    let policy = memory::policy_for(&hw, s, &caps);
+    let policy = memory::policy_for(&hw, s, &opts.caps);
     let mut notes = hw.notes.clone();
     let mut checkpoint = Some(resume(opts, &identity, &hw, &mut notes));
     let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
@@ -133,7 +146,7 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
         notes.push(probe::op_offload_note(&hw.llama_devices));
     }
     let exe = crate::engine::child::current_exe()?;
-    let shared = Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe, caps };
+    let shared = Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe };
     let mut outcomes = Vec::new();
     for ctx in s.contexts() {
         let sc = Settings { n_ctx: ctx, ..s.clone() };
@@ -228,7 +241,7 @@ fn tune_context(
         let t = &search.trials;
         summary::recommendation(&found, t, s, info.n_layer_full, sh.op_offload, Confidence::High)
     };
-    let several = sh.caps.len() >= 2 && !plan.no_gpu;
+    let several = sh.opts.caps.len() >= 2 && !plan.no_gpu;
     let hatches =
         match policy.filter(|_| !several && !plan.no_gpu && prediction.as_ref().is_some_and(|p| p.error.is_none())) {
             Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
@@ -257,7 +270,7 @@ fn tune_context(
     }
     let split = split.map(|f| {
         if let Some(best) = f.best.map(|i| &f.options[i]) {
-            recommendation = split::recommendation(&recommendation, best, &sh.caps, &s.rpc);
+            recommendation = split::recommendation(&recommendation, best, &sh.opts.caps, &s.rpc);
         }
         f.report
     });
@@ -307,23 +320,23 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         predict_in_child(&sh.exe, &spec(splits.to_vec(), Vec::new())).map(|o| o.splits).unwrap_or_default()
     };
     let inp = split::SplitInputs {
-        devs: &sh.caps,
+        devs: &sh.opts.caps,
         full: plan.full,
         threads: s.n_threads,
         rpc: &s.rpc,
         op_offload: sh.op_offload,
     };
     if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
-        let n = sh.caps.len();
+        let n = sh.opts.caps.len();
         return Ok(split::SplitFound {
             notes: vec![format!("the split across {n} devices was not tuned: {dead}")],
             ..split::SplitFound::default()
         });
     }
     let mut found = split::split_stage(search, &inp, &mut predict)?;
-    let margins = split::fit_margins(&sh.caps, &sh.hw.llama_devices);
+    let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
     let fit = predict_in_child(&sh.exe, &spec(Vec::new(), margins)).ok().and_then(|o| o.llama_fit_split);
-    found.report = split::report(&sh.caps, &found, fit, &sh.hw.rpc_servers);
+    found.report = split::report(&sh.opts.caps, &found, fit, &sh.hw.rpc_servers);
     Ok(found)
 }
 
