@@ -424,35 +424,13 @@ impl TrialResult {
     /// the largest context of the trial's tests on that device.
     #[must_use]
     pub fn accounted_per_device(&self) -> Vec<(String, u64)> {
-        let mut out: Vec<(String, u64)> = Vec::new();
-        let mut add = |name: &str, bytes: u64, max: bool| match out.iter_mut().find(|(n, _)| n == name) {
-            Some((_, v)) if max => *v = (*v).max(bytes),
-            Some((_, v)) => *v += bytes,
-            None => out.push((name.to_string(), bytes)),
+        let on_device = |lines: &[BufferLine]| -> Vec<(String, u64)> {
+            merge_by_name(lines.iter().filter(|b| b.on_device()).map(|b| (b.buffer_type.clone(), b.bytes)), |a, b| {
+                a + b
+            })
         };
-        for b in self.model_buffers.iter().filter(|b| b.on_device()) {
-            add(&b.buffer_type, b.bytes, false);
-        }
-        let mut ctx: Vec<(String, u64)> = Vec::new();
-        for t in &self.tests {
-            let mut per: Vec<(String, u64)> = Vec::new();
-            for b in t.context_buffers.iter().filter(|b| b.on_device()) {
-                match per.iter_mut().find(|(n, _)| *n == b.buffer_type) {
-                    Some((_, v)) => *v += b.bytes,
-                    None => per.push((b.buffer_type.clone(), b.bytes)),
-                }
-            }
-            for (n, v) in per {
-                match ctx.iter_mut().find(|(c, _)| *c == n) {
-                    Some((_, c)) => *c = (*c).max(v),
-                    None => ctx.push((n, v)),
-                }
-            }
-        }
-        for (n, v) in ctx {
-            add(&n, v, false);
-        }
-        out
+        let largest_context = merge_by_name(self.tests.iter().flat_map(|t| on_device(&t.context_buffers)), u64::max);
+        merge_by_name(on_device(&self.model_buffers).into_iter().chain(largest_context), |a, b| a + b)
     }
 
     /// Device model-buffer bytes only (weights).
@@ -514,6 +492,20 @@ impl TrialResult {
             timings: None,
         }
     }
+}
+
+/// Bytes per name, in the order the names first come, the bytes of one
+/// name combined by `merge` (a sum, or the largest).
+#[must_use]
+pub fn merge_by_name(items: impl IntoIterator<Item = (String, u64)>, merge: fn(u64, u64) -> u64) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for (name, bytes) in items {
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => *v = merge(*v, bytes),
+            None => out.push((name, bytes)),
+        }
+    }
+    out
 }
 
 /// One "<buffer type> <kind> buffer size = N MiB" line.
@@ -896,4 +888,29 @@ pub struct RpcServer {
     pub devices: Vec<RpcDevice>,
     /// Median round trip of a small request, in milliseconds.
     pub rtt_ms: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounted_memory_per_device_is_the_weights_and_the_largest_context() {
+        let line = |buffer_type: &str, kind: &str, bytes: u64| BufferLine {
+            buffer_type: buffer_type.into(),
+            kind: kind.into(),
+            bytes,
+        };
+        let mut r = TrialResult::failed(crate::engine::test_spec(), TrialStatus::Ok, String::new());
+        r.model_buffers =
+            vec![line("RPC0[a:1]", "model", 100), line("CPU_Mapped", "model", 7), line("CUDA0", "model", 50)];
+        let mut pp = TestResult::from_samples(64, 0, 256, vec![1]);
+        pp.context_buffers =
+            vec![line("RPC0[a:1]", "KV", 10), line("RPC0[a:1]", "compute", 30), line("CUDA0", "KV", 5)];
+        let mut tg = TestResult::from_samples(0, 16, 256, vec![1]);
+        tg.context_buffers = vec![line("RPC0[a:1]", "KV", 10), line("CUDA0", "compute", 9)];
+        r.tests = vec![pp, tg];
+        // RPC0: 100 + max(10 + 30, 10); CUDA0: 50 + max(5, 9); host memory is not a device's.
+        assert_eq!(r.accounted_per_device(), [("RPC0[a:1]".to_string(), 140), ("CUDA0".to_string(), 59)]);
+    }
 }

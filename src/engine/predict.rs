@@ -59,15 +59,10 @@ impl Prediction {
     /// split mode layer (`Vulkan0`, `CUDA1`, `RPC0[host:port]`).
     #[must_use]
     pub fn per_device(&self) -> Vec<(String, u64)> {
-        let mut out: Vec<(String, u64)> = Vec::new();
-        for b in self.buffers.iter().filter(|b| !b.is_host && super::logs::is_device_buffer_type(&b.buffer_type)) {
-            let name = b.buffer_type.clone();
-            match out.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, v)) => *v += b.model + b.context + b.compute,
-                None => out.push((name, b.model + b.context + b.compute)),
-            }
-        }
-        out
+        let device = self.buffers.iter().filter(|b| !b.is_host && super::logs::is_device_buffer_type(&b.buffer_type));
+        crate::types::merge_by_name(device.map(|b| (b.buffer_type.clone(), b.model + b.context + b.compute)), |a, b| {
+            a + b
+        })
     }
 }
 

@@ -65,11 +65,6 @@ impl Split {
     pub fn layers(&self) -> Vec<u32> {
         self.layers[..usize::from(self.n)].iter().map(|l| u32::from(*l)).collect()
     }
-
-    #[must_use]
-    pub fn total(&self) -> u32 {
-        self.layers().iter().sum()
-    }
 }
 
 impl Candidate {

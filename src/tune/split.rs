@@ -93,11 +93,15 @@ pub fn device_caps(
         .collect())
 }
 
+/// Bytes per buffer type, in the devices' order (0 where a device has none).
+fn in_device_order(by: &[(String, u64)], devs: &[DeviceCap]) -> Vec<u64> {
+    devs.iter().map(|d| by.iter().find(|(n, _)| *n == d.buffer_type).map_or(0, |(_, b)| *b)).collect()
+}
+
 /// Bytes a prediction puts on each device, in the devices' order.
 #[must_use]
 pub fn per_device(p: &Prediction, devs: &[DeviceCap]) -> Vec<u64> {
-    let by = p.per_device();
-    devs.iter().map(|d| by.iter().find(|(n, _)| *n == d.buffer_type).map_or(0, |(_, b)| *b)).collect()
+    in_device_order(&p.per_device(), devs)
 }
 
 fn fits(bytes: &[u64], devs: &[DeviceCap]) -> bool {
@@ -341,8 +345,7 @@ pub fn split_stage(
 /// What llama.cpp allocated on each device in a trial.
 #[must_use]
 pub fn accounted(r: &crate::types::TrialResult, devs: &[DeviceCap]) -> Vec<u64> {
-    let by = r.accounted_per_device();
-    devs.iter().map(|d| by.iter().find(|(n, _)| *n == d.buffer_type).map_or(0, |(_, b)| *b)).collect()
+    in_device_order(&r.accounted_per_device(), devs)
 }
 
 #[allow(clippy::too_many_arguments)]
