@@ -248,8 +248,7 @@ fn placement_words(s: &crate::types::TrialSpec) -> String {
         v.push(format!("experts of {} layers on CPU", s.n_cpu_moe));
     }
     if !s.tensor_split.is_empty() {
-        let ts: Vec<String> = s.tensor_split.iter().map(u32::to_string).collect();
-        v.push(format!("-ts {}", ts.join(",")));
+        v.push(format!("-ts {}", crate::types::split_list(&s.tensor_split)));
     }
     v.join(", ")
 }

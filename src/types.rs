@@ -494,6 +494,12 @@ impl TrialResult {
     }
 }
 
+/// Layers per device as llama.cpp's `-ts` takes them: "9,13".
+#[must_use]
+pub fn split_list(split: &[u32]) -> String {
+    split.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
 /// Bytes per name, in the order the names first come, the bytes of one
 /// name combined by `merge` (a sum, or the largest).
 #[must_use]

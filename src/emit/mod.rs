@@ -92,9 +92,8 @@ fn server_env(p: &Profile) -> Vec<(&'static str, String)> {
         v.push(("LLAMA_ARG_RPC", r.rpc.join(",")));
     }
     if !r.tensor_split.is_empty() {
-        let ts: Vec<String> = r.tensor_split.iter().map(u32::to_string).collect();
         v.push(("LLAMA_ARG_SPLIT_MODE", "layer".to_string()));
-        v.push(("LLAMA_ARG_TENSOR_SPLIT", ts.join(",")));
+        v.push(("LLAMA_ARG_TENSOR_SPLIT", crate::types::split_list(&r.tensor_split)));
         v.push(("LLAMA_ARG_MAIN_GPU", "0".to_string()));
     }
     v

@@ -73,10 +73,9 @@ pub fn render(p: &Profile) -> String {
             r.rpc.join(",")
         ));
     } else if !r.tensor_split.is_empty() {
-        let ts: Vec<String> = r.tensor_split.iter().map(u32::to_string).collect();
         s.push_str(&format!(
             "# llama.cpp splits the layers {} (-ts); Ollama splits GPUs itself by free memory and takes no proportions, only num_gpu\n",
-            ts.join(",")
+            crate::types::split_list(&r.tensor_split)
         ));
     }
     if !r.ollama_server_env.is_empty() {

@@ -418,8 +418,7 @@ impl Recommendation {
         if split.is_empty() {
             return String::new();
         }
-        let ts: Vec<String> = split.iter().map(u32::to_string).collect();
-        format!(" -sm layer -ts {} -mg 0", ts.join(","))
+        format!(" -sm layer -ts {} -mg 0", crate::types::split_list(split))
     }
 
     /// `--rpc host:port,..` in front of `flags` when RPC servers are used.

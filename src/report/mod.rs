@@ -83,8 +83,7 @@ fn placement_cell(spec: &crate::types::TrialSpec) -> String {
         c += &format!(" (FFN of {} on CPU)", spec.n_cpu_ffn);
     }
     if !spec.tensor_split.is_empty() {
-        let ts: Vec<String> = spec.tensor_split.iter().map(u32::to_string).collect();
-        c += &format!(" (-ts {})", ts.join(","));
+        c += &format!(" (-ts {})", crate::types::split_list(&spec.tensor_split));
     }
     c
 }
@@ -159,8 +158,7 @@ pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::t
         let _ = write!(setting, " --n-cpu-moe {}", s.n_cpu_moe);
     }
     if !s.tensor_split.is_empty() {
-        let ts: Vec<String> = s.tensor_split.iter().map(u32::to_string).collect();
-        let _ = write!(setting, " -ts {}", ts.join(","));
+        let _ = write!(setting, " -ts {}", crate::types::split_list(&s.tensor_split));
     }
     let mut what: Vec<String> = r.tests.iter().map(|t| format!("{} {:.2} t/s", t.name(), t.avg_ts)).collect();
     if r.status != TrialStatus::Ok {

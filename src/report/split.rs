@@ -23,8 +23,7 @@ fn split_words(ngl: u32, ts: &[u32]) -> String {
     if ts.is_empty() {
         format!("ngl {ngl}")
     } else {
-        let ts: Vec<String> = ts.iter().map(u32::to_string).collect();
-        format!("ngl {ngl}, -ts {}", ts.join(","))
+        format!("ngl {ngl}, -ts {}", crate::types::split_list(ts))
     }
 }
 
