@@ -155,7 +155,7 @@ fn tune_settings(
     target_vram: f64,
     vram_budget_bytes: Option<u64>,
 ) -> Result<crate::profile::Settings> {
-    use crate::tune::choose::Objective;
+    use crate::types::Objective;
     let w = &a.workload;
     let threads = check_workload(w, info)?;
     let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
@@ -170,7 +170,7 @@ fn tune_settings(
         n_threads: threads,
         n_batch: w.batch_size,
         n_ubatch: w.ubatch_size,
-        flash_attn: w.flash_attn.value(),
+        flash_attn: w.flash_attn,
         objective: match a.objective {
             ObjectiveArg::Tg => Objective::Tg,
             ObjectiveArg::Pp => Objective::Pp,
@@ -328,8 +328,7 @@ fn cmd_tune(a: &TuneArgs) -> Result<i32> {
 
 fn print_report(out: &mut impl Write, outcome: &crate::tune::TuneOutcome) -> Result<()> {
     // The noise warning belongs beside the numbers, in the report.
-    let notes: Vec<String> =
-        outcome.notes.iter().filter(|n| crate::report::Warning::of(n).is_none()).cloned().collect();
+    let notes: Vec<String> = outcome.notes.iter().filter(|n| !n.is_warning()).map(ToString::to_string).collect();
     print_notes(&notes);
     write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
     Ok(())
@@ -364,8 +363,9 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
     Ok(exit::OK)
 }
 
-/// Bench's placement: `--llama-args` over the options, and the tensors kept on the CPU.
-fn bench_placement(a: &BenchArgs) -> Result<(crate::llama_args::LlamaArgs, crate::cli::Workload, Vec<String>)> {
+/// Bench's placement: the options, with `--llama-args` laid over them;
+/// the ngl and `--n-cpu-moe` lists (one value each when the line sets it).
+fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types::Placement, Vec<u32>, Vec<u32>)> {
     let llama = match &a.llama_args {
         Some(line) => crate::llama_args::parse(line).map_err(|e| bad(format!("--llama-args: {e}")))?,
         None => crate::llama_args::LlamaArgs::default(),
@@ -373,9 +373,9 @@ fn bench_placement(a: &BenchArgs) -> Result<(crate::llama_args::LlamaArgs, crate
     let mut w = a.workload.clone();
     w.threads = llama.threads.or(w.threads);
     w.ctx_size = llama.ctx.or(w.ctx_size);
-    if llama.no_op_offload {
-        w.op_offload = crate::engine::OpOffload::Off;
-    }
+    w.batch_size = llama.n_batch.unwrap_or(w.batch_size);
+    w.ubatch_size = llama.n_ubatch.unwrap_or(w.ubatch_size);
+    let threads = check_workload(&w, info)?;
     let mut cpu_overrides = Vec::new();
     for o in &a.override_tensor {
         match o.split_once('=') {
@@ -383,43 +383,46 @@ fn bench_placement(a: &BenchArgs) -> Result<(crate::llama_args::LlamaArgs, crate
             _ => return Err(bad(format!("--override-tensor '{o}': give PATTERN=CPU (tensors stay on the CPU)"))),
         }
     }
-    cpu_overrides.extend(llama.cpu_overrides.iter().cloned());
-    Ok((llama, w, cpu_overrides))
+    let ngl = match llama.ngl {
+        Some(n) => vec![n],
+        None => crate::ngl::parse_all(&a.ngl, "-ngl")?,
+    };
+    let moe = match llama.n_cpu_moe {
+        Some(n) => vec![n],
+        None => crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
+    };
+    let base = crate::types::Placement {
+        n_batch: w.batch_size,
+        n_ubatch: w.ubatch_size,
+        flash_attn: w.flash_attn,
+        kv_type: a.cache_type,
+        op_offload: w.op_offload,
+        ..crate::types::Placement::default()
+    }
+    .with_layers(0, threads, w.ctx_size)
+    .with_split(&[], &rpc_list(w.rpc.as_deref())?);
+    let mut p = llama.over(base);
+    // --override-tensor's patterns come first, then the line's.
+    cpu_overrides.append(&mut p.cpu_overrides);
+    p.cpu_overrides = cpu_overrides;
+    Ok((p, ngl, moe))
 }
 
 fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let mut clock = crate::clock::Phases::from_env();
     let info = model::inspect(&a.model)?;
     clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
-    let (llama, w, cpu_overrides) = bench_placement(a)?;
-    let threads = check_workload(&w, &info)?;
-    let rpc = if llama.rpc.is_empty() { rpc_list(w.rpc.as_deref())? } else { llama.rpc.clone() };
-    crate::rpc::probe_all(&rpc)?;
-    let w = &w;
+    let (placement, ngl, n_cpu_moe) = bench_placement(a, &info)?;
+    crate::rpc::probe_all(&placement.rpc)?;
+    let w = &a.workload;
     let opts = BenchOptions {
         model: a.model.clone(),
-        ngl: match llama.ngl {
-            Some(n) => vec![n],
-            None => crate::ngl::parse_all(&a.ngl, "-ngl")?,
-        },
-        n_cpu_moe: match llama.n_cpu_moe {
-            Some(n) => vec![n],
-            None => crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
-        },
-        kv_type: llama.kv_type.unwrap_or(a.cache_type),
-        cpu_overrides,
-        rpc,
-        tensor_split: llama.tensor_split.clone(),
-        main_gpu: llama.main_gpu.unwrap_or(0),
+        placement,
+        ngl,
+        n_cpu_moe,
         n_prompt: w.n_prompt.unwrap_or(512),
         n_gen: w.n_gen.unwrap_or(128),
         repetitions: w.repetitions.unwrap_or(5),
-        n_threads: threads,
-        n_batch: w.batch_size,
-        n_ubatch: w.ubatch_size,
-        n_ctx: w.ctx_size,
-        flash_attn: llama.flash_attn.unwrap_or_else(|| w.flash_attn.value()),
-        op_offload: w.op_offload,
         warmup: !w.no_warmup,
         timeout: Duration::from_secs(w.trial_timeout),
         sample_interval: Duration::from_millis(w.sample_interval_ms),
@@ -433,14 +436,15 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let results = bench::run(&opts, |r| {
         first_trial_says(&info, r)?;
         let mut notes = crate::probe::hardware(r.devices.clone()).notes;
-        if w.op_offload == crate::engine::OpOffload::Auto && r.spec.op_offload == crate::engine::OpOffload::Off {
+        if w.op_offload == crate::types::OpOffload::Auto && r.spec.placement.op_offload == crate::types::OpOffload::Off
+        {
             notes.push(crate::probe::op_offload_note(&r.devices));
         }
         print_notes(&notes);
         Ok(())
     })?;
     clock.trials(&results);
-    if let Some(n) = crate::report::busy_note(&results) {
+    if let Some(n) = crate::report::note::busy(&results) {
         eprintln!("warning: {n}");
     }
     let rows = bench::rows(&info, &results, "");
@@ -450,7 +454,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     out.flush()?;
     clock.lap("rows and output");
     clock.report();
-    let failed = results.iter().filter(|r| r.status != crate::engine::TrialStatus::Ok).count();
+    let failed = results.iter().filter(|r| r.status != crate::types::TrialStatus::Ok).count();
     if failed > 0 {
         eprintln!("warning: {failed} of {} trials did not complete; their rows say why", results.len());
     }
@@ -459,9 +463,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<i32> {
 
 /// A first trial whose worker could not load the model at all means
 /// llama.cpp cannot run it: bad input, said as the separate check says it.
-fn first_trial_says(info: &ModelInfo, r: &crate::engine::TrialResult) -> Result<()> {
+fn first_trial_says(info: &ModelInfo, r: &crate::types::TrialResult) -> Result<()> {
     let why = r.reason.as_deref().unwrap_or_default();
-    if r.status != crate::engine::TrialStatus::Failed || !why.starts_with("model load failed") {
+    if r.status != crate::types::TrialStatus::Failed || !why.starts_with("model load failed") {
         return Ok(());
     }
     let arch = why.contains("unknown model architecture");
@@ -769,7 +773,7 @@ fn cmd_profiles_list(store: Option<&std::path::Path>, json: bool) -> Result<i32>
                     n_threads: p.recommendation.n_threads,
                     n_ctx: p.recommendation.n_ctx,
                     tg_ts: p.recommendation.tg_ts,
-                    age_s: st::parse_rfc3339(&p.created_at).map_or(0, |t| now.saturating_sub(t)),
+                    age_s: crate::clock::parse_rfc3339(&p.created_at).map_or(0, |t| now.saturating_sub(t)),
                     created_at: p.created_at,
                     this_machine: p.machine_id == me,
                 }),

@@ -11,34 +11,20 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::engine::runner::Runner;
-use crate::engine::{TrialResult, TrialSpec, TrialStatus, LLAMA_CPP_REVISION};
 use crate::model::{human_bytes, human_params, ModelInfo};
+use crate::types::{TrialResult, TrialSpec, TrialStatus, LLAMA_CPP_REVISION};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
     pub model: PathBuf,
+    /// What every trial runs but its layers and experts (RPC servers probed by the caller).
+    pub placement: crate::types::Placement,
     pub ngl: Vec<u32>,
     /// `--n-cpu-moe` values; every ngl is measured with each.
     pub n_cpu_moe: Vec<u32>,
     pub n_prompt: u32,
     pub n_gen: u32,
     pub repetitions: u32,
-    pub n_threads: u32,
-    pub n_batch: u32,
-    pub n_ubatch: u32,
-    pub n_ctx: Option<u32>,
-    pub flash_attn: i8,
-    /// KV cache type of both caches.
-    pub kv_type: crate::types::KvType,
-    /// Tensor-name patterns kept on the CPU (`-ot PATTERN=CPU`).
-    pub cpu_overrides: Vec<String>,
-    /// llama.cpp RPC servers (`--rpc`), probed by the caller.
-    pub rpc: Vec<String>,
-    /// Layers per offload device (`-ts`); empty: llama.cpp's default split.
-    pub tensor_split: Vec<u32>,
-    pub main_gpu: u32,
-    /// As asked; the worker resolves auto from its devices.
-    pub op_offload: crate::types::OpOffload,
     pub warmup: bool,
     pub timeout: Duration,
     pub sample_interval: Duration,
@@ -67,27 +53,14 @@ impl BenchOptions {
     fn spec(&self, ngl: u32, n_cpu_moe: u32) -> TrialSpec {
         TrialSpec {
             model: self.model.clone(),
-            n_gpu_layers: ngl,
+            placement: crate::types::Placement { n_gpu_layers: ngl, n_cpu_moe, ..self.placement.clone() },
             n_prompt: self.n_prompt,
             n_gen: self.n_gen,
-            n_batch: self.n_batch,
-            n_ubatch: self.n_ubatch,
-            n_threads: self.n_threads,
-            n_ctx: self.n_ctx,
             repetitions: self.repetitions,
             warmup: self.warmup,
-            flash_attn: self.flash_attn,
             seed: 1234,
             sample_interval_ms: 20,
-            n_cpu_moe,
-            n_cpu_ffn: 0,
-            cpu_overrides: self.cpu_overrides.clone(),
-            kv_type: self.kv_type,
-            op_offload: self.op_offload,
             race: None,
-            rpc: self.rpc.clone(),
-            tensor_split: self.tensor_split.clone(),
-            main_gpu: self.main_gpu,
         }
     }
 }
@@ -261,18 +234,18 @@ fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -
         model_type: model.model_type(),
         model_size: model.file_size,
         model_n_params: model.n_params,
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
-        n_threads: s.n_threads,
-        type_k: s.kv_type.as_str(),
-        type_v: s.kv_type.as_str(),
-        n_gpu_layers: s.n_gpu_layers,
-        n_cpu_moe: s.n_cpu_moe,
-        split_mode: "layer",
-        main_gpu: s.main_gpu,
-        tensor_split: tensor_split_field(&s.tensor_split),
-        rpc: s.rpc.join(","),
-        flash_attn: r.flash_attn,
+        n_batch: s.placement.n_batch,
+        n_ubatch: s.placement.n_ubatch,
+        n_threads: s.placement.n_threads,
+        type_k: s.placement.kv_type.as_str(),
+        type_v: s.placement.kv_type.as_str(),
+        n_gpu_layers: s.placement.n_gpu_layers,
+        n_cpu_moe: s.placement.n_cpu_moe,
+        split_mode: s.placement.split_mode.as_str(),
+        main_gpu: s.placement.main_gpu,
+        tensor_split: tensor_split_field(&s.placement.tensor_split),
+        rpc: s.placement.rpc.join(","),
+        flash_attn: r.flash_attn.value(),
         use_mmap: true,
         embeddings: false,
         n_prompt: 0,
@@ -299,7 +272,7 @@ fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -
         sampled_device_share: peak.map(|m| m.peak_share()),
         sampled_peak_pid_bytes: peak.and_then(|m| m.peak_pid_used),
         peak_host_rss_bytes: r.peak_host_rss(),
-        no_op_offload: u8::from(s.op_offload == crate::types::OpOffload::Off),
+        no_op_offload: u8::from(s.placement.op_offload == crate::types::OpOffload::Off),
         others_cpu_cores: r.contention.as_ref().map(|c| c.others_cores_mean),
         contended: r.contended(),
     }

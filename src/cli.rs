@@ -83,24 +83,6 @@ pub enum OutputFormat {
     Jsonl,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FlashAttnArg {
-    On,
-    Off,
-    Auto,
-}
-
-impl FlashAttnArg {
-    #[must_use]
-    pub fn value(self) -> i8 {
-        match self {
-            FlashAttnArg::On => 1,
-            FlashAttnArg::Off => 0,
-            FlashAttnArg::Auto => -1,
-        }
-    }
-}
-
 /// Workload options shared by `bench` and the tuner.
 #[derive(Debug, Clone, Args)]
 pub struct Workload {
@@ -126,8 +108,8 @@ pub struct Workload {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<u32>,
     /// Flash attention (llama-bench: -fa)
-    #[arg(long = "flash-attn", value_enum, default_value_t = FlashAttnArg::Auto)]
-    pub flash_attn: FlashAttnArg,
+    #[arg(long = "flash-attn", value_enum, default_value_t = crate::types::FlashAttn::Auto)]
+    pub flash_attn: crate::types::FlashAttn,
     /// Skip the warmup run before each test
     #[arg(long)]
     pub no_warmup: bool,
@@ -145,8 +127,8 @@ pub struct Workload {
     /// Offload host tensor operations (the prompt's matrix products of layers on the CPU) to
     /// the GPU, llama.cpp's --op-offload: auto turns it off where the only GPU is a CPU-based
     /// Vulkan device (llvmpipe), where it cannot beat the CPU backend
-    #[arg(long, value_enum, default_value_t = crate::engine::OpOffload::Auto)]
-    pub op_offload: crate::engine::OpOffload,
+    #[arg(long, value_enum, default_value_t = crate::types::OpOffload::Auto)]
+    pub op_offload: crate::types::OpOffload,
     /// llama.cpp RPC servers whose devices join this machine's, host:port,... (llama.cpp's
     /// --rpc; each runs `ngl-tune rpc-server` or llama.cpp's rpc-server of the same revision).
     /// With two or more offload devices, tune measures how to split the layers between them

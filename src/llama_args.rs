@@ -4,30 +4,82 @@
 //! (common/arg.cpp): `-ot` is a comma-separated list of `PATTERN=BUFFER`,
 //! `-fa` takes on/off/auto, `-ctk`/`-ctv` a ggml type name.
 
-use crate::types::KvType;
+use crate::types::{cpu_ffn_layers, FlashAttn, KvType, OpOffload, Placement, SplitMode};
 
-/// What a llama.cpp command line sets, of the flags ngl-tune emits.
+/// What a llama.cpp command line sets, of the flags ngl-tune emits: each
+/// `None` (or empty) leaves the setting to whatever it is laid [`over`](LlamaArgs::over).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LlamaArgs {
     pub ngl: Option<u32>,
     pub threads: Option<u32>,
     pub ctx: Option<u32>,
+    pub n_batch: Option<u32>,
+    pub n_ubatch: Option<u32>,
     pub kv_type: Option<KvType>,
-    /// llama-bench's values: -1 auto, 0 off, 1 on.
-    pub flash_attn: Option<i8>,
-    /// `-ot` patterns whose tensors stay in the CPU buffer type.
-    pub cpu_overrides: Vec<String>,
+    pub flash_attn: Option<FlashAttn>,
+    /// `-ot` patterns whose tensors stay in the CPU buffer type (`None`: no `-ot`).
+    pub cpu_overrides: Option<Vec<String>>,
     pub n_cpu_moe: Option<u32>,
-    pub no_op_offload: bool,
+    pub op_offload: Option<OpOffload>,
     /// `--rpc` servers.
-    pub rpc: Vec<String>,
+    pub rpc: Option<Vec<String>>,
+    pub split_mode: Option<SplitMode>,
     /// `-ts` as whole layers per device.
-    pub tensor_split: Vec<u32>,
+    pub tensor_split: Option<Vec<u32>>,
     pub main_gpu: Option<u32>,
 }
 
 /// The flags this reads.
-pub const KNOWN: &str = "-ngl, -t, -c, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -ts, -sm layer, -mg";
+pub const KNOWN: &str =
+    "-ngl, -t, -c, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -sm, -ts, -mg";
+
+impl LlamaArgs {
+    /// `base` with what this command line sets laid over it. An `-ot`
+    /// pattern that keeps the dense FFN of the first K layers on the CPU
+    /// is read back as those K layers.
+    #[must_use]
+    pub fn over(self, base: Placement) -> Placement {
+        let mut p = base;
+        let set = |v: &mut u32, o: Option<u32>| *v = o.unwrap_or(*v);
+        set(&mut p.n_gpu_layers, self.ngl);
+        set(&mut p.n_threads, self.threads);
+        p.n_ctx = self.ctx.or(p.n_ctx);
+        set(&mut p.n_batch, self.n_batch);
+        set(&mut p.n_ubatch, self.n_ubatch);
+        set(&mut p.n_cpu_moe, self.n_cpu_moe);
+        set(&mut p.main_gpu, self.main_gpu);
+        p.kv_type = self.kv_type.unwrap_or(p.kv_type);
+        p.flash_attn = self.flash_attn.unwrap_or(p.flash_attn);
+        p.op_offload = self.op_offload.unwrap_or(p.op_offload);
+        p.split_mode = self.split_mode.unwrap_or(p.split_mode);
+        if let Some(v) = self.rpc {
+            p.rpc = v;
+        }
+        if let Some(v) = self.tensor_split {
+            p.tensor_split = v;
+        }
+        if let Some(patterns) = self.cpu_overrides {
+            p.n_cpu_ffn = 0;
+            p.cpu_overrides.clear();
+            for pat in patterns {
+                match cpu_ffn_layers(&pat).filter(|_| p.n_cpu_ffn == 0) {
+                    Some(k) => p.n_cpu_ffn = k,
+                    None => p.cpu_overrides.push(pat),
+                }
+            }
+        }
+        p
+    }
+}
+
+/// A command line's placement over llama.cpp's defaults: the inverse of
+/// [`Placement::flags`].
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_placement(line: &str) -> Result<Placement, String> {
+    Ok(parse(line)?.over(Placement::default()))
+}
 
 fn kv(flag: &str, v: &str) -> Result<KvType, String> {
     match v {
@@ -52,27 +104,37 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
     let (mut k, mut v) = (None, None);
     let mut it = words.iter();
     while let Some(flag) = it.next() {
-        if flag == "--no-op-offload" {
-            a.no_op_offload = true;
-            continue;
+        match flag.as_str() {
+            "--no-op-offload" => {
+                a.op_offload = Some(OpOffload::Off);
+                continue;
+            }
+            "--op-offload" => {
+                a.op_offload = Some(OpOffload::On);
+                continue;
+            }
+            _ => {}
         }
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "-ngl" | "--n-gpu-layers" | "--gpu-layers" => a.ngl = Some(number(flag, value()?)?),
             "-t" | "--threads" => a.threads = Some(number(flag, value()?)?),
             "-c" | "--ctx-size" => a.ctx = Some(number(flag, value()?)?),
+            "-b" | "--batch-size" => a.n_batch = Some(number(flag, value()?)?),
+            "-ub" | "--ubatch-size" => a.n_ubatch = Some(number(flag, value()?)?),
             "-ctk" | "--cache-type-k" => k = Some(kv(flag, value()?)?),
             "-ctv" | "--cache-type-v" => v = Some(kv(flag, value()?)?),
             "--n-cpu-moe" | "-ncmoe" => a.n_cpu_moe = Some(number(flag, value()?)?),
             "-fa" | "--flash-attn" => {
                 a.flash_attn = Some(match value()?.as_str() {
-                    "on" | "1" | "true" | "enabled" => 1,
-                    "off" | "0" | "false" | "disabled" => 0,
-                    "auto" | "-1" => -1,
+                    "on" | "1" | "true" | "enabled" => FlashAttn::On,
+                    "off" | "0" | "false" | "disabled" => FlashAttn::Off,
+                    "auto" | "-1" => FlashAttn::Auto,
                     other => return Err(format!("{flag} '{other}': llama.cpp takes on, off or auto")),
                 });
             }
             "-ot" | "--override-tensor" => {
+                let list = a.cpu_overrides.get_or_insert_with(Vec::new);
                 for o in value()?.split(',') {
                     let (pattern, buft) = o.split_once('=').ok_or_else(|| format!("{flag} '{o}' has no '=BUFFER'"))?;
                     if buft != "CPU" {
@@ -80,15 +142,15 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
                             "{flag} '{o}': ngl-tune bench keeps overridden tensors on the CPU only (=CPU)"
                         ));
                     }
-                    a.cpu_overrides.push(pattern.to_string());
+                    list.push(pattern.to_string());
                 }
             }
             "--rpc" => {
-                a.rpc = crate::rpc::parse_list(value()?).map_err(|e| e.to_string())?;
+                a.rpc = Some(crate::rpc::parse_list(value()?).map_err(|e| e.to_string())?);
             }
             // common/arg.cpp splits -ts at ',' or '/'; ngl-tune measures whole layers per device.
             "-ts" | "--tensor-split" => {
-                a.tensor_split = value()?
+                let split: Vec<u32> = value()?
                     .split([',', '/'])
                     .map(|p| {
                         p.trim()
@@ -96,14 +158,19 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
                             .map_err(|_| format!("{flag} '{p}': ngl-tune runs whole layers per device (like 20,21)"))
                     })
                     .collect::<Result<_, _>>()?;
-                if a.tensor_split.len() > 15 {
+                if split.len() > 15 {
                     return Err(format!("{flag}: llama.cpp takes at most 15 proportions"));
                 }
+                a.tensor_split = Some(split);
             }
-            "-sm" | "--split-mode" => match value()?.as_str() {
-                "layer" => {}
-                other => return Err(format!("{flag} {other}: ngl-tune measures split mode layer only")),
-            },
+            "-sm" | "--split-mode" => {
+                a.split_mode = Some(match value()?.as_str() {
+                    "none" => SplitMode::None,
+                    "layer" => SplitMode::Layer,
+                    "row" => SplitMode::Row,
+                    other => return Err(format!("{flag} {other}: llama.cpp takes none, layer or row")),
+                });
+            }
             "-mg" | "--main-gpu" => a.main_gpu = Some(number(flag, value()?)?),
             other => return Err(format!("'{other}' is not a flag ngl-tune bench runs; it runs {KNOWN}")),
         }
@@ -125,16 +192,71 @@ mod tests {
     fn reads_what_ngl_tune_emits() {
         let line = format!(
             "-ngl 19 -t 2 -c 32768 -ctk q8_0 -ctv q8_0 -fa on -ot '{}' --no-op-offload",
-            crate::engine::cpu_ffn_override(3)
+            crate::types::cpu_ffn_override(3)
         );
-        let a = parse(&line).unwrap();
-        assert_eq!((a.ngl, a.threads, a.ctx), (Some(19), Some(2), Some(32768)));
-        assert_eq!((a.kv_type, a.flash_attn, a.no_op_offload), (Some(KvType::Q8_0), Some(1), true));
-        assert_eq!(a.cpu_overrides, [r"blk\.(0|1|2)\.ffn_(up|down|gate)\.weight"]);
+        let p = parse_placement(&line).unwrap();
+        assert_eq!((p.n_gpu_layers, p.n_threads, p.n_ctx), (19, 2, Some(32768)));
+        assert_eq!((p.kv_type, p.flash_attn, p.op_offload), (KvType::Q8_0, FlashAttn::On, OpOffload::Off));
+        assert_eq!((p.n_cpu_ffn, p.cpu_overrides.len()), (3, 0), "the FFN pattern reads back as its layers");
         assert_eq!(parse("--n-cpu-moe 4").unwrap().n_cpu_moe, Some(4));
-        let split = parse("--rpc 10.0.0.2:50052,10.0.0.3:50052 -ngl 41 -sm layer -ts 20/21 -mg 0").unwrap();
+        let split = parse_placement("--rpc 10.0.0.2:50052,10.0.0.3:50052 -ngl 41 -sm layer -ts 20/21 -mg 0").unwrap();
         assert_eq!(split.rpc, ["10.0.0.2:50052", "10.0.0.3:50052"]);
-        assert_eq!((split.tensor_split, split.main_gpu), (vec![20, 21], Some(0)));
+        assert_eq!((split.tensor_split, split.main_gpu, split.split_mode), (vec![20, 21], 0, SplitMode::Layer));
+        let other = parse_placement(r"-ngl 3 -t 1 -ot 'token_embd\.weight=CPU'").unwrap();
+        assert_eq!((other.n_cpu_ffn, other.cpu_overrides), (0, vec![r"token_embd\.weight".to_string()]));
+    }
+
+    #[test]
+    fn what_a_line_leaves_out_stays_as_laid() {
+        let base = Placement::default().with_layers(10, 4, Some(4096)).with_kv(KvType::Q8_0);
+        let p = parse("-ngl 20").unwrap().over(base.clone());
+        assert_eq!(p, Placement { n_gpu_layers: 20, ..base });
+    }
+
+    fn placements() -> impl proptest::strategy::Strategy<Value = Placement> {
+        use proptest::prelude::*;
+        let kv = prop_oneof![Just(KvType::F16), Just(KvType::Q8_0), Just(KvType::Q4_0)];
+        let fa = prop_oneof![Just(FlashAttn::Auto), Just(FlashAttn::On), Just(FlashAttn::Off)];
+        let sm = prop_oneof![Just(SplitMode::Layer), Just(SplitMode::Row), Just(SplitMode::None)];
+        let op = prop_oneof![Just(OpOffload::On), Just(OpOffload::Off)];
+        let other = prop_oneof![
+            Just(r"token_embd\.weight".to_string()),
+            Just(r"output\.weight".to_string()),
+            Just(r"blk\.3\.attn_q\.weight".to_string()),
+            Just(r"blk\.(2|7)\.ffn_up\.weight".to_string()),
+        ];
+        let endpoint = (1u8..=254, 1024u16..=65535).prop_map(|(h, port)| format!("10.0.0.{h}:{port}"));
+        (
+            (0u32..200, 1u32..64, proptest::option::of(1u32..300_000), 1u32..8192, 1u32..4096),
+            (kv, fa, 0u32..60, 0u32..60, proptest::collection::vec(other, 0..3)),
+            (op, proptest::collection::vec(endpoint, 0..3), sm, proptest::collection::vec(0u32..99, 0..6), 0u32..4),
+        )
+            .prop_map(|(a, b, c)| Placement {
+                n_gpu_layers: a.0,
+                n_threads: a.1,
+                n_ctx: a.2,
+                n_batch: a.3,
+                n_ubatch: a.4,
+                kv_type: b.0,
+                flash_attn: b.1,
+                n_cpu_moe: b.2,
+                n_cpu_ffn: b.3,
+                cpu_overrides: b.4,
+                op_offload: c.0,
+                rpc: c.1,
+                split_mode: c.2,
+                tensor_split: c.3,
+                main_gpu: c.4,
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parse_reads_back_every_placement_render_writes(p in placements()) {
+            let flags = p.flags();
+            let back = parse_placement(&flags).map_err(proptest::test_runner::TestCaseError::fail)?;
+            proptest::prop_assert_eq!(back, p, "{}", flags);
+        }
     }
 
     #[test]
@@ -149,7 +271,7 @@ mod tests {
             ("-fa maybe", "on, off or auto"),
             ("--mlock", "not a flag"),
             ("-ts 0.5,0.5", "whole layers"),
-            ("-sm row", "split mode layer only"),
+            ("-sm tensor", "none, layer or row"),
             ("--rpc host", "host:port"),
             ("-ot 'x", "unclosed quote"),
         ] {

@@ -8,12 +8,12 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::engine::TrialStatus;
 use crate::model::sha256_prefix;
-use crate::probe::Hardware;
 use crate::profile::store;
 use crate::profile::{Profile, ProfileTrial, Tool};
 use crate::stats::{mean, welch};
+use crate::types::Hardware;
+use crate::types::TrialStatus;
 
 /// Significance level for drift: a change must be both this unlikely under
 /// "no change" and larger than the threshold.
@@ -82,7 +82,7 @@ pub fn hardware_changes(old: &Hardware, new: &Hardware) -> Vec<String> {
             }
             Some(n) => {
                 let mem =
-                    |r: &crate::rpc::RpcServer| -> Vec<u64> { r.devices.iter().map(|d| d.memory_total).collect() };
+                    |r: &crate::types::RpcServer| -> Vec<u64> { r.devices.iter().map(|d| d.memory_total).collect() };
                 if mem(o) != mem(n) {
                     v.push(format!(
                         "RPC server {} devices changed: memory {:?} → {:?} bytes",
@@ -145,7 +145,7 @@ pub fn stale_reasons(p: &Profile, hw: &Hardware, now: u64, max_age: Duration) ->
     if let ModelState::Changed(why) = model_state(p) {
         r.push(why);
     }
-    let age = store::parse_rfc3339(&p.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
+    let age = crate::clock::parse_rfc3339(&p.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
     if age > max_age.as_secs() || max_age.is_zero() {
         r.push(format!("{} old (max age {})", human_age(age), human_age(max_age.as_secs())));
     }
@@ -232,23 +232,31 @@ type Key = (u32, u32, Option<u32>, crate::types::KvType, u32, u32, Vec<u32>);
 
 fn key(t: &ProfileTrial) -> Key {
     let s = &t.result.spec;
-    (s.n_gpu_layers, s.n_threads, s.n_ctx, s.kv_type, s.n_cpu_ffn, s.n_cpu_moe, s.tensor_split.clone())
+    (
+        s.placement.n_gpu_layers,
+        s.placement.n_threads,
+        s.placement.n_ctx,
+        s.placement.kv_type,
+        s.placement.n_cpu_ffn,
+        s.placement.n_cpu_moe,
+        s.placement.tensor_split.clone(),
+    )
 }
 
 /// The placement beside layers, in words (empty for a whole-layer split).
 fn placement_words(s: &crate::types::TrialSpec) -> String {
     let mut v = Vec::new();
-    if s.kv_type.is_quantized() {
-        v.push(format!("{} KV", s.kv_type.as_str()));
+    if s.placement.kv_type.is_quantized() {
+        v.push(format!("{} KV", s.placement.kv_type.as_str()));
     }
-    if s.n_cpu_ffn > 0 {
-        v.push(format!("FFN of {} layers on CPU", s.n_cpu_ffn));
+    if s.placement.n_cpu_ffn > 0 {
+        v.push(format!("FFN of {} layers on CPU", s.placement.n_cpu_ffn));
     }
-    if s.n_cpu_moe > 0 {
-        v.push(format!("experts of {} layers on CPU", s.n_cpu_moe));
+    if s.placement.n_cpu_moe > 0 {
+        v.push(format!("experts of {} layers on CPU", s.placement.n_cpu_moe));
     }
-    if !s.tensor_split.is_empty() {
-        v.push(format!("-ts {}", crate::types::split_list(&s.tensor_split)));
+    if !s.placement.tensor_split.is_empty() {
+        v.push(format!("-ts {}", crate::types::split_list(&s.placement.tensor_split)));
     }
     v.join(", ")
 }
@@ -300,7 +308,7 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
             comparisons.push(Comparison {
                 n_gpu_layers: key(nt).0,
                 n_threads: key(nt).1,
-                n_ctx: nt.result.spec.n_ctx,
+                n_ctx: nt.result.spec.placement.n_ctx,
                 placement: placement_words(&nt.result.spec),
                 test: ntest.name(),
                 old_ts: om,
@@ -510,7 +518,7 @@ fn one(
     };
     let reasons = stale_reasons(&old, hw, now, opts.max_age);
     if reasons.is_empty() {
-        let age = store::parse_rfc3339(&old.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
+        let age = crate::clock::parse_rfc3339(&old.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
         say(&format!("  fresh    {} ({} old): skipped", old.model.file_name, human_age(age)));
         return Ok(entry(path, Some(&old), "fresh", reasons));
     }
@@ -718,7 +726,7 @@ mod tests {
         crate::profile::store::read_profile(&p).unwrap()
     }
 
-    fn scale(t: &mut crate::engine::TestResult, by: f64) {
+    fn scale(t: &mut crate::types::TestResult, by: f64) {
         for v in &mut t.samples_ts {
             *v *= by;
         }
@@ -751,10 +759,10 @@ mod tests {
         let mut old = example();
         // The same ngl and threads at a second context, once with an f16 and once with a q8_0 KV cache.
         let mut at_32k = old.trials[1].clone();
-        at_32k.result.spec.n_ctx = Some(32768);
+        at_32k.result.spec.placement.n_ctx = Some(32768);
         let mut q8 = at_32k.clone();
         q8.role = crate::types::Role::Hatch;
-        q8.result.spec.kv_type = crate::types::KvType::Q8_0;
+        q8.result.spec.placement.kv_type = crate::types::KvType::Q8_0;
         old.trials.extend([at_32k, q8]);
         old.settings.contexts = vec![4096, 32768];
         let place = |p: &Profile, n_ctx: u32, kv| {
@@ -793,7 +801,7 @@ mod tests {
         // At the same ngl and threads: llama.cpp's default split and a -ts split.
         let mut split = old.trials[1].clone();
         split.role = crate::types::Role::Split;
-        split.result.spec.tensor_split = vec![9, 13];
+        split.result.spec.placement.tensor_split = vec![9, 13];
         old.trials.push(split);
         let mut new = old.clone();
         // Only the split got slower.

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::error::bad;
+use crate::types::{RpcDevice, RpcServer};
 
 const CMD_GET_DEVICE_MEMORY: u8 = 11;
 const CMD_HELLO: u8 = 14;
@@ -51,8 +52,6 @@ pub fn protocol() -> (u8, u8, u8) {
 fn version(v: (u8, u8, u8)) -> String {
     format!("{}.{}.{}", v.0, v.1, v.2)
 }
-
-pub use crate::types::{RpcDevice, RpcServer};
 
 /// Splits "host:port" as ggml-rpc does (at the first ':').
 ///

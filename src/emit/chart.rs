@@ -5,8 +5,8 @@
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 
-use crate::engine::TrialStatus;
 use crate::profile::Profile;
+use crate::types::TrialStatus;
 
 const MIB: f64 = 1024.0 * 1024.0;
 const TG: RGBColor = RGBColor(31, 119, 180);
@@ -46,7 +46,7 @@ impl Data {
             .iter()
             .filter(|t| t.result.status == TrialStatus::Ok && t.is_search() && t.at_ctx(n_ctx))
             .collect();
-        let at = |t: &&crate::profile::ProfileTrial, v: f64| (f64::from(t.result.spec.n_gpu_layers), v);
+        let at = |t: &&crate::profile::ProfileTrial, v: f64| (f64::from(t.result.spec.placement.n_gpu_layers), v);
         let tg: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.result.test(false).map(|x| at(t, x.avg_ts))).collect();
         let pp: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.result.test(true).map(|x| at(t, x.avg_ts))).collect();
         let mem: Vec<(f64, f64)> = ok.iter().filter_map(|t| t.mem_bytes.map(|m| at(t, m / MIB))).collect();
@@ -75,7 +75,9 @@ impl Data {
                     .trials
                     .iter()
                     .filter(|t| t.result.status == TrialStatus::Ok && t.is_search() && t.at_ctx(c))
-                    .filter_map(|t| t.result.test(false).map(|x| (f64::from(t.result.spec.n_gpu_layers), x.avg_ts)))
+                    .filter_map(|t| {
+                        t.result.test(false).map(|x| (f64::from(t.result.spec.placement.n_gpu_layers), x.avg_ts))
+                    })
                     .collect();
                 v.sort_by(|a, b| a.0.total_cmp(&b.0));
                 (c, v)
@@ -285,7 +287,7 @@ mod tests {
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         assert!(svg(&p).unwrap().contains("pp model"), "three pp points: a line");
         // As adaptive search leaves it: pp measured at ngl 0 only.
-        for t in p.trials.iter_mut().filter(|t| t.result.spec.n_gpu_layers > 0) {
+        for t in p.trials.iter_mut().filter(|t| t.result.spec.placement.n_gpu_layers > 0) {
             t.result.tests.retain(|x| x.n_gen > 0);
         }
         let out = svg(&p).unwrap();

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::engine::TrialStatus;
 use crate::profile::Profile;
+use crate::types::TrialStatus;
 
 /// Output formats of `ngl-tune emit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -32,16 +32,6 @@ pub enum Format {
     Md,
     /// The trial table as CSV
     Csv,
-}
-
-/// Shell-quotes a path when it needs it.
-#[must_use]
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:=@%".contains(c)) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
 }
 
 fn model_path(p: &Profile) -> String {
@@ -70,32 +60,8 @@ pub fn env_quote(s: &str) -> String {
 
 /// llama-server's environment as (name, value) pairs, in a fixed order.
 fn server_env(p: &Profile) -> Vec<(&'static str, String)> {
-    let r = &p.recommendation;
-    let mut v = vec![
-        ("LLAMA_ARG_MODEL", model_path(p)),
-        ("LLAMA_ARG_N_GPU_LAYERS", r.n_gpu_layers.to_string()),
-        ("LLAMA_ARG_THREADS", r.n_threads.to_string()),
-        ("LLAMA_ARG_CTX_SIZE", r.n_ctx.to_string()),
-    ];
-    if r.n_cpu_moe > 0 {
-        v.push(("LLAMA_ARG_N_CPU_MOE", r.n_cpu_moe.to_string()));
-    }
-    if r.kv_type.is_quantized() {
-        v.push(("LLAMA_ARG_CACHE_TYPE_K", r.kv_type.as_str().to_string()));
-        v.push(("LLAMA_ARG_CACHE_TYPE_V", r.kv_type.as_str().to_string()));
-        v.push(("LLAMA_ARG_FLASH_ATTN", "on".to_string()));
-    }
-    if r.n_cpu_ffn > 0 {
-        v.push(("LLAMA_ARG_OVERRIDE_TENSOR", crate::engine::cpu_ffn_override(r.n_cpu_ffn)));
-    }
-    if !r.rpc.is_empty() {
-        v.push(("LLAMA_ARG_RPC", r.rpc.join(",")));
-    }
-    if !r.tensor_split.is_empty() {
-        v.push(("LLAMA_ARG_SPLIT_MODE", "layer".to_string()));
-        v.push(("LLAMA_ARG_TENSOR_SPLIT", crate::types::split_list(&r.tensor_split)));
-        v.push(("LLAMA_ARG_MAIN_GPU", "0".to_string()));
-    }
+    let mut v = vec![("LLAMA_ARG_MODEL", model_path(p))];
+    v.extend(p.recommendation.placement().server_env());
     v
 }
 
@@ -137,7 +103,7 @@ pub fn ollama_default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64
 /// real, not CPU-emulated, offload devices), `OLLAMA_GPU_OVERHEAD` and
 /// `OLLAMA_CONTEXT_LENGTH` read through `env`.
 #[must_use]
-pub fn ollama_ctx_here(hw: &crate::probe::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
+pub fn ollama_ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
     let mut totals: Vec<u64> = hw.gpus.iter().filter_map(|g| g.memory_total).collect();
     if totals.is_empty() {
@@ -192,7 +158,7 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
     let r = &p.recommendation;
     Ok(match f {
         Format::Modelfile => modelfile::render(p),
-        Format::LlamaCpp => format!("-m {} {}\n", shell_quote(&model_path(p)), r.flags()),
+        Format::LlamaCpp => format!("{}\n", r.placement().command_line(&model_path(p))),
         Format::LlamaServerEnv => {
             let lines: String = server_env(p).into_iter().map(|(k, v)| format!("{k}={}\n", env_quote(&v))).collect();
             format!("{}{lines}", op_offload_comment(p))
@@ -238,7 +204,7 @@ struct TableRow {
 
 fn table_rows(p: &Profile) -> Vec<TableRow> {
     let mut trials: Vec<_> = p.trials.iter().collect();
-    trials.sort_by_key(|t| (t.result.spec.n_gpu_layers, t.result.spec.n_threads));
+    trials.sort_by_key(|t| (t.result.spec.placement.n_gpu_layers, t.result.spec.placement.n_threads));
     let mut rows = Vec::new();
     for t in trials {
         let r = &t.result;
@@ -247,9 +213,9 @@ fn table_rows(p: &Profile) -> Vec<TableRow> {
             status.push_str(" over-cap");
         }
         let base = |n_prompt, n_gen, avg_ts, stddev_ts| TableRow {
-            ngl: r.spec.n_gpu_layers,
-            threads: r.spec.n_threads,
-            n_cpu_moe: r.spec.n_cpu_moe,
+            ngl: r.spec.placement.n_gpu_layers,
+            threads: r.spec.placement.n_threads,
+            n_cpu_moe: r.spec.placement.n_cpu_moe,
             n_prompt,
             n_gen,
             avg_ts,
@@ -354,6 +320,7 @@ fn csv(p: &Profile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::shell_quote;
 
     #[test]
     fn quoting() {
@@ -367,7 +334,7 @@ mod tests {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-vulkan-llvmpipe.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
-        let top = p.trials.iter_mut().max_by_key(|t| t.result.spec.n_gpu_layers).unwrap();
+        let top = p.trials.iter_mut().max_by_key(|t| t.result.spec.placement.n_gpu_layers).unwrap();
         top.result.tests.retain(|x| x.n_gen > 0);
         // As racing leaves it: one repetition, marked.
         for x in &mut top.result.tests {

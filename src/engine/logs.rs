@@ -6,11 +6,10 @@
 //! copy to parse, because llama.cpp prints its allocations but does not
 //! expose them through the C API.
 
+use crate::types::BufferLine;
 use std::ffi::{c_char, c_void, CStr};
 use std::io::Write;
 use std::sync::Mutex;
-
-pub use crate::types::{is_device_buffer_type, BufferLine};
 
 static CAPTURED: Mutex<String> = Mutex::new(String::new());
 static ECHO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);

@@ -12,59 +12,22 @@ pub mod quality;
 pub mod runner;
 pub mod worker;
 
-pub use crate::types::{
-    FlashAttn, OpOffload, Race, TestResult, TrialResult, TrialSpec, TrialStatus, LLAMA_CPP_REVISION,
-};
-
-/// llama.cpp's pattern for one layer's expert tensors (common.h's
-/// `LLM_FFN_EXPS_REGEX`), as `--n-cpu-moe` builds it.
-#[must_use]
-pub fn cpu_moe_pattern(layer: u32) -> String {
-    format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
-}
-
-/// The pattern for one layer's dense FFN weights (`ffn_up`, `ffn_gate`,
-/// `ffn_down`; not the experts, not the norms), kept on the CPU by `-ot`.
-#[must_use]
-pub fn cpu_ffn_pattern(layer: u32) -> String {
-    format!("blk\\.{layer}\\.ffn_(up|down|gate)\\.weight")
-}
-
-/// llama.cpp's `-ot` value that keeps the dense FFN weights of the first
-/// `k` layers on the CPU: one regular expression (llama.cpp searches each
-/// tensor name with it) and the CPU buffer type.
-#[must_use]
-pub fn cpu_ffn_override(k: u32) -> String {
-    let layers: Vec<String> = (0..k).map(|l| l.to_string()).collect();
-    format!("blk\\.({})\\.ffn_(up|down|gate)\\.weight=CPU", layers.join("|"))
-}
+#[cfg(test)]
+use crate::types::{Placement, Race, TrialSpec};
 
 /// A small spec for unit tests elsewhere in the crate.
 #[cfg(test)]
 pub(crate) fn test_spec() -> TrialSpec {
     TrialSpec {
         model: "m.gguf".into(),
-        n_gpu_layers: 0,
+        placement: Placement::default().with_layers(0, 2, Some(256)),
         n_prompt: 64,
         n_gen: 16,
-        n_batch: 2048,
-        n_ubatch: 512,
-        n_threads: 2,
-        n_ctx: Some(256),
         repetitions: 3,
         warmup: true,
-        flash_attn: -1,
         seed: 1,
         sample_interval_ms: 20,
-        n_cpu_moe: 0,
-        n_cpu_ffn: 0,
-        cpu_overrides: Vec::new(),
-        kv_type: crate::types::KvType::F16,
-        op_offload: OpOffload::On,
         race: None,
-        rpc: Vec::new(),
-        tensor_split: Vec::new(),
-        main_gpu: 0,
     }
 }
 

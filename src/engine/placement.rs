@@ -8,9 +8,6 @@ use std::ffi::{c_char, c_int, CString};
 
 use llama_cpp_2::model::LlamaModel;
 
-/// llama.cpp's `LLAMA_SPLIT_MODE_LAYER`.
-const SPLIT_MODE_LAYER: i32 = 1;
-
 #[repr(C)]
 pub(crate) struct RawPlacement {
     n_gpu_layers: i32,
@@ -27,33 +24,34 @@ extern "C" {
     fn ngl_tune_add_rpc(endpoint: *const c_char) -> c_int;
 }
 
-/// A placement and the C strings and numbers its raw form points to.
-pub(crate) struct Placement {
+/// A placement's model parameters and the C strings and numbers their raw form points to.
+pub(crate) struct ModelParams {
     ngl: u32,
+    split_mode: i32,
     main_gpu: u32,
     split: Vec<f32>,
     patterns: Vec<CString>,
     pointers: Vec<*const c_char>,
 }
 
-impl Placement {
-    /// `split`: layers per offload device (empty: llama.cpp's default);
-    /// `cpu_patterns`: regular expressions of tensors kept on the CPU.
-    pub(crate) fn new(ngl: u32, split: &[u32], main_gpu: u32, cpu_patterns: impl IntoIterator<Item = String>) -> Self {
-        let patterns: Vec<CString> = cpu_patterns.into_iter().map(|p| CString::new(p).unwrap_or_default()).collect();
+impl ModelParams {
+    /// Everything a placement puts somewhere: layers, the split, and the
+    /// tensors kept on the CPU (experts of `--n-cpu-moe`, dense FFN
+    /// weights, `-ot` patterns).
+    pub(crate) fn of(p: &crate::types::Placement) -> Self {
+        let patterns = (0..p.n_cpu_moe).map(crate::types::cpu_moe_pattern).chain(p.cpu_patterns());
+        let patterns: Vec<CString> = patterns.map(|p| CString::new(p).unwrap_or_default()).collect();
         let pointers = patterns.iter().map(|p| p.as_ptr()).collect();
         #[allow(clippy::cast_precision_loss)]
-        let split = split.iter().map(|&l| l as f32).collect();
-        Placement { ngl, main_gpu, split, patterns, pointers }
-    }
-
-    /// Everything a trial spec places.
-    pub(crate) fn of(spec: &crate::types::TrialSpec) -> Self {
-        let patterns = (0..spec.n_cpu_moe)
-            .map(super::cpu_moe_pattern)
-            .chain((0..spec.n_cpu_ffn).map(super::cpu_ffn_pattern))
-            .chain(spec.cpu_overrides.iter().cloned());
-        Placement::new(spec.n_gpu_layers, &spec.tensor_split, spec.main_gpu, patterns)
+        let split = p.tensor_split.iter().map(|&l| l as f32).collect();
+        ModelParams {
+            ngl: p.n_gpu_layers,
+            split_mode: p.split_mode.llama_value(),
+            main_gpu: p.main_gpu,
+            split,
+            patterns,
+            pointers,
+        }
     }
 
     /// The raw form; valid while `self` lives.
@@ -61,7 +59,7 @@ impl Placement {
         debug_assert_eq!(self.patterns.len(), self.pointers.len());
         RawPlacement {
             n_gpu_layers: i32::try_from(self.ngl).unwrap_or(i32::MAX),
-            split_mode: SPLIT_MODE_LAYER,
+            split_mode: self.split_mode,
             main_gpu: i32::try_from(self.main_gpu).unwrap_or(0),
             tensor_split: self.split.as_ptr(),
             n_split: u32::try_from(self.split.len()).unwrap_or(0),

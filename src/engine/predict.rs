@@ -59,7 +59,7 @@ impl Prediction {
     /// split mode layer (`Vulkan0`, `CUDA1`, `RPC0[host:port]`).
     #[must_use]
     pub fn per_device(&self) -> Vec<(String, u64)> {
-        let device = self.buffers.iter().filter(|b| !b.is_host && super::logs::is_device_buffer_type(&b.buffer_type));
+        let device = self.buffers.iter().filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type));
         crate::types::merge_by_name(device.map(|b| (b.buffer_type.clone(), b.model + b.context + b.compute)), |a, b| {
             a + b
         })
@@ -71,13 +71,13 @@ impl Prediction {
     /// whole-layer prediction: at the spec's context with an f16 KV cache).
     #[must_use]
     pub fn prices(&self, spec: &crate::types::TrialSpec) -> bool {
-        let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, spec.n_ctx.unwrap_or(0)));
-        c.ngl == spec.n_gpu_layers
-            && Some(c.n_ctx) == spec.n_ctx.or(Some(0))
-            && c.kv_type == spec.kv_type
-            && c.n_cpu_ffn == spec.n_cpu_ffn
-            && c.n_cpu_moe == spec.n_cpu_moe
-            && self.split == spec.tensor_split
+        let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, spec.placement.n_ctx.unwrap_or(0)));
+        c.ngl == spec.placement.n_gpu_layers
+            && Some(c.n_ctx) == spec.placement.n_ctx.or(Some(0))
+            && c.kv_type == spec.placement.kv_type
+            && c.n_cpu_ffn == spec.placement.n_cpu_ffn
+            && c.n_cpu_moe == spec.placement.n_cpu_moe
+            && self.split == spec.placement.tensor_split
     }
 }
 
@@ -111,7 +111,7 @@ pub struct PredictSpec {
     pub n_ctx: u32,
     pub n_batch: u32,
     pub n_ubatch: u32,
-    pub flash_attn: i8,
+    pub flash_attn: crate::types::FlashAttn,
     /// Offload host tensor operations to the device (llama.cpp's default).
     #[serde(default = "crate::types::yes")]
     pub op_offload: bool,
@@ -205,11 +205,17 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 fn predict_one(spec: &PredictSpec, c: PredictCase, split: &[u32]) -> Prediction {
     let mut buffers: Vec<PredictedBuffer> = Vec::new();
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
-    let patterns = (0..c.n_cpu_ffn).map(super::cpu_ffn_pattern).chain((0..c.n_cpu_moe).map(super::cpu_moe_pattern));
-    let placement = super::placement::Placement::new(c.ngl, split, 0, patterns);
-    let raw = placement.raw();
+    let placement = crate::types::Placement {
+        n_gpu_layers: c.ngl,
+        n_cpu_ffn: c.n_cpu_ffn,
+        n_cpu_moe: c.n_cpu_moe,
+        tensor_split: split.to_vec(),
+        ..crate::types::Placement::default()
+    };
+    let params = super::placement::ModelParams::of(&placement);
+    let raw = params.raw();
     // A quantized V cache needs flash attention (as the trials run it).
-    let fa = if c.kv_type.is_quantized() { 1 } else { i32::from(spec.flash_attn) };
+    let fa = if c.kv_type.is_quantized() { 1 } else { i32::from(spec.flash_attn.value()) };
     // SAFETY: valid C strings and a placement that outlive the call, a
     // callback that only touches `buffers`, which outlives the call.
     let rc = unsafe {
@@ -233,7 +239,7 @@ fn predict_one(spec: &PredictSpec, c: PredictCase, split: &[u32]) -> Prediction 
         _ => Some(format!("dry-run context creation failed: {}", last_line(&log))),
     };
     let device = |f: fn(&PredictedBuffer) -> u64| -> u64 {
-        buffers.iter().filter(|b| !b.is_host && super::logs::is_device_buffer_type(&b.buffer_type)).map(f).sum()
+        buffers.iter().filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type)).map(f).sum()
     };
     Prediction {
         n_gpu_layers: c.ngl,

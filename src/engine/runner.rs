@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::child::{self, describe_exit, mentions_oom, telling_line};
-use super::{TrialResult, TrialSpec, TrialStatus};
-pub use crate::error::Interrupted;
+use crate::error::Interrupted;
 use crate::interrupt;
 use crate::probe::host::HostSource;
 use crate::probe::nvml::NvmlSource;
 use crate::probe::{MemorySource, Sampler};
 use crate::types::Contention;
+use crate::types::{TrialResult, TrialSpec, TrialStatus};
 
 /// Prefix of the worker's one result line on stdout, so stray output from a
 /// backend cannot be mistaken for it.
@@ -131,12 +131,12 @@ impl Runner {
         let pid = child.pid();
         let nvml = if self.nvml_note.is_none() { NvmlSource::open().ok() } else { None };
         let gpu_before = nvml.as_ref().map(|n| n.busy_before(&[pid, std::process::id()]));
-        let monitor = crate::probe::cpu::Monitor::start(Some(pid), local_rpc_servers(&spec.rpc));
+        let monitor = crate::probe::cpu::Monitor::start(Some(pid), local_rpc_servers(&spec.placement.rpc));
         let sampler = (!self.sample_interval.is_zero())
             .then(|| Sampler::start(Self::sources(nvml), self.sample_interval, Some(pid)));
         let done = child.wait(self.timeout, self.poll, || on_tick(pid))?;
         let sampled = sampler.map(Sampler::stop).unwrap_or_default();
-        let threshold = self.busy_threshold * f64::from(spec.n_threads.max(1));
+        let threshold = self.busy_threshold * f64::from(spec.placement.n_threads.max(1));
         let mut result = self.classify(&spec, &done);
         result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
         result.sampled.extend(sampled);
@@ -145,7 +145,7 @@ impl Runner {
             result.stderr_tail = done.tail;
             // A server that died or stalls mid-trial is named (ggml only aborts).
             if matches!(result.status, TrialStatus::Crashed | TrialStatus::Timeout) {
-                if let Some(dead) = crate::rpc::dead_server(&spec.rpc) {
+                if let Some(dead) = crate::rpc::dead_server(&spec.placement.rpc) {
                     result.reason = Some(format!("{dead}; {}", result.reason.unwrap_or_default()));
                 }
             }

@@ -15,9 +15,9 @@ use llama_cpp_2::token::LlamaToken;
 use rand::{Rng, SeedableRng};
 
 use super::logs;
-use super::{TestResult, TrialResult, TrialSpec, TrialStatus};
 use crate::probe::ggml::GgmlSource;
 use crate::probe::{MemorySource, Sampler};
+use crate::types::{TestResult, TrialResult, TrialSpec, TrialStatus};
 
 /// Fault injection for tests of the failure paths, read from
 /// `NGL_TUNE_TEST_FAULT`: `KIND` or `KIND@NGL` (only at that ngl), with KIND
@@ -115,14 +115,14 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
         Ok(b) => b,
         Err(e) => return fail(result, TrialStatus::Failed, format!("llama.cpp backend init failed: {e}")),
     };
-    if let Err(e) = super::placement::add_rpc_servers(&spec.rpc) {
+    if let Err(e) = super::placement::add_rpc_servers(&spec.placement.rpc) {
         return fail(result, TrialStatus::Failed, e.to_string());
     }
     result.devices = crate::probe::ggml::devices();
     // Auto becomes what was used: off where every offload device runs on the CPU.
-    let on = spec.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
+    let on = spec.placement.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
     let mut spec = spec.clone();
-    spec.op_offload = if on { crate::types::OpOffload::On } else { crate::types::OpOffload::Off };
+    spec.placement.op_offload = if on { crate::types::OpOffload::On } else { crate::types::OpOffload::Off };
     result.spec = spec.clone();
     let spec = &spec;
     let init_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -149,10 +149,10 @@ pub fn run(spec: &TrialSpec) -> TrialResult {
 }
 
 fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResult) -> TrialResult {
-    inject_memory_limit(spec.n_gpu_layers);
-    let placement = super::placement::Placement::of(spec);
+    inject_memory_limit(spec.placement.n_gpu_layers);
+    let params = super::placement::ModelParams::of(&spec.placement);
     let t_load = Instant::now();
-    let model = placement.load(&spec.model).ok_or("llama.cpp returned no model");
+    let model = params.load(&spec.model).ok_or("llama.cpp returned no model");
     let load_log = logs::take();
     let model = match model {
         Ok(m) => m,
@@ -167,7 +167,7 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
         result.layers_offloaded = Some(a);
         result.layers_total = Some(b);
     }
-    inject_fault(spec.n_gpu_layers);
+    inject_fault(spec.placement.n_gpu_layers);
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     for (n_prompt, n_gen) in spec.tests() {
@@ -175,17 +175,19 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
             // Far behind on the objective: the other tests cannot change the decision.
             break;
         }
-        let n_ctx = spec.n_ctx.unwrap_or(n_prompt + n_gen).max(1);
+        let n_ctx = spec.placement.n_ctx.unwrap_or(n_prompt + n_gen).max(1);
         let cparams = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(n_ctx))
-            .with_n_batch(spec.n_batch)
-            .with_n_ubatch(spec.n_ubatch)
-            .with_n_threads(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
-            .with_n_threads_batch(i32::try_from(spec.n_threads).unwrap_or(i32::MAX))
-            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(spec.flash_attn))
-            .with_op_offload(spec.op_offload != crate::types::OpOffload::Off)
-            .with_type_k(kv_cache_type(spec.kv_type))
-            .with_type_v(kv_cache_type(spec.kv_type));
+            .with_n_batch(spec.placement.n_batch)
+            .with_n_ubatch(spec.placement.n_ubatch)
+            .with_n_threads(i32::try_from(spec.placement.n_threads).unwrap_or(i32::MAX))
+            .with_n_threads_batch(i32::try_from(spec.placement.n_threads).unwrap_or(i32::MAX))
+            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(
+                spec.placement.flash_attn.value(),
+            ))
+            .with_op_offload(spec.placement.op_offload != crate::types::OpOffload::Off)
+            .with_type_k(kv_cache_type(spec.placement.kv_type))
+            .with_type_v(kv_cache_type(spec.placement.kv_type));
         let ctx = model.new_context(backend, cparams);
         let ctx_log = logs::take();
         let mut ctx = match ctx {
@@ -246,7 +248,7 @@ fn measure(
     let bos = if vocab.should_add_bos() { Some(vocab.bos()) } else { None };
     if spec.warmup {
         if n_prompt > 0 {
-            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.n_batch)?;
+            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.placement.n_batch)?;
         }
         if n_gen > 0 {
             test_gen(ctx, rng, n_vocab, bos, 1)?;
@@ -256,7 +258,7 @@ fn measure(
         ctx.clear_kv_cache();
         let t0 = Instant::now();
         if n_prompt > 0 {
-            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.n_batch)?;
+            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.placement.n_batch)?;
         }
         if n_gen > 0 {
             test_gen(ctx, rng, n_vocab, bos, n_gen)?;

@@ -4,12 +4,11 @@
 //! measurement taken on a busy machine is known as such instead of being
 //! silently low.
 
+use crate::types::{BusyProcess, Contention};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-pub use crate::types::{BusyProcess, Contention, GpuProcess};
 
 /// Share of the trial's threads that other processes may use (in cores'
 /// worth of CPU, on average over the trial) before it counts as contended.

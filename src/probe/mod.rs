@@ -13,10 +13,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::types::{CpuInfo, GpuInfo, Hardware, LlamaDevice, MemoryStats, RamInfo, LLAMA_CPP_REVISION};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-
-pub use crate::types::{CpuInfo, GpuInfo, Hardware, LlamaDevice, MemoryStats, RamInfo, LLAMA_CPP_REVISION};
 
 /// One reading of one device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

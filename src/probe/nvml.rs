@@ -117,7 +117,7 @@ impl NvmlSource {
 impl NvmlSource {
     /// See [`busy_before`].
     #[must_use]
-    pub fn busy_before(&self, except: &[u32]) -> (Option<u32>, Vec<super::cpu::GpuProcess>) {
+    pub fn busy_before(&self, except: &[u32]) -> (Option<u32>, Vec<crate::types::GpuProcess>) {
         busy_before(&self.nvml, except)
     }
 }
@@ -152,7 +152,7 @@ impl MemorySource for NvmlSource {
 /// highest utilization (percent) any device reported, and the processes
 /// other than `except` holding compute contexts.
 #[must_use]
-pub fn busy_before(nvml: &Nvml, except: &[u32]) -> (Option<u32>, Vec<super::cpu::GpuProcess>) {
+pub fn busy_before(nvml: &Nvml, except: &[u32]) -> (Option<u32>, Vec<crate::types::GpuProcess>) {
     let Ok(n) = nvml.device_count() else { return (None, Vec::new()) };
     let mut util: Option<u32> = None;
     let mut others = Vec::new();
@@ -166,7 +166,7 @@ pub fn busy_before(nvml: &Nvml, except: &[u32]) -> (Option<u32>, Vec<super::cpu:
                     UsedGpuMemory::Used(b) => Some(b),
                     UsedGpuMemory::Unavailable => None,
                 };
-                others.push(super::cpu::GpuProcess { pid: p.pid, bytes });
+                others.push(crate::types::GpuProcess { pid: p.pid, bytes });
             }
         }
     }

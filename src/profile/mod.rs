@@ -8,14 +8,13 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::TrialResult;
 use crate::model::ModelInfo;
-use crate::probe::Hardware;
-pub use crate::types::Quality;
-use crate::types::{Decision, KvType, Objective, Point};
+use crate::types::Hardware;
+use crate::types::TrialResult;
+use crate::types::{Decision, KvType, Objective, Placement, Point, Quality};
 
 /// 2: per-context placements, KV cache types, FFN overrides; version 1 is read.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Who wrote a profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,7 +30,7 @@ impl Tool {
         Tool {
             name: "ngl-tune".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            llama_cpp_revision: crate::engine::LLAMA_CPP_REVISION.into(),
+            llama_cpp_revision: crate::types::LLAMA_CPP_REVISION.into(),
         }
     }
 }
@@ -113,7 +112,7 @@ pub struct Settings {
     pub n_threads: u32,
     pub n_batch: u32,
     pub n_ubatch: u32,
-    pub flash_attn: i8,
+    pub flash_attn: crate::types::FlashAttn,
     pub objective: Objective,
     /// The grid asked for (`None`: the default grid).
     pub grid: Option<Vec<u32>>,
@@ -133,7 +132,7 @@ pub struct Settings {
     /// llama.cpp's op offload as asked (auto: off where every offload
     /// device is CPU-based).
     #[serde(default)]
-    pub op_offload: crate::engine::OpOffload,
+    pub op_offload: crate::types::OpOffload,
     /// Every context size tuned, ascending (`n_ctx` is the largest);
     /// profiles from before the field: `n_ctx` alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -276,7 +275,7 @@ impl ProfileTrial {
     /// Measured at this context size (version-1 trials all are: one context).
     #[must_use]
     pub fn at_ctx(&self, n_ctx: u32) -> bool {
-        self.result.spec.n_ctx.is_none_or(|c| c == n_ctx)
+        self.result.spec.placement.n_ctx.is_none_or(|c| c == n_ctx)
     }
 
     /// The trial reduced to what the decision needs.
@@ -284,7 +283,7 @@ impl ProfileTrial {
     pub fn point(&self) -> Point {
         let r = &self.result;
         Point {
-            ngl: r.spec.n_gpu_layers,
+            ngl: r.spec.placement.n_gpu_layers,
             ok: r.status == crate::types::TrialStatus::Ok,
             oom: r.status == crate::types::TrialStatus::Oom,
             tg: r.test(false).map(|x| x.avg_ts),
@@ -377,72 +376,27 @@ pub struct Recommendation {
 }
 
 impl Recommendation {
-    /// The Ollama Modelfile lines for a whole-layer split.
+    /// What llama.cpp runs for this recommendation.
     #[must_use]
-    pub fn modelfile_lines(ngl: u32, threads: u32, ctx: u32) -> Vec<String> {
-        vec![
-            format!("PARAMETER num_gpu {ngl}"),
-            format!("PARAMETER num_thread {threads}"),
-            format!("PARAMETER num_ctx {ctx}"),
-        ]
-    }
-
-    /// llama.cpp's flags: `-ngl N -t T -c C`, `--n-cpu-moe K` when the
-    /// experts of the first K layers stay on the CPU, and `--no-op-offload`
-    /// when host operations stay there too.
-    #[must_use]
-    pub fn llama_cpp_args(ngl: u32, threads: u32, ctx: u32, n_cpu_moe: u32, op_offload: bool) -> String {
-        let moe = if n_cpu_moe > 0 { format!(" --n-cpu-moe {n_cpu_moe}") } else { String::new() };
-        let po = if op_offload { "" } else { " --no-op-offload" };
-        format!("-ngl {ngl} -t {threads} -c {ctx}{moe}{po}")
+    pub fn placement(&self) -> Placement {
+        Placement { n_cpu_moe: self.n_cpu_moe, n_cpu_ffn: self.n_cpu_ffn, ..Placement::default() }
+            .with_layers(self.n_gpu_layers, self.n_threads, Some(self.n_ctx))
+            .with_kv(self.kv_type)
+            .with_op_offload(self.op_offload)
+            .with_split(&self.tensor_split, &self.rpc)
     }
 
     /// This recommendation's llama.cpp flags.
     #[must_use]
     pub fn flags(&self) -> String {
-        let flags = Recommendation::llama_cpp_args(
-            self.n_gpu_layers,
-            self.n_threads,
-            self.n_ctx,
-            self.n_cpu_moe,
-            self.op_offload,
-        ) + &Recommendation::hatch_args(self.kv_type, self.n_cpu_ffn)
-            + &Recommendation::split_args(&self.tensor_split);
-        Recommendation::with_rpc(&self.rpc, flags)
+        self.placement().flags()
     }
 
-    /// `-sm layer -ts a,b -mg 0` for layers split by proportion (llama.cpp
-    /// reads `-ts` as proportions; whole layer counts are exact ones).
+    /// The whole-layer placement Ollama can express: `num_gpu` layers, no
+    /// tensor overrides, no RPC devices.
     #[must_use]
-    pub fn split_args(split: &[u32]) -> String {
-        if split.is_empty() {
-            return String::new();
-        }
-        format!(" -sm layer -ts {} -mg 0", crate::types::split_list(split))
-    }
-
-    /// `--rpc host:port,..` in front of `flags` when RPC servers are used.
-    #[must_use]
-    pub fn with_rpc(rpc: &[String], flags: String) -> String {
-        if rpc.is_empty() {
-            flags
-        } else {
-            format!("--rpc {} {flags}", rpc.join(","))
-        }
-    }
-
-    /// The flags a hatch adds: `-ctk T -ctv T -fa on` for a quantized KV
-    /// cache, `-ot 'PATTERN=CPU'` for FFN weights kept on the CPU.
-    #[must_use]
-    pub fn hatch_args(kv: KvType, n_cpu_ffn: u32) -> String {
-        let mut s = String::new();
-        if kv.is_quantized() {
-            s += &format!(" -ctk {0} -ctv {0} -fa on", kv.as_str());
-        }
-        if n_cpu_ffn > 0 {
-            s += &format!(" -ot '{}'", crate::engine::cpu_ffn_override(n_cpu_ffn));
-        }
-        s
+    pub fn ollama_placement(&self, num_gpu: u32) -> Placement {
+        Placement::default().with_layers(num_gpu, self.n_threads, Some(self.n_ctx))
     }
 }
 
@@ -619,7 +573,7 @@ pub struct Profile {
     pub prediction: Option<PredictionReport>,
     #[serde(default)]
     pub search: Option<SearchReport>,
-    pub notes: Vec<String>,
+    pub notes: Vec<crate::types::Note>,
     /// Wall time of the whole tuning, seconds.
     pub wall_s: f64,
     /// The answer per context size, with the escape hatches measured or

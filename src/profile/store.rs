@@ -217,8 +217,6 @@ pub fn machines(store: &Path) -> Vec<PathBuf> {
     v
 }
 
-pub use crate::clock::parse_rfc3339;
-
 /// The profile file for a model (this machine's, in the store) or a profile path.
 ///
 /// # Errors

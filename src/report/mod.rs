@@ -1,17 +1,18 @@
 //! What a person reads after tuning: the measured table, the choice and why,
 //! and the lines to paste.
 
+pub mod note;
 pub mod placement;
 pub mod split;
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::engine::{TrialResult, TrialStatus};
 use crate::model::human_bytes;
 use crate::profile::Profile;
+use crate::types::{TrialResult, TrialStatus};
 
-fn ts(test: Option<&crate::engine::TestResult>) -> String {
+fn ts(test: Option<&crate::types::TestResult>) -> String {
     test.map_or_else(
         || "-".to_string(),
         |x| crate::table::speed_cell(Some(x.avg_ts), Some(x.stddev_ts), x.samples_ns.len()),
@@ -40,7 +41,13 @@ pub fn trial_table(p: &Profile) -> String {
     let mut trials: Vec<_> = p.trials.iter().collect();
     trials.sort_by_key(|t| {
         let sp = &t.result.spec;
-        (sp.n_ctx, sp.n_gpu_layers, sp.kv_type, sp.n_cpu_ffn, sp.n_threads)
+        (
+            sp.placement.n_ctx,
+            sp.placement.n_gpu_layers,
+            sp.placement.kv_type,
+            sp.placement.n_cpu_ffn,
+            sp.placement.n_threads,
+        )
     });
     for tr in trials {
         let r = &tr.result;
@@ -53,14 +60,14 @@ pub fn trial_table(p: &Profile) -> String {
         };
         let mut row = vec![
             placement_cell(&r.spec),
-            r.spec.n_threads.to_string(),
+            r.spec.placement.n_threads.to_string(),
             ts(r.test(true)),
             ts(r.test(false)),
             mem,
             status_words(tr),
         ];
         if several {
-            row.insert(0, r.spec.n_ctx.map_or_else(|| "-".into(), |c| c.to_string()));
+            row.insert(0, r.spec.placement.n_ctx.map_or_else(|| "-".into(), |c| c.to_string()));
         }
         t.row(row);
     }
@@ -75,15 +82,15 @@ pub fn trial_table(p: &Profile) -> String {
 
 /// The ngl cell: the layers, and the hatch when there is one.
 fn placement_cell(spec: &crate::types::TrialSpec) -> String {
-    let mut c = spec.n_gpu_layers.to_string();
-    if spec.kv_type.is_quantized() {
-        c += &format!(" ({} KV)", spec.kv_type.as_str());
+    let mut c = spec.placement.n_gpu_layers.to_string();
+    if spec.placement.kv_type.is_quantized() {
+        c += &format!(" ({} KV)", spec.placement.kv_type.as_str());
     }
-    if spec.n_cpu_ffn > 0 {
-        c += &format!(" (FFN of {} on CPU)", spec.n_cpu_ffn);
+    if spec.placement.n_cpu_ffn > 0 {
+        c += &format!(" (FFN of {} on CPU)", spec.placement.n_cpu_ffn);
     }
-    if !spec.tensor_split.is_empty() {
-        c += &format!(" (-ts {})", crate::types::split_list(&spec.tensor_split));
+    if !spec.placement.tensor_split.is_empty() {
+        c += &format!(" (-ts {})", crate::types::split_list(&spec.placement.tensor_split));
     }
     c
 }
@@ -106,45 +113,12 @@ fn status_words(t: &crate::profile::ProfileTrial) -> String {
         let _ = write!(status, ", contended (others {:.2} cores)", c.others_cores_mean);
     }
     if t.role == crate::types::Role::Moe {
-        let _ = write!(status, " (--n-cpu-moe {})", r.spec.n_cpu_moe);
+        let _ = write!(status, " (--n-cpu-moe {})", r.spec.placement.n_cpu_moe);
     }
     if let Some(why) = r.reason.as_deref().filter(|_| r.status != TrialStatus::Ok) {
         let _ = write!(status, ": {why}");
     }
     status
-}
-
-/// Notes the report prints as warnings beside the numbers (the tuner
-/// leaves them out of its list of notes printed before the report).
-/// Profiles keep notes as words; a warning is a note that begins with its kind's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Warning {
-    /// Repetitions varied by more than 10%.
-    Noisy,
-    /// Trials ran while other processes took the machine.
-    Busy,
-    /// A trial asked for more threads than there were free cores.
-    Threads,
-}
-
-impl Warning {
-    const ALL: [Warning; 3] = [Warning::Noisy, Warning::Busy, Warning::Threads];
-
-    /// The words a note of this kind begins with.
-    #[must_use]
-    pub fn prefix(self) -> &'static str {
-        match self {
-            Warning::Noisy => "noisy measurement",
-            Warning::Busy => "busy machine",
-            Warning::Threads => "more threads than free cores",
-        }
-    }
-
-    /// The kind of warning a note is, if it is one.
-    #[must_use]
-    pub fn of(note: &str) -> Option<Warning> {
-        Self::ALL.into_iter().find(|w| note.starts_with(w.prefix()))
-    }
 }
 
 /// One plain line per finished trial, for logs without a terminal (CI,
@@ -153,12 +127,12 @@ impl Warning {
 #[must_use]
 pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::time::Duration) -> String {
     let s = &r.spec;
-    let mut setting = format!("ngl {} -t {}", s.n_gpu_layers, s.n_threads);
-    if s.n_cpu_moe > 0 {
-        let _ = write!(setting, " --n-cpu-moe {}", s.n_cpu_moe);
+    let mut setting = format!("ngl {} -t {}", s.placement.n_gpu_layers, s.placement.n_threads);
+    if s.placement.n_cpu_moe > 0 {
+        let _ = write!(setting, " --n-cpu-moe {}", s.placement.n_cpu_moe);
     }
-    if !s.tensor_split.is_empty() {
-        let _ = write!(setting, " -ts {}", crate::types::split_list(&s.tensor_split));
+    if !s.placement.tensor_split.is_empty() {
+        let _ = write!(setting, " -ts {}", crate::types::split_list(&s.placement.tensor_split));
     }
     let mut what: Vec<String> = r.tests.iter().map(|t| format!("{} {:.2} t/s", t.name(), t.avg_ts)).collect();
     if r.status != TrialStatus::Ok {
@@ -180,76 +154,6 @@ pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::t
         what.join(", "),
         r.wall_ms / 1e3
     )
-}
-
-/// In words, when trials were measured on a busy machine: how many, how
-/// busy, and the processes that took the most CPU (name and pid, top 3).
-#[must_use]
-pub fn busy_note<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Option<String> {
-    let all: Vec<&TrialResult> = results.into_iter().collect();
-    let busy: Vec<&crate::probe::cpu::Contention> =
-        all.iter().filter(|r| r.contended()).filter_map(|r| r.contention.as_ref()).collect();
-    if busy.is_empty() {
-        return None;
-    }
-    let worst = busy.iter().map(|c| c.others_cores_mean).fold(0.0, f64::max);
-    let cores = busy[0].logical_cores;
-    let mut top: Vec<crate::probe::cpu::BusyProcess> = Vec::new();
-    for p in busy.iter().flat_map(|c| c.top.iter()) {
-        match top.iter_mut().find(|t| t.pid == p.pid) {
-            Some(t) => t.cores = t.cores.max(p.cores),
-            None => top.push(p.clone()),
-        }
-    }
-    top.sort_by(|a, b| b.cores.total_cmp(&a.cores));
-    top.truncate(3);
-    let who = if top.is_empty() {
-        "no single process stood out".to_string()
-    } else {
-        format!(
-            "most CPU: {}",
-            top.iter()
-                .map(|p| format!("{} (pid {}) {:.2} cores", p.name, p.pid, p.cores))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
-    let gpu = busy
-        .iter()
-        .filter_map(|c| c.gpu_util_before_pct.filter(|_| !c.gpu_others.is_empty()).map(|u| (u, &c.gpu_others)))
-        .max_by_key(|(u, _)| *u)
-        .map_or(String::new(), |(u, o)| {
-            let pids: Vec<String> = o.iter().map(|p| p.pid.to_string()).collect();
-            format!("; the GPU was {u}% busy before trials, with pid {} on it", pids.join(", "))
-        });
-    Some(format!(
-        "{}: {} of {} trials ran while other processes used more CPU than the threshold (up to {worst:.2} of {cores} cores), also when measured again after a pause; {who}{gpu}. Their speeds are lower than this machine gives when idle, so the recommendation's confidence is low: re-run when the machine is idle",
-        Warning::Busy.prefix(),
-        busy.len(),
-        all.len()
-    ))
-}
-
-/// In words, when a trial asked for more threads than there were free
-/// cores: llama.cpp's threads then wait on each other.
-#[must_use]
-pub fn threads_note<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Option<String> {
-    let (r, c) = results
-        .into_iter()
-        .filter_map(|r| r.contention.as_ref().map(|c| (r, c)))
-        .filter(|(r, c)| c.free_cores() + 0.5 < f64::from(r.spec.n_threads))
-        .min_by(|a, b| a.1.free_cores().total_cmp(&b.1.free_cores()))?;
-    let free = c.free_cores();
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let fits = (free.floor() as u32).max(1);
-    Some(format!(
-        "{}: -t {} at ngl {} had about {free:.1} of {} cores to itself (others used {:.1}); llama.cpp's threads then wait on each other and every speed drops: on a shared machine use -t {fits}, or stop the other work",
-        Warning::Threads.prefix(),
-        r.spec.n_threads,
-        r.spec.n_gpu_layers,
-        c.logical_cores,
-        c.others_cores_mean
-    ))
 }
 
 /// The whole report printed by the tuner.
@@ -280,7 +184,7 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     for n in &d.fit_notes {
         let _ = writeln!(s, "note: {n}");
     }
-    for n in p.notes.iter().filter(|n| Warning::of(n).is_some()) {
+    for n in p.notes.iter().filter(|n| n.is_warning()) {
         let _ = writeln!(s, "warning: {n}");
     }
     if let Some(pr) = &p.prediction {
@@ -314,7 +218,7 @@ fn prediction_lines(p: &Profile, pr: &crate::profile::PredictionReport) -> Strin
     let gaps: Vec<(u32, i64)> = p
         .trials
         .iter()
-        .filter_map(|t| t.sampled_minus_predicted_bytes.map(|g| (t.result.spec.n_gpu_layers, g)))
+        .filter_map(|t| t.sampled_minus_predicted_bytes.map(|g| (t.result.spec.placement.n_gpu_layers, g)))
         .collect();
     if let (Some(lo), Some(hi)) = (gaps.iter().min_by_key(|g| g.1), gaps.iter().max_by_key(|g| g.1)) {
         let signed = |b: i64| format!("{}{}", if b < 0 { "-" } else { "+" }, human_bytes(b.unsigned_abs()));
@@ -447,7 +351,7 @@ pub fn render_inspect(m: &crate::model::ModelInfo) -> String {
 
 /// Human-readable `hw` output.
 #[must_use]
-pub fn render_hw(hw: &crate::probe::Hardware) -> String {
+pub fn render_hw(hw: &crate::types::Hardware) -> String {
     let mut s = String::new();
     s += &format!("machine      {} (fingerprint {})\n", hw.machine_id, hw.fingerprint);
     s += &format!("os           {}, kernel {}\n", hw.os, hw.kernel);
@@ -554,7 +458,7 @@ mod tests {
             x.samples_ts.truncate(1);
             x.stopped_early = true;
         }
-        let n = t.spec.n_gpu_layers;
+        let n = t.spec.placement.n_gpu_layers;
         let table = trial_table(&p);
         let row = table.lines().find(|l| l.starts_with(&format!("| {n} |"))).expect(&table);
         assert!(row.contains("cut short: far behind the best"), "{row}");

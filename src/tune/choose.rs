@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::knee::kneedle;
 use crate::curve::Curve;
 use crate::model::human_bytes;
-pub use crate::types::{Decision, Fits, Knee, Objective, Point};
+use crate::types::{Decision, Fits, Knee, Objective, Point};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inputs {

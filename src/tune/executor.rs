@@ -24,21 +24,21 @@ pub trait TrialExecutor {
 #[must_use]
 pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec {
     let mut spec = base.clone();
-    spec.n_gpu_layers = c.ngl;
-    spec.n_threads = c.threads;
-    spec.n_cpu_moe = c.n_cpu_moe;
-    spec.n_cpu_ffn = c.n_cpu_ffn;
-    spec.kv_type = c.kv;
-    spec.tensor_split = c.split.layers();
+    spec.placement.n_gpu_layers = c.ngl;
+    spec.placement.n_threads = c.threads;
+    spec.placement.n_cpu_moe = c.n_cpu_moe;
+    spec.placement.n_cpu_ffn = c.n_cpu_ffn;
+    spec.placement.kv_type = c.kv;
+    spec.placement.tensor_split = c.split.layers();
     if c.ngl == 0 {
         // Every layer on the CPU: measured as recommended, without the
         // servers (with them, llama.cpp's op offload could ship the
         // prompt's matrix products to one).
-        spec.rpc.clear();
+        spec.placement.rpc.clear();
     }
     if c.kv.is_quantized() {
         // llama.cpp quantizes the V cache only with flash attention.
-        spec.flash_attn = 1;
+        spec.placement.flash_attn = crate::types::FlashAttn::On;
     }
     spec.race = race.filter(|r| r.pp_below_ts.is_some() || r.tg_below_ts.is_some());
     spec

@@ -6,8 +6,9 @@ use std::path::Path;
 
 use crate::engine::predict::Prediction;
 use crate::model::{human_bytes, ModelInfo};
-use crate::probe::{self, Hardware, LlamaDevice};
+use crate::probe;
 use crate::profile::{MemoryPolicy, PredictionReport, Settings};
+use crate::types::{Hardware, LlamaDevice};
 use crate::types::{Source, TrialResult, TrialStatus};
 
 /// How device memory is measured on this machine and the cap that follows.
@@ -237,8 +238,8 @@ mod tests {
 
     #[test]
     fn the_gap_to_the_sampled_peak_is_reported_only_where_a_sampler_is_trusted() {
-        use crate::engine::logs::BufferLine;
-        let mut r = crate::engine::TrialResult::failed(crate::engine::test_spec(), TrialStatus::Ok, String::new());
+        use crate::types::BufferLine;
+        let mut r = crate::types::TrialResult::failed(crate::engine::test_spec(), TrialStatus::Ok, String::new());
         r.reason = None;
         r.model_buffers.push(BufferLine { buffer_type: "CUDA0".into(), kind: "model".into(), bytes: 1000 << 20 });
         let policy = |source: Source| MemoryPolicy {

@@ -27,11 +27,13 @@ use anyhow::Result;
 
 use crate::clock::now_rfc3339;
 use crate::engine::runner::Runner;
-use crate::engine::TrialSpec;
 use crate::model::ModelInfo;
-use crate::probe::{self, Hardware};
+use crate::probe;
 use crate::profile::store;
 use crate::profile::{Checkpoint, Confidence, MemoryPolicy, ModelIdentity, Profile, Settings, Tool, SCHEMA_VERSION};
+use crate::types::Hardware;
+use crate::types::Note;
+use crate::types::TrialSpec;
 use executor::WorkerExecutor;
 use search::{Checkpointing, Plan, Progress, Search};
 
@@ -100,8 +102,8 @@ impl TuneRequest {
 pub struct TuneOutcome {
     pub profile: Profile,
     pub path: PathBuf,
-    /// Said to the user once (missing sources, resumed work, ...).
-    pub notes: Vec<String>,
+    /// Said to the user once (missing sources, resumed work, ...); the warnings among them go beside the numbers.
+    pub notes: Vec<Note>,
 }
 
 /// What one context size's search found.
@@ -113,7 +115,7 @@ struct ContextOutcome {
     fit_check: Vec<crate::profile::FitCheck>,
     placement: crate::profile::ContextPlacement,
     no_gpu: bool,
-    notes: Vec<String>,
+    notes: Vec<Note>,
 }
 
 /// The machine-wide facts every context's search shares.
@@ -139,11 +141,11 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     hw.fingerprint = probe::fingerprint(&hw);
     let identity = ModelIdentity::of(info);
     let policy = memory::policy_for(&hw, s, &opts.caps);
-    let mut notes = hw.notes.clone();
+    let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let mut checkpoint = Some(resume(opts, &identity, &hw, &mut notes));
     let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
-    if !op_offload && s.op_offload == crate::engine::OpOffload::Auto {
-        notes.push(probe::op_offload_note(&hw.llama_devices));
+    if !op_offload && s.op_offload == crate::types::OpOffload::Auto {
+        notes.push(Note::op_offload(probe::op_offload_note(&hw.llama_devices)));
     }
     let exe = crate::engine::child::current_exe()?;
     let shared = Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe };
@@ -156,7 +158,7 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     }
     let primary = outcomes.pop().expect("at least one context");
     let busy =
-        crate::report::busy_note(outcomes.iter().chain([&primary]).flat_map(|o| o.trials.iter().map(|t| &t.result)));
+        crate::report::note::busy(outcomes.iter().chain([&primary]).flat_map(|o| o.trials.iter().map(|t| &t.result)));
     let confidence = if busy.is_some() { Confidence::Low } else { Confidence::High };
     let mut placements: Vec<crate::profile::ContextPlacement> = Vec::new();
     let mut trials = Vec::new();
@@ -166,15 +168,14 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
         placements.push(p);
         trials.extend(o.trials.iter().cloned());
         for n in &o.notes {
-            let n =
-                if o.placement.n_ctx == s.n_ctx { n.clone() } else { format!("{} context: {n}", o.placement.n_ctx) };
+            let n = if o.placement.n_ctx == s.n_ctx { n.clone() } else { n.clone().at(o.placement.n_ctx) };
             if !notes.contains(&n) {
                 notes.push(n);
             }
         }
     }
     notes.extend(busy);
-    notes.extend(crate::report::threads_note(trials.iter().map(|t| &t.result)));
+    notes.extend(crate::report::note::threads(trials.iter().map(|t| &t.result)));
     let mut recommendation = primary.placement.recommendation.clone();
     recommendation.confidence = confidence;
     let profile = Profile {
@@ -223,7 +224,9 @@ fn tune_context(
             info.n_layer_full,
         );
         notes.extend(pr.error.as_ref().map(|e| {
-            format!("llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured")
+            Note::prediction(format!(
+                "llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured"
+            ))
         }));
     }
     let runner = Runner::current(Duration::from_secs(s.trial_timeout_s), sh.opts.verbose)?
@@ -260,13 +263,10 @@ fn tune_context(
         .then(|| summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full));
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
     let mut recommendation = placement::recommend(&layer_split, &hatches.options, s.n_threads);
-    let mut options = hatches.options;
+    let options = hatches.options;
     if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
         recommendation.rpc.clone_from(&s.rpc);
         recommendation.llama_cpp_args = recommendation.flags();
-        for o in &mut options {
-            o.llama_cpp_args = crate::profile::Recommendation::with_rpc(&s.rpc, std::mem::take(&mut o.llama_cpp_args));
-        }
     }
     let split = split.map(|f| {
         if let Some(best) = f.best.map(|i| &f.options[i]) {
@@ -329,7 +329,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
         let n = sh.opts.caps.len();
         return Ok(split::SplitFound {
-            notes: vec![format!("the split across {n} devices was not tuned: {dead}")],
+            notes: vec![Note::split(format!("the split across {n} devices was not tuned: {dead}"))],
             ..split::SplitFound::default()
         });
     }
@@ -360,6 +360,7 @@ fn hatches(
         n_ctx: s.n_ctx,
         threads: s.n_threads,
         op_offload: sh.op_offload,
+        rpc: s.rpc.clone(),
         grid: plan.full_grid.clone(),
     };
     let mut predict = |cases: &[crate::engine::predict::PredictCase]| {
@@ -375,7 +376,7 @@ fn hatches(
 /// The checkpoint to continue from: the previous one with `--resume` when
 /// it is for the same model, settings and hardware, else a fresh one; what
 /// happened is said in `notes`.
-fn resume(opts: &TuneRequest, identity: &ModelIdentity, hw: &Hardware, notes: &mut Vec<String>) -> Checkpointing {
+fn resume(opts: &TuneRequest, identity: &ModelIdentity, hw: &Hardware, notes: &mut Vec<Note>) -> Checkpointing {
     let s = &opts.settings;
     let path = store::checkpoint_path(&opts.store, &hw.machine_id, identity);
     let fresh = Checkpoint {
@@ -390,25 +391,25 @@ fn resume(opts: &TuneRequest, identity: &ModelIdentity, hw: &Hardware, notes: &m
     let same = |c: &Checkpoint| c.model == *identity && c.settings == *s && c.fingerprint == hw.fingerprint;
     let checkpoint = match store::read_checkpoint(&path) {
         Some(c) if opts.resume && same(&c) => {
-            notes.push(format!("resuming: {} finished trials from {}", c.trials.len(), path.display()));
+            notes.push(Note::resume(format!("resuming: {} finished trials from {}", c.trials.len(), path.display())));
             c
         }
         Some(_) if opts.resume => {
-            notes.push(format!(
+            notes.push(Note::resume(format!(
                 "{} is for other settings, another model file or changed hardware; starting fresh",
                 path.display()
-            ));
+            )));
             fresh
         }
         None if opts.resume => {
-            notes.push("nothing to resume (no checkpoint for this model and machine); starting fresh".into());
+            notes.push(Note::resume("nothing to resume (no checkpoint for this model and machine); starting fresh"));
             fresh
         }
         Some(c) => {
-            notes.push(format!(
+            notes.push(Note::resume(format!(
                 "an unfinished tuning ({} trials) was replaced; --resume would have continued it",
                 c.trials.len()
-            ));
+            )));
             fresh
         }
         None => fresh,
@@ -442,27 +443,22 @@ fn plan_for(info: &ModelInfo, s: &Settings, hw: &Hardware, no_gpu: bool) -> Plan
 fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
     TrialSpec {
         model: info.path.clone(),
-        n_gpu_layers: 0,
+        placement: crate::types::Placement {
+            n_batch: s.n_batch,
+            n_ubatch: s.n_ubatch,
+            flash_attn: s.flash_attn,
+            ..crate::types::Placement::default()
+        }
+        .with_layers(0, s.n_threads, Some(s.n_ctx))
+        .with_op_offload(op_offload)
+        .with_split(&[], &s.rpc),
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
-        n_threads: s.n_threads,
-        n_ctx: Some(s.n_ctx),
         repetitions: s.repetitions,
         warmup: true,
-        flash_attn: s.flash_attn,
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
-        n_cpu_moe: 0,
-        n_cpu_ffn: 0,
-        cpu_overrides: Vec::new(),
-        kv_type: crate::types::KvType::F16,
-        op_offload: if op_offload { crate::types::OpOffload::On } else { crate::types::OpOffload::Off },
         race: None,
-        rpc: s.rpc.clone(),
-        tensor_split: Vec::new(),
-        main_gpu: 0,
     }
 }
 

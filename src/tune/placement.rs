@@ -13,7 +13,8 @@ use super::plan::Candidate;
 use super::search::Search;
 use crate::engine::predict::{PredictCase, Prediction};
 use crate::model::human_bytes;
-use crate::profile::{HatchKind, PlacementOption, ProfileTrial, Quality, Recommendation, Settings};
+use crate::profile::{HatchKind, PlacementOption, ProfileTrial, Recommendation, Settings};
+use crate::types::Quality;
 use crate::types::{KvType, Role, TrialStatus};
 
 /// The KV cache is worth shrinking when it takes at least this share of the cap.
@@ -32,9 +33,24 @@ pub struct HatchInputs {
     pub n_ctx: u32,
     pub threads: u32,
     pub op_offload: bool,
+    /// RPC servers whose devices the placements use (`--rpc` in their flags when layers are offloaded).
+    pub rpc: Vec<String>,
     /// The whole-layer grid (where a quantized KV cache is priced when it
     /// does not fit at full offload).
     pub grid: Vec<u32>,
+}
+
+impl HatchInputs {
+    /// What llama.cpp runs for a priced case (the servers only when layers are offloaded).
+    #[must_use]
+    pub fn placement(&self, case: PredictCase) -> crate::types::Placement {
+        let rpc = if case.ngl > 0 { self.rpc.as_slice() } else { &[] };
+        crate::types::Placement { n_cpu_ffn: case.n_cpu_ffn, ..crate::types::Placement::default() }
+            .with_layers(case.ngl, self.threads, Some(case.n_ctx))
+            .with_kv(case.kv_type)
+            .with_op_offload(self.op_offload)
+            .with_split(&[], rpc)
+    }
 }
 
 /// What the hatch stage found at one context.
@@ -43,7 +59,7 @@ pub struct Hatches {
     pub fits_fully: bool,
     pub kv_bytes: Option<u64>,
     pub options: Vec<PlacementOption>,
-    pub notes: Vec<String>,
+    pub notes: Vec<crate::types::Note>,
 }
 
 /// Prices placements (llama.cpp's dry run in a child process; curves in tests).
@@ -61,7 +77,7 @@ fn kv_of(p: Option<&Prediction>) -> Option<u64> {
     Some(
         p.buffers
             .iter()
-            .filter(|b| !b.is_host && crate::engine::logs::is_device_buffer_type(&b.buffer_type))
+            .filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type))
             .map(|b| b.context)
             .sum(),
     )
@@ -151,7 +167,10 @@ pub fn escape_hatches(
     let f16 = find(&preds, full(h.n_ctx, KvType::F16, 0));
     let Some(f16_bytes) = bytes(f16) else {
         let why = f16.and_then(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
-        return Ok(Hatches { notes: vec![format!("escape hatches not priced: {why}")], ..Hatches::default() });
+        return Ok(Hatches {
+            notes: vec![crate::types::Note::hatch(format!("escape hatches not priced: {why}"))],
+            ..Hatches::default()
+        });
     };
     #[allow(clippy::cast_precision_loss)]
     let fits_fully = f16_bytes as f64 <= h.cap;
@@ -344,8 +363,7 @@ impl World<'_> {
                 .map(|(_, q)| q.clone()),
             recommended: false,
             note,
-            llama_cpp_args: Recommendation::llama_cpp_args(case.ngl, self.h.threads, case.n_ctx, 0, self.h.op_offload)
-                + &Recommendation::hatch_args(case.kv_type, case.n_cpu_ffn),
+            llama_cpp_args: self.h.placement(case).flags(),
         }
     }
 
@@ -450,7 +468,7 @@ fn layer_split_option(r: &Recommendation) -> PlacementOption {
 /// Marks the best measured option under the cap (a quantized KV cache only
 /// with its quality measured and under `--max-kl`) and says what each other
 /// one costs or gains against it. Returns notes for the report.
-pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<String> {
+pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types::Note> {
     let score = |o: &PlacementOption| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts);
     let eligible = |o: &PlacementOption| {
         o.measured
@@ -484,7 +502,7 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<String> {
     }
     if options[bi].kind != HatchKind::LayerSplit {
         let o = &options[bi];
-        notes.push(format!("escape hatch at {} context: {}", o.n_ctx, o.describe()));
+        notes.push(crate::types::Note::hatch(format!("escape hatch at {} context: {}", o.n_ctx, o.describe())));
     }
     notes
 }
@@ -513,9 +531,8 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
     r.llama_cpp_args = r.flags();
     if o.kind == HatchKind::KvCache {
         r.ollama_num_gpu = None;
-        r.modelfile = Recommendation::modelfile_lines(o.n_gpu_layers, r.n_threads, r.n_ctx);
-        r.ollama_server_env =
-            vec![format!("OLLAMA_KV_CACHE_TYPE={}", o.kv_type.as_str()), "OLLAMA_FLASH_ATTENTION=1".into()];
+        r.modelfile = r.ollama_placement(o.n_gpu_layers).modelfile_lines();
+        r.ollama_server_env = r.placement().ollama_server_env();
     } else {
         // Ollama has no tensor overrides: its best is the whole-layer split.
         r.ollama_num_gpu = Some(layer_split.ollama_num_gpu.unwrap_or(layer_split.n_gpu_layers));
@@ -573,7 +590,7 @@ mod tests {
         ];
         let notes = choose(&mut v, &s);
         assert_eq!(picked(&v), [HatchKind::KvCache], "a shorter context is another workload: never picked");
-        assert!(notes[0].contains("q8_0 KV cache"), "{notes:?}");
+        assert!(notes[0].to_string().contains("q8_0 KV cache"), "{notes:?}");
         assert!(v[3].note.contains("-92% tg"), "{}", v[3].note);
         let r = recommend(&Recommendation { ..layer_split() }, &v, 2);
         assert_eq!((r.n_gpu_layers, r.kv_type), (19, KvType::Q8_0));
@@ -618,8 +635,8 @@ mod tests {
             tg_ts: Some(3.0),
             pp_ts: Some(30.0),
             mem_bytes: Some(100.0),
-            modelfile: Recommendation::modelfile_lines(7, 2, 32768),
-            llama_cpp_args: Recommendation::llama_cpp_args(7, 2, 32768, 0, true),
+            modelfile: crate::types::Placement::default().with_layers(7, 2, Some(32768)).modelfile_lines(),
+            llama_cpp_args: crate::types::Placement::default().with_layers(7, 2, Some(32768)).flags(),
             kv_type: KvType::F16,
             n_cpu_ffn: 0,
             ollama_server_env: Vec::new(),
@@ -686,7 +703,7 @@ mod tests {
             pp: 100.0,
             mem: bytes_at(c, 32768),
         });
-        world.base.n_ctx = Some(32768);
+        world.base.placement.n_ctx = Some(32768);
         let policy = crate::tune::worlds::policy(cap);
         let progress = crate::tune::search::Progress::new(false, false, 0);
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
@@ -698,6 +715,7 @@ mod tests {
             n_ctx: 32768,
             threads: 2,
             op_offload: true,
+            rpc: Vec::new(),
             grid: vec![0, 5, 10, 11],
         };
         let mut split = layer_split();

@@ -83,12 +83,12 @@ impl Candidate {
     /// Whether a trial measured this placement.
     #[must_use]
     pub fn is(&self, spec: &crate::types::TrialSpec) -> bool {
-        spec.n_gpu_layers == self.ngl
-            && spec.n_cpu_moe == self.n_cpu_moe
-            && spec.n_cpu_ffn == self.n_cpu_ffn
-            && spec.kv_type == self.kv
-            && spec.n_threads == self.threads
-            && spec.tensor_split == self.split.layers()
+        spec.placement.n_gpu_layers == self.ngl
+            && spec.placement.n_cpu_moe == self.n_cpu_moe
+            && spec.placement.n_cpu_ffn == self.n_cpu_ffn
+            && spec.placement.kv_type == self.kv
+            && spec.placement.n_threads == self.threads
+            && spec.placement.tensor_split == self.split.layers()
     }
 }
 

@@ -6,8 +6,9 @@ use std::path::Path;
 
 use crate::engine::quality::{kl_in_child, KlConfig, KlSpec};
 use crate::model::ModelInfo;
-use crate::profile::{Quality, Settings};
+use crate::profile::Settings;
 use crate::types::KvType;
+use crate::types::Quality;
 
 /// Tokens the reference generates from each fixed prompt.
 pub const KL_TOKENS: u32 = 128;

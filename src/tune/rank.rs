@@ -9,8 +9,9 @@ use serde::Serialize;
 
 use crate::engine::quality::{KlConfig, KlSpec};
 use crate::model::human_bytes;
-use crate::profile::{Profile, Quality};
+use crate::profile::Profile;
 use crate::types::KvType;
+use crate::types::Quality;
 
 /// One model's line of the ranking.
 #[derive(Debug, Clone, PartialEq, Serialize)]

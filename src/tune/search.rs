@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::choose::{self, decide, Decision, Inputs, Objective};
+use super::choose::{self, decide, Inputs};
 use super::executor::TrialExecutor;
 use super::memory::{prediction_check, trial_memory};
 use super::plan::{adaptive_points, moe_grid, Candidate};
@@ -18,6 +18,7 @@ use crate::error::Interrupted;
 use crate::profile::store;
 use crate::profile::{Checkpoint, FitCheck, MemoryPolicy, ProfileTrial, Settings};
 use crate::types::{CpuInfo, Race, Role, TrialResult, TrialStatus};
+use crate::types::{Decision, Objective};
 
 /// Most confirmation trials before the tuner settles for what it measured.
 pub const MAX_CONFIRMATIONS: usize = 5;
@@ -66,7 +67,7 @@ impl Progress {
 
     fn finished(&self, r: &TrialResult, last_tg: &str) {
         self.bar.inc(1);
-        self.bar.set_message(format!("ngl {} done{last_tg}", r.spec.n_gpu_layers));
+        self.bar.set_message(format!("ngl {} done{last_tg}", r.spec.placement.n_gpu_layers));
         if self.plain {
             #[allow(clippy::cast_possible_truncation)]
             let (pos, len) = (self.bar.position() as usize, self.bar.length().unwrap_or(0) as usize);
@@ -104,7 +105,7 @@ pub struct Found {
     pub n_cpu_moe: u32,
     /// Grid values not run because a smaller one ran out of memory.
     pub skipped: Vec<u32>,
-    pub notes: Vec<String>,
+    pub notes: Vec<crate::types::Note>,
 }
 
 /// What the search is asked: the model's layers, the grid, and how to walk it.
@@ -292,10 +293,11 @@ impl<'a> Search<'a> {
         if !plan.grid_mode {
             // The two ends are always measured; more only where they can change the answer.
             self.progress.bar.set_length(self.progress.bar.position().max(2));
-            notes.extend(self.adaptive(plan.n_max, plan.top_first, plan.full_grid.len().saturating_sub(1))?);
+            let note = self.adaptive(plan.n_max, plan.top_first, plan.full_grid.len().saturating_sub(1))?;
+            notes.extend(note.map(crate::types::Note::search));
         }
         let (mut d, note) = self.confirm(plan.full)?;
-        notes.extend(note);
+        notes.extend(note.map(crate::types::Note::search));
         // Mixture of experts: all layers on the GPU but the experts of the
         // first K on the CPU (llama.cpp's --n-cpu-moe) often beats any whole-layer split.
         let mut n_cpu_moe = 0;
@@ -331,8 +333,10 @@ impl<'a> Search<'a> {
             if self.done(Role::Grid, c) {
                 continue;
             }
-            let oom_below =
-                self.trials.iter().any(|t| t.result.status == TrialStatus::Oom && t.result.spec.n_gpu_layers < ngl);
+            let oom_below = self
+                .trials
+                .iter()
+                .any(|t| t.result.status == TrialStatus::Oom && t.result.spec.placement.n_gpu_layers < ngl);
             if oom_below && !self.settings.no_skip {
                 skipped.push(ngl);
                 self.progress.bar.inc(1);
@@ -346,7 +350,7 @@ impl<'a> Search<'a> {
     /// The adaptive search's points (see [`adaptive_points`]), raced.
     fn adaptive(&mut self, n_max: u32, top_first: bool, max_trials: usize) -> Result<Option<String>> {
         adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
-            let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.n_gpu_layers == ngl;
+            let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.placement.n_gpu_layers == ngl;
             if !self.trials.iter().any(|x| at(&x)) {
                 if self.progress.bar.position() >= self.progress.bar.length().unwrap_or(0) {
                     self.progress.plan(1);
@@ -411,16 +415,16 @@ impl<'a> Search<'a> {
         let best_moe = moe
             .iter()
             .filter(|t| t.result.status == TrialStatus::Ok && !t.over_cap)
-            .filter_map(|t| trial_score(t, s).map(|v| (t.result.spec.n_cpu_moe, v, t.mem_bytes)))
+            .filter_map(|t| trial_score(t, s).map(|v| (t.result.spec.placement.n_cpu_moe, v, t.mem_bytes)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let dense = self
             .trials
             .iter()
             .find(|t| {
                 t.role != Role::Moe
-                    && t.result.spec.n_gpu_layers == d.recommended_ngl
+                    && t.result.spec.placement.n_gpu_layers == d.recommended_ngl
                     && t.result.status == TrialStatus::Ok
-                    && t.result.spec.n_cpu_moe == 0
+                    && t.result.spec.placement.n_cpu_moe == 0
             })
             .and_then(|t| trial_score(t, s));
         let tried: Vec<String> = moe
@@ -428,7 +432,7 @@ impl<'a> Search<'a> {
             .map(|t| {
                 let v =
                     trial_score(t, s).map_or_else(|| t.result.status.as_str().to_string(), |v| format!("{v:.2} t/s"));
-                format!("K={} {v}{}", t.result.spec.n_cpu_moe, if t.over_cap { " (over cap)" } else { "" })
+                format!("K={} {v}{}", t.result.spec.placement.n_cpu_moe, if t.over_cap { " (over cap)" } else { "" })
             })
             .collect();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -476,7 +480,7 @@ impl<'a> Search<'a> {
             .filter_map(|n| self.trials.iter().find(|t| at(t, *n)))
             .map(|t| {
                 let score = trial_score(t, s).filter(|_| t.result.status == TrialStatus::Ok);
-                (t.result.spec.n_threads, score, t.result.status.as_str())
+                (t.result.spec.placement.n_threads, score, t.result.status.as_str())
             })
             .collect();
         let best = measured.iter().filter_map(|(n, sc, _)| sc.map(|v| (*n, v))).max_by(|a, b| a.1.total_cmp(&b.1));
@@ -502,7 +506,7 @@ impl<'a> Search<'a> {
             knee: None,
             knee_note: "no GPU device: no knee to find".into(),
             offload_hurts: false,
-            fits: choose::Fits { tg_time: None, pp_time: None, memory: None },
+            fits: crate::types::Fits { tg_time: None, pp_time: None, memory: None },
             fit_notes: Vec::new(),
             reasons: vec![
                 "ngl has no effect here (no GPU device in this build or on this machine): every layer runs on the CPU"
@@ -538,11 +542,11 @@ pub fn fit_check(trials: &[ProfileTrial], d: &Decision, full: u32) -> Vec<FitChe
         .iter()
         .filter(|t| {
             t.result.status == TrialStatus::Ok
-                && t.result.spec.n_gpu_layers > 0
+                && t.result.spec.placement.n_gpu_layers > 0
                 && !matches!(t.role, Role::Moe | Role::Hatch)
         })
         .filter_map(|t| {
-            let ngl = t.result.spec.n_gpu_layers.min(full);
+            let ngl = t.result.spec.placement.n_gpu_layers.min(full);
             let m = t.mem_bytes?;
             let f = fit.at(f64::from(ngl));
             Some(FitCheck {
@@ -635,10 +639,10 @@ mod tests {
         assert_eq!(&ngls(&w)[..4], [0, 10, 20, 30], "35 is over the cap: measured, marked, not chosen");
         assert_eq!(found.decision.recommended_ngl, 32, "0.5 + 0.1 x 32 = 3.7 GiB under 3.75: {:?}", found.decision);
         assert!(!found.decision.needs_confirmation);
-        assert!(trials.iter().any(|t| t.role == Role::Confirm && t.result.spec.n_gpu_layers == 32));
-        assert!(trials.iter().any(|t| t.result.spec.n_gpu_layers == 35 && t.over_cap));
+        assert!(trials.iter().any(|t| t.role == Role::Confirm && t.result.spec.placement.n_gpu_layers == 32));
+        assert!(trials.iter().any(|t| t.result.spec.placement.n_gpu_layers == 35 && t.over_cap));
         // Layers stay on the CPU at 32 of 35: thread counts were measured there.
-        assert!(trials.iter().any(|t| t.role == Role::Threads && t.result.spec.n_gpu_layers == 32));
+        assert!(trials.iter().any(|t| t.role == Role::Threads && t.result.spec.placement.n_gpu_layers == 32));
     }
 
     #[test]
@@ -685,11 +689,11 @@ mod tests {
         let (found, trials) = search(&mut w, &s, 80.0 * GIB, &p, Vec::new());
         assert_eq!(&ngls(&w)[..2], [0, 41], "the two ends");
         assert!(
-            found.notes.iter().any(|n| n.starts_with("adaptive search stopped after the two ends")),
+            found.notes.iter().any(|n| n.to_string().starts_with("adaptive search stopped after the two ends")),
             "{:?}",
             found.notes
         );
-        let top = trials.iter().find(|t| t.result.spec.n_gpu_layers == 41).unwrap();
+        let top = trials.iter().find(|t| t.result.spec.placement.n_gpu_layers == 41).unwrap();
         assert_eq!(top.result.tests.len(), 1, "raced on tg: its pp test never ran");
         assert!(top.result.tests[0].stopped_early && top.result.tests[0].samples_ns.len() == 1);
         assert_eq!(found.decision.recommended_ngl, 0);
@@ -712,7 +716,7 @@ mod tests {
         assert_eq!(confirms, MAX_CONFIRMATIONS, "{:?}", ngls(&w));
         assert!(found.decision.needs_confirmation);
         assert!(
-            found.notes.iter().any(|n| n.contains("confirmation trials the prediction still moved")),
+            found.notes.iter().any(|n| n.to_string().contains("confirmation trials the prediction still moved")),
             "{:?}",
             found.notes
         );
@@ -737,7 +741,7 @@ mod tests {
         assert_eq!(found.decision.recommended_ngl, 0);
         assert_eq!(found.threads, 8);
         let tried: Vec<u32> =
-            trials.iter().filter(|t| t.role == Role::Threads).map(|t| t.result.spec.n_threads).collect();
+            trials.iter().filter(|t| t.role == Role::Threads).map(|t| t.result.spec.placement.n_threads).collect();
         assert_eq!(tried, [4, 8, 16], "2 was measured by the grid already");
         assert!(
             found.decision.reasons.iter().any(|r| r.contains("-t 8 is fastest there")),
@@ -762,7 +766,8 @@ mod tests {
             Outcome::Ok { tg, pp: 100.0, mem: mem << 20 }
         });
         let (found, trials) = search(&mut w, &s, 100.0 * 1024.0 * 1024.0, &p, Vec::new());
-        let ks: Vec<u32> = trials.iter().filter(|t| t.role == Role::Moe).map(|t| t.result.spec.n_cpu_moe).collect();
+        let ks: Vec<u32> =
+            trials.iter().filter(|t| t.role == Role::Moe).map(|t| t.result.spec.placement.n_cpu_moe).collect();
         assert_eq!(ks, [4, 3, 2, 1, 0], "most experts on the CPU first");
         assert_eq!(found.n_cpu_moe, 1, "K=1: 35 t/s in 90 MiB; K=0 is over the cap");
         assert!(found.decision.reasons.iter().any(|r| r.contains("--n-cpu-moe 1")), "{:?}", found.decision.reasons);

@@ -249,15 +249,17 @@ pub struct SplitFound {
     pub options: Vec<SplitOption>,
     /// The recommended option's index in `options`.
     pub best: Option<usize>,
-    pub notes: Vec<String>,
+    pub notes: Vec<crate::types::Note>,
     /// What the profile keeps (filled by [`report`]).
     pub report: SplitReport,
 }
 
 fn flags(ngl: u32, split: &[u32], s: &Settings, threads: u32, rpc: &[String], op_offload: bool) -> String {
-    let f = crate::profile::Recommendation::llama_cpp_args(ngl, threads, s.n_ctx, 0, op_offload)
-        + &crate::profile::Recommendation::split_args(split);
-    crate::profile::Recommendation::with_rpc(rpc, f)
+    crate::types::Placement::default()
+        .with_layers(ngl, threads, Some(s.n_ctx))
+        .with_op_offload(op_offload)
+        .with_split(split, rpc)
+        .flags()
 }
 
 /// Prices, trims and measures the candidate splits; the whole-layer
@@ -278,7 +280,9 @@ pub fn split_stage(
     let mut found = SplitFound::default();
     if probes.len() < 2 || probes.iter().any(|p| p.error.is_some()) {
         let why = probes.iter().find_map(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
-        found.notes.push(format!("the split across {n} devices was not tuned: llama.cpp's dry run failed ({why})"));
+        found.notes.push(crate::types::Note::split(format!(
+            "the split across {n} devices was not tuned: llama.cpp's dry run failed ({why})"
+        )));
         return Ok(found);
     }
     let cost = costs((&even, &parts(&probes[0], devs)), (&half, &parts(&probes[1], devs)));
@@ -330,12 +334,12 @@ pub fn split_stage(
     let defaults: Vec<_> =
         search.trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok).cloned().collect();
     for t in &defaults {
-        let ngl = t.result.spec.n_gpu_layers;
+        let ngl = t.result.spec.placement.n_gpu_layers;
         let label = if ngl == 0 { "every layer on the CPU" } else { "llama.cpp's default split (by free memory)" };
         let mut o = option_of(label, &[], Vec::new(), Some(t), devs, s, inp, op_offload);
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
-        o.llama_cpp_args = flags(ngl, &[], s, t.result.spec.n_threads, inp.rpc, op_offload);
+        o.llama_cpp_args = flags(ngl, &[], s, t.result.spec.placement.n_threads, inp.rpc, op_offload);
         found.options.push(o);
     }
     choose(&mut found, s);
@@ -370,7 +374,7 @@ fn option_of(
         _ if !fits => "over a device's cap".to_string(),
         _ => String::new(),
     };
-    let threads = t.map_or(inp.threads, |t| t.result.spec.n_threads);
+    let threads = t.map_or(inp.threads, |t| t.result.spec.placement.n_threads);
     SplitOption {
         label: label.to_string(),
         n_gpu_layers: ngl,
@@ -400,7 +404,7 @@ pub fn choose(found: &mut SplitFound, s: &Settings) {
         .max_by(|a, b| a.1.total_cmp(&b.1));
     found.best = best.map(|(i, _)| i);
     let Some((bi, bv)) = best else {
-        found.notes.push("no measured split stays under every device's cap".into());
+        found.notes.push(crate::types::Note::over_cap("no measured split stays under every device's cap"));
         return;
     };
     for (i, o) in found.options.iter_mut().enumerate() {
@@ -446,7 +450,7 @@ pub fn report(
     devs: &[DeviceCap],
     found: &SplitFound,
     fit: Option<crate::engine::predict::LlamaFitSplit>,
-    servers: &[crate::rpc::RpcServer],
+    servers: &[crate::types::RpcServer],
 ) -> SplitReport {
     let empty = SplitOption {
         label: String::new(),
@@ -510,7 +514,7 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     };
     let ollama = if r.rpc.is_empty() { o.n_gpu_layers } else { local };
     r.ollama_num_gpu = (ollama != r.n_gpu_layers).then_some(ollama);
-    r.modelfile = Recommendation::modelfile_lines(ollama, r.n_threads, r.n_ctx);
+    r.modelfile = r.ollama_placement(ollama).modelfile_lines();
     r
 }
 
@@ -641,7 +645,7 @@ mod tests {
         let mut none = SplitFound { options: vec![o(9.0, false, true), o(20.0, true, false)], ..SplitFound::default() };
         choose(&mut none, &s);
         assert_eq!(none.best, None);
-        assert!(none.notes[0].contains("no measured split"));
+        assert!(none.notes[0].to_string().contains("no measured split"));
     }
 
     /// Two devices "D0" and "D1": 10 MB a layer on either; D0's compute

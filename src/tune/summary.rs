@@ -9,7 +9,7 @@ use crate::types::TrialStatus;
 /// A warning, in words the user can act on, when repetitions of a test
 /// varied so much that something else was probably using the machine.
 #[must_use]
-pub fn noise_note(trials: &[ProfileTrial]) -> Option<String> {
+pub fn noise_note(trials: &[ProfileTrial]) -> Option<crate::types::Note> {
     let worst = trials
         .iter()
         .filter(|t| t.result.status == TrialStatus::Ok)
@@ -19,16 +19,14 @@ pub fn noise_note(trials: &[ProfileTrial]) -> Option<String> {
         .max_by(|a, b| a.2.total_cmp(&b.2))?;
     let (t, x, cv) = worst;
     (cv > NOISY).then(|| {
-        format!(
-            "{}: {} at ngl {} -t {} varied by {:.0}% between repetitions ({:.2} ± {:.2} t/s); something else was probably using the machine: re-run when it is idle, or with more repetitions (-r)",
-            crate::report::Warning::Noisy.prefix(),
-            x.name(),
-            t.result.spec.n_gpu_layers,
-            t.result.spec.n_threads,
-            cv * 100.0,
-            x.avg_ts,
-            x.stddev_ts
-        )
+        crate::types::Note::new(crate::types::NoteKind::Noisy {
+            test: x.name(),
+            n_gpu_layers: t.result.spec.placement.n_gpu_layers,
+            n_threads: t.result.spec.placement.n_threads,
+            cv,
+            avg_ts: x.avg_ts,
+            stddev_ts: x.stddev_ts,
+        })
     })
 }
 
@@ -46,7 +44,7 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
         let pts = ok
             .iter()
             .filter_map(|t| {
-                t.result.test(pp).filter(|x| x.avg_ts > 0.0).map(|x| (t.result.spec.n_gpu_layers, x.avg_ts))
+                t.result.test(pp).filter(|x| x.avg_ts > 0.0).map(|x| (t.result.spec.placement.n_gpu_layers, x.avg_ts))
             })
             .map(|(n, ts)| (n.min(full), 1.0 / ts))
             .collect();
@@ -76,7 +74,7 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
     let fixed: Vec<f64> = ok
         .iter()
         .filter_map(|t| {
-            let n = t.result.spec.n_gpu_layers.min(full);
+            let n = t.result.spec.placement.n_gpu_layers.min(full);
             Some(t.result.wall_ms / 1e3 - measuring(n, reps_run(t, true), reps_run(t, false))?)
         })
         .collect();
@@ -89,7 +87,7 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
     grid.iter()
         .map(|&n| {
             let whole = ok.iter().find(|t| {
-                t.result.spec.n_gpu_layers.min(full) == n
+                t.result.spec.placement.n_gpu_layers.min(full) == n
                     && t.result.tests.iter().all(|x| !x.stopped_early)
                     && t.result.tests.len() == t.result.spec.tests().len()
             });
@@ -137,7 +135,7 @@ pub fn finish_prediction(pr: &mut PredictionReport, trials: &[ProfileTrial], ful
     pr.llama_fit_tg_ts = fit_ngl.and_then(|n| {
         trials
             .iter()
-            .find(|t| t.result.spec.n_gpu_layers.min(full) == n && t.result.status == TrialStatus::Ok)
+            .find(|t| t.result.spec.placement.n_gpu_layers.min(full) == n && t.result.status == TrialStatus::Ok)
             .and_then(|t| t.result.test(false))
             .map(|x| x.avg_ts)
     });
@@ -157,11 +155,11 @@ pub fn recommendation(
     // With expert offload every layer is on the GPU but the first K layers' experts.
     let ngl = if moe > 0 { full } else { dense };
     let rec = trials.iter().find(|t| {
-        t.result.spec.n_gpu_layers == ngl
-            && t.result.spec.n_threads == threads
-            && t.result.spec.n_cpu_moe == moe
-            && t.result.spec.n_cpu_ffn == 0
-            && t.result.spec.kv_type == crate::types::KvType::F16
+        t.result.spec.placement.n_gpu_layers == ngl
+            && t.result.spec.placement.n_threads == threads
+            && t.result.spec.placement.n_cpu_moe == moe
+            && t.result.spec.placement.n_cpu_ffn == 0
+            && t.result.spec.placement.kv_type == crate::types::KvType::F16
             && t.result.status == TrialStatus::Ok
     });
     Recommendation {
@@ -176,8 +174,11 @@ pub fn recommendation(
         tg_ts: rec.and_then(|t| t.result.test(false)).map(|t| t.avg_ts).or(d.predicted_tg),
         pp_ts: rec.and_then(|t| t.result.test(true)).map(|t| t.avg_ts).or(d.predicted_pp),
         mem_bytes: rec.and_then(|t| t.mem_bytes).or(d.predicted_mem),
-        modelfile: Recommendation::modelfile_lines(dense, threads, s.n_ctx),
-        llama_cpp_args: Recommendation::llama_cpp_args(ngl, threads, s.n_ctx, moe, op_offload),
+        modelfile: crate::types::Placement::default().with_layers(dense, threads, Some(s.n_ctx)).modelfile_lines(),
+        llama_cpp_args: crate::types::Placement { n_cpu_moe: moe, ..crate::types::Placement::default() }
+            .with_layers(ngl, threads, Some(s.n_ctx))
+            .with_op_offload(op_offload)
+            .flags(),
         kv_type: crate::types::KvType::F16,
         n_cpu_ffn: 0,
         ollama_server_env: Vec::new(),
@@ -192,9 +193,9 @@ mod tests {
     use crate::types::Role;
 
     fn timed_trial(ngl: u32, pp_ts: f64, tg_ts: f64, reps: usize, wall_s: f64) -> ProfileTrial {
-        use crate::engine::{TestResult, TrialResult};
+        use crate::types::{TestResult, TrialResult};
         let mut spec = crate::engine::test_spec();
-        spec.n_gpu_layers = ngl;
+        spec.placement.n_gpu_layers = ngl;
         let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
         r.reason = None;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -208,7 +209,7 @@ mod tests {
         grid_trial(r)
     }
 
-    fn grid_trial(r: crate::engine::TrialResult) -> ProfileTrial {
+    fn grid_trial(r: crate::types::TrialResult) -> ProfileTrial {
         ProfileTrial {
             role: Role::Grid,
             mem_bytes: None,
@@ -255,7 +256,7 @@ mod tests {
 
     #[test]
     fn noisy_repetitions_are_said_in_words() {
-        use crate::engine::{TestResult, TrialResult};
+        use crate::types::{TestResult, TrialResult};
         let trial = |samples_ns: Vec<u64>| {
             let mut r = TrialResult::failed(crate::engine::test_spec(), TrialStatus::Ok, String::new());
             r.reason = None;
@@ -266,6 +267,8 @@ mod tests {
         assert_eq!(noise_note(std::slice::from_ref(&steady)), None);
         let noisy = trial(vec![1_000_000_000, 2_500_000_000, 1_000_000_000]);
         let note = noise_note(&[steady, noisy]).expect("noisy");
+        assert!(note.is_warning());
+        let note = note.to_string();
         assert!(note.starts_with("noisy measurement: tg32 at ngl 0 -t 2 varied by"), "{note}");
         assert!(note.contains("re-run when it is idle"), "{note}");
     }

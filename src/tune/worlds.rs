@@ -33,7 +33,8 @@ pub fn small_gpu_world(ngl: u32) -> (f64, f64) {
 
 /// The decision on `ngls` measured in `world`, confirmations included.
 pub fn decide_on(ngls: &[u32], cap: f64, full: u32, world: fn(u32) -> (f64, f64)) -> u32 {
-    use super::choose::{decide, Inputs, Objective, Point};
+    use super::choose::{decide, Inputs};
+    use crate::types::{Objective, Point};
     let mut measured: Vec<u32> = ngls.to_vec();
     loop {
         let points = measured

@@ -1,0 +1,114 @@
+//! What the measurements decide: the objective, the points, fits, knee, decision, quality.
+
+use serde::{Deserialize, Serialize};
+
+use crate::curve::{Curve, LinearFit};
+
+/// What "best" means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// Token generation speed (chat, the default).
+    Tg,
+    /// Prompt processing speed (long prompts, RAG).
+    Pp,
+    /// Time for one request of n_prompt + n_gen tokens.
+    Mixed,
+}
+
+impl Objective {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Objective::Tg => "tg",
+            Objective::Pp => "pp",
+            Objective::Mixed => "mixed",
+        }
+    }
+}
+
+/// One measured setting, reduced to what the decision needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub ngl: u32,
+    /// Completed (false for oom, crashed, timeout, failed).
+    pub ok: bool,
+    /// Out of memory: this and every larger ngl are over the cap.
+    pub oom: bool,
+    pub tg: Option<f64>,
+    pub pp: Option<f64>,
+    /// Memory this setting costs, in the currency the cap is in (bytes).
+    pub mem: Option<f64>,
+}
+
+impl Point {
+    /// The three models decisions and charts use, each against ngl: seconds
+    /// per generated token, seconds per prompt token (time per token is
+    /// what is linear in ngl; speeds are its inverse), and memory.
+    #[must_use]
+    pub fn curves(points: &[Point], full: u32) -> (Curve, Curve, Curve) {
+        let curve = |f: &dyn Fn(&Point) -> Option<f64>| {
+            Curve::new(points.iter().filter(|p| p.ok).filter_map(|p| f(p).map(|v| (p.ngl, v))).collect(), full)
+        };
+        (
+            curve(&|p| p.tg.filter(|v| *v > 0.0).map(|v| 1.0 / v)),
+            curve(&|p| p.pp.filter(|v| *v > 0.0).map(|v| 1.0 / v)),
+            curve(&|p| p.mem),
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fits {
+    /// Seconds per generated token against ngl (partial offload).
+    pub tg_time: Option<LinearFit>,
+    /// Seconds per prompt token against ngl (partial offload).
+    pub pp_time: Option<LinearFit>,
+    /// Memory against ngl (partial offload).
+    pub memory: Option<LinearFit>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Knee {
+    pub ngl: u32,
+    pub tg: f64,
+    pub mem: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub recommended_ngl: u32,
+    /// The recommendation was predicted, not measured: confirm it.
+    pub needs_confirmation: bool,
+    /// Largest ngl whose (measured or fitted) memory stays under the cap.
+    pub max_ngl_under_cap: Option<u32>,
+    pub predicted_tg: Option<f64>,
+    pub predicted_pp: Option<f64>,
+    pub predicted_mem: Option<f64>,
+    /// Grid or confirmation settings over the cap (measured or predicted).
+    pub over_cap: Vec<u32>,
+    pub knee: Option<Knee>,
+    pub knee_note: String,
+    /// Offloading only made things slower.
+    pub offload_hurts: bool,
+    pub fits: Fits,
+    /// Where the data do not follow the model, in words.
+    pub fit_notes: Vec<String>,
+    /// Why this setting, in two or three lines.
+    pub reasons: Vec<String>,
+}
+
+/// A quantization's cost in quality, measured as llama.cpp's perplexity
+/// tool does with `--kl-divergence`, on tokens the reference generated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quality {
+    /// Mean KL divergence (nats) of the token distributions from the reference's.
+    pub kl_mean: f64,
+    /// 99th percentile of the per-token KL divergence.
+    pub kl_p99: f64,
+    /// Share of positions whose most likely token is the reference's.
+    pub top1_agree: f64,
+    pub tokens: u32,
+    /// What it was compared with ("f16 KV cache", a model file).
+    pub reference: String,
+}

@@ -1,0 +1,184 @@
+//! The machine: GPUs, llama.cpp's devices, CPU, RAM, contention, RPC servers.
+
+use serde::{Deserialize, Serialize};
+
+/// One NVIDIA GPU as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub driver_version: Option<String>,
+    pub memory_total: Option<u64>,
+    pub memory_free: Option<u64>,
+    pub pcie_gen_current: Option<u32>,
+    pub pcie_gen_max: Option<u32>,
+    pub pcie_width_current: Option<u32>,
+    pub pcie_width_max: Option<u32>,
+    pub memory_bus_width_bits: Option<u32>,
+    pub memory_clock_max_mhz: Option<u32>,
+    /// Theoretical memory bandwidth (GB/s) from bus width and memory clock.
+    pub bandwidth_gbs: Option<f64>,
+}
+
+/// One llama.cpp (ggml) backend device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaDevice {
+    pub index: usize,
+    pub name: String,
+    pub description: String,
+    pub backend: String,
+    /// "cpu", "gpu", "igpu", "accel".
+    pub kind: String,
+    pub memory_total: u64,
+    pub memory_free: u64,
+}
+
+impl LlamaDevice {
+    #[must_use]
+    pub fn is_offload_target(&self) -> bool {
+        self.kind == "gpu" || self.kind == "igpu"
+    }
+
+    /// A device of a llama.cpp RPC server (its description is the endpoint).
+    #[must_use]
+    pub fn is_remote(&self) -> bool {
+        self.backend == "RPC"
+    }
+
+    /// A Vulkan implementation that runs on the CPU (Mesa's llvmpipe and
+    /// lavapipe, Google's SwiftShader): ggml lists it as a GPU, but
+    /// offloading to it cannot beat the CPU backend.
+    #[must_use]
+    pub fn is_software_renderer(&self) -> bool {
+        let d = self.description.to_ascii_lowercase();
+        ["llvmpipe", "lavapipe", "swiftshader"].iter().any(|n| d.contains(n))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    pub brand: String,
+    pub physical_cores: u32,
+    pub logical_cores: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RamInfo {
+    pub total: u64,
+    pub available: u64,
+    /// Memory limit of this process's cgroup, when one is set.
+    pub cgroup_limit: Option<u64>,
+}
+
+/// The `hw` report. Stable, documented JSON (see README).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hardware {
+    /// Stable id of this host (survives driver updates); the profile store's directory.
+    pub machine_id: String,
+    pub gpus: Vec<GpuInfo>,
+    /// Why there is no NVML data, when there is none.
+    pub nvml: Option<String>,
+    pub llama_devices: Vec<LlamaDevice>,
+    pub cpu: CpuInfo,
+    pub ram: RamInfo,
+    pub os: String,
+    pub kernel: String,
+    pub llama_cpp_revision: String,
+    /// Backends compiled into this build: "CPU", "Vulkan", "CUDA", "Metal".
+    pub backends: Vec<String>,
+    /// llama.cpp RPC servers whose devices join this machine's (`--rpc`),
+    /// as they answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc_servers: Vec<RpcServer>,
+    /// Short hash of what changes a tuning answer.
+    pub fingerprint: String,
+    /// Plain-words notes about missing or untrustworthy sources.
+    pub notes: Vec<String>,
+}
+
+/// A process that used CPU while a trial ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BusyProcess {
+    pub pid: u32,
+    pub name: String,
+    /// Cores' worth of CPU it used on average over the trial.
+    pub cores: f64,
+}
+
+/// What other processes took while a trial ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Contention {
+    /// Cores' worth of CPU that other processes used, on average over the
+    /// trial and at the busiest half second.
+    pub others_cores_mean: f64,
+    pub others_cores_peak: f64,
+    /// The same as a share of the machine's CPU time (all logical cores).
+    pub others_share_mean: f64,
+    pub others_share_peak: f64,
+    pub logical_cores: u32,
+    /// Largest 1-minute load average seen (it counts the trial's own threads).
+    pub load_avg_1m: Option<f64>,
+    /// The processes that took the most CPU, at most three.
+    pub top: Vec<BusyProcess>,
+    /// GPU utilization (percent) before the worker started, and the other
+    /// processes holding GPU memory then (NVIDIA, through NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_util_before_pct: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_others: Vec<GpuProcess>,
+    /// Others used more than `threshold_cores`, or the GPU was busy before the trial.
+    pub contended: bool,
+    pub threshold_cores: f64,
+    /// The trial was measured again after a contended first attempt; this
+    /// is the second attempt, and `first_others_cores` what the first saw.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repeated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_others_cores: Option<f64>,
+}
+
+/// Another process on the GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub bytes: Option<u64>,
+}
+
+impl Contention {
+    /// "cc1plus (pid 123) 0.95 cores, make (pid 99) 0.10 cores".
+    #[must_use]
+    pub fn top_words(&self) -> String {
+        self.top
+            .iter()
+            .map(|p| format!("{} (pid {}) {:.2} cores", p.name, p.pid, p.cores))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Cores the trial could have had to itself, on average.
+    #[must_use]
+    pub fn free_cores(&self) -> f64 {
+        (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0)
+    }
+}
+
+/// One device of an RPC server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RpcDevice {
+    /// The server's device index (the `N` of llama.cpp's `RPC<N>[host:port]` buffers is a client-wide count).
+    pub index: u32,
+    pub memory_total: u64,
+    pub memory_free: u64,
+}
+
+/// What one server answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcServer {
+    pub endpoint: String,
+    /// Its RPC protocol version ("7.0.0").
+    pub protocol: String,
+    pub devices: Vec<RpcDevice>,
+    /// Median round trip of a small request, in milliseconds.
+    pub rtt_ms: f64,
+}

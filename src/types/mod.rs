@@ -1,0 +1,43 @@
+//! The plain data every module shares: what a trial is and what it
+//! measured, memory and contention readings, devices and hardware, the
+//! objective and the decision. Serde types with small helpers; no I/O and
+//! no llama.cpp. Everything else imports these; these import nothing of
+//! ours but the pure math of `stats` and `curve`.
+
+mod decision;
+mod hardware;
+mod memory;
+mod note;
+mod placement;
+mod trial;
+
+pub use decision::*;
+pub use hardware::*;
+pub use memory::*;
+pub use note::*;
+pub use placement::*;
+pub use trial::*;
+
+/// The llama.cpp this binary is built from. llama-cpp-sys-2 vendors one
+/// llama.cpp revision per release (its build reports build 0, commit
+/// "unknown"), so the crate version is the revision.
+pub const LLAMA_CPP_REVISION: &str = "llama-cpp-sys-2 0.1.160";
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_f16(k: &KvType) -> bool {
+    *k == KvType::F16
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_true(b: &bool) -> bool {
+    *b
+}
