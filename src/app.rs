@@ -181,7 +181,7 @@ fn tune_settings(
         no_skip: a.no_skip,
         trial_timeout_s: w.trial_timeout,
         sample_interval_ms: w.sample_interval_ms,
-        search: a.search.clone(),
+        search: a.search,
         busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
         op_offload: w.op_offload,
         contexts: contexts.unwrap_or_default(),

@@ -214,8 +214,8 @@ pub struct TuneArgs {
     /// How to choose what to measure: adaptively (ngl 0 and the largest setting predicted under
     /// the cap, then one or two interior points unless those two ends already decide it; a
     /// setting far behind the best is cut short after one repetition), or every grid value in full
-    #[arg(long, value_parser = ["grid", "adaptive"], default_value = "adaptive")]
-    pub search: String,
+    #[arg(long, value_enum, default_value_t = crate::types::SearchMode::Adaptive)]
+    pub search: crate::types::SearchMode,
     /// A short pass: -p 128 -n 32 -r 2 unless given
     #[arg(long)]
     pub quick: bool,

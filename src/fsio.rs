@@ -52,7 +52,7 @@ pub fn open_regular(path: &Path, fix: &str) -> Result<File> {
         match e.kind() {
             std::io::ErrorKind::NotFound => bad(format!("{shown}: no such file; {fix}")),
             std::io::ErrorKind::PermissionDenied => {
-                bad(format!("{shown}: permission denied; make it readable (chmod a+r) or run as its owner"))
+                bad(format!("{shown}: permission denied; make it readable (chmod a+r) or run as the user who owns it"))
             }
             _ => bad(format!("{shown}: cannot be opened ({e}); {fix}")),
         }

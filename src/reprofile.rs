@@ -347,14 +347,27 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
     }
 }
 
+/// What became of one profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryStatus {
+    /// Younger than --max-age, same machine fingerprint: left alone.
+    Fresh,
+    /// Would be re-tuned (dry run).
+    Stale,
+    Retuned,
+    ModelMissing,
+    Invalid,
+    Failed,
+}
+
 /// What happened to one profile.
 #[derive(Debug, Clone, Serialize)]
 pub struct Entry {
     pub profile: PathBuf,
     pub model: String,
     pub model_path: PathBuf,
-    /// "fresh", "stale" (dry run), "retuned", "model_missing", "invalid", "failed".
-    pub status: String,
+    pub status: EntryStatus,
     pub reasons: Vec<String>,
     pub drift: Option<Drift>,
     pub error: Option<String>,
@@ -458,12 +471,12 @@ pub fn hardware_with_rpc(rpc: &[String]) -> Result<Hardware> {
     Ok(hw)
 }
 
-fn entry(path: &Path, old: Option<&Profile>, status: &str, reasons: Vec<String>) -> Entry {
+fn entry(path: &Path, old: Option<&Profile>, status: EntryStatus, reasons: Vec<String>) -> Entry {
     Entry {
         profile: path.to_path_buf(),
         model: old.map(|p| p.model.file_name.clone()).unwrap_or_default(),
         model_path: old.map(|p| p.model.path.clone()).unwrap_or_default(),
-        status: status.into(),
+        status,
         reasons,
         drift: None,
         error: None,
@@ -485,18 +498,18 @@ fn one(
         Ok(p) => p,
         Err(e) => {
             say(&format!("  invalid  {e:#}; skipped (left as it is)"));
-            return Ok(entry(path, None, "invalid", vec![format!("{e:#}")]));
+            return Ok(entry(path, None, EntryStatus::Invalid, vec![format!("{e:#}")]));
         }
     };
     if old.machine_id != hw.machine_id {
         let why = format!("made on machine {}, not this one ({}); left alone", old.machine_id, hw.machine_id);
         say(&format!("  invalid  {}: {why}", path.display()));
-        return Ok(entry(path, Some(&old), "invalid", vec![why]));
+        return Ok(entry(path, Some(&old), EntryStatus::Invalid, vec![why]));
     }
     if model_state(&old) == ModelState::Gone {
         let why = format!("model file {} is gone", old.model.path.display());
         say(&format!("  missing  {}: {why}; skipped", old.model.file_name));
-        return Ok(entry(path, Some(&old), "model_missing", vec![why]));
+        return Ok(entry(path, Some(&old), EntryStatus::ModelMissing, vec![why]));
     }
     // A profile tuned with RPC servers is judged with their devices.
     let with_rpc;
@@ -510,7 +523,7 @@ fn one(
             }
             Err(err) => {
                 say(&format!("  failed   {}: {err:#}", old.model.file_name));
-                let mut e = entry(path, Some(&old), "failed", vec![format!("{err:#}")]);
+                let mut e = entry(path, Some(&old), EntryStatus::Failed, vec![format!("{err:#}")]);
                 e.error = Some(format!("{err:#}"));
                 return Ok(e);
             }
@@ -520,18 +533,18 @@ fn one(
     if reasons.is_empty() {
         let age = crate::clock::parse_rfc3339(&old.created_at).map_or(u64::MAX, |t| now.saturating_sub(t));
         say(&format!("  fresh    {} ({} old): skipped", old.model.file_name, human_age(age)));
-        return Ok(entry(path, Some(&old), "fresh", reasons));
+        return Ok(entry(path, Some(&old), EntryStatus::Fresh, reasons));
     }
     if opts.dry_run {
         say(&format!("  stale    {}: {}; would re-tune", old.model.file_name, reasons.join("; ")));
-        return Ok(entry(path, Some(&old), "stale", reasons));
+        return Ok(entry(path, Some(&old), EntryStatus::Stale, reasons));
     }
     if busy_at_start.is_none() {
         let cores = opts.busy_threshold * f64::from(crate::bench::default_threads());
         *busy_at_start = Some(wait_for_idle(opts.wait_idle, cores, say)?);
     }
     say(&format!("  stale    {}: {}; re-tuning", old.model.file_name, reasons.join("; ")));
-    let mut e = entry(path, Some(&old), "retuned", reasons);
+    let mut e = entry(path, Some(&old), EntryStatus::Retuned, reasons);
     match retune(&old, opts) {
         Ok(new) => {
             let d = drift(&old, &new, opts.threshold);
@@ -546,7 +559,7 @@ fn one(
         Err(err) if err.is::<crate::error::Interrupted>() => return Err(err),
         Err(err) => {
             say(&format!("           re-tune FAILED: {err:#}"));
-            e.status = "failed".into();
+            e.status = EntryStatus::Failed;
             e.error = Some(format!("{err:#}"));
         }
     }
@@ -598,10 +611,10 @@ fn update_modelfiles(dir: &Path, new: &Profile, say: &mut dyn FnMut(&str)) -> Ve
 }
 
 fn summarize(entries: Vec<Entry>, opts: &ReprofileOptions, hw: &Hardware, busy_at_start: Option<String>) -> Summary {
-    let count = |s: &str| entries.iter().filter(|e| e.status == s).count();
+    let count = |s: EntryStatus| entries.iter().filter(|e| e.status == s).count();
     let drifts = || entries.iter().filter_map(|e| e.drift.as_ref());
     let regressions: usize = drifts().map(|d| d.regressions).sum();
-    let failed = count("failed");
+    let failed = count(EntryStatus::Failed);
     let exit_code = if failed > 0 {
         crate::error::exit::FAILURE
     } else if regressions > 0 {
@@ -614,10 +627,10 @@ fn summarize(entries: Vec<Entry>, opts: &ReprofileOptions, hw: &Hardware, busy_a
         store: opts.store.clone(),
         fingerprint: hw.fingerprint.clone(),
         dry_run: opts.dry_run,
-        retuned: count("retuned"),
-        fresh: count("fresh"),
-        missing: count("model_missing"),
-        invalid: count("invalid"),
+        retuned: count(EntryStatus::Retuned),
+        fresh: count(EntryStatus::Fresh),
+        missing: count(EntryStatus::ModelMissing),
+        invalid: count(EntryStatus::Invalid),
         failed,
         regressions,
         improvements: drifts().map(|d| d.improvements).sum(),

@@ -5,6 +5,7 @@
 use llama_cpp_2::{list_llama_ggml_backend_devices, LlamaBackendDeviceType};
 
 use super::{DeviceSample, LlamaDevice, MemorySource};
+use crate::types::DeviceKind;
 
 /// llama.cpp's devices, as `llama-bench --list-devices` shows them.
 #[must_use]
@@ -17,13 +18,12 @@ pub fn devices() -> Vec<LlamaDevice> {
             description: d.description,
             backend: d.backend,
             kind: match d.device_type {
-                LlamaBackendDeviceType::Cpu => "cpu",
-                LlamaBackendDeviceType::Gpu => "gpu",
-                LlamaBackendDeviceType::IntegratedGpu => "igpu",
-                LlamaBackendDeviceType::Accelerator => "accel",
-                LlamaBackendDeviceType::Unknown => "unknown",
-            }
-            .to_string(),
+                LlamaBackendDeviceType::Cpu => DeviceKind::Cpu,
+                LlamaBackendDeviceType::Gpu => DeviceKind::Gpu,
+                LlamaBackendDeviceType::IntegratedGpu => DeviceKind::Igpu,
+                LlamaBackendDeviceType::Accelerator => DeviceKind::Accel,
+                LlamaBackendDeviceType::Unknown => DeviceKind::Unknown,
+            },
             memory_total: d.memory_total as u64,
             memory_free: d.memory_free as u64,
         })
@@ -120,7 +120,7 @@ mod tests {
             name: "Vulkan0".into(),
             description: desc.into(),
             backend: "Vulkan".into(),
-            kind: "gpu".into(),
+            kind: DeviceKind::Gpu,
             memory_total: total,
             memory_free: free,
         }
@@ -137,7 +137,7 @@ mod tests {
         assert!(has_budget(&dev("NVIDIA H200", 100 << 30, 140 << 30)));
         assert!(!has_budget(&dev("Some GPU", 8 << 30, 8 << 30)));
         let mut cpu = dev("Intel Xeon", 1, 1);
-        cpu.kind = "cpu".into();
+        cpu.kind = DeviceKind::Cpu;
         assert!(budget_notes(&[cpu]).is_empty(), "the CPU is not an offload target");
     }
 }

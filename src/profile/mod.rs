@@ -123,8 +123,8 @@ pub struct Settings {
     /// "adaptive" (the default: 0, the largest setting predicted under the
     /// cap, interior points unless those two decide it, confirmation)
     /// or "grid" (every grid value). Profiles from before the field: grid.
-    #[serde(default = "default_search")]
-    pub search: String,
+    #[serde(default)]
+    pub search: crate::types::SearchMode,
     /// A trial is contended when other processes use more than this share
     /// of its threads (profiles from before the field: 0.1).
     #[serde(default = "default_busy_threshold")]
@@ -182,10 +182,6 @@ impl Settings {
 
 fn default_busy_threshold() -> f64 {
     crate::probe::cpu::DEFAULT_BUSY_THRESHOLD
-}
-
-fn default_search() -> String {
-    "grid".to_string()
 }
 
 /// How much measuring the search took, against what the full grid would have.

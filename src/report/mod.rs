@@ -372,7 +372,7 @@ pub fn render_hw(hw: &crate::types::Hardware) -> String {
             d.index,
             d.name,
             d.backend,
-            d.kind,
+            d.kind.as_str(),
             d.description,
             human_bytes(d.memory_total),
             human_bytes(d.memory_free)

@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::engine::predict::Prediction;
 use crate::model::{human_bytes, ModelInfo};
 use crate::probe;
-use crate::profile::{MemoryPolicy, PredictionReport, Settings};
+use crate::profile::{DeviceBudget, MemoryPolicy, PredictionReport, Settings};
 use crate::types::{Hardware, LlamaDevice};
 use crate::types::{Source, TrialResult, TrialStatus};
 
@@ -66,7 +66,7 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
 /// llama.cpp's accounted memory for the whole-layer search, each device's
 /// own cap being the split stage's to keep.
 #[must_use]
-pub fn policy_for(hw: &Hardware, s: &Settings, caps: &[super::split::DeviceCap]) -> Option<MemoryPolicy> {
+pub fn policy_for(hw: &Hardware, s: &Settings, caps: &[DeviceCap]) -> Option<MemoryPolicy> {
     if caps.len() < 2 {
         let named = s.device_budgets.first().map(|b| b.bytes);
         let budget = named.into_iter().chain(s.vram_budget_bytes).min();
@@ -211,6 +211,77 @@ pub fn largest_predicted_under(predicted: &[Prediction], cap: f64, full: u32) ->
         }
     }
     best.min(full)
+}
+
+/// One offload device and its cap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceCap {
+    pub device: String,
+    pub buffer_type: String,
+    pub description: String,
+    pub cap_bytes: u64,
+    pub cap_reason: String,
+}
+
+/// The offload devices in llama.cpp's order (`llama_model_load`'s default
+/// selection: RPC servers first, then GPUs, then integrated GPUs when no
+/// GPU), with the buffer type each allocates in.
+#[must_use]
+pub fn offload_devices(devices: &[LlamaDevice]) -> Vec<(LlamaDevice, String)> {
+    let rpc: Vec<&LlamaDevice> = devices.iter().filter(|d| d.is_offload_target() && d.is_remote()).collect();
+    let gpus: Vec<&LlamaDevice> =
+        devices.iter().filter(|d| d.kind == crate::types::DeviceKind::Gpu && !d.is_remote()).collect();
+    let igpus: Vec<&LlamaDevice> =
+        devices.iter().filter(|d| d.kind == crate::types::DeviceKind::Igpu && !d.is_remote()).collect();
+    let mut out = Vec::new();
+    for (i, d) in rpc.iter().enumerate() {
+        // ggml-rpc names a buffer type by the server's device index and endpoint.
+        let k = rpc[..i].iter().filter(|o| o.description == d.description).count();
+        out.push(((*d).clone(), format!("RPC{k}[{}]", d.description)));
+    }
+    let local = if gpus.is_empty() { igpus } else { gpus };
+    out.extend(local.into_iter().map(|d| (d.clone(), d.name.clone())));
+    out
+}
+
+/// Each offload device's cap: `target` of its memory, or a budget of
+/// `--vram-budget` (one size for all, or `DEV=SIZE` naming it by its
+/// llama.cpp name or its RPC server's host:port), the stricter.
+///
+/// # Errors
+/// `BadInput` for a budget that names no device here.
+pub fn device_caps(
+    devices: &[LlamaDevice],
+    target: f64,
+    all: Option<u64>,
+    per: &[DeviceBudget],
+) -> anyhow::Result<Vec<DeviceCap>> {
+    let offload = offload_devices(devices);
+    if let Some(b) = per.iter().find(|b| !offload.iter().any(|(d, _)| d.name == b.device || d.description == b.device))
+    {
+        let names: Vec<String> = offload.iter().map(|(d, _)| format!("{} ({})", d.name, d.description)).collect();
+        return Err(crate::error::bad(format!(
+            "--vram-budget {}={}: no offload device is called {}; name one of {}",
+            b.device,
+            human_bytes(b.bytes),
+            b.device,
+            if names.is_empty() { "none (no offload device here)".to_string() } else { names.join(", ") }
+        )));
+    }
+    Ok(offload
+        .into_iter()
+        .map(|(d, buffer_type)| {
+            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let by_target = (target * d.memory_total as f64) as u64;
+            let named = per.iter().find(|b| b.device == d.name || b.device == d.description).map(|b| b.bytes);
+            let budget = named.or(all);
+            let (cap_bytes, cap_reason) = match budget {
+                Some(b) if b < by_target => (b, format!("--vram-budget {}", human_bytes(b))),
+                _ => (by_target, format!("{:.0}% of {}", target * 100.0, human_bytes(d.memory_total))),
+            };
+            DeviceCap { device: d.name, buffer_type, description: d.description, cap_bytes, cap_reason }
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -35,7 +35,8 @@ use crate::types::Hardware;
 use crate::types::Note;
 use crate::types::TrialSpec;
 use executor::WorkerExecutor;
-use search::{Checkpointing, Plan, Progress, Search};
+use plan::Plan;
+use search::{Checkpointing, Progress, Search};
 
 /// A validated tuning request: the model, settings llama.cpp can run, the
 /// RPC servers as they answered, the devices the loadability check listed
@@ -55,7 +56,7 @@ pub struct TuneRequest {
     /// The settings' RPC servers, probed before the check.
     pub rpc_servers: Vec<crate::types::RpcServer>,
     /// Each offload device's cap, in llama.cpp's device order.
-    pub caps: Vec<split::DeviceCap>,
+    pub caps: Vec<memory::DeviceCap>,
 }
 
 impl TuneRequest {
@@ -70,7 +71,7 @@ impl TuneRequest {
         // Before the check: its child could only say it cannot load the model.
         let rpc_servers = crate::rpc::probe_all(&s.rpc)?;
         let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info, &s.rpc)?;
-        let caps = split::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
+        let caps = memory::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
         Ok(TuneRequest {
             info,
             settings,
@@ -108,7 +109,7 @@ pub struct TuneOutcome {
 
 /// What one context size's search found.
 struct ContextOutcome {
-    found: search::Found,
+    found: plan::Found,
     trials: Vec<crate::profile::ProfileTrial>,
     prediction: Option<crate::profile::PredictionReport>,
     search: Option<crate::profile::SearchReport>,
@@ -429,7 +430,7 @@ fn plan_for(info: &ModelInfo, s: &Settings, hw: &Hardware, no_gpu: bool) -> Plan
         n_layer: info.n_layer,
         is_moe: info.is_moe(),
         full_grid,
-        grid_mode: !(s.search == "adaptive" && s.grid.is_none()),
+        grid_mode: !(s.search == crate::types::SearchMode::Adaptive && s.grid.is_none()),
         no_gpu,
         predicted_over: Vec::new(),
         n_max: info.n_layer_full,

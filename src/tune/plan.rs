@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-use crate::types::KvType;
+use crate::types::{CpuInfo, Decision, KvType};
 
 /// The default grid: 0, 10, 20, ... below full offload, then full offload
 /// (n_layer + 1: this llama.cpp counts the output layer, which goes first).
@@ -175,6 +175,43 @@ pub fn moe_grid(n_layer: u32) -> Vec<u32> {
     g.sort_unstable();
     g.dedup();
     g
+}
+
+/// What the search found.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub decision: Decision,
+    /// The best whole-layer split (Ollama's `num_gpu`).
+    pub dense_ngl: u32,
+    pub threads: u32,
+    /// Layers whose experts stay on the CPU at full offload (0: none).
+    pub n_cpu_moe: u32,
+    /// Grid values not run because a smaller one ran out of memory.
+    pub skipped: Vec<u32>,
+    pub notes: Vec<crate::types::Note>,
+}
+
+/// What the search is asked: the model's layers, the grid, and how to walk it.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// ngl of full offload.
+    pub full: u32,
+    /// Repeating layers (expert offload is per layer).
+    pub n_layer: u32,
+    pub is_moe: bool,
+    /// The full grid (the adaptive search's yardstick).
+    pub full_grid: Vec<u32>,
+    /// Measure every value of `full_grid` (not predicted over the cap).
+    pub grid_mode: bool,
+    /// No GPU device: only thread counts matter.
+    pub no_gpu: bool,
+    /// Grid values llama.cpp's dry run predicts over the cap.
+    pub predicted_over: Vec<u32>,
+    /// Largest setting predicted under the cap (adaptive search's top end).
+    pub n_max: u32,
+    /// The top end is expected to be faster than ngl 0 (a real GPU).
+    pub top_first: bool,
+    pub cpu: CpuInfo,
 }
 
 #[cfg(test)]

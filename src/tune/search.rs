@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::choose::{self, decide, Inputs};
 use super::executor::TrialExecutor;
 use super::memory::{prediction_check, trial_memory};
-use super::plan::{adaptive_points, moe_grid, Candidate};
+use super::plan::{adaptive_points, moe_grid, Candidate, Found, Plan};
 use crate::engine::predict::Prediction;
 use crate::error::Interrupted;
 use crate::profile::store;
@@ -92,43 +92,6 @@ impl Checkpointing {
     pub fn new(path: PathBuf, checkpoint: Checkpoint) -> Self {
         Checkpointing { path, checkpoint, failed: false }
     }
-}
-
-/// What the search found.
-#[derive(Debug, Clone)]
-pub struct Found {
-    pub decision: Decision,
-    /// The best whole-layer split (Ollama's `num_gpu`).
-    pub dense_ngl: u32,
-    pub threads: u32,
-    /// Layers whose experts stay on the CPU at full offload (0: none).
-    pub n_cpu_moe: u32,
-    /// Grid values not run because a smaller one ran out of memory.
-    pub skipped: Vec<u32>,
-    pub notes: Vec<crate::types::Note>,
-}
-
-/// What the search is asked: the model's layers, the grid, and how to walk it.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    /// ngl of full offload.
-    pub full: u32,
-    /// Repeating layers (expert offload is per layer).
-    pub n_layer: u32,
-    pub is_moe: bool,
-    /// The full grid (the adaptive search's yardstick).
-    pub full_grid: Vec<u32>,
-    /// Measure every value of `full_grid` (not predicted over the cap).
-    pub grid_mode: bool,
-    /// No GPU device: only thread counts matter.
-    pub no_gpu: bool,
-    /// Grid values llama.cpp's dry run predicts over the cap.
-    pub predicted_over: Vec<u32>,
-    /// Largest setting predicted under the cap (adaptive search's top end).
-    pub n_max: u32,
-    /// The top end is expected to be faster than ngl 0 (a real GPU).
-    pub top_first: bool,
-    pub cpu: CpuInfo,
 }
 
 pub struct Search<'a> {

@@ -17,81 +17,12 @@
 
 use anyhow::Result;
 
+use super::memory::DeviceCap;
 use super::plan::{Candidate, Split};
 use super::search::Search;
 use crate::engine::predict::Prediction;
-use crate::model::human_bytes;
-use crate::profile::{DeviceBudget, DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
+use crate::profile::{DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
 use crate::types::{LlamaDevice, Role, TrialStatus};
-
-/// One offload device and its cap.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceCap {
-    pub device: String,
-    pub buffer_type: String,
-    pub description: String,
-    pub cap_bytes: u64,
-    pub cap_reason: String,
-}
-
-/// The offload devices in llama.cpp's order (`llama_model_load`'s default
-/// selection: RPC servers first, then GPUs, then integrated GPUs when no
-/// GPU), with the buffer type each allocates in.
-#[must_use]
-pub fn offload_devices(devices: &[LlamaDevice]) -> Vec<(LlamaDevice, String)> {
-    let rpc: Vec<&LlamaDevice> = devices.iter().filter(|d| d.is_offload_target() && d.is_remote()).collect();
-    let gpus: Vec<&LlamaDevice> = devices.iter().filter(|d| d.kind == "gpu" && !d.is_remote()).collect();
-    let igpus: Vec<&LlamaDevice> = devices.iter().filter(|d| d.kind == "igpu" && !d.is_remote()).collect();
-    let mut out = Vec::new();
-    for (i, d) in rpc.iter().enumerate() {
-        // ggml-rpc names a buffer type by the server's device index and endpoint.
-        let k = rpc[..i].iter().filter(|o| o.description == d.description).count();
-        out.push(((*d).clone(), format!("RPC{k}[{}]", d.description)));
-    }
-    let local = if gpus.is_empty() { igpus } else { gpus };
-    out.extend(local.into_iter().map(|d| (d.clone(), d.name.clone())));
-    out
-}
-
-/// Each offload device's cap: `target` of its memory, or a budget of
-/// `--vram-budget` (one size for all, or `DEV=SIZE` naming it by its
-/// llama.cpp name or its RPC server's host:port), the stricter.
-///
-/// # Errors
-/// `BadInput` for a budget that names no device here.
-pub fn device_caps(
-    devices: &[LlamaDevice],
-    target: f64,
-    all: Option<u64>,
-    per: &[DeviceBudget],
-) -> Result<Vec<DeviceCap>> {
-    let offload = offload_devices(devices);
-    if let Some(b) = per.iter().find(|b| !offload.iter().any(|(d, _)| d.name == b.device || d.description == b.device))
-    {
-        let names: Vec<String> = offload.iter().map(|(d, _)| format!("{} ({})", d.name, d.description)).collect();
-        return Err(crate::error::bad(format!(
-            "--vram-budget {}={}: no offload device is called {}; name one of {}",
-            b.device,
-            human_bytes(b.bytes),
-            b.device,
-            if names.is_empty() { "none (no offload device here)".to_string() } else { names.join(", ") }
-        )));
-    }
-    Ok(offload
-        .into_iter()
-        .map(|(d, buffer_type)| {
-            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let by_target = (target * d.memory_total as f64) as u64;
-            let named = per.iter().find(|b| b.device == d.name || b.device == d.description).map(|b| b.bytes);
-            let budget = named.or(all);
-            let (cap_bytes, cap_reason) = match budget {
-                Some(b) if b < by_target => (b, format!("--vram-budget {}", human_bytes(b))),
-                _ => (by_target, format!("{:.0}% of {}", target * 100.0, human_bytes(d.memory_total))),
-            };
-            DeviceCap { device: d.name, buffer_type, description: d.description, cap_bytes, cap_reason }
-        })
-        .collect())
-}
 
 /// Bytes per buffer type, in the devices' order (0 where a device has none).
 fn in_device_order(by: &[(String, u64)], devs: &[DeviceCap]) -> Vec<u64> {
@@ -521,6 +452,8 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::DeviceBudget;
+    use crate::tune::memory::{device_caps, offload_devices};
 
     fn dev(name: &str, backend: &str, desc: &str, kind: &str, total: u64) -> LlamaDevice {
         LlamaDevice {
@@ -528,7 +461,7 @@ mod tests {
             name: name.into(),
             description: desc.into(),
             backend: backend.into(),
-            kind: kind.into(),
+            kind: serde_json::from_value(serde_json::json!(kind)).unwrap(),
             memory_total: total,
             memory_free: total,
         }

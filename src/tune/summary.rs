@@ -2,7 +2,8 @@
 //! against the full grid, whether repetitions were noisy, how llama.cpp's
 //! own prediction and fit fared, and the recommendation in pasteable forms.
 
-use super::search::{Found, NOISY};
+use super::plan::Found;
+use super::search::NOISY;
 use crate::profile::{Confidence, PredictionReport, ProfileTrial, Recommendation, SearchReport, Settings};
 use crate::types::TrialStatus;
 

@@ -112,3 +112,14 @@ pub struct Quality {
     /// What it was compared with ("f16 KV cache", a model file).
     pub reference: String,
 }
+
+/// How the ngl search measures: every grid value, or adaptively (the two
+/// ends, then only points that can change the answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchMode {
+    /// Every grid value in full (profiles from before the field).
+    #[default]
+    Grid,
+    Adaptive,
+}

@@ -21,6 +21,33 @@ pub struct GpuInfo {
     pub bandwidth_gbs: Option<f64>,
 }
 
+/// What kind of device ggml says a backend device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+    /// An integrated GPU (sharing the host's memory).
+    Igpu,
+    Accel,
+    #[serde(other)]
+    Unknown,
+}
+
+impl DeviceKind {
+    /// ggml's word for it, as the `hw` report prints it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Gpu => "gpu",
+            DeviceKind::Igpu => "igpu",
+            DeviceKind::Accel => "accel",
+            DeviceKind::Unknown => "unknown",
+        }
+    }
+}
+
 /// One llama.cpp (ggml) backend device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlamaDevice {
@@ -28,8 +55,7 @@ pub struct LlamaDevice {
     pub name: String,
     pub description: String,
     pub backend: String,
-    /// "cpu", "gpu", "igpu", "accel".
-    pub kind: String,
+    pub kind: DeviceKind,
     pub memory_total: u64,
     pub memory_free: u64,
 }
@@ -37,7 +63,7 @@ pub struct LlamaDevice {
 impl LlamaDevice {
     #[must_use]
     pub fn is_offload_target(&self) -> bool {
-        self.kind == "gpu" || self.kind == "igpu"
+        matches!(self.kind, DeviceKind::Gpu | DeviceKind::Igpu)
     }
 
     /// A device of a llama.cpp RPC server (its description is the endpoint).
