@@ -111,6 +111,23 @@ impl Phases {
     }
 }
 
+/// An age in the largest unit that keeps it short: "3.5d", "2.0h", "12m", "40s".
+#[must_use]
+#[allow(clippy::cast_precision_loss)]
+pub fn human_age(secs: u64) -> String {
+    if secs == u64::MAX {
+        "of unknown age".into()
+    } else if secs >= 86_400 {
+        format!("{:.1}d", secs as f64 / 86_400.0)
+    } else if secs >= 3600 {
+        format!("{:.1}h", secs as f64 / 3600.0)
+    } else if secs >= 60 {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,6 +45,14 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
+/// A write to a reader that went away (`ngl-tune profiles list | head -1`):
+/// the output was not wanted any more, so it ends quietly, as ripgrep does.
+#[must_use]
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain()
+        .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
 /// The exit code an error maps to.
 #[must_use]
 pub fn exit_code(err: &anyhow::Error) -> i32 {

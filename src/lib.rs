@@ -19,6 +19,7 @@ pub mod probe;
 pub mod profile;
 pub mod report;
 pub mod reprofile;
+pub mod request;
 pub mod rpc;
 pub mod stats;
 pub mod synth;

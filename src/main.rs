@@ -3,7 +3,7 @@
 use clap::Parser;
 
 use ngl_tune::cli::{default_to_tune, normalize_args, Cli};
-use ngl_tune::error::{exit, exit_code};
+use ngl_tune::error::{exit, exit_code, is_broken_pipe};
 
 fn main() {
     let args = default_to_tune(normalize_args(std::env::args()));
@@ -17,6 +17,7 @@ fn main() {
     };
     match ngl_tune::app::run(cli) {
         Ok(code) => std::process::exit(code),
+        Err(err) if is_broken_pipe(&err) => std::process::exit(exit::OK),
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::exit(exit_code(&err));

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::clock::human_age;
 use crate::model::sha256_prefix;
 use crate::profile::store;
 use crate::profile::{Profile, ProfileTrial, Tool};
@@ -150,21 +151,6 @@ pub fn stale_reasons(p: &Profile, hw: &Hardware, now: u64, max_age: Duration) ->
         r.push(format!("{} old (max age {})", human_age(age), human_age(max_age.as_secs())));
     }
     r
-}
-
-#[must_use]
-pub fn human_age(secs: u64) -> String {
-    if secs == u64::MAX {
-        "of unknown age".into()
-    } else if secs >= 86_400 {
-        format!("{:.1}d", secs as f64 / 86_400.0)
-    } else if secs >= 3600 {
-        format!("{:.1}h", secs as f64 / 3600.0)
-    } else if secs >= 60 {
-        format!("{}m", secs / 60)
-    } else {
-        format!("{secs}s")
-    }
 }
 
 /// Parses "7d", "12h", "30m", "45s", "2w" (a bare number is seconds).

@@ -120,9 +120,9 @@ pub struct Settings {
     pub no_skip: bool,
     pub trial_timeout_s: u64,
     pub sample_interval_ms: u64,
-    /// "adaptive" (the default: 0, the largest setting predicted under the
+    /// Adaptive (the default: 0, the largest setting predicted under the
     /// cap, interior points unless those two decide it, confirmation)
-    /// or "grid" (every grid value). Profiles from before the field: grid.
+    /// or grid (every grid value). Profiles from before the field: grid.
     #[serde(default)]
     pub search: crate::types::SearchMode,
     /// A trial is contended when other processes use more than this share
@@ -152,6 +152,9 @@ pub struct Settings {
     /// stays under this (nats).
     #[serde(default = "default_max_kl", skip_serializing_if = "is_default_max_kl")]
     pub max_kl: f64,
+    /// A warmup run before each test, as llama-bench does (`--no-warmup`: none).
+    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
+    pub warmup: bool,
 }
 
 /// `--max-kl`'s default: llama.cpp's q8_0 KV cache scores about 0.001

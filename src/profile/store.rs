@@ -181,7 +181,7 @@ pub fn save(store: &Path, profile: &Profile) -> Result<PathBuf> {
     let saved = match write_profile(&fallback, profile) {
         Ok(()) => format!("this run's profile was saved to {}", fallback.display()),
         Err(_) => {
-            println!("{}", serde_json::to_string_pretty(profile)?);
+            let _ = writeln!(std::io::stdout().lock(), "{}", serde_json::to_string_pretty(profile)?);
             "this run's profile is printed above".to_string()
         }
     };

@@ -1,6 +1,7 @@
 //! What a person reads after tuning: the measured table, the choice and why,
 //! and the lines to paste.
 
+pub mod listing;
 pub mod note;
 pub mod placement;
 pub mod split;

@@ -456,86 +456,9 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
         repetitions: s.repetitions,
-        warmup: true,
+        warmup: s.warmup,
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
         race: None,
-    }
-}
-
-/// Parses "8GiB", "512MiB", "8G", "1.5 GB", "123456" (bytes).
-///
-/// # Errors
-/// `BadInput` naming the value and the accepted forms.
-pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| {
-        crate::error::bad(format!("--vram-budget '{s}' is not a size; write it like 8GiB, 512MiB or 6G"))
-    })?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "kb" => 1e3,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "mb" => 1e6,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "gb" => 1e9,
-        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        "tb" => 1e12,
-        _ => {
-            return Err(crate::error::bad(format!(
-                "--vram-budget '{s}' has an unknown unit '{unit}'; use B, KiB, MiB, GiB or TiB (8GiB)"
-            )))
-        }
-    };
-    let bytes = n * mult;
-    if !bytes.is_finite() || bytes < 1.0 {
-        return Err(crate::error::bad(format!("--vram-budget '{s}' is zero; give a positive size like 8GiB")));
-    }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(bytes as u64)
-}
-
-/// Parses and checks `--target-vram`.
-///
-/// # Errors
-/// `BadInput` unless 0 < F <= 1.
-pub fn parse_target(s: &str) -> Result<f64> {
-    let f: f64 = s.trim().parse().map_err(|_| {
-        crate::error::bad(format!("--target-vram '{s}' is not a number; give a fraction of device memory like 0.9"))
-    })?;
-    if f.is_nan() || f <= 0.0 || f > 1.0 {
-        return Err(crate::error::bad(format!(
-            "--target-vram {s} is outside (0, 1]; give the share of device memory to use, like 0.9"
-        )));
-    }
-    Ok(f)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("8GiB").unwrap(), 8 << 30);
-        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("6G").unwrap(), 6 << 30);
-        assert_eq!(parse_size("1.5 GB").unwrap(), 1_500_000_000);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("0").unwrap_err().to_string().contains("zero"));
-        assert!(parse_size("lots").unwrap_err().to_string().contains("not a size"));
-        assert!(parse_size("8 parsecs").unwrap_err().to_string().contains("unknown unit"));
-    }
-
-    #[test]
-    fn targets() {
-        assert!((parse_target("0.9").unwrap() - 0.9).abs() < 1e-12);
-        assert_eq!(parse_target("1").unwrap(), 1.0);
-        for bad in ["0", "-0.5", "1.5", "NaN", "abc", "inf"] {
-            assert!(parse_target(bad).is_err(), "{bad}");
-        }
     }
 }

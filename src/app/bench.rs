@@ -1,0 +1,77 @@
+//! `ngl-tune bench`: llama-bench's measurement over the placements asked for.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::print_notes;
+use crate::bench::{self, BenchOptions};
+use crate::cli::BenchArgs;
+use crate::error::exit;
+use crate::model::{self, ModelInfo};
+use crate::request::{bench_placement, parse_busy_threshold};
+
+pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
+    let mut clock = crate::clock::Phases::from_env();
+    let info = model::inspect(&a.model)?;
+    clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
+    let (placement, ngl, n_cpu_moe) = bench_placement(a, &info)?;
+    crate::rpc::probe_all(&placement.rpc)?;
+    let w = &a.workload;
+    let opts = BenchOptions {
+        model: a.model.clone(),
+        placement,
+        ngl,
+        n_cpu_moe,
+        n_prompt: w.n_prompt.unwrap_or(512),
+        n_gen: w.n_gen.unwrap_or(128),
+        repetitions: w.repetitions.unwrap_or(5),
+        warmup: !w.no_warmup,
+        timeout: Duration::from_secs(w.trial_timeout),
+        sample_interval: Duration::from_millis(w.sample_interval_ms),
+        busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
+        verbose: a.verbose,
+        progress: !a.quiet,
+    };
+    clock.lap("options");
+    // The first trial is the loadability check (its worker loads the model
+    // anyway), and its devices are the machine's: no separate child start.
+    let results = bench::run(&opts, |r| {
+        first_trial_says(&info, r)?;
+        let mut notes = crate::probe::hardware(r.devices.clone()).notes;
+        if w.op_offload == crate::types::OpOffload::Auto && r.spec.placement.op_offload == crate::types::OpOffload::Off
+        {
+            notes.push(crate::probe::op_offload_note(&r.devices));
+        }
+        print_notes(&notes);
+        Ok(())
+    })?;
+    clock.trials(&results);
+    if let Some(n) = crate::report::note::busy(&results) {
+        eprintln!("warning: {n}");
+    }
+    let rows = bench::rows(&info, &results, "");
+    let text = bench::render(a.output, &rows, &info)?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    clock.lap("rows and output");
+    clock.report();
+    let failed = results.iter().filter(|r| r.status != crate::types::TrialStatus::Ok).count();
+    if failed > 0 {
+        eprintln!("warning: {failed} of {} trials did not complete; their rows say why", results.len());
+    }
+    Ok(if failed == results.len() { exit::FAILURE } else { exit::OK })
+}
+
+/// A first trial whose worker could not load the model at all means
+/// llama.cpp cannot run it: bad input, said as the separate check says it.
+fn first_trial_says(info: &ModelInfo, r: &crate::types::TrialResult) -> Result<()> {
+    let why = r.reason.as_deref().unwrap_or_default();
+    if r.status != crate::types::TrialStatus::Failed || !why.starts_with("model load failed") {
+        return Ok(());
+    }
+    let arch = why.contains("unknown model architecture");
+    Err(crate::engine::child::cannot_load(info, why, arch))
+}

@@ -1,0 +1,131 @@
+//! Runs a parsed command line: each command in its own file, turning the
+//! command line into typed requests (`request`), calling the library and
+//! printing what `report` renders.
+
+mod bench;
+mod emit;
+mod history;
+mod hw;
+mod profiles;
+mod reprofile;
+mod tune;
+
+use std::io::Write;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command};
+use crate::error::exit;
+use crate::request::rpc_list;
+
+/// Runs the command; returns the exit code.
+///
+/// # Errors
+/// Any failure; `BadInput` errors exit 2.
+pub fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Tune(a) => tune::cmd_tune(&a),
+        Command::Bench(a) => bench::cmd_bench(&a),
+        Command::Inspect(a) => hw::cmd_inspect(&a),
+        Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
+        Command::Predict => crate::engine::predict::predict_main().map(|()| exit::OK),
+        Command::Kl => crate::engine::quality::kl_main().map(|()| exit::OK),
+        Command::Devices { rpc } => {
+            let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
+            crate::engine::placement::add_rpc_servers(&rpc_list(rpc.as_deref())?)?;
+            let devices = crate::probe::ggml::devices();
+            println!("{}", serde_json::to_string(&devices)?);
+            Ok(exit::OK)
+        }
+        Command::Hw(a) => hw::cmd_hw(&a),
+        Command::RpcServer(a) => {
+            let threads = a.threads.unwrap_or_else(|| crate::probe::hardware(Vec::new()).cpu.physical_cores.max(1));
+            crate::rpc::serve(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
+        }
+        Command::Emit(a) => emit::cmd_emit(&a),
+        Command::Reprofile(a) => reprofile::cmd_reprofile(&a),
+        Command::History(a) => history::cmd_history(&a),
+        Command::Profiles(a) => match a.command {
+            crate::cli::ProfilesCommand::List { profiles, json } => {
+                profiles::cmd_profiles_list(profiles.as_deref(), json)
+            }
+        },
+        Command::Check { model, rpc } => {
+            let verdict = crate::engine::worker::check_loadable(&model, &rpc_list(rpc.as_deref())?);
+            // The backend is up now: the device list costs nothing more.
+            let devices = if verdict.is_ok() { crate::probe::ggml::devices() } else { Vec::new() };
+            let check = crate::engine::child::Check { ok: verdict.is_ok(), error: verdict.err(), devices };
+            println!("{}", serde_json::to_string(&check)?);
+            Ok(exit::OK)
+        }
+        Command::Quantize { input, output, kind } => {
+            crate::synth::quantize(&input, &output, &kind)?;
+            Ok(exit::OK)
+        }
+        Command::Synth(a) => {
+            let spec = crate::synth::SynthSpec::default()
+                .with_n_layer(a.layers)
+                .with_dims(a.n_embd, a.n_ff, a.heads)
+                .with_kv_heads(a.kv_heads.unwrap_or(a.heads))
+                .with_experts(a.experts, a.experts.min(2))
+                .with_q8_0(a.q8_0)
+                .with_ctx_train(a.ctx_train);
+            crate::synth::write_model(&a.out, &spec)?;
+            Ok(exit::OK)
+        }
+    }
+}
+
+fn print_notes(notes: &[String]) {
+    for n in notes {
+        eprintln!("note: {n}");
+    }
+}
+
+/// `--json` prints the value, otherwise the human rendering.
+fn print_json_or_text(json: bool, value: &impl serde::Serialize, text: impl FnOnce() -> String) -> Result<i32> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(value)?)?;
+    } else {
+        write!(out, "{}", text())?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+/// Refuses an output path that is a directory, a FIFO or a device, or whose
+/// directory does not exist.
+fn check_output_path(p: &std::path::Path, opt: &str) -> Result<()> {
+    crate::fsio::check_output_file(p, opt)
+}
+
+/// `--chart` and `--write-modelfile`, shared by the tuner and `emit`.
+fn write_extras(
+    p: &crate::profile::Profile,
+    chart: Option<&std::path::Path>,
+    modelfile: Option<&std::path::Path>,
+) -> Result<()> {
+    use crate::emit::modelfile::WriteOutcome;
+    if let Some(c) = chart {
+        let svg = crate::emit::chart::svg(p)?;
+        crate::profile::store::atomic_write(c, svg.as_bytes())?;
+        eprintln!("chart written to {}", c.display());
+    }
+    if let Some(m) = modelfile {
+        match crate::emit::modelfile::write(m, p)? {
+            WriteOutcome::Created => eprintln!("{} created", m.display()),
+            WriteOutcome::Updated => eprintln!("{} updated (the previous version is {}.bak)", m.display(), m.display()),
+            WriteOutcome::Unchanged => eprintln!("{} already has these settings; unchanged", m.display()),
+        }
+    }
+    Ok(())
+}
+
+/// A profile named directly, or the store's profile of a model on this machine.
+///
+/// # Errors
+/// `BadInput` when there is none or it is not a profile.
+pub fn load_profile(source: &std::path::Path, store: Option<&std::path::Path>) -> Result<crate::profile::Profile> {
+    crate::profile::store::read_profile(&crate::profile::store::resolve(source, store)?)
+}

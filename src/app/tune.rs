@@ -1,0 +1,156 @@
+//! `ngl-tune [tune] MODEL...`: tune each model, write its profile, print the report (and the ranking of several).
+
+use std::io::Write;
+
+use anyhow::Result;
+
+use super::{check_output_path, print_notes, write_extras};
+use crate::cli::TuneArgs;
+use crate::error::{bad, exit};
+use crate::model::{self, ModelInfo};
+use crate::request::{parse_budgets, parse_target, rpc_list, tune_settings};
+
+/// The contexts to tune and the rule that chose them: `--ctx`, `-c`, the
+/// Modelfile's num_ctx, or Ollama's default here.
+///
+/// # Errors
+/// `BadInput` for a Modelfile to update that Ollama would reject (said
+/// before anything is measured, not after).
+fn choose_contexts(
+    a: &TuneArgs,
+    s: &mut crate::profile::Settings,
+    info: &ModelInfo,
+    devices: &[crate::types::LlamaDevice],
+) -> Result<()> {
+    let existing = a.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
+    let cmds = existing.map(crate::emit::modelfile::read).transpose()?;
+    if a.ctx.is_some() || a.workload.ctx_size.is_some() {
+        return Ok(());
+    }
+    let from_modelfile = cmds.as_deref().zip(existing).and_then(|(cmds, p)| {
+        let params = crate::emit::modelfile::parameters(cmds);
+        let v = params.iter().find(|(k, _)| k == "num_ctx")?.1.last()?.trim().parse::<u32>().ok().filter(|v| *v > 0)?;
+        // llama.cpp (and Ollama) cap the context at the trained one.
+        let v = if info.ctx_train > 0 { v.min(u32::try_from(info.ctx_train).unwrap_or(u32::MAX)) } else { v };
+        Some((v, p.display().to_string()))
+    });
+    let (ctx, rule) = match from_modelfile {
+        Some((v, path)) => (v, format!("context {v}: num_ctx of the Modelfile being updated ({path})")),
+        None => {
+            // Probed only here: the tune probes the machine itself.
+            let hw = crate::probe::hardware(devices.to_vec());
+            let c = crate::emit::ollama_ctx_here(&hw, info.ctx_train, &|k| std::env::var(k).ok());
+            let c = u32::try_from(c).unwrap_or(u32::MAX);
+            (c, format!(
+                "context {c}: what current Ollama gives this model here without num_ctx (4k under 23 GiB of GPU memory, 32k from 23 GiB, 256k from 47 GiB; OLLAMA_CONTEXT_LENGTH replaces the rule; at most the trained context); --ctx tunes others"
+            ))
+        }
+    };
+    s.n_ctx = ctx;
+    s.ctx_rule = Some(rule);
+    Ok(())
+}
+
+pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
+    // The cap's options are judged first, before the store and the models.
+    let target = parse_target(&a.target_vram)?;
+    let (budget, device_budgets) = a.vram_budget.as_deref().map(parse_budgets).transpose()?.unwrap_or_default();
+    // The servers are probed with the request (tune::TuneRequest::new).
+    let rpc = rpc_list(a.workload.rpc.as_deref())?;
+    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    crate::profile::store::check_dir(&store)?;
+    if a.models.len() > 1 {
+        for (given, flag) in [(a.chart.is_some(), "--chart"), (a.write_modelfile.is_some(), "--write-modelfile")] {
+            if given {
+                return Err(bad(format!(
+                    "{flag} takes one model; tune the models together, then use emit {flag} on the one you pick"
+                )));
+            }
+        }
+    }
+    // Every model and its settings are checked before anything is measured.
+    let mut infos = Vec::new();
+    for m in &a.models {
+        let info = model::inspect(m)?;
+        let mut settings = tune_settings(a, &info, target, budget)?;
+        settings.rpc.clone_from(&rpc);
+        settings.device_budgets.clone_from(&device_budgets);
+        infos.push((info, settings));
+    }
+    if let Some(c) = &a.chart {
+        check_output_path(c, "--chart")?;
+    }
+    if let Some(m) = &a.write_modelfile {
+        check_output_path(m, "--write-modelfile")?;
+    }
+    let mut reqs = Vec::new();
+    for (info, settings) in infos {
+        let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
+            .with_resume(a.resume)
+            .with_output(a.verbose, !a.quiet);
+        choose_contexts(a, &mut req.settings, &req.info, &req.devices)?;
+        reqs.push(req);
+    }
+    crate::interrupt::install();
+    let names: Vec<&str> = reqs.iter().map(|r| r.info.file_name.as_str()).collect();
+    let _lock = crate::profile::lock::StoreLock::acquire(
+        &store,
+        &crate::probe::machine_id(),
+        a.no_wait,
+        &format!("ngl-tune tune {}", names.join(" ")),
+    )?;
+    let mut outcomes = Vec::new();
+    for req in &reqs {
+        outcomes.push(crate::tune::tune(req)?);
+    }
+    if outcomes.len() > 1 {
+        return ranked(a, &mut outcomes);
+    }
+    let outcome = &outcomes[0];
+    write_extras(&outcome.profile, a.chart.as_deref(), a.write_modelfile.as_deref())?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
+    } else {
+        print_report(&mut out, outcome)?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+fn print_report(out: &mut impl Write, outcome: &crate::tune::TuneOutcome) -> Result<()> {
+    // The noise warning belongs beside the numbers, in the report.
+    let notes: Vec<String> = outcome.notes.iter().filter(|n| !n.is_warning()).map(ToString::to_string).collect();
+    print_notes(&notes);
+    write!(out, "{}", crate::report::tune_report(&outcome.profile, &outcome.path))?;
+    Ok(())
+}
+
+/// Several models: each one's report, then the ranking with each one's
+/// quality against the largest (stored in its profile).
+fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32> {
+    use crate::tune::rank;
+    let profiles: Vec<crate::profile::Profile> = outcomes.iter().map(|o| o.profile.clone()).collect();
+    let exe = crate::engine::child::current_exe()?;
+    let qualities = rank::qualities(&exe, &profiles, profiles[0].settings.n_threads)?;
+    for (o, q) in outcomes.iter_mut().zip(&qualities) {
+        if q.is_some() {
+            o.profile.model_quality.clone_from(q);
+            crate::profile::store::write_profile(&o.path, &o.profile)?;
+        }
+    }
+    let rows = rank::rank(&profiles, &qualities, profiles[0].settings.max_kl);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let all: Vec<&crate::profile::Profile> = outcomes.iter().map(|o| &o.profile).collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&serde_json::json!({ "ranking": rows, "profiles": all }))?)?;
+    } else {
+        for o in outcomes.iter() {
+            print_report(&mut out, o)?;
+            writeln!(out)?;
+        }
+        write!(out, "{}", rank::render(&rows))?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}

@@ -1,0 +1,422 @@
+//! The command line's strings turned into typed, validated values before
+//! any work starts (ripgrep's low-level to high-level arguments): sizes,
+//! caps, budgets, contexts, thresholds, the workload, bench's placement.
+//! Each check names the flag, the value and the fix; nothing here runs
+//! llama.cpp or measures anything.
+
+use anyhow::Result;
+
+use crate::cli::{BenchArgs, ObjectiveArg, ReprofileArgs, TuneArgs, Workload};
+use crate::error::bad;
+use crate::model::ModelInfo;
+
+/// `--rpc`'s servers (none when not given).
+pub fn rpc_list(s: Option<&str>) -> Result<Vec<String>> {
+    s.map_or_else(|| Ok(Vec::new()), crate::rpc::parse_list)
+}
+
+/// Parses `--vram-budget`: one size for every device, and/or `DEV=SIZE` per device.
+pub fn parse_budgets(s: &str) -> Result<(Option<u64>, Vec<crate::profile::DeviceBudget>)> {
+    let (mut all, mut per) = (None, Vec::new());
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.rsplit_once('=') {
+            Some((dev, size)) => per
+                .push(crate::profile::DeviceBudget { device: dev.trim().to_string(), bytes: parse_size(size.trim())? }),
+            None if all.is_none() => all = Some(parse_size(part)?),
+            None => {
+                return Err(bad(format!(
+                    "--vram-budget '{s}' has two sizes for every device; give one, and DEV=SIZE for the others"
+                )))
+            }
+        }
+    }
+    if all.is_none() && per.is_empty() {
+        return Err(bad("--vram-budget is empty; give a size like 8GiB, or DEV=SIZE per device"));
+    }
+    Ok((all, per))
+}
+
+/// Parses "8GiB", "512MiB", "8G", "1.5 GB", "123456" (bytes).
+///
+/// # Errors
+/// `BadInput` naming the value and the accepted forms.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| {
+        crate::error::bad(format!("--vram-budget '{s}' is not a size; write it like 8GiB, 512MiB or 6G"))
+    })?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "kb" => 1e3,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "mb" => 1e6,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "gb" => 1e9,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "tb" => 1e12,
+        _ => {
+            return Err(crate::error::bad(format!(
+                "--vram-budget '{s}' has an unknown unit '{unit}'; use B, KiB, MiB, GiB or TiB (8GiB)"
+            )))
+        }
+    };
+    let bytes = n * mult;
+    if !bytes.is_finite() || bytes < 1.0 {
+        return Err(crate::error::bad(format!("--vram-budget '{s}' is zero; give a positive size like 8GiB")));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
+}
+
+/// Parses and checks `--target-vram`.
+///
+/// # Errors
+/// `BadInput` unless 0 < F <= 1.
+pub fn parse_target(s: &str) -> Result<f64> {
+    let f: f64 = s.trim().parse().map_err(|_| {
+        crate::error::bad(format!("--target-vram '{s}' is not a number; give a fraction of device memory like 0.9"))
+    })?;
+    if f.is_nan() || f <= 0.0 || f > 1.0 {
+        return Err(crate::error::bad(format!(
+            "--target-vram {s} is outside (0, 1]; give the share of device memory to use, like 0.9"
+        )));
+    }
+    Ok(f)
+}
+
+/// Checks workload options, returning the thread count to use.
+///
+/// # Errors
+/// `BadInput` for values llama.cpp cannot run.
+pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
+    if w.n_prompt == Some(0) && w.n_gen == Some(0) {
+        return Err(bad(
+            "-p 0 and -n 0 leave nothing to measure; give -p (prompt tokens) or -n (generated tokens) a positive value",
+        ));
+    }
+    if w.repetitions == Some(0) {
+        return Err(bad("-r 0 measures nothing; use -r 1 or more"));
+    }
+    if w.batch_size == 0 || w.ubatch_size == 0 {
+        return Err(bad("batch sizes must be positive; use -b 2048 -ub 512 (llama-bench's defaults)"));
+    }
+    if w.trial_timeout == 0 {
+        return Err(bad("--trial-timeout 0 kills every trial; give it seconds, e.g. 900"));
+    }
+    parse_busy_threshold(&w.busy_threshold)?;
+    let threads = match w.threads {
+        Some(0) => return Err(bad("-t 0 runs no threads; use -t 1 or more (default: physical cores)")),
+        Some(t) => t,
+        None => crate::bench::default_threads(),
+    };
+    if let Some(c) = w.ctx_size {
+        if c == 0 {
+            return Err(bad("-c 0 is not a context size; use e.g. -c 4096"));
+        }
+        if model.ctx_train > 0 && u64::from(c) > model.ctx_train {
+            eprintln!(
+                "warning: -c {c} is larger than the {} tokens {} was trained for; quality past that is not guaranteed",
+                model.ctx_train, model.file_name
+            );
+        }
+    }
+    Ok(threads)
+}
+
+/// Parses `--busy-threshold`: a positive share of a trial's threads.
+///
+/// # Errors
+/// `BadInput` naming the value and the form.
+pub fn parse_busy_threshold(s: &str) -> Result<f64> {
+    s.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
+        bad(format!(
+            "--busy-threshold {s} is not a positive share of the trial's threads; give one like 0.1 (others may use a tenth of them)"
+        ))
+    })
+}
+
+/// The tuning settings the command line asks for, checked.
+pub fn tune_settings(
+    a: &TuneArgs,
+    info: &ModelInfo,
+    target_vram: f64,
+    vram_budget_bytes: Option<u64>,
+) -> Result<crate::profile::Settings> {
+    use crate::types::Objective;
+    let w = &a.workload;
+    let threads = check_workload(w, info)?;
+    let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
+    let contexts = a.ctx.as_deref().map(|l| parse_contexts(l, info)).transpose()?;
+    Ok(crate::profile::Settings {
+        target_vram,
+        vram_budget_bytes,
+        n_ctx: contexts.as_ref().and_then(|c| c.last().copied()).or(w.ctx_size).unwrap_or(4096),
+        n_prompt: w.n_prompt.unwrap_or(p),
+        n_gen: w.n_gen.unwrap_or(n),
+        repetitions: w.repetitions.unwrap_or(r),
+        n_threads: threads,
+        n_batch: w.batch_size,
+        n_ubatch: w.ubatch_size,
+        flash_attn: w.flash_attn,
+        objective: match a.objective {
+            ObjectiveArg::Tg => Objective::Tg,
+            ObjectiveArg::Pp => Objective::Pp,
+            ObjectiveArg::Mixed => Objective::Mixed,
+        },
+        grid: if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) },
+        quick: a.quick,
+        no_skip: a.no_skip,
+        trial_timeout_s: w.trial_timeout,
+        sample_interval_ms: w.sample_interval_ms,
+        search: a.search,
+        busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
+        op_offload: w.op_offload,
+        contexts: contexts.unwrap_or_default(),
+        ctx_rule: None,
+        rpc: Vec::new(),
+        device_budgets: Vec::new(),
+        max_kl: a
+            .max_kl
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|k| k.is_finite() && *k >= 0.0)
+            .ok_or_else(|| bad(format!("--max-kl {} is not a KL divergence; give nats like 0.05", a.max_kl)))?,
+        warmup: !w.no_warmup,
+    })
+}
+
+/// Parses `--ctx`: context sizes, each positive and at most the trained context.
+pub fn parse_contexts(list: &str, info: &ModelInfo) -> Result<Vec<u32>> {
+    let mut v = Vec::new();
+    for part in list.split(',').map(str::trim) {
+        let c: u32 = part.parse().ok().filter(|c| *c > 0).ok_or_else(|| {
+            bad(format!("--ctx {list}: '{part}' is not a context size; give sizes like 4096,16384,32768"))
+        })?;
+        if info.ctx_train > 0 && u64::from(c) > info.ctx_train {
+            return Err(bad(format!(
+                "--ctx {c} is larger than the {} tokens {} was trained for; give at most {}",
+                info.ctx_train, info.file_name, info.ctx_train
+            )));
+        }
+        v.push(c);
+    }
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+/// Bench's placement: the options, with `--llama-args` laid over them;
+/// the ngl and `--n-cpu-moe` lists (one value each when the line sets it).
+pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types::Placement, Vec<u32>, Vec<u32>)> {
+    let llama = match &a.llama_args {
+        Some(line) => crate::llama_args::parse(line).map_err(|e| bad(format!("--llama-args: {e}")))?,
+        None => crate::llama_args::LlamaArgs::default(),
+    };
+    let mut w = a.workload.clone();
+    w.threads = llama.threads.or(w.threads);
+    w.ctx_size = llama.ctx.or(w.ctx_size);
+    w.batch_size = llama.n_batch.unwrap_or(w.batch_size);
+    w.ubatch_size = llama.n_ubatch.unwrap_or(w.ubatch_size);
+    let threads = check_workload(&w, info)?;
+    let mut cpu_overrides = Vec::new();
+    for o in &a.override_tensor {
+        match o.split_once('=') {
+            Some((p, "CPU")) => cpu_overrides.push(p.to_string()),
+            _ => return Err(bad(format!("--override-tensor '{o}': give PATTERN=CPU (tensors stay on the CPU)"))),
+        }
+    }
+    let ngl = match llama.ngl {
+        Some(n) => vec![n],
+        None => crate::ngl::parse_all(&a.ngl, "-ngl")?,
+    };
+    let moe = match llama.n_cpu_moe {
+        Some(n) => vec![n],
+        None => crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
+    };
+    let base = crate::types::Placement {
+        n_batch: w.batch_size,
+        n_ubatch: w.ubatch_size,
+        flash_attn: w.flash_attn,
+        kv_type: a.cache_type,
+        op_offload: w.op_offload,
+        ..crate::types::Placement::default()
+    }
+    .with_layers(0, threads, w.ctx_size)
+    .with_split(&[], &rpc_list(w.rpc.as_deref())?);
+    let mut p = llama.over(base);
+    // --override-tensor's patterns come first, then the line's.
+    cpu_overrides.append(&mut p.cpu_overrides);
+    p.cpu_overrides = cpu_overrides;
+    Ok((p, ngl, moe))
+}
+
+/// `reprofile`'s options, checked: the store, the ages, the thresholds, the Modelfile directory.
+///
+/// # Errors
+/// `BadInput` naming the flag, the value and the fix.
+pub fn reprofile_options(a: &ReprofileArgs) -> Result<crate::reprofile::ReprofileOptions> {
+    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    crate::profile::store::check_dir(&store)?;
+    let max_age = crate::reprofile::parse_duration(&a.max_age, "--max-age")?;
+    let wait_idle = crate::reprofile::parse_duration(&a.wait_idle, "--wait-idle")?;
+    let busy_threshold = parse_busy_threshold(&a.busy_threshold)?;
+    let threshold: f64 =
+        a.drift_threshold.trim().parse().ok().filter(|t: &f64| t.is_finite() && *t >= 0.0 && *t < 1.0).ok_or_else(
+            || {
+                bad(format!(
+                    "--drift-threshold {} is not a fraction in [0, 1); give the smallest change that counts, like 0.05",
+                    a.drift_threshold
+                ))
+            },
+        )?;
+    if let Some(d) = &a.update_modelfiles {
+        if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
+            return Err(bad(format!(
+                "--update-modelfiles {} is not a directory; pass the directory that holds your Modelfiles",
+                d.display()
+            )));
+        }
+    }
+    Ok(crate::reprofile::ReprofileOptions {
+        store,
+        max_age,
+        dry_run: a.dry_run,
+        threshold,
+        update_modelfiles: a.update_modelfiles.clone(),
+        wait_idle,
+        busy_threshold,
+        verbose: a.verbose,
+        progress: !a.quiet && !a.json,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{default_to_tune, normalize_args, Cli, Command};
+    use clap::Parser;
+
+    fn cli(args: &[&str]) -> Command {
+        let argv = default_to_tune(normalize_args(args.iter().map(|a| (*a).to_string())));
+        Cli::try_parse_from(argv).expect("parses").command
+    }
+
+    fn tune_args(args: &[&str]) -> TuneArgs {
+        match cli(args) {
+            Command::Tune(a) => a,
+            _ => unreachable!("a tune command line"),
+        }
+    }
+
+    fn bench_args(args: &[&str]) -> BenchArgs {
+        match cli(args) {
+            Command::Bench(a) => a,
+            _ => unreachable!("a bench command line"),
+        }
+    }
+
+    /// A small model's facts (trained context 2048), read as the command line reads them.
+    fn info() -> (tempfile::TempDir, ModelInfo) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.gguf");
+        crate::synth::write_model(&p, &crate::synth::SynthSpec::default().with_n_layer(4).with_ctx_train(2048))
+            .unwrap();
+        let info = crate::model::inspect(&p).unwrap();
+        (dir, info)
+    }
+
+    fn says(r: Result<impl std::fmt::Debug>, words: &str) {
+        let e = r.expect_err(words);
+        assert_eq!(crate::error::exit_code(&e), crate::error::exit::BAD_INPUT, "{e}");
+        assert!(e.to_string().contains(words), "{e}");
+    }
+
+    #[test]
+    fn budgets_are_one_size_and_sizes_per_device() {
+        let (all, per) = parse_budgets("8GiB, RPC0=512MiB,CUDA1=2G").unwrap();
+        assert_eq!(all, Some(8 << 30));
+        assert_eq!(
+            per.iter().map(|b| (b.device.as_str(), b.bytes)).collect::<Vec<_>>(),
+            [("RPC0", 512 << 20), ("CUDA1", 2 << 30)]
+        );
+        says(parse_budgets("8GiB,4GiB"), "two sizes for every device");
+        says(parse_budgets(" , "), "is empty");
+        says(parse_budgets("RPC0=lots"), "not a size");
+    }
+
+    #[test]
+    fn contexts_are_sorted_deduplicated_and_within_the_trained_context() {
+        let (_d, info) = info();
+        assert_eq!(parse_contexts("2048, 512,512", &info).unwrap(), [512, 2048]);
+        says(parse_contexts("4096", &info), "larger than the 2048 tokens");
+        says(parse_contexts("0", &info), "not a context size");
+    }
+
+    #[test]
+    fn tune_settings_carry_what_the_command_line_asks_for() {
+        let (_d, info) = info();
+        let a = tune_args(&["ngl-tune", "m.gguf", "--no-warmup", "--quick", "-b", "1024", "--ctx", "512,1024"]);
+        let s = tune_settings(&a, &info, 0.9, None).unwrap();
+        assert!(!s.warmup, "--no-warmup is measured without warmup");
+        assert_eq!((s.n_prompt, s.n_gen, s.repetitions, s.n_batch), (128, 32, 2, 1024));
+        assert_eq!((s.contexts.clone(), s.n_ctx), (vec![512, 1024], 1024));
+        assert!(tune_settings(&tune_args(&["ngl-tune", "m.gguf"]), &info, 0.9, None).unwrap().warmup);
+        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "--max-kl", "-1"]), &info, 0.9, None), "--max-kl");
+        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-r", "0"]), &info, 0.9, None), "-r 0");
+        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-t", "0"]), &info, 0.9, None), "-t 0");
+        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "--busy-threshold", "x"]), &info, 0.9, None), "x");
+    }
+
+    #[test]
+    fn bench_lays_a_llama_cpp_line_over_its_options() {
+        let (_d, info) = info();
+        let a = bench_args(&[
+            "ngl-tune",
+            "bench",
+            "m.gguf",
+            "-t",
+            "3",
+            "--cache-type",
+            "q8_0",
+            "--override-tensor",
+            "output\\.weight=CPU",
+            "--llama-args",
+            "-ngl 2 -c 512 -ub 256 -ot 'blk\\.(0|1)\\.ffn_(up|down|gate)\\.weight=CPU'",
+        ]);
+        let (p, ngl, moe) = bench_placement(&a, &info).unwrap();
+        assert_eq!((ngl, moe), (vec![2], vec![0]));
+        assert_eq!((p.n_threads, p.n_ctx, p.n_ubatch, p.kv_type), (3, Some(512), 256, crate::types::KvType::Q8_0));
+        assert_eq!((p.n_cpu_ffn, p.cpu_overrides), (2, vec!["output\\.weight".to_string()]));
+        says(
+            bench_placement(&bench_args(&["ngl-tune", "bench", "m.gguf", "--llama-args", "--mlock"]), &info),
+            "--mlock",
+        );
+        let bad_ot = bench_args(&["ngl-tune", "bench", "m.gguf", "--override-tensor", "x=CUDA0"]);
+        says(bench_placement(&bad_ot, &info), "PATTERN=CPU");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("6G").unwrap(), 6 << 30);
+        assert_eq!(parse_size("1.5 GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("0").unwrap_err().to_string().contains("zero"));
+        assert!(parse_size("lots").unwrap_err().to_string().contains("not a size"));
+        assert!(parse_size("8 parsecs").unwrap_err().to_string().contains("unknown unit"));
+    }
+
+    #[test]
+    fn targets() {
+        assert!((parse_target("0.9").unwrap() - 0.9).abs() < 1e-12);
+        assert_eq!(parse_target("1").unwrap(), 1.0);
+        for bad in ["0", "-0.5", "1.5", "NaN", "abc", "inf"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+}
