@@ -2,17 +2,15 @@
 //! one worker process per value, no decision. Rows use llama-bench's field
 //! names where the meaning is the same.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::engine::runner::Runner;
 use crate::model::{human_bytes, human_params, ModelInfo};
-use crate::types::{TrialResult, TrialSpec, TrialStatus, LLAMA_CPP_REVISION};
+use crate::types::{TrialResult, TrialSpec, LLAMA_CPP_REVISION};
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -76,45 +74,26 @@ pub fn run(opts: &BenchOptions, mut first: impl FnMut(&TrialResult) -> Result<()
     let runner = Runner::current(opts.timeout, opts.verbose)?
         .with_sample_interval(opts.sample_interval)
         .with_busy_threshold(opts.busy_threshold);
-    let bar = if opts.progress && std::io::stderr().is_terminal() {
-        let b = ProgressBar::new((opts.ngl.len() * opts.n_cpu_moe.len().max(1)) as u64);
-        b.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b.enable_steady_tick(Duration::from_millis(120));
-        b
-    } else {
-        ProgressBar::hidden()
-    };
-    let mut results = Vec::new();
     let moe = if opts.n_cpu_moe.is_empty() { vec![0] } else { opts.n_cpu_moe.clone() };
-    let plain = opts.progress && !std::io::stderr().is_terminal();
-    let total = opts.ngl.len() * moe.len();
-    let started = std::time::Instant::now();
+    let progress = crate::progress::Progress::new(opts.progress, (opts.ngl.len() * moe.len()) as u64);
+    let mut results = Vec::new();
     for &ngl in &opts.ngl {
         for &k in &moe {
-            bar.set_message(format!("ngl {ngl}"));
+            progress.starting(format!("ngl {ngl}"));
             let r = runner.run_settled(&opts.spec(ngl, k), |_| {})?;
             if results.is_empty() {
                 first(&r)?;
             }
-            if let Some(tg) = r.test(false) {
-                bar.println(format!("ngl {ngl}: tg {:.2} t/s", tg.avg_ts));
-            } else if r.status != TrialStatus::Ok {
-                bar.println(format!("ngl {ngl}: {}", r.status.as_str()));
-            }
+            let said = match r.test(false).or_else(|| r.test(true)) {
+                Some(t) => format!("ngl {ngl}: {} {:.2} t/s", t.name(), t.avg_ts),
+                None => format!("ngl {ngl}: {}", r.status.as_str()),
+            };
+            progress.println(said.clone());
+            progress.finished(&r, said);
             results.push(r);
-            bar.inc(1);
-            if plain {
-                eprintln!(
-                    "{}",
-                    crate::report::progress_line(results.len(), total, &results[results.len() - 1], started.elapsed())
-                );
-            }
         }
     }
-    bar.finish_and_clear();
+    progress.clear();
     Ok(results)
 }
 

@@ -17,6 +17,7 @@ pub mod model;
 pub mod ngl;
 pub mod probe;
 pub mod profile;
+pub mod progress;
 pub mod report;
 pub mod reprofile;
 pub mod request;

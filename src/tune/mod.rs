@@ -31,12 +31,13 @@ use crate::model::ModelInfo;
 use crate::probe;
 use crate::profile::store;
 use crate::profile::{Checkpoint, Confidence, MemoryPolicy, ModelIdentity, Profile, Settings, Tool, SCHEMA_VERSION};
+use crate::progress::Progress;
 use crate::types::Hardware;
 use crate::types::Note;
 use crate::types::TrialSpec;
 use executor::WorkerExecutor;
 use plan::Plan;
-use search::{Checkpointing, Progress, Search};
+use search::{Checkpointing, Search};
 
 /// A validated tuning request: the model, settings llama.cpp can run, the
 /// RPC servers as they answered, the devices the loadability check listed
@@ -234,9 +235,8 @@ fn tune_context(
         .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
         .with_busy_threshold(s.busy_threshold);
     let mut executor = WorkerExecutor::new(runner, base_spec(info, s, sh.op_offload));
-    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
-    let progress = Progress::new(sh.opts.progress, terminal, planned);
+    let progress = Progress::new(sh.opts.progress, planned);
     let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint);
     search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
     let found = search.run(&plan)?;

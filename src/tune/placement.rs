@@ -705,7 +705,7 @@ mod tests {
         });
         world.base.placement.n_ctx = Some(32768);
         let policy = crate::tune::worlds::policy(cap);
-        let progress = crate::tune::search::Progress::new(false, false, 0);
+        let progress = crate::progress::Progress::hidden();
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
         let h = HatchInputs {
             full: 11,

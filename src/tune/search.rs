@@ -4,10 +4,8 @@
 //! through a [`TrialExecutor`], so all of it is tested against curves.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use super::choose::{self, decide, Inputs};
 use super::executor::TrialExecutor;
@@ -17,6 +15,7 @@ use crate::engine::predict::Prediction;
 use crate::error::Interrupted;
 use crate::profile::store;
 use crate::profile::{Checkpoint, FitCheck, MemoryPolicy, ProfileTrial, Settings};
+use crate::progress::Progress;
 use crate::types::{CpuInfo, Race, Role, TrialResult, TrialStatus};
 use crate::types::{Decision, Objective};
 
@@ -30,55 +29,6 @@ pub const RACE_SHARE: f64 = 0.5;
 
 /// Share of the mean above which a test's repetitions count as noisy.
 pub const NOISY: f64 = 0.10;
-
-/// Progress in words: a bar on a terminal, one plain line per trial
-/// elsewhere (CI, nohup, the journal), nothing with `--quiet`.
-pub struct Progress {
-    bar: ProgressBar,
-    plain: bool,
-    started: Instant,
-}
-
-impl Progress {
-    /// `planned` trials to begin with; more are added as the search goes.
-    #[must_use]
-    pub fn new(show: bool, terminal: bool, planned: u64) -> Progress {
-        let bar = if show && terminal {
-            let b = ProgressBar::new(planned);
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} {elapsed_precise} [{bar:25}] {pos}/{len} trials, about {eta} left | {msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            b.enable_steady_tick(Duration::from_millis(120));
-            b
-        } else {
-            // Hidden, but still counting trials: the plain lines read it.
-            ProgressBar::with_draw_target(Some(planned), indicatif::ProgressDrawTarget::hidden())
-        };
-        Progress { bar, plain: show && !terminal, started: Instant::now() }
-    }
-
-    /// Makes room for `n` more trials.
-    pub fn plan(&self, n: u64) {
-        self.bar.inc_length(n);
-    }
-
-    fn finished(&self, r: &TrialResult, last_tg: &str) {
-        self.bar.inc(1);
-        self.bar.set_message(format!("ngl {} done{last_tg}", r.spec.placement.n_gpu_layers));
-        if self.plain {
-            #[allow(clippy::cast_possible_truncation)]
-            let (pos, len) = (self.bar.position() as usize, self.bar.length().unwrap_or(0) as usize);
-            eprintln!("{}", crate::report::progress_line(pos, len, r, self.started.elapsed()));
-        }
-    }
-
-    pub fn clear(&self) {
-        self.bar.finish_and_clear();
-    }
-}
 
 /// Where finished trials are kept so that an interrupt loses none.
 pub struct Checkpointing {
@@ -123,7 +73,7 @@ impl<'a> Search<'a> {
             .unwrap_or_default()
             .into_iter()
             .partition(|t| t.at_ctx(settings.n_ctx));
-        progress.bar.set_position(trials.len() as u64);
+        progress.done_already(trials.len() as u64);
         Search { settings, executor, policy, trials, others, predicted: Vec::new(), progress, checkpoint }
     }
 
@@ -179,13 +129,16 @@ impl<'a> Search<'a> {
     /// # Errors
     /// What the executor returns; an interrupt says what was kept.
     pub fn measure(&mut self, role: Role, c: Candidate, race: Option<Race>) -> Result<&ProfileTrial> {
-        self.progress.bar.set_message(format!("ngl {}{}", c.ngl, last_tg(&self.trials)));
+        self.progress.starting(format!("ngl {}{}", c.ngl, last_tg(&self.trials)));
         let r = self.executor.measure(c, race).map_err(|e| self.stopped(e, c.ngl))?;
         let trial = self.record(role, r);
         self.trials.push(trial);
         self.save();
         let last = self.trials.last().expect("just pushed");
-        self.progress.finished(&last.result, &last_tg(&self.trials));
+        self.progress.finished(
+            &last.result,
+            format!("ngl {} done{}", last.result.spec.placement.n_gpu_layers, last_tg(&self.trials)),
+        );
         Ok(last)
     }
 
@@ -193,7 +146,7 @@ impl<'a> Search<'a> {
         if !e.is::<Interrupted>() {
             return e;
         }
-        self.progress.bar.abandon();
+        self.progress.abandon();
         let kept = match &self.checkpoint {
             Some(c) if !self.trials.is_empty() || !self.others.is_empty() => format!(
                 "{} finished trials are kept in {}; run the same command with --resume to continue",
@@ -233,9 +186,9 @@ impl<'a> Search<'a> {
         if let Err(e) = store::write_checkpoint(&c.path, &c.checkpoint) {
             // Measuring goes on: the trials are in memory and go into the profile.
             if !c.failed {
-                self.progress.bar.suspend(|| {
-                    eprintln!("warning: {e:#}; tuning goes on, but an interrupt now would lose the finished trials");
-                });
+                self.progress.warn(&format!(
+                    "warning: {e:#}; tuning goes on, but an interrupt now would lose the finished trials"
+                ));
                 c.failed = true;
             }
         }
@@ -255,7 +208,7 @@ impl<'a> Search<'a> {
         let skipped = if plan.grid_mode { self.grid(&plan.full_grid, &plan.predicted_over)? } else { Vec::new() };
         if !plan.grid_mode {
             // The two ends are always measured; more only where they can change the answer.
-            self.progress.bar.set_length(self.progress.bar.position().max(2));
+            self.progress.length_at_least(2);
             let note = self.adaptive(plan.n_max, plan.top_first, plan.full_grid.len().saturating_sub(1))?;
             notes.extend(note.map(crate::types::Note::search));
         }
@@ -290,7 +243,7 @@ impl<'a> Search<'a> {
         for &ngl in grid {
             let c = self.candidate(ngl);
             if predicted_over.contains(&ngl) {
-                self.progress.bar.inc(1);
+                self.progress.skip();
                 continue;
             }
             if self.done(Role::Grid, c) {
@@ -302,7 +255,7 @@ impl<'a> Search<'a> {
                 .any(|t| t.result.status == TrialStatus::Oom && t.result.spec.placement.n_gpu_layers < ngl);
             if oom_below && !self.settings.no_skip {
                 skipped.push(ngl);
-                self.progress.bar.inc(1);
+                self.progress.skip();
                 continue;
             }
             self.measure(Role::Grid, c, None)?;
@@ -315,9 +268,7 @@ impl<'a> Search<'a> {
         adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
             let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.placement.n_gpu_layers == ngl;
             if !self.trials.iter().any(|x| at(&x)) {
-                if self.progress.bar.position() >= self.progress.bar.length().unwrap_or(0) {
-                    self.progress.plan(1);
-                }
+                self.progress.plan_one_more();
                 let race = self.race();
                 self.measure(Role::Grid, self.candidate(ngl), Some(race))?;
             }
@@ -581,7 +532,7 @@ mod tests {
         .unwrap();
         cp.trials = resumed;
         let checkpoint = Checkpointing::new(dir.path().join("c.json"), cp);
-        let mut search = Search::new(s, world, Some(policy(cap)), Progress::new(false, false, 0), Some(checkpoint));
+        let mut search = Search::new(s, world, Some(policy(cap)), Progress::hidden(), Some(checkpoint));
         let found = search.run(p).unwrap();
         let trials = search.into_trials();
         let saved = store::read_checkpoint(&dir.path().join("c.json")).expect("checkpointed after every trial");

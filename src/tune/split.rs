@@ -641,7 +641,7 @@ mod tests {
     fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
         let s = crate::tune::worlds::settings();
         let mut world = SplitWorld { extra_d1, measured: Vec::new() };
-        let progress = crate::tune::search::Progress::new(false, false, 0);
+        let progress = crate::progress::Progress::hidden();
         let policy = crate::tune::worlds::policy(255e6);
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
         let mb = 1_000_000u64;
