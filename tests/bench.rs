@@ -12,6 +12,7 @@ fn json_rows(o: &std::process::Output) -> Vec<serde_json::Value> {
 
 #[test]
 fn synthetic_40_layers_bench_json_has_llama_bench_fields() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 40);
     let t0 = Instant::now();
@@ -69,6 +70,7 @@ fn synthetic_40_layers_bench_json_has_llama_bench_fields() {
 
 #[test]
 fn output_formats_md_csv_jsonl() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     let m = m.to_str().unwrap();
@@ -99,6 +101,7 @@ fn output_formats_md_csv_jsonl() {
 
 #[test]
 fn llama_log_stays_off_the_terminal_unless_verbose() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     let m = m.to_str().unwrap();
@@ -112,6 +115,7 @@ fn llama_log_stays_off_the_terminal_unless_verbose() {
 
 #[test]
 fn a_crashing_trial_is_a_failed_row_and_the_others_are_measured() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 4);
     let m = m.to_str().unwrap();
@@ -134,6 +138,7 @@ fn a_crashing_trial_is_a_failed_row_and_the_others_are_measured() {
 
 #[test]
 fn a_hanging_trial_is_killed_at_its_timeout() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     let t0 = Instant::now();
@@ -179,6 +184,7 @@ fn bad_workload_options_exit_2() {
 
 #[test]
 fn real_model_bench_json() {
+    let _heavy = heavy();
     let m = real_model();
     let o =
         run(&["bench", m.to_str().unwrap(), "-ngl", "0", "-p", "32", "-n", "8", "-r", "2", "-t", "2", "-o", "json"]);

@@ -72,7 +72,7 @@ fn contention(p: &serde_json::Value) -> Vec<&serde_json::Value> {
 
 #[test]
 fn a_busy_core_marks_the_trials_and_names_the_hog_and_an_idle_machine_does_not() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     // The real model, CPU only: trials of about a second, long enough for
     // /proc's clock ticks to tell a busy core from an idle one.
@@ -127,7 +127,7 @@ fn drop_hog(hog: Hog, checks: impl FnOnce(u32)) {
 
 #[test]
 fn reprofile_calls_no_regression_from_trials_on_a_busy_machine() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = real_model();
     let store = dir.path().join("store");

@@ -61,6 +61,7 @@ fn hw_json_is_stable() {
 
 #[test]
 fn bench_rows_carry_host_rss_and_the_memory_source() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 4);
     let o = run(&["bench", m.to_str().unwrap(), "-ngl", "0", "-p", "8", "-n", "4", "-r", "1", "-o", "json"]);
@@ -102,7 +103,7 @@ fn offload_rows(model: &str, ngl: &str) -> Vec<serde_json::Value> {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn llvmpipe_offload_of_gemma_matches_inspect() {
-    let _serial = serial();
+    let _heavy = heavy();
     let m = real_model();
     let m = m.to_str().unwrap();
     let info = inspect_json(m);
@@ -130,7 +131,7 @@ fn llvmpipe_offload_of_gemma_matches_inspect() {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn llvmpipe_offload_of_synthetic_40_layers_matches_inspect() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 40);
     let m = m.to_str().unwrap();

@@ -184,6 +184,7 @@ fn the_llvmpipe_chart_shows_what_it_should() {
 
 #[test]
 fn emit_takes_a_model_and_finds_its_profile_in_the_store() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     let store = dir.path().join("store");

@@ -33,7 +33,7 @@ fn only_profile(store: &Path) -> serde_json::Value {
 #[test]
 fn hw_reads_an_nvidia_gpu_through_nvml() {
     // The double lists every running trial worker as a GPU process: none may run beside this.
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let lib = fake_nvml(dir.path());
     let o = run_env(&["hw", "--json"], &[("LD_LIBRARY_PATH", &lib)]);
@@ -56,7 +56,7 @@ fn hw_reads_an_nvidia_gpu_through_nvml() {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn the_gap_between_prediction_and_the_nvml_peak_is_in_the_profile() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let lib = fake_nvml(dir.path());
     let m = synth(dir.path(), 40);
@@ -93,7 +93,7 @@ fn the_gap_between_prediction_and_the_nvml_peak_is_in_the_profile() {
 
 #[test]
 fn an_nvidia_gpu_without_a_gpu_backend_means_no_gpu() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let lib = fake_nvml(dir.path());
     let m = synth(dir.path(), 8);
@@ -114,7 +114,7 @@ fn an_nvidia_gpu_without_a_gpu_backend_means_no_gpu() {
 
 #[test]
 fn another_program_busy_on_the_gpu_marks_the_trial() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let lib = fake_nvml(dir.path());
     let m = synth(dir.path(), 2);

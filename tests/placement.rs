@@ -49,6 +49,7 @@ fn bench_ok(args: &str) -> serde_json::Value {
 
 #[test]
 fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_flags_run() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let p = placement_tune(dir.path());
     let cap = p["memory"]["cap_bytes"].as_f64().unwrap();
@@ -117,6 +118,7 @@ fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_
 
 #[test]
 fn two_quantizations_are_ranked_with_their_kl_divergence_from_the_larger() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = real_model();
     let q3 = dir.path().join("gemma-3-270m-q3_k_m.gguf");
@@ -153,6 +155,7 @@ fn two_quantizations_are_ranked_with_their_kl_divergence_from_the_larger() {
 
 #[test]
 fn kv_cache_quality_is_zero_for_the_same_cache_and_grows_with_quantization() {
+    let _heavy = heavy();
     let m = real_model();
     let config = |kv: &str| serde_json::json!({"model": m, "kv_type": kv, "n_gpu_layers": 0});
     let spec = serde_json::json!({
@@ -181,6 +184,7 @@ fn kv_cache_quality_is_zero_for_the_same_cache_and_grows_with_quantization() {
 
 #[test]
 fn the_context_is_the_users_and_never_more_than_the_model_was_trained_for() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 4); // trained for 4096 tokens
     let store = dir.path().join("store");

@@ -34,6 +34,7 @@ fn an_unreadable_model_is_bad_input() {
 
 #[test]
 fn an_architecture_llama_cpp_does_not_know_is_bad_input() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     // Rename the architecture (same length keeps every offset): llama -> lxama,
@@ -60,6 +61,7 @@ fn an_architecture_llama_cpp_does_not_know_is_bad_input() {
 
 #[test]
 fn a_context_beyond_training_is_allowed_with_a_warning() {
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2); // trained for 4096
     let o = run(&["bench", m.to_str().unwrap(), "-c", "8192", "-p", "8", "-n", "0", "-r", "1", "-q"]);
@@ -127,7 +129,7 @@ fn a_full_or_read_only_store_keeps_the_previous_profile() {
         eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
         return;
     }
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 2);
     let Some(fs) = Tmpfs::new("512k") else {

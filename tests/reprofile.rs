@@ -56,7 +56,7 @@ fn edit(p: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 
 #[test]
 fn fresh_is_skipped_fast_and_a_driver_change_is_retuned_with_its_reason() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_store(dir.path());
     let t0 = Instant::now();
@@ -96,7 +96,7 @@ fn fresh_is_skipped_fast_and_a_driver_change_is_retuned_with_its_reason() {
 
 #[test]
 fn a_previous_profile_half_again_faster_is_a_regression_and_noise_is_not() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_store(dir.path());
 
@@ -137,7 +137,7 @@ fn a_previous_profile_half_again_faster_is_a_regression_and_noise_is_not() {
 
 #[test]
 fn two_reprofiles_at_once_take_turns_and_lose_nothing() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_store(dir.path());
     let spawn = || {
@@ -179,7 +179,7 @@ fn two_reprofiles_at_once_take_turns_and_lose_nothing() {
 
 #[test]
 fn profiles_that_are_not_ours_are_named_skipped_and_left_alone() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_synth_store(dir.path());
     let mdir = p.parent().unwrap();
@@ -212,7 +212,7 @@ fn profiles_that_are_not_ours_are_named_skipped_and_left_alone() {
 
 #[test]
 fn changed_recommendations_update_the_modelfiles_that_use_the_model() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_synth_store(dir.path());
     let mdir = dir.path().join("modelfiles");
@@ -247,7 +247,7 @@ fn changed_recommendations_update_the_modelfiles_that_use_the_model() {
 
 #[test]
 fn profiles_list_shows_every_machine() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let (store, p) = tuned_synth_store(dir.path());
     let mut other = read_json(&p);

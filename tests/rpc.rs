@@ -74,7 +74,7 @@ fn u64s(v: &serde_json::Value) -> Vec<u64> {
 
 #[test]
 fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
-    let _g = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
     let (a, b) = (Server::start(), Server::start());
@@ -171,7 +171,7 @@ impl Lines {
 
 #[test]
 fn a_server_that_dies_mid_sweep_loses_no_finished_trial() {
-    let _g = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
     let (a, mut b) = (Server::start(), Server::start());
@@ -226,7 +226,7 @@ fn a_server_that_dies_mid_sweep_loses_no_finished_trial() {
 
 #[test]
 fn a_server_that_stalls_mid_sweep_ends_at_the_trial_timeout_named() {
-    let _g = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
     let (a, b) = (Server::start(), Server::start());
@@ -311,7 +311,7 @@ fn a_server_beyond_localhost_says_it_has_no_authentication() {
 
 #[test]
 fn a_changed_or_gone_remote_device_makes_a_profile_stale_with_the_reason() {
-    let _g = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 4);
     let mut a = Server::start();

@@ -1,4 +1,6 @@
 //! The nightly scripts say what the README promises.
+mod common;
+use common::heavy;
 use std::path::Path;
 
 fn read(name: &str) -> String {
@@ -66,6 +68,7 @@ fn the_kubernetes_example_targets_gpu_nodes_and_a_shared_store() {
 
 #[test]
 fn gpu_check_runs_in_local_mode_and_reports_regret() {
+    let _heavy = heavy();
     let out = tempfile::tempdir().unwrap();
     let o = std::process::Command::new("bash")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check"))

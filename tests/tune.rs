@@ -33,7 +33,7 @@ fn only_profile(store: &Path) -> serde_json::Value {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn gemma_on_llvmpipe_recommends_zero_and_says_why() {
-    let _serial = serial();
+    let _heavy = heavy();
     let m = real_model();
     let store = tempfile::tempdir().unwrap();
     let o = run_env(
@@ -103,7 +103,7 @@ fn gemma_on_llvmpipe_recommends_zero_and_says_why() {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn a_budget_between_grid_points_is_respected_and_the_memory_fit_holds() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 40);
     let store = dir.path().join("store");
@@ -241,7 +241,7 @@ fn interrupted_run(model: &Path, store: &Path, hang_at: u32, signal: i32, finish
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn an_interrupted_run_resumes_to_the_same_trials() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 40);
     let store = dir.path().join("store");
@@ -304,7 +304,7 @@ fn an_interrupted_run_resumes_to_the_same_trials() {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn an_out_of_memory_trial_skips_larger_settings() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 40);
     let store = dir.path().join("store");
@@ -352,7 +352,7 @@ fn an_out_of_memory_trial_skips_larger_settings() {
 
 #[test]
 fn without_a_gpu_device_threads_are_tuned_instead() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 4);
     let store = dir.path().join("store");
@@ -436,7 +436,7 @@ fn example_profiles_validate_and_read_back() {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn adaptive_search_reaches_the_grids_answer_with_fewer_trials() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 40);
     let mut answers = Vec::new();
@@ -484,7 +484,7 @@ fn adaptive_search_reaches_the_grids_answer_with_fewer_trials() {
 #[test]
 #[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
 fn a_moe_model_is_tuned_over_n_cpu_moe_and_its_flags_load() {
-    let _serial = serial();
+    let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("moe.gguf");
     ngl_tune::synth::write_model(&m, &ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_experts(4, 2))

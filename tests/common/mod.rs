@@ -106,13 +106,31 @@ pub fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Tests whose assertions depend on measured speed hold this, so they never
-/// compete with each other for the two cores (cargo runs test binaries one
-/// at a time, and this serializes the tests inside one).
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Held by every test that runs llama.cpp (a trial, a tune, a KL check, an
+/// RPC server): at most one such test runs at a time on the machine.
+/// ggml's threads spin while they wait, so two llama.cpp processes on two
+/// cores slow each other far more than twice, and a test's time limits and
+/// speed comparisons stop meaning anything. Tests that only parse, refuse
+/// bad input or read files do not take it and stay parallel.
+pub struct Heavy {
+    _in_process: std::sync::MutexGuard<'static, ()>,
+    _machine: std::fs::File,
+}
+
+/// Waits for the machine-wide lock: a mutex for the tests of this binary, an
+/// flock(2) on one file for every test binary and process (cargo test runs
+/// binaries one after another; nextest or a second `cargo test` would not).
+pub fn heavy() -> Heavy {
+    use std::os::fd::AsRawFd;
+    let in_process = HEAVY.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let path = std::env::temp_dir().join("ngl-tune-heavy-tests.lock");
+    let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("open the test lock");
+    // SAFETY: a valid open file descriptor; the lock is released when the file closes.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock {}", path.display());
+    Heavy { _in_process: in_process, _machine: f }
 }
 
 /// Makes a stored profile claim its speeds were `by` times what was measured
