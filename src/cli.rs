@@ -119,20 +119,23 @@ pub struct Workload {
     /// Seconds before a trial is killed and recorded as a timeout
     #[arg(long, default_value_t = 900, env = "NGL_TUNE_TRIAL_TIMEOUT")]
     pub trial_timeout: u64,
-    /// A trial is contended when other processes use more than this share of its threads
-    /// (0.1 with -t 8: 0.8 cores' worth of CPU); it is measured once more after a short wait,
-    /// and marked if the machine is still busy
+    /// Share of a trial's threads other processes may use before the trial counts as contended
+    ///
+    /// 0.1 with -t 8: 0.8 cores' worth of CPU. A contended trial is measured once more after a
+    /// short wait, and marked if the machine is still busy.
     #[arg(long, default_value = "0.1", value_name = "F", env = "NGL_TUNE_BUSY_THRESHOLD", allow_hyphen_values = true)]
     pub busy_threshold: String,
-    /// Offload host tensor operations (the prompt's matrix products of layers on the CPU) to
-    /// the GPU, llama.cpp's --op-offload: auto turns it off where the only GPU is a CPU-based
-    /// Vulkan device (llvmpipe), where it cannot beat the CPU backend
+    /// Offload host tensor operations to the GPU (llama.cpp's --op-offload)
+    ///
+    /// The prompt's matrix products of layers on the CPU. Auto turns it off where the only GPU is
+    /// a CPU-based Vulkan device (llvmpipe), where it cannot beat the CPU backend.
     #[arg(long, value_enum, default_value_t = crate::types::OpOffload::Auto)]
     pub op_offload: crate::types::OpOffload,
-    /// llama.cpp RPC servers whose devices join this machine's, host:port,... (llama.cpp's
-    /// --rpc; each runs `ngl-tune rpc-server` or llama.cpp's rpc-server of the same revision).
-    /// With two or more offload devices, tune measures how to split the layers between them
-    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC")]
+    /// llama.cpp RPC servers whose devices join this machine's, host:port,... (llama.cpp's --rpc)
+    ///
+    /// Each runs `ngl-tune rpc-server` or llama.cpp's rpc-server of the same revision. With two or
+    /// more offload devices, tune measures how to split the layers between them.
+    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC", help_heading = "Devices")]
     pub rpc: Option<String>,
 }
 
@@ -182,70 +185,85 @@ pub enum ObjectiveArg {
 
 #[derive(Debug, Args)]
 pub struct TuneArgs {
-    /// GGUF model file; several (one model's quantizations, or other models) are tuned under the
-    /// same cap and workload and ranked, each with its KL divergence from the largest
+    /// GGUF model file(s)
+    ///
+    /// Several (one model's quantizations, or other models) are tuned under the same cap and
+    /// workload and ranked, each with its KL divergence from the largest.
     #[arg(required = true, num_args = 1.., value_name = "MODEL")]
     pub models: Vec<PathBuf>,
-    /// Use at most this share of each device's memory (all processes counted where a sampler can see them)
-    #[arg(long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
+    /// Use at most this share of each device's memory
+    ///
+    /// All processes are counted where a sampler can see them (NVML).
+    #[arg(help_heading = "Cap", long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
     pub target_vram: String,
-    /// Absolute cap on the memory the model may take, e.g. 8GiB (the stricter of this and --target-vram
-    /// applies); per device as DEV=SIZE,... where DEV is a llama.cpp device (CUDA1, RPC0; see `hw`) or an
-    /// RPC server's host:port (RPC0=4GiB,Vulkan0=6GiB); a plain SIZE applies to every device
-    #[arg(long, value_name = "SIZE|DEV=SIZE,...", allow_hyphen_values = true)]
+    /// Absolute cap on the memory the model may take, e.g. 8GiB, or per device DEV=SIZE,...
+    ///
+    /// The stricter of this and --target-vram applies. DEV is a llama.cpp device (CUDA1, RPC0; see
+    /// `hw`) or an RPC server's host:port (RPC0=4GiB,Vulkan0=6GiB); a plain SIZE applies to every
+    /// device.
+    #[arg(help_heading = "Cap", long, value_name = "SIZE|DEV=SIZE,...", allow_hyphen_values = true)]
     pub vram_budget: Option<String>,
-    /// ngl values to measure instead of the default grid (0,10,20,... and full offload); 99 = all layers
-    #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
+    /// ngl values to measure instead of the adaptive search (99 = all layers)
+    ///
+    /// The default grid is 0,10,20,... and full offload; lists and ranges as llama-bench (0-40+10).
+    #[arg(help_heading = "Search", long = "n-gpu-layers", visible_alias = "ngl")]
     pub ngl: Vec<String>,
-    /// Context sizes to tune, each at most what the model was trained for (4096,16384,32768); the
-    /// profile holds one placement per context [default: -c, else num_ctx of the --write-modelfile
-    /// Modelfile, else the context Ollama gives the model by default on this machine's GPU memory]
-    #[arg(long = "ctx", value_name = "LIST", conflicts_with = "ctx_size")]
+    /// Context sizes to tune, e.g. 4096,16384,32768
+    ///
+    /// Each at most what the model was trained for; the profile holds one placement per context.
+    /// [default: -c, else num_ctx of the --write-modelfile Modelfile, else the context Ollama gives
+    /// the model by default on this machine's GPU memory]
+    #[arg(help_heading = "Workload", long = "ctx", value_name = "LIST", conflicts_with = "ctx_size")]
     pub ctx: Option<String>,
-    /// A quantized KV cache is recommended only when its mean KL divergence from the f16 cache
-    /// (measured on tokens the f16 cache generated) stays at or under this many nats
-    #[arg(long, default_value = "0.05", value_name = "NATS", allow_hyphen_values = true)]
+    /// Largest KL divergence (nats) a quantized KV cache may cost and still be recommended
+    ///
+    /// Measured against the f16 cache on tokens the f16 cache generated.
+    #[arg(help_heading = "Search", long, default_value = "0.05", value_name = "NATS", allow_hyphen_values = true)]
     pub max_kl: String,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Workload")]
     pub workload: Workload,
     /// What to maximize
-    #[arg(long, value_enum, default_value_t = ObjectiveArg::Tg)]
+    #[arg(help_heading = "Search", long, value_enum, default_value_t = ObjectiveArg::Tg)]
     pub objective: ObjectiveArg,
-    /// How to choose what to measure: adaptively (ngl 0 and the largest setting predicted under
-    /// the cap, then one or two interior points unless those two ends already decide it; a
-    /// setting far behind the best is cut short after one repetition), or every grid value in full
-    #[arg(long, value_enum, default_value_t = crate::types::SearchMode::Adaptive)]
+    /// How to choose what to measure: adaptively, or every grid value in full
+    ///
+    /// Adaptive measures ngl 0 and the largest setting predicted under the cap, then one or two
+    /// interior points unless those two ends already decide it; a setting far behind the best is
+    /// cut short after one repetition.
+    #[arg(help_heading = "Search", long, value_enum, default_value_t = crate::types::SearchMode::Adaptive)]
     pub search: crate::types::SearchMode,
     /// A short pass: -p 128 -n 32 -r 2 unless given
-    #[arg(long)]
+    #[arg(help_heading = "Search", long)]
     pub quick: bool,
     /// Measure grid values above one that ran out of memory anyway
-    #[arg(long)]
+    #[arg(help_heading = "Search", long)]
     pub no_skip: bool,
     /// Continue an interrupted tuning of this model from its checkpoint
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub resume: bool,
     /// Exit at once if another tuner holds the store instead of waiting
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub no_wait: bool,
     /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
-    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
+    #[arg(help_heading = "Output", long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
     pub profiles: Option<PathBuf>,
     /// Print the profile JSON instead of the report
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub json: bool,
-    /// Also update this Ollama Modelfile in place with the recommendation, read as Ollama reads it (old file kept
-    /// as PATH.bak; a Modelfile Ollama would reject is refused, untouched)
-    #[arg(long, value_name = "PATH")]
+    /// Also update this Ollama Modelfile in place with the recommendation
+    ///
+    /// It is read as Ollama reads it; the old file is kept as PATH.bak; a Modelfile Ollama would
+    /// reject is refused, untouched.
+    #[arg(help_heading = "Output", long, value_name = "PATH")]
     pub write_modelfile: Option<PathBuf>,
     /// Also draw the tuning curve as an SVG chart
-    #[arg(long, value_name = "FILE.svg")]
+    #[arg(help_heading = "Output", long, value_name = "FILE.svg")]
     pub chart: Option<PathBuf>,
     /// Show llama.cpp's log
-    #[arg(short = 'v', long)]
+    #[arg(help_heading = "Output", short = 'v', long)]
     pub verbose: bool,
     /// No progress bar
-    #[arg(short = 'q', long)]
+    #[arg(help_heading = "Output", short = 'q', long)]
     pub quiet: bool,
 }
 
@@ -370,11 +388,11 @@ pub struct SynthArgs {
 
 #[derive(Debug, Args)]
 pub struct HwArgs {
-    /// Print JSON (stable; documented in the README)
+    /// Print JSON (stable; documented in docs/commands.md)
     #[arg(long)]
     pub json: bool,
     /// Also list the devices of these llama.cpp RPC servers (host:port,...) and the round trip to each
-    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC")]
+    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC", help_heading = "Devices")]
     pub rpc: Option<String>,
 }
 

@@ -96,7 +96,10 @@ fn a_busy_core_marks_the_trials_and_names_the_hog_and_an_idle_machine_does_not()
         assert!(out.contains("confidence: low"), "{out}");
         assert!(out.contains("contended (others"), "the table marks the rows: {out}");
         assert_eq!(p["recommendation"]["confidence"], "low");
-        assert!(p["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("busy machine")));
+        let busy: Vec<&serde_json::Value> =
+            p["notes"].as_array().unwrap().iter().filter(|n| n["kind"] == "busy").collect();
+        assert_eq!(busy.len(), 1, "one typed busy-machine warning: {}", p["notes"]);
+        assert_eq!(busy[0]["top"][0]["pid"], pid, "{}", busy[0]);
         // bench says it too.
         assert!(b.status.success(), "{}", stderr(&b));
         let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&b)).unwrap();

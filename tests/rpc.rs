@@ -219,7 +219,7 @@ fn a_server_that_dies_mid_sweep_loses_no_finished_trial() {
     let offloaded =
         trials.iter().find(|t| t["spec"]["n_gpu_layers"].as_u64() > Some(0)).expect("the first trial offloaded");
     assert_eq!(offloaded["status"], "ok", "measured before the server died, and kept: {offloaded}");
-    let notes: Vec<&str> = p["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    let notes: Vec<&str> = p["notes"].as_array().unwrap().iter().filter_map(|n| n["text"].as_str()).collect();
     assert!(notes.iter().any(|n| n.contains(&b2.endpoint) && n.contains("unreachable")), "{notes:?}");
     assert!(profiles_in(&store).len() == 1 && checkpoints_in(&store).is_empty());
 }

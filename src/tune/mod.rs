@@ -169,12 +169,7 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
         p.recommendation.confidence = confidence;
         placements.push(p);
         trials.extend(o.trials.iter().cloned());
-        for n in &o.notes {
-            let n = if o.placement.n_ctx == s.n_ctx { n.clone() } else { n.clone().at(o.placement.n_ctx) };
-            if !notes.contains(&n) {
-                notes.push(n);
-            }
-        }
+        add_context_notes(&mut notes, &o.notes, o.placement.n_ctx, s.n_ctx);
     }
     notes.extend(busy);
     notes.extend(crate::report::note::threads(trials.iter().map(|t| &t.result)));
@@ -206,6 +201,17 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     let path = store::save(&opts.store, &profile)?;
     let _ = std::fs::remove_file(store::checkpoint_path(&opts.store, &profile.machine_id, &profile.model));
     Ok(TuneOutcome { profile, path, notes })
+}
+
+/// Adds what one context's search said; a note from a context smaller
+/// than the profile's answer (`primary`) says which context it is of.
+fn add_context_notes(notes: &mut Vec<Note>, found: &[Note], n_ctx: u32, primary: u32) {
+    for n in found {
+        let n = if n_ctx == primary { n.clone() } else { n.clone().at(n_ctx) };
+        if !notes.contains(&n) {
+            notes.push(n);
+        }
+    }
 }
 
 /// The whole-layer search at one context size, then its escape hatches.
@@ -460,5 +466,37 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
         race: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::NoteKind;
+
+    #[test]
+    fn a_noisy_trial_at_the_smaller_of_two_contexts_is_a_warning_in_the_report() {
+        let noisy = |ngl| {
+            Note::new(NoteKind::Noisy {
+                test: "tg128".into(),
+                n_gpu_layers: ngl,
+                n_threads: 2,
+                cv: 0.3,
+                avg_ts: 10.0,
+                stddev_ts: 3.0,
+            })
+        };
+        let mut notes = vec![Note::hardware("NVML not available")];
+        add_context_notes(&mut notes, &[noisy(7), Note::search("adaptive search stopped")], 4096, 32768);
+        add_context_notes(&mut notes, &[noisy(9)], 32768, 32768);
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        let mut profile = crate::profile::store::read_profile(&p).unwrap();
+        profile.notes = notes;
+        let report = crate::report::tune_report(&profile, &p);
+        let warnings: Vec<&str> = report.lines().filter(|l| l.starts_with("warning: ")).collect();
+        assert_eq!(warnings.len(), 2, "{report}");
+        assert!(warnings[0].starts_with("warning: 4096 context: noisy measurement: tg128 at ngl 7"), "{report}");
+        assert!(warnings[1].starts_with("warning: noisy measurement: tg128 at ngl 9"), "{report}");
+        assert!(!report.contains("adaptive search stopped"), "plain notes are printed before the report");
     }
 }

@@ -118,8 +118,9 @@ pub struct Quality {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum SearchMode {
-    /// Every grid value in full (profiles from before the field).
+    /// Every grid value in full (also what profiles from before the field ran)
     #[default]
     Grid,
+    /// The two ends, then only the points that can change the answer
     Adaptive,
 }
