@@ -20,6 +20,8 @@ pub struct BenchOptions {
     pub ngl: Vec<u32>,
     /// `--n-cpu-moe` values; every ngl is measured with each.
     pub n_cpu_moe: Vec<u32>,
+    /// Depths (`-d`); every setting is measured at each.
+    pub depths: Vec<u32>,
     pub n_prompt: u32,
     pub n_gen: u32,
     pub repetitions: u32,
@@ -48,12 +50,14 @@ pub fn compiled_backends() -> String {
 }
 
 impl BenchOptions {
-    fn spec(&self, ngl: u32, n_cpu_moe: u32) -> TrialSpec {
+    fn spec(&self, ngl: u32, n_cpu_moe: u32, n_depth: u32) -> TrialSpec {
         TrialSpec {
             model: self.model.clone(),
             placement: crate::types::Placement { n_gpu_layers: ngl, n_cpu_moe, ..self.placement.clone() },
             n_prompt: self.n_prompt,
             n_gen: self.n_gen,
+            n_depth,
+            depth_cache: None,
             repetitions: self.repetitions,
             warmup: self.warmup,
             seed: 1234,
@@ -75,22 +79,26 @@ pub fn run(opts: &BenchOptions, mut first: impl FnMut(&TrialResult) -> Result<()
         .with_sample_interval(opts.sample_interval)
         .with_busy_threshold(opts.busy_threshold);
     let moe = if opts.n_cpu_moe.is_empty() { vec![0] } else { opts.n_cpu_moe.clone() };
-    let progress = crate::progress::Progress::new(opts.progress, (opts.ngl.len() * moe.len()) as u64);
+    let depths = if opts.depths.is_empty() { vec![0] } else { opts.depths.clone() };
+    let progress = crate::progress::Progress::new(opts.progress, (opts.ngl.len() * moe.len() * depths.len()) as u64);
     let mut results = Vec::new();
     for &ngl in &opts.ngl {
         for &k in &moe {
-            progress.starting(format!("ngl {ngl}"));
-            let r = runner.run_settled(&opts.spec(ngl, k), |_| {})?;
-            if results.is_empty() {
-                first(&r)?;
+            for &d in &depths {
+                let at = if d > 0 { format!("ngl {ngl} @ d{d}") } else { format!("ngl {ngl}") };
+                progress.starting(at.clone());
+                let r = runner.run_settled(&opts.spec(ngl, k, d), |_| {})?;
+                if results.is_empty() {
+                    first(&r)?;
+                }
+                let said = match r.test(false).or_else(|| r.test(true)) {
+                    Some(t) => format!("{at}: {} {:.2} t/s", t.name(), t.avg_ts),
+                    None => format!("{at}: {}", r.status.as_str()),
+                };
+                progress.println(said.clone());
+                progress.finished(&r, said);
+                results.push(r);
             }
-            let said = match r.test(false).or_else(|| r.test(true)) {
-                Some(t) => format!("ngl {ngl}: {} {:.2} t/s", t.name(), t.avg_ts),
-                None => format!("ngl {ngl}: {}", r.status.as_str()),
-            };
-            progress.println(said.clone());
-            progress.finished(&r, said);
-            results.push(r);
         }
     }
     progress.clear();
@@ -184,6 +192,7 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
                 n_prompt: t.n_prompt,
                 n_gen: t.n_gen,
                 n_ctx: t.n_ctx,
+                n_depth: t.n_depth,
                 avg_ns: Some(t.avg_ns),
                 stddev_ns: Some(t.stddev_ns),
                 avg_ts: Some(t.avg_ts),
@@ -229,7 +238,7 @@ fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -
         embeddings: false,
         n_prompt: 0,
         n_gen: 0,
-        n_depth: 0,
+        n_depth: s.n_depth,
         n_ctx: 0,
         test_time: time.to_string(),
         avg_ns: None,
@@ -265,11 +274,17 @@ fn tensor_split_field(split: &[u32]) -> String {
     split.iter().map(|l| format!("{l}.00")).collect::<Vec<_>>().join("/")
 }
 
+/// llama-bench's test name: "pp512", "tg128 @ d4096".
 fn test_name(r: &Row) -> String {
-    match (r.n_prompt, r.n_gen) {
+    let base = match (r.n_prompt, r.n_gen) {
         (p, 0) => format!("pp{p}"),
         (0, g) => format!("tg{g}"),
         (p, g) => format!("pp{p}+tg{g}"),
+    };
+    if r.n_depth > 0 {
+        format!("{base} @ d{}", r.n_depth)
+    } else {
+        base
     }
 }
 

@@ -149,6 +149,10 @@ pub struct BenchArgs {
     /// Layers whose MoE expert tensors stay on the CPU, as llama.cpp's --n-cpu-moe (list and ranges as -ngl; llama-bench: -ncmoe)
     #[arg(long = "n-cpu-moe", default_value = "0")]
     pub n_cpu_moe: Vec<String>,
+    /// Tokens in the KV cache before each test, as llama-bench's -d: a list and ranges as -ngl
+    /// (0,4096,16384); every setting is measured at each
+    #[arg(short = 'd', long = "n-depth", default_value = "0")]
+    pub n_depth: Vec<String>,
     /// KV cache type of both caches (llama-bench: -ctk/-ctv)
     #[arg(long = "cache-type", value_enum, default_value_t = crate::types::KvType::F16)]
     pub cache_type: crate::types::KvType,
@@ -215,11 +219,24 @@ pub struct TuneArgs {
     /// the model by default on this machine's GPU memory]
     #[arg(help_heading = "Workload", long = "ctx", value_name = "LIST", conflicts_with = "ctx_size")]
     pub ctx: Option<String>,
+    /// Tokens in the KV cache before each test [default: half of each context]
+    ///
+    /// Every candidate at a context is measured at this depth, as llama-bench's -d: the escape
+    /// hatches differ where the cache is full. Half the context is where tg equals its mean over
+    /// a filled window; 0 measures with an empty cache. Always leaves room for the tests.
+    #[arg(help_heading = "Workload", long, value_name = "TOKENS")]
+    pub depth: Option<u32>,
     /// Largest KL divergence (nats) a quantized KV cache may cost and still be recommended
     ///
     /// Measured against the f16 cache on tokens the f16 cache generated.
     #[arg(help_heading = "Search", long, default_value = "0.05", value_name = "NATS", allow_hyphen_values = true)]
     pub max_kl: String,
+    /// Smallest share of positions whose top token a quantized KV cache must keep
+    ///
+    /// Against the f16 cache's, on the tokens scored for --max-kl; with --max-kl, the gate a lossy
+    /// option passes before it can be recommended.
+    #[arg(help_heading = "Search", long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
+    pub min_top1: String,
     #[command(flatten, next_help_heading = "Workload")]
     pub workload: Workload,
     /// What to maximize

@@ -191,9 +191,15 @@ pub struct Comparison {
     pub new_ts: f64,
     pub change_pct: f64,
     pub p_value: Option<f64>,
-    /// "regression", "improvement", "same", or "contended": measured while
-    /// the machine was busy (then or in the old profile), so not judged.
+    /// "regression", "improvement", "same", "contended" (measured while the
+    /// machine was busy, then or in the old profile, so not judged), or
+    /// "inconclusive": past the threshold, but not significant even after
+    /// measuring again.
     pub verdict: String,
+    /// Repetitions measured again after a first verdict that noise could
+    /// hide (a change past the threshold, not significant).
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
+    pub remeasured: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -302,6 +308,7 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
                 change_pct: (nm - om) / om * 100.0,
                 p_value: if busy { None } else { welch(&otest.samples_ts, &ntest.samples_ts).map(|w| w.2) },
                 verdict: if busy { "contended".into() } else { String::new() },
+                remeasured: 0,
             });
         }
     }
@@ -316,6 +323,9 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
             "regression"
         } else if change >= threshold && significant {
             "improvement"
+        } else if change.abs() >= threshold {
+            // Past the threshold but not significant: noise may hide a real change.
+            "inconclusive"
         } else {
             "same"
         }
@@ -331,6 +341,110 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
         threads_changed: (o.n_threads != n.n_threads).then_some((o.n_threads, n.n_threads)),
         placements_changed: placements_changed(old, new),
     }
+}
+
+/// Rounds of measuring again an inconclusive comparison, and the
+/// repetitions of each: bounded, so one noisy setting cannot hold up a night.
+pub const SETTLE_ROUNDS: u32 = 3;
+pub const SETTLE_REPETITIONS: u32 = 5;
+
+/// The old samples and the new trial's spec of a comparison.
+fn sides(old: &Profile, new: &Profile, c: &Comparison) -> Option<(Vec<f64>, crate::types::TrialSpec, (u32, u32))> {
+    let find = |p: &Profile| {
+        p.trials.iter().filter(|t| t.result.status == TrialStatus::Ok).find_map(|t| {
+            let k = key(t);
+            let same = (k.0, k.1, k.2) == (c.n_gpu_layers, c.n_threads, c.n_ctx)
+                && placement_words(&t.result.spec) == c.placement;
+            let test = t.result.tests.iter().find(|x| same && x.name() == c.test && !x.stopped_early)?;
+            Some((test.samples_ts.clone(), t.result.spec.clone(), (test.n_prompt, test.n_gen)))
+        })
+    };
+    let (old_samples, _, _) = find(old)?;
+    let (_, spec, test) = find(new)?;
+    Some((old_samples, spec, test))
+}
+
+/// Re-judges `c` with `extra` samples of the new side: each look at the
+/// data is held to the level divided by the looks (Bonferroni), so
+/// measuring until significant does not make noise significant.
+fn judge_again(c: &mut Comparison, old: &[f64], new: &[f64], threshold: f64) -> bool {
+    let (om, nm) = (mean(old), mean(new));
+    c.new_ts = nm;
+    c.change_pct = (nm - om) / om * 100.0;
+    c.p_value = welch(old, new).map(|w| w.2);
+    let significant = c.p_value.is_some_and(|p| p < ALPHA / f64::from(SETTLE_ROUNDS));
+    let change = c.change_pct / 100.0;
+    let settled = if change.abs() < threshold {
+        Some("same")
+    } else if significant {
+        Some(if change < 0.0 { "regression" } else { "improvement" })
+    } else {
+        None
+    };
+    match settled {
+        Some(v) => {
+            c.verdict = v.into();
+            true
+        }
+        None => {
+            c.verdict = "inconclusive".into();
+            false
+        }
+    }
+}
+
+/// Measures each inconclusive comparison's setting again, more
+/// repetitions a round (at most [`SETTLE_ROUNDS`]), until its verdict is
+/// clear; what stays unclear stays "inconclusive", with its change and p-value.
+///
+/// # Errors
+/// An interrupt, or a worker that cannot start.
+fn settle(
+    d: &mut Drift,
+    old: &Profile,
+    new: &Profile,
+    opts: &ReprofileOptions,
+    say: &mut dyn FnMut(&str),
+) -> Result<()> {
+    if !d.comparisons.iter().any(|c| c.verdict == "inconclusive") {
+        return Ok(());
+    }
+    let s = &new.settings;
+    let runner = crate::engine::runner::Runner::current(Duration::from_secs(s.trial_timeout_s), opts.verbose)?
+        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
+        .with_busy_threshold(s.busy_threshold);
+    for c in d.comparisons.iter_mut().filter(|c| c.verdict == "inconclusive") {
+        let Some((old_samples, mut spec, (np, ng))) = sides(old, new, c) else { continue };
+        spec.repetitions = SETTLE_REPETITIONS;
+        spec.race = None;
+        spec.n_prompt = np;
+        spec.n_gen = ng;
+        let mut samples = Vec::new();
+        for _ in 0..SETTLE_ROUNDS {
+            say(&format!(
+                "           {} at ngl {} changed {:+.1}% (p {}): measuring it again",
+                c.test,
+                c.n_gpu_layers,
+                c.change_pct,
+                c.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
+            ));
+            let r = runner.run_settled(&spec, |_| {})?;
+            if r.contended() {
+                c.verdict = "contended".into();
+                break;
+            }
+            let Some(t) = r.test(np > 0).filter(|_| r.status == TrialStatus::Ok) else { break };
+            samples.extend(t.samples_ts.iter().copied());
+            c.remeasured += SETTLE_REPETITIONS;
+            if judge_again(c, &old_samples, &samples, opts.threshold) {
+                break;
+            }
+        }
+    }
+    d.regressions = d.comparisons.iter().filter(|c| c.verdict == "regression").count();
+    d.improvements = d.comparisons.iter().filter(|c| c.verdict == "improvement").count();
+    d.contended = d.comparisons.iter().filter(|c| c.verdict == "contended").count();
+    Ok(())
 }
 
 /// What became of one profile.
@@ -377,6 +491,8 @@ pub struct Summary {
     pub recommendations_changed: usize,
     /// Comparisons not judged because the machine was busy during a trial.
     pub contended: usize,
+    /// Changes past the threshold that stayed unclear after measuring again.
+    pub inconclusive: usize,
     /// The machine was still busy when `--wait-idle` ran out, in words.
     pub busy_at_start: Option<String>,
     /// 0 nothing regressed, 3 a regression, 1 a re-tune failed.
@@ -533,7 +649,8 @@ fn one(
     let mut e = entry(path, Some(&old), EntryStatus::Retuned, reasons);
     match retune(&old, opts) {
         Ok(new) => {
-            let d = drift(&old, &new, opts.threshold);
+            let mut d = drift(&old, &new, opts.threshold);
+            settle(&mut d, &old, &new, opts, say)?;
             say_drift(&d, opts.threshold, say);
             if d.recommendation_changed.is_some() || d.threads_changed.is_some() {
                 if let Some(dir) = &opts.update_modelfiles {
@@ -554,10 +671,12 @@ fn one(
 
 fn say_drift(d: &Drift, threshold: f64, say: &mut dyn FnMut(&str)) {
     for c in d.comparisons.iter().filter(|c| c.verdict != "same" && c.verdict != "contended") {
+        let again =
+            if c.remeasured > 0 { format!(", {} repetitions measured again", c.remeasured) } else { String::new() };
         let ctx = c.n_ctx.map_or(String::new(), |n| format!(" -c {n}"));
         let extra = if c.placement.is_empty() { String::new() } else { format!(" ({})", c.placement) };
         say(&format!(
-            "           {} {} at ngl {} -t {}{ctx}{extra}: {:.2} → {:.2} t/s ({:+.1}%, p {})",
+            "           {} {} at ngl {} -t {}{ctx}{extra}: {:.2} → {:.2} t/s ({:+.1}%, p {}{again})",
             c.verdict.to_uppercase(),
             c.test,
             c.n_gpu_layers,
@@ -577,7 +696,8 @@ fn say_drift(d: &Drift, threshold: f64, say: &mut dyn FnMut(&str)) {
     if d.contended > 0 {
         say(&format!("           {} comparisons not judged: the machine was busy during those trials", d.contended));
     }
-    if d.regressions == 0 && d.improvements == 0 {
+    let unclear = d.comparisons.iter().filter(|c| c.verdict == "inconclusive").count();
+    if d.regressions == 0 && d.improvements == 0 && unclear == 0 {
         say(&format!("           no drift beyond {:.0}% in {} comparisons", threshold * 100.0, d.comparisons.len()));
     }
 }
@@ -622,6 +742,7 @@ fn summarize(entries: Vec<Entry>, opts: &ReprofileOptions, hw: &Hardware, busy_a
         improvements: drifts().map(|d| d.improvements).sum(),
         recommendations_changed: drifts().filter(|d| d.recommendation_changed.is_some()).count(),
         contended: drifts().map(|d| d.contended).sum(),
+        inconclusive: drifts().map(|d| d.comparisons.iter().filter(|c| c.verdict == "inconclusive").count()).sum(),
         busy_at_start,
         entries,
         exit_code,
@@ -713,6 +834,34 @@ mod tests {
     }
 
     #[test]
+    fn an_unclear_change_is_measured_again_until_clear_or_said_to_stay_unclear() {
+        let mut c = Comparison {
+            n_gpu_layers: 0,
+            n_threads: 2,
+            n_ctx: Some(4096),
+            placement: String::new(),
+            test: "tg32".into(),
+            old_ts: 11.25,
+            new_ts: 9.0,
+            change_pct: -20.0,
+            p_value: Some(0.2),
+            verdict: "inconclusive".into(),
+            remeasured: 0,
+        };
+        let old = [11.2, 11.3];
+        // Five steady samples 20% lower: a regression at the stricter level of repeated looks.
+        assert!(judge_again(&mut c, &old, &[9.0, 9.05, 8.95, 9.0, 9.02], 0.05));
+        assert_eq!(c.verdict, "regression", "{c:?}");
+        // Back within the threshold: the same.
+        assert!(judge_again(&mut c, &old, &[11.2, 11.3, 11.1, 11.25, 11.2], 0.05));
+        assert_eq!(c.verdict, "same");
+        // Still all over the place: unclear, and said so with its change and p-value.
+        assert!(!judge_again(&mut c, &old, &[5.0, 14.0, 6.0, 13.0, 7.0], 0.05));
+        assert_eq!(c.verdict, "inconclusive");
+        assert!(c.p_value.is_some() && c.change_pct < -5.0, "{c:?}");
+    }
+
+    #[test]
     fn holm_judges_the_p_values_together() {
         assert_eq!(holm(&[0.01, 0.04, 0.03], 0.05), [true, false, false], "0.03 > 0.05/2: it and all above stop");
         assert_eq!(holm(&[0.001, 0.01], 0.05), [true, true]);
@@ -775,6 +924,7 @@ mod tests {
                 kv_bytes: None,
                 recommendation: r,
                 options: Vec::new(),
+                default: None,
                 split: None,
             }
         };

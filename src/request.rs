@@ -185,7 +185,15 @@ pub fn tune_settings(
             .ok()
             .filter(|k| k.is_finite() && *k >= 0.0)
             .ok_or_else(|| bad(format!("--max-kl {} is not a KL divergence; give nats like 0.05", a.max_kl)))?,
+        min_top1: a
+            .min_top1
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|k| (0.0..=1.0).contains(k))
+            .ok_or_else(|| bad(format!("--min-top1 {} is not a share in [0, 1]; give one like 0.9", a.min_top1)))?,
         warmup: !w.no_warmup,
+        n_depth: a.depth,
     })
 }
 
@@ -252,6 +260,26 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
     cpu_overrides.append(&mut p.cpu_overrides);
     p.cpu_overrides = cpu_overrides;
     Ok((p, ngl, moe))
+}
+
+/// Bench's depths (`-d`), each with room for its tests in the context
+/// when `-c` fixes one.
+///
+/// # Errors
+/// `BadInput` for a list that does not parse, or a depth the context cannot hold.
+pub fn bench_depths(a: &BenchArgs, p: &crate::types::Placement) -> Result<Vec<u32>> {
+    let depths = crate::ngl::parse_all(&a.n_depth, "-d")?;
+    let w = &a.workload;
+    let tests = w.n_prompt.unwrap_or(512).max(w.n_gen.unwrap_or(128));
+    if let (Some(c), Some(d)) = (p.n_ctx, depths.iter().max()) {
+        if d + tests > c {
+            return Err(bad(format!(
+                "-d {d} leaves no room in -c {c} for a {tests}-token test; give -c {} or more, or drop -c (the context is then sized as llama-bench does)",
+                d + tests
+            )));
+        }
+    }
+    Ok(depths)
 }
 
 /// `reprofile`'s options, checked: the store, the ages, the thresholds, the Modelfile directory.

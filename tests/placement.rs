@@ -28,7 +28,10 @@ fn placement_tune(store: &std::path::Path) -> serde_json::Value {
     // 32k context: full offload with an f16 KV cache needs ~722 MiB on
     // llvmpipe; 710 MiB lets a q8_0 KV cache (453 MiB) and the FFN weights
     // of a few layers on the CPU fit, not the f16 cache.
-    let p = tune_json(&[m.to_str().unwrap()], &["--ctx", "4096,32768", "--vram-budget", "710MiB"], store, &[VK]);
+    // Measured at a stated depth (1024 tokens in the KV cache): half of 32k
+    // would cost llvmpipe minutes per fully offloaded fill.
+    let extra = ["--ctx", "4096,32768", "--vram-budget", "710MiB", "--depth", "1024"];
+    let p = tune_json(&[m.to_str().unwrap()], &extra, store, &[VK]);
     assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
     p
 }
@@ -70,6 +73,7 @@ fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_
     assert_eq!((kv["kv_type"].as_str(), kv["measured"].as_bool()), (Some("q8_0"), Some(true)), "{kv}");
     let q = &kv["quality"];
     assert!(q["kl_mean"].as_f64().unwrap() > 0.0 && q["top1_agree"].as_f64().unwrap() > 0.5, "{q}");
+    assert!(q["depth"] == 1024 && q["tokens"].as_u64().unwrap() >= 100, "judged at the stated depth: {q}");
     assert!(of("ffn_spill").any(|o| o["measured"] == true && o["fits"] == true), "an FFN spill measured under the cap");
     let shorter: Vec<_> = of("shorter_context").collect();
     assert!(!shorter.is_empty() && shorter.iter().all(|o| o["measured"] == false), "predicted, with the reason");
@@ -82,6 +86,28 @@ fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_
     for o in options.iter().filter(|o| o["measured"] == true && o["fits"] == true) {
         assert!(o["device_bytes"].as_f64().unwrap() <= cap, "{o}");
     }
+
+    // Every compared option was measured at the stated depth.
+    for t in p["trials"].as_array().unwrap() {
+        assert_eq!(t["spec"]["n_depth"], 1024, "{}", t["spec"]);
+        assert!(t["tests"].as_array().unwrap().iter().all(|x| x["n_depth"] == 1024), "{}", t["tests"]);
+    }
+    // llama.cpp's default (fit: every layer on llvmpipe) was measured alternately with the
+    // answer (every layer on the CPU): far slower, by a margin no noise covers.
+    let d = &big["default"];
+    assert_eq!(
+        (d["n_gpu_layers"].as_u64(), d["pairs"].as_u64(), d["n_depth"].as_u64()),
+        (Some(19), Some(2), Some(1024)),
+        "{d}"
+    );
+    assert_eq!(d["verdict"], "faster", "{d}");
+    let (r, h) = (d["tg_ratio"].as_f64().unwrap(), d["tg_half_width"].as_f64().unwrap());
+    assert!(r - h > 2.0, "{d}");
+    let paired =
+        p["trials"].as_array().unwrap().iter().filter(|t| t["role"] == "paired" && t["spec"]["n_ctx"] == 32768);
+    let order: Vec<u64> = paired.map(|t| t["spec"]["n_gpu_layers"].as_u64().unwrap()).collect();
+    assert_eq!(order.len(), 4, "A/B/A/B: {order:?}");
+    assert!(order[0] == order[2] && order[1] == order[3] && order[0] != order[1], "alternated: {order:?}");
 
     // llama.cpp's dry run priced every trial kind within 2% of what it allocated.
     let kinds_checked: std::collections::BTreeSet<String> = p["trials"]
@@ -153,6 +179,21 @@ fn two_quantizations_are_ranked_with_their_kl_divergence_from_the_larger() {
     assert_bad_input(&plain, "--chart takes one model");
 }
 
+/// The `__kl` child's answer to `spec`.
+fn kl_child(spec: &serde_json::Value) -> serde_json::Value {
+    let mut child = std::process::Command::new(BIN)
+        .arg("__kl")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), spec.to_string().as_bytes()).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
 #[test]
 fn kv_cache_quality_is_zero_for_the_same_cache_and_grows_with_quantization() {
     let _heavy = heavy();
@@ -164,22 +205,22 @@ fn kv_cache_quality_is_zero_for_the_same_cache_and_grows_with_quantization() {
         "n_gen": 64,
         "n_threads": 2
     });
-    let mut child = std::process::Command::new(BIN)
-        .arg("__kl")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), spec.to_string().as_bytes()).unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let out = kl_child(&spec);
     let kl = |i: usize| out["scores"][i]["quality"]["kl_mean"].as_f64().unwrap_or_else(|| panic!("{out}"));
     assert!(kl(0) < 1e-9, "an identical configuration scores zero: {out}");
     assert!((out["scores"][0]["quality"]["top1_agree"].as_f64().unwrap() - 1.0).abs() < 1e-12);
     assert!(kl(1) > kl(0), "q8_0 loses something: {out}");
     assert!(kl(2) > kl(1), "q4_0 loses more than q8_0: {out}");
+
+    // At depth: the reference reads 1024 tokens of natural text (Debian's fortunes,
+    // installed by scripts/setup), then generates; q8_0 scores the same tokens after them.
+    let spec = serde_json::json!({
+        "reference": config("f16"), "alternatives": [config("q8_0")], "n_gen": 64, "n_threads": 2, "depth": 1024
+    });
+    let out = kl_child(&spec);
+    let q = &out["scores"][0]["quality"];
+    assert_eq!(q["depth"], 1024, "judged after 1024 tokens of text: {out}");
+    assert!(q["tokens"].as_u64().unwrap() >= 100 && q["kl_mean"].as_f64().unwrap() > 0.0, "{out}");
 }
 
 #[test]

@@ -136,6 +136,26 @@ fn a_previous_profile_half_again_faster_is_a_regression_and_noise_is_not() {
 }
 
 #[test]
+fn a_quick_profile_claiming_a_quarter_more_speed_is_a_regression_once_measured_again() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let m = real_model();
+    let o = run(&[m.to_str().unwrap(), "--quick", "-t", "2", "--profiles", store.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = profiles_in(&store).pop().unwrap();
+    // Two repetitions a setting: Welch's test over two samples rarely clears 5%, so a
+    // first verdict may be "inconclusive"; the setting is measured again until it is clear.
+    edit(&p, |v| claim_faster(v, 1.25));
+    let o = reprofile(&store, &["--max-age", "0s", "--drift-threshold", "0.05", "--json"]);
+    let s: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
+    assert_eq!(o.status.code(), Some(3), "a confirmed regression: {s:#}");
+    assert!(s["regressions"].as_u64().unwrap() >= 1, "{s:#}");
+    let cmp = s["entries"][0]["drift"]["comparisons"].as_array().unwrap();
+    assert!(cmp.iter().all(|c| c["verdict"] != "same" || c["change_pct"].as_f64().unwrap().abs() < 5.0), "{cmp:#?}");
+}
+
+#[test]
 fn two_reprofiles_at_once_take_turns_and_lose_nothing() {
     let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();

@@ -87,6 +87,9 @@ fn gpu_check_runs_in_local_mode_and_reports_regret() {
     assert_eq!(report.matches("- adaptive: ngl ").count(), 4, "{report}");
     assert_eq!(report.matches("- grid: ngl ").count(), 4, "{report}");
     assert_eq!(report.matches("- llama.cpp's fit").count(), 4, "{report}");
+    // At the tuner's depth, and against what llama.cpp does without flags.
+    assert_eq!(report.matches(", at depth 128").count(), 4, "{report}");
+    assert!(report.matches("- against llama.cpp's default, adaptive").count() >= 1, "{report}");
     assert!(report
         .lines()
         .filter(|l| l.starts_with("- adaptive") || l.starts_with("- grid"))

@@ -19,11 +19,13 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let (placement, ngl, n_cpu_moe) = bench_placement(a, &info)?;
     crate::rpc::probe_all(&placement.rpc)?;
     let w = &a.workload;
+    let depths = crate::request::bench_depths(a, &placement)?;
     let opts = BenchOptions {
         model: a.model.clone(),
         placement,
         ngl,
         n_cpu_moe,
+        depths,
         n_prompt: w.n_prompt.unwrap_or(512),
         n_gen: w.n_gen.unwrap_or(128),
         repetitions: w.repetitions.unwrap_or(5),

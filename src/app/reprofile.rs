@@ -28,7 +28,7 @@ pub(super) fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
         say_out(&serde_json::to_string_pretty(&summary)?);
     } else {
         say_out(&format!(
-            "summary: {} re-tuned, {} fresh, {} missing, {} invalid, {} failed; {} regressions, {} improvements, {} recommendations changed, {} comparisons not judged (busy machine)",
+            "summary: {} re-tuned, {} fresh, {} missing, {} invalid, {} failed; {} regressions, {} improvements, {} recommendations changed, {} inconclusive, {} comparisons not judged (busy machine)",
             summary.retuned,
             summary.fresh,
             summary.missing,
@@ -37,6 +37,7 @@ pub(super) fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
             summary.regressions,
             summary.improvements,
             summary.recommendations_changed,
+            summary.inconclusive,
             summary.contended
         ));
     }

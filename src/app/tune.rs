@@ -139,7 +139,8 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
             crate::profile::store::write_profile(&o.path, &o.profile)?;
         }
     }
-    let rows = rank::rank(&profiles, &qualities, profiles[0].settings.max_kl);
+    let s = &profiles[0].settings;
+    let rows = rank::rank(&profiles, &qualities, s.max_kl, s.min_top1);
     let mut out = std::io::stdout().lock();
     if a.json {
         let all: Vec<&crate::profile::Profile> = outcomes.iter().map(|o| &o.profile).collect();

@@ -23,6 +23,8 @@ pub(crate) fn test_spec() -> TrialSpec {
         placement: Placement::default().with_layers(0, 2, Some(256)),
         n_prompt: 64,
         n_gen: 16,
+        n_depth: 0,
+        depth_cache: None,
         repetitions: 3,
         warmup: true,
         seed: 1,

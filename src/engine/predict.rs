@@ -129,6 +129,10 @@ pub struct PredictSpec {
     /// RPC servers whose devices join (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
+    /// Also ask what llama.cpp does without flags: its fit with its own
+    /// defaults (1 GiB free per device, the context shrunk down to 4096 at most).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default_fit: bool,
     /// Per-device margins for llama.cpp's fit, in device order: asks it
     /// for its split (answered in `PredictOutput::llama_fit_split`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -141,6 +145,9 @@ pub struct LlamaFit {
     pub margin_bytes: u64,
     /// ngl it chose (llama.cpp's -1 means all layers: reported as full offload).
     pub n_gpu_layers: Option<i32>,
+    /// The context it left (smaller than asked when it shrank it to fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_ctx: Option<u32>,
     /// Why there is no answer ("could not find allocations that fit", ...).
     pub error: Option<String>,
 }
@@ -156,6 +163,9 @@ pub struct PredictOutput {
     pub splits: Vec<Prediction>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llama_fit_split: Option<LlamaFitSplit>,
+    /// What llama.cpp does without flags: its fit with its own defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_fit: Option<LlamaFit>,
 }
 
 /// What llama.cpp's fit chose with a margin per device.
@@ -168,7 +178,11 @@ pub struct LlamaFitSplit {
     pub error: Option<String>,
 }
 
-fn llama_fit(spec: &PredictSpec, margin: u64) -> LlamaFit {
+/// llama.cpp's defaults for its fit (common.h: `fit_params_target`, `fit_params_min_ctx`).
+pub const DEFAULT_FIT_MARGIN: u64 = 1 << 30;
+pub const DEFAULT_FIT_MIN_CTX: u32 = 4096;
+
+fn fit_with(spec: &PredictSpec, margin: u64, min_ctx: u32) -> LlamaFit {
     use llama_cpp_2::context::params::LlamaContextParams;
     use llama_cpp_2::model::params::LlamaModelParams;
     let mut mp = Box::pin(LlamaModelParams::default());
@@ -181,11 +195,16 @@ fn llama_fit(spec: &PredictSpec, margin: u64) -> LlamaFit {
     let n_dev = unsafe { llama_cpp_sys_2::llama_max_devices() };
     let mut margins = vec![usize::try_from(margin).unwrap_or(usize::MAX); n_dev];
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
-    let r = mp.as_mut().fit_params(&path, &mut cp, &mut margins, spec.n_ctx, llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR);
+    let r = mp.as_mut().fit_params(&path, &mut cp, &mut margins, min_ctx, llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR);
     let _ = super::logs::take();
     match r {
-        Ok(_) => LlamaFit { margin_bytes: margin, n_gpu_layers: Some(mp.n_gpu_layers()), error: None },
-        Err(e) => LlamaFit { margin_bytes: margin, n_gpu_layers: None, error: Some(e.to_string()) },
+        Ok(_) => LlamaFit {
+            margin_bytes: margin,
+            n_gpu_layers: Some(mp.n_gpu_layers()),
+            n_ctx: cp.n_ctx().map(std::num::NonZeroU32::get),
+            error: None,
+        },
+        Err(e) => LlamaFit { margin_bytes: margin, n_gpu_layers: None, n_ctx: None, error: Some(e.to_string()) },
     }
 }
 
@@ -278,9 +297,11 @@ pub fn predict_main() -> Result<()> {
         .iter()
         .map(|split| predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), split))
         .collect();
-    let llama_fit = spec.fit_margin_bytes.map(|m| llama_fit(&spec, m));
+    let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, spec.n_ctx));
     let llama_fit_split = (!spec.fit_split_margins.is_empty()).then(|| llama_fit_split(&spec));
-    let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split };
+    let default_fit =
+        spec.default_fit.then(|| fit_with(&spec, DEFAULT_FIT_MARGIN, DEFAULT_FIT_MIN_CTX.min(spec.n_ctx)));
+    let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split, default_fit };
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
 }

@@ -1,10 +1,13 @@
 //! What a faster placement costs in output quality, measured the way
-//! llama.cpp's perplexity tool does with `--kl-divergence`, without a text
-//! corpus: the reference (an f16 KV cache, or the largest quantization)
-//! generates tokens greedily from fixed prompts; those same sequences are
-//! then scored, in one batch each, by the reference and by every
-//! alternative, and the token distributions compared position by position
+//! llama.cpp's perplexity tool does with `--kl-divergence`: the reference
+//! (an f16 KV cache, or the largest quantization) reads a long natural text
+//! up to the depth the placement is tuned at, then generates tokens
+//! greedily; every alternative scores the same tokens after the same
+//! context, and the token distributions are compared position by position
 //! (mean KL divergence from the reference, how often the top token agrees).
+//! A KV cache type is judged with the cache as full as the user's. The text
+//! is Debian's `fortunes` (plain-text quotations; `scripts/setup` installs
+//! it); without it, or at depth 0, fixed prompts are continued instead.
 //! Runs in a child process (hidden `__kl`): models load one after another.
 
 use std::num::NonZeroU32;
@@ -29,6 +32,28 @@ pub const PROMPTS: [&str; 2] = [
     "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
 ];
 
+/// Where the long natural text lives (Debian's `fortunes`), and the files
+/// read, in this order: prose quotations, about 640 KB.
+pub const TEXT_DIR: &str = "/usr/share/games/fortunes";
+pub const TEXT_FILES: [&str; 5] = ["people", "science", "politics", "wisdom", "work"];
+
+/// The natural text quality is judged on: the fortunes files joined, the
+/// `%` lines between fortunes dropped. `NGL_TUNE_TEXT_DIR` points
+/// elsewhere (tests). `None` when none of the files is there.
+#[must_use]
+pub fn natural_text() -> Option<String> {
+    let dir = std::env::var_os("NGL_TUNE_TEXT_DIR").map_or_else(|| PathBuf::from(TEXT_DIR), PathBuf::from);
+    let mut text = String::new();
+    for f in TEXT_FILES {
+        let Ok(bytes) = std::fs::read(dir.join(f)) else { continue };
+        for line in String::from_utf8_lossy(&bytes).lines().filter(|l| l.trim() != "%") {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    (!text.is_empty()).then_some(text)
+}
+
 /// One configuration to score.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KlConfig {
@@ -47,6 +72,10 @@ pub struct KlSpec {
     /// Tokens the reference generates per prompt.
     pub n_gen: u32,
     pub n_threads: u32,
+    /// Tokens of natural text read before the scored ones (the depth the
+    /// placement is tuned at); 0: the fixed prompts, continued.
+    #[serde(default)]
+    pub depth: u32,
 }
 
 /// Each alternative's score, or why it has none.
@@ -70,16 +99,20 @@ fn load(backend: &LlamaBackend, c: &KlConfig) -> Result<LlamaModel, String> {
     m.map_err(|e| format!("{} could not be loaded ({e}): {}", c.model.display(), log.lines().last().unwrap_or("")))
 }
 
+/// Decode chunk (`n_batch`) of the quality child.
+const CHUNK: usize = 1024;
+
 fn context<'a>(
     backend: &LlamaBackend,
     m: &'a LlamaModel,
     c: &KlConfig,
-    threads: u32,
+    spec: &KlSpec,
 ) -> Result<LlamaContext<'a>, String> {
     let kv = super::worker::kv_cache_type(c.kv_type);
-    let t = i32::try_from(threads).unwrap_or(1);
+    let t = i32::try_from(spec.n_threads).unwrap_or(1);
+    let n_ctx = (spec.depth + 2 * spec.n_gen + 64).max(1024);
     let p = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(1024))
+        .with_n_ctx(NonZeroU32::new(n_ctx))
         .with_n_batch(1024)
         .with_n_ubatch(512)
         .with_n_threads(t)
@@ -101,19 +134,54 @@ fn argmax(v: &[f32]) -> usize {
     v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i)
 }
 
-/// Greedy continuation of each prompt by the reference: the sequences to score.
-fn generate(ctx: &mut LlamaContext<'_>, m: &LlamaModel, n_gen: u32) -> Result<Vec<(usize, Vec<LlamaToken>)>, String> {
+/// The prompts the reference continues: `depth` tokens of the natural
+/// text (one sequence), or, at depth 0 or without the text, the fixed prompts.
+fn prompts(m: &LlamaModel, depth: u32) -> Vec<Vec<LlamaToken>> {
     let vocab = m.vocab();
-    let mut out = Vec::new();
-    for prompt in PROMPTS {
-        let mut seq = vocab.tokenize(prompt.as_bytes(), true, false);
-        let n_prompt = seq.len();
-        ctx.clear_kv_cache();
-        let mut batch = LlamaBatch::new(1024, 1);
-        for (i, t) in seq.iter().enumerate() {
-            batch.add(*t, i32::try_from(i).unwrap_or(0), &[0], i + 1 == n_prompt).map_err(|e| e.to_string())?;
+    if depth > 0 {
+        if let Some(text) = natural_text() {
+            let mut t = vocab.tokenize(text.as_bytes(), true, false);
+            if t.len() >= depth as usize {
+                t.truncate(depth as usize);
+                return vec![t];
+            }
+        }
+    }
+    PROMPTS.iter().map(|p| vocab.tokenize(p.as_bytes(), true, false)).collect()
+}
+
+/// Decodes `tokens` from position `from`, in chunks; logits where `wanted` says.
+fn decode_from(
+    ctx: &mut LlamaContext<'_>,
+    tokens: &[LlamaToken],
+    from: usize,
+    wanted: &dyn Fn(usize) -> bool,
+) -> Result<LlamaBatch<'static>, String> {
+    let mut batch = LlamaBatch::new(CHUNK, 1);
+    for (k, chunk) in tokens.chunks(CHUNK).enumerate() {
+        batch.clear();
+        for (j, t) in chunk.iter().enumerate() {
+            let i = from + k * CHUNK + j;
+            batch.add(*t, i32::try_from(i).unwrap_or(0), &[0], wanted(i)).map_err(|e| e.to_string())?;
         }
         ctx.decode(&mut batch).map_err(|e| format!("decode failed: {e}"))?;
+    }
+    Ok(batch)
+}
+
+/// Greedy continuation of each prompt by the reference: the sequences to score.
+fn generate(
+    ctx: &mut LlamaContext<'_>,
+    m: &LlamaModel,
+    spec: &KlSpec,
+) -> Result<Vec<(usize, Vec<LlamaToken>)>, String> {
+    let vocab = m.vocab();
+    let n_gen = if spec.depth > 0 { 2 * spec.n_gen } else { spec.n_gen };
+    let mut out = Vec::new();
+    for mut seq in prompts(m, spec.depth) {
+        let n_prompt = seq.len();
+        ctx.clear_kv_cache();
+        let mut batch = decode_from(ctx, &seq, 0, &|i| i + 1 == n_prompt)?;
         for _ in 0..n_gen {
             let next = LlamaToken::new(i32::try_from(argmax(ctx.get_logits_ith(batch.n_tokens() - 1))).unwrap_or(0));
             if vocab.is_eog(next) {
@@ -138,20 +206,22 @@ fn log_softmax(v: &[f32]) -> Vec<f32> {
     v.iter().map(|x| x - lse).collect()
 }
 
-/// Each sequence decoded in one batch; the log-probabilities at every
-/// position that predicts a generated token.
+/// Each sequence decoded: the context (the prompt but its last token) in
+/// chunks without logits, then the rest in one batch; the log-probabilities
+/// at every position that predicts a generated token.
 fn score(ctx: &mut LlamaContext<'_>, seqs: &[(usize, Vec<LlamaToken>)]) -> Result<Vec<Vec<f32>>, String> {
     let mut rows = Vec::new();
     for (n_prompt, seq) in seqs {
         ctx.clear_kv_cache();
-        let mut batch = LlamaBatch::new(1024, 1);
-        for (i, t) in seq.iter().enumerate() {
-            let wanted = i + 1 >= *n_prompt && i + 1 < seq.len();
-            batch.add(*t, i32::try_from(i).unwrap_or(0), &[0], wanted).map_err(|e| e.to_string())?;
+        let start = n_prompt - 1;
+        decode_from(ctx, &seq[..start], 0, &|_| false)?;
+        let tail = &seq[start..];
+        if tail.len() > CHUNK {
+            return Err(format!("{} generated tokens do not fit one batch of {CHUNK}", tail.len()));
         }
-        ctx.decode(&mut batch).map_err(|e| format!("decode failed: {e}"))?;
-        for i in (n_prompt - 1)..(seq.len() - 1) {
-            rows.push(log_softmax(ctx.get_logits_ith(i32::try_from(i).unwrap_or(0))));
+        decode_from(ctx, tail, start, &|i| i + 1 < seq.len())?;
+        for j in 0..tail.len() - 1 {
+            rows.push(log_softmax(ctx.get_logits_ith(i32::try_from(j).unwrap_or(0))));
         }
     }
     Ok(rows)
@@ -163,8 +233,15 @@ fn score(ctx: &mut LlamaContext<'_>, seqs: &[(usize, Vec<LlamaToken>)]) -> Resul
 pub fn compare(reference: &[Vec<f32>], alt: &[Vec<f32>], name: &str) -> Quality {
     let mut kls: Vec<f64> = Vec::with_capacity(reference.len());
     let mut agree = 0usize;
+    let mut non_finite = 0u32;
     for (p, q) in reference.iter().zip(alt) {
         let kl: f64 = p.iter().zip(q).map(|(lp, lq)| f64::from(lp.exp()) * f64::from(lp - lq)).sum();
+        if !kl.is_finite() {
+            // f64::max would turn a NaN into the other argument: a broken path must not read as perfect.
+            non_finite += 1;
+            continue;
+        }
+        // Rounding can make a true 0 slightly negative.
         kls.push(kl.max(0.0));
         agree += usize::from(argmax(p) == argmax(q));
     }
@@ -180,6 +257,8 @@ pub fn compare(reference: &[Vec<f32>], alt: &[Vec<f32>], name: &str) -> Quality 
         top1_agree: agree as f64 / n,
         tokens: u32::try_from(kls.len()).unwrap_or(u32::MAX),
         reference: name.to_string(),
+        non_finite,
+        depth: 0,
     }
 }
 
@@ -192,8 +271,8 @@ fn run(spec: &KlSpec) -> Result<Vec<KlScore>, String> {
     let backend = LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?;
     let (seqs, reference, n_vocab) = {
         let m = load(&backend, &spec.reference)?;
-        let mut ctx = context(&backend, &m, &spec.reference, spec.n_threads)?;
-        let seqs = generate(&mut ctx, &m, spec.n_gen)?;
+        let mut ctx = context(&backend, &m, &spec.reference, spec)?;
+        let seqs = generate(&mut ctx, &m, spec)?;
         let rows = score(&mut ctx, &seqs)?;
         (seqs, rows, m.n_vocab())
     };
@@ -208,11 +287,13 @@ fn run(spec: &KlSpec) -> Result<Vec<KlScore>, String> {
                     m.n_vocab()
                 ));
             }
-            let mut ctx = context(&backend, &m, alt, spec.n_threads)?;
+            let mut ctx = context(&backend, &m, alt, spec)?;
             score(&mut ctx, &seqs)
         });
+        // The depth the scored tokens were read at (0: the fixed prompts).
+        let depth = if seqs.len() == 1 && spec.depth > 0 { u32::try_from(seqs[0].0).unwrap_or(0) } else { 0 };
         out.push(match scored {
-            Ok(rows) => KlScore { quality: Some(compare(&reference, &rows, &name)), error: None },
+            Ok(rows) => KlScore { quality: Some(Quality { depth, ..compare(&reference, &rows, &name) }), error: None },
             Err(e) => KlScore { quality: None, error: Some(e) },
         });
     }

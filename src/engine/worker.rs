@@ -170,52 +170,138 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
     inject_fault(spec.placement.n_gpu_layers);
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+    // Tests of one context size share one context: the depth is filled once.
+    let mut open: Option<(u32, LlamaContext<'_>, String)> = None;
     for (n_prompt, n_gen) in spec.tests() {
         if result.tests.iter().any(|t| t.stopped_early) && spec.race.is_some_and(|r| r.skip_rest) {
             // Far behind on the objective: the other tests cannot change the decision.
             break;
         }
-        let n_ctx = spec.placement.n_ctx.unwrap_or(n_prompt + n_gen).max(1);
-        let cparams = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(n_ctx))
-            .with_n_batch(spec.placement.n_batch)
-            .with_n_ubatch(spec.placement.n_ubatch)
-            .with_n_threads(i32::try_from(spec.placement.n_threads).unwrap_or(i32::MAX))
-            .with_n_threads_batch(i32::try_from(spec.placement.n_threads).unwrap_or(i32::MAX))
-            .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(
-                spec.placement.flash_attn.value(),
-            ))
-            .with_op_offload(spec.placement.op_offload != crate::types::OpOffload::Off)
-            .with_type_k(kv_cache_type(spec.placement.kv_type))
-            .with_type_v(kv_cache_type(spec.placement.kv_type));
-        let ctx = model.new_context(backend, cparams);
-        let ctx_log = logs::take();
-        let mut ctx = match ctx {
-            Ok(c) => c,
-            Err(e) => {
-                let status = if looks_like_oom(&ctx_log) { TrialStatus::Oom } else { TrialStatus::Failed };
-                return fail(result, status, format!("context creation failed ({e}): {}", last_error_line(&ctx_log)));
+        let n_ctx = spec.placement.n_ctx.unwrap_or(spec.n_depth + n_prompt + n_gen).max(1);
+        if open.as_ref().map(|o| o.0) != Some(n_ctx) {
+            drop(open.take());
+            match open_context(&model, backend, spec, n_ctx, &mut rng) {
+                Ok((ctx, log)) => open = Some((n_ctx, ctx, log)),
+                Err((status, why)) => return fail(result, status, why),
             }
-        };
+        }
+        let Some((_, ctx, ctx_log)) = open.as_mut() else { unreachable!("opened above") };
         let mut samples = Vec::with_capacity(spec.repetitions as usize);
-        let measured = measure(&mut ctx, &model, &mut rng, spec, n_prompt, n_gen, &mut samples);
+        let measured = measure(ctx, &model, &mut rng, spec, n_prompt, n_gen, &mut samples);
         let run_log = logs::take();
-        let stopped_early = match measured {
-            Ok(stopped) => stopped,
+        let cut = match measured {
+            Ok(cut) => cut,
             Err(e) => {
                 let log = format!("{ctx_log}{run_log}");
                 let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
                 return fail(result, status, format!("{e}: {}", last_error_line(&log)));
             }
         };
-        let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples);
-        test.stopped_early = stopped_early;
-        test.context_buffers = logs::parse_buffers(&ctx_log);
+        let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples).at_depth(spec.n_depth);
+        test.stopped_early = cut.is_some();
+        test.tokens_measured = cut.flatten();
+        test.context_buffers = logs::parse_buffers(ctx_log);
         result.tests.push(test);
-        drop(ctx);
     }
+    drop(open);
     result.status = TrialStatus::Ok;
     result
+}
+
+/// A context of `n_ctx` tokens for the spec's settings, its KV cache filled
+/// to the spec's depth (not timed), and llama.cpp's log of its buffers.
+fn open_context<'m>(
+    model: &'m LlamaModel,
+    backend: &LlamaBackend,
+    spec: &TrialSpec,
+    n_ctx: u32,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<(LlamaContext<'m>, String), (TrialStatus, String)> {
+    let p = &spec.placement;
+    let threads = i32::try_from(p.n_threads).unwrap_or(i32::MAX);
+    let cparams = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(n_ctx))
+        .with_n_batch(p.n_batch)
+        .with_n_ubatch(p.n_ubatch)
+        .with_n_threads(threads)
+        .with_n_threads_batch(threads)
+        .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(p.flash_attn.value()))
+        .with_op_offload(p.op_offload != crate::types::OpOffload::Off)
+        .with_type_k(kv_cache_type(p.kv_type))
+        .with_type_v(kv_cache_type(p.kv_type));
+    let ctx = model.new_context(backend, cparams);
+    let ctx_log = logs::take();
+    let status_of = |log: &str| if looks_like_oom(log) { TrialStatus::Oom } else { TrialStatus::Failed };
+    let mut ctx = match ctx {
+        Ok(c) => c,
+        Err(e) => {
+            return Err((status_of(&ctx_log), format!("context creation failed ({e}): {}", last_error_line(&ctx_log))))
+        }
+    };
+    if spec.n_depth > 0 {
+        if let Err(e) = fill_depth(&mut ctx, model, rng, spec, n_ctx) {
+            let log = format!("{ctx_log}{}", logs::take());
+            return Err((
+                status_of(&log),
+                format!("filling the KV cache to depth {}: {e}: {}", spec.n_depth, last_error_line(&log)),
+            ));
+        }
+    }
+    Ok((ctx, ctx_log))
+}
+
+/// The file a filled cache of this context is kept in, in `dir`.
+fn depth_file(dir: &std::path::Path, spec: &TrialSpec, n_ctx: u32) -> std::path::PathBuf {
+    let p = &spec.placement;
+    dir.join(format!("c{n_ctx}-d{}-{}-fa{}-s{}.kv", spec.n_depth, p.kv_type.as_str(), p.flash_attn.as_str(), spec.seed))
+}
+
+/// Puts `spec.n_depth` tokens in the KV cache (not timed): loaded from the
+/// spec's depth cache when an earlier trial kept one there (the contents
+/// do not depend on where the layers run), else decoded as llama-bench's
+/// prompt test does, and kept there for the next trial.
+fn fill_depth(
+    ctx: &mut LlamaContext<'_>,
+    model: &LlamaModel,
+    rng: &mut rand::rngs::StdRng,
+    spec: &TrialSpec,
+    n_ctx: u32,
+) -> Result<(), String> {
+    let depth = spec.n_depth as usize;
+    let file = spec.depth_cache.as_deref().map(|d| depth_file(d, spec, n_ctx));
+    if let Some(f) = file.as_ref().filter(|f| f.is_file()) {
+        let last = i32::try_from(depth).unwrap_or(i32::MAX) - 1;
+        match ctx.state_seq_load_file(f, 0, depth) {
+            Ok((tokens, _)) if tokens.len() == depth && ctx.kv_cache_seq_pos_max(0) == last => return Ok(()),
+            // Not loadable here (another layout): fill as if there were none.
+            _ => ctx.clear_kv_cache(),
+        }
+    }
+    let vocab = model.vocab();
+    let n_vocab = model.n_vocab().max(1);
+    let mut tokens = Vec::with_capacity(depth);
+    if vocab.should_add_bos() {
+        tokens.push(vocab.bos());
+    }
+    while tokens.len() < depth {
+        tokens.push(LlamaToken::new(rng.random_range(0..n_vocab)));
+    }
+    ctx.clear_kv_cache();
+    for chunk in tokens.chunks(spec.placement.n_batch.max(1) as usize) {
+        let mut batch = LlamaBatch::get_one(chunk).map_err(|e| format!("batch: {e}"))?;
+        ctx.decode(&mut batch).map_err(|e| format!("decode failed ({e})"))?;
+    }
+    ctx.synchronize();
+    if let Some(f) = file {
+        // Written aside and renamed: a trial killed mid-write leaves no half file.
+        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        if ctx.state_seq_save_file(&tmp, 0, &tokens).is_ok() {
+            let _ = std::fs::rename(&tmp, &f);
+        } else {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(())
 }
 
 /// llama-cpp-2's name for a KV cache type.
@@ -234,6 +320,23 @@ fn fail(mut r: TrialResult, status: TrialStatus, reason: String) -> TrialResult 
     r
 }
 
+/// Back to the spec's depth: every position past it removed (or, at depth
+/// 0, the whole cache cleared), so a repetition starts where the last did.
+fn to_depth(ctx: &mut LlamaContext<'_>, depth: u32) -> Result<(), String> {
+    if depth == 0 {
+        ctx.clear_kv_cache();
+        return Ok(());
+    }
+    match ctx.clear_kv_cache_seq(Some(0), Some(depth), None) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!("llama.cpp could not trim the KV cache back to depth {depth}")),
+        Err(e) => Err(format!("trimming the KV cache to depth {depth}: {e}")),
+    }
+}
+
+/// llama-bench's repetitions of one test. `Ok(Some(..))`: raced and cut
+/// short: `Some(tokens)` when cut inside its first repetition (its sample
+/// is the rate of the tokens timed, over the whole test), `None` after it.
 fn measure(
     ctx: &mut LlamaContext<'_>,
     model: &LlamaModel,
@@ -242,41 +345,62 @@ fn measure(
     n_prompt: u32,
     n_gen: u32,
     samples: &mut Vec<u64>,
-) -> Result<bool, String> {
+) -> Result<Option<Option<u32>>, String> {
     let vocab = model.vocab();
     let n_vocab = model.n_vocab().max(1);
     let bos = if vocab.should_add_bos() { Some(vocab.bos()) } else { None };
+    let n_batch = spec.placement.n_batch;
     if spec.warmup {
+        to_depth(ctx, spec.n_depth)?;
         if n_prompt > 0 {
-            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.placement.n_batch)?;
+            test_prompt(ctx, rng, n_vocab, bos, n_prompt, n_batch, None)?;
         }
         if n_gen > 0 {
-            test_gen(ctx, rng, n_vocab, bos, 1)?;
+            test_gen(ctx, rng, n_vocab, bos, 1, None)?;
         }
     }
+    let below = spec.race.and_then(|r| r.below(n_prompt)).filter(|b| *b > 0.0);
+    let n_tokens = n_prompt + n_gen;
     for _ in 0..spec.repetitions {
-        ctx.clear_kv_cache();
+        to_depth(ctx, spec.n_depth)?;
         let t0 = Instant::now();
+        // The first repetition stops as soon as its rate cannot reach the threshold.
+        let limit =
+            below.filter(|_| samples.is_empty()).map(|b| (t0, Duration::from_secs_f64(f64::from(n_tokens) / b)));
+        let mut timed = None;
         if n_prompt > 0 {
-            test_prompt(ctx, rng, n_vocab, bos, n_prompt, spec.placement.n_batch)?;
+            timed = test_prompt(ctx, rng, n_vocab, bos, n_prompt, n_batch, limit)?;
         }
-        if n_gen > 0 {
-            test_gen(ctx, rng, n_vocab, bos, n_gen)?;
+        if n_gen > 0 && timed.is_none() {
+            timed = test_gen(ctx, rng, n_vocab, bos, n_gen, limit)?.map(|g| n_prompt + g);
         }
         let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        if let Some(done) = timed {
+            // The rate of what was timed, as if the test had run to its end at it.
+            let whole = u128::from(ns) * u128::from(n_tokens) / u128::from(done.max(1));
+            samples.push(u64::try_from(whole).unwrap_or(u64::MAX));
+            return Ok(Some(Some(done)));
+        }
         samples.push(ns);
         #[allow(clippy::cast_precision_loss)]
-        let ts = f64::from(n_prompt + n_gen) * 1e9 / (ns as f64).max(1.0);
-        let below = spec.race.and_then(|r| r.below(n_prompt));
+        let ts = f64::from(n_tokens) * 1e9 / (ns as f64).max(1.0);
         if samples.len() == 1 && spec.repetitions > 1 && below.is_some_and(|b| ts < b) {
-            return Ok(true);
+            return Ok(Some(None));
         }
     }
-    Ok(false)
+    Ok(None)
+}
+
+/// Whether a test timed since `limit.0` can no longer reach its threshold:
+/// even if the rest took no time, its rate would stay below it.
+fn hopeless(limit: Option<(Instant, Duration)>) -> bool {
+    limit.is_some_and(|(t0, most)| t0.elapsed() > most)
 }
 
 /// llama-bench's `test_prompt`: random tokens (BOS first when the vocabulary
 /// adds one) decoded in `n_batch` chunks, one synchronize at the end.
+/// With a race `limit`, stops after a chunk once the test cannot reach its
+/// threshold: `Some(tokens decoded)`.
 fn test_prompt(
     ctx: &mut LlamaContext<'_>,
     rng: &mut rand::rngs::StdRng,
@@ -284,7 +408,8 @@ fn test_prompt(
     bos: Option<LlamaToken>,
     n_prompt: u32,
     n_batch: u32,
-) -> Result<(), String> {
+    limit: Option<(Instant, Duration)>,
+) -> Result<Option<u32>, String> {
     let mut processed = 0u32;
     let mut tokens = Vec::with_capacity(n_batch as usize);
     while processed < n_prompt {
@@ -300,28 +425,40 @@ fn test_prompt(
         let mut batch = LlamaBatch::get_one(&tokens).map_err(|e| format!("batch: {e}"))?;
         ctx.decode(&mut batch).map_err(|e| format!("prompt decode failed ({e})"))?;
         processed += n;
+        if processed < n_prompt && limit.is_some() {
+            ctx.synchronize();
+            if hopeless(limit) {
+                return Ok(Some(processed));
+            }
+        }
     }
     ctx.synchronize();
-    Ok(())
+    Ok(None)
 }
 
 /// llama-bench's `test_gen`: single-token decodes, synchronize after each.
+/// With a race `limit`, stops after a token once the test cannot reach
+/// its threshold: `Some(tokens generated)`.
 fn test_gen(
     ctx: &mut LlamaContext<'_>,
     rng: &mut rand::rngs::StdRng,
     n_vocab: i32,
     bos: Option<LlamaToken>,
     n_gen: u32,
-) -> Result<(), String> {
+    limit: Option<(Instant, Duration)>,
+) -> Result<Option<u32>, String> {
     let mut token = bos.unwrap_or_else(|| LlamaToken::new(rng.random_range(0..n_vocab)));
-    for _ in 0..n_gen {
+    for i in 0..n_gen {
         let one = [token];
         let mut batch = LlamaBatch::get_one(&one).map_err(|e| format!("batch: {e}"))?;
         ctx.decode(&mut batch).map_err(|e| format!("generation decode failed ({e})"))?;
         ctx.synchronize();
         token = LlamaToken::new(rng.random_range(0..n_vocab));
+        if i + 1 < n_gen && hopeless(limit) {
+            return Ok(Some(i + 1));
+        }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Loads only the model's vocabulary and hyperparameters: enough for

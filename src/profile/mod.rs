@@ -152,9 +152,35 @@ pub struct Settings {
     /// stays under this (nats).
     #[serde(default = "default_max_kl", skip_serializing_if = "is_default_max_kl")]
     pub max_kl: f64,
+    /// ... and only when its top token agrees with the reference's at least this often.
+    #[serde(default = "default_min_top1", skip_serializing_if = "is_default_min_top1")]
+    pub min_top1: f64,
+    /// Tokens in the KV cache before each test: `None` (null) is the rule,
+    /// half of each context; a number is `--depth`. Profiles from before
+    /// the field were measured with an empty cache: 0.
+    #[serde(default = "empty_cache")]
+    pub n_depth: Option<u32>,
     /// A warmup run before each test, as llama-bench does (`--no-warmup`: none).
     #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
     pub warmup: bool,
+}
+
+/// `--min-top1`'s default: q8_0 and q4_0 KV caches keep the top token
+/// 97-99% of the time; a quantization that loses it one time in ten is lost.
+pub const DEFAULT_MIN_TOP1: f64 = 0.9;
+
+fn default_min_top1() -> f64 {
+    DEFAULT_MIN_TOP1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
+fn is_default_min_top1(k: &f64) -> bool {
+    *k == DEFAULT_MIN_TOP1
+}
+
+#[allow(clippy::unnecessary_wraps)]
+fn empty_cache() -> Option<u32> {
+    Some(0)
 }
 
 /// `--max-kl`'s default: llama.cpp's q8_0 KV cache scores about 0.001
@@ -172,6 +198,29 @@ fn is_default_max_kl(k: &f64) -> bool {
 }
 
 impl Settings {
+    /// The depth a context is measured at: `--depth`, else half the
+    /// context (where tg equals its mean over a filled window), always
+    /// leaving room for the longer test.
+    #[must_use]
+    pub fn depth_at(&self, n_ctx: u32) -> u32 {
+        let room = n_ctx.saturating_sub(self.n_prompt.max(self.n_gen));
+        self.n_depth.unwrap_or(n_ctx / 2).min(room)
+    }
+
+    /// The depth rule in words, for the report.
+    #[must_use]
+    pub fn depth_rule(&self) -> String {
+        let at: Vec<String> = self.contexts().iter().map(|c| format!("{} at {c}", self.depth_at(*c))).collect();
+        match self.n_depth {
+            None => format!(
+                "depth: half of each context ({}): each test runs with that many tokens already in the KV cache, where tg equals its mean over a filled window; --depth sets it",
+                at.join(", ")
+            ),
+            Some(0) => "depth: 0 (an empty KV cache before each test)".to_string(),
+            Some(_) => format!("depth: --depth ({}) tokens in the KV cache before each test", at.join(", ")),
+        }
+    }
+
     /// The context sizes tuned, ascending.
     #[must_use]
     pub fn contexts(&self) -> Vec<u32> {
@@ -298,6 +347,9 @@ impl ProfileTrial {
 pub struct PredictionReport {
     pub predictions: Vec<crate::engine::predict::Prediction>,
     pub llama_fit: Option<crate::engine::predict::LlamaFit>,
+    /// What llama.cpp does without flags here (its fit with its own defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_fit: Option<crate::engine::predict::LlamaFit>,
     /// Grid values not run because their predicted memory is over the cap.
     pub predicted_over_cap: Vec<u32>,
     /// Largest |prediction error| against llama.cpp's accounted memory over the measured settings, percent.
@@ -428,6 +480,12 @@ pub struct PlacementOption {
     pub measured: bool,
     pub tg_ts: Option<f64>,
     pub pp_ts: Option<f64>,
+    /// Standard error of the measured means (t/s): the noise a lossy option
+    /// must beat a lossless one by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tg_se_ts: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_se_ts: Option<f64>,
     /// Device memory: the trial's (policy's currency) when measured, else llama.cpp's dry run.
     pub device_bytes: Option<u64>,
     /// Under the cap (by measurement where measured).
@@ -473,10 +531,51 @@ pub struct ContextPlacement {
     pub recommendation: Recommendation,
     /// The escape hatches in the guide's order (empty when nothing needed one).
     pub options: Vec<PlacementOption>,
+    /// The recommendation against what llama.cpp does without flags (its
+    /// fit), measured alternately at the same depth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<DefaultComparison>,
     /// With several offload devices: the splits priced and measured, and
     /// each device's share of the recommendation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<SplitReport>,
+}
+
+/// How the recommendation compares with llama.cpp's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Faster beyond the noise of the pairs.
+    Faster,
+    /// Within the noise: llama.cpp's default is recommended.
+    Tie,
+    /// The default was faster beyond the noise: it is recommended.
+    Slower,
+    /// The tuned placement is what llama.cpp does anyway.
+    Same,
+    /// The default could not be measured (the note says why).
+    NotMeasured,
+}
+
+/// The recommendation against llama.cpp's default at one context: the
+/// placement llama.cpp's fit chooses without flags (1 GiB free per device),
+/// both measured at the same depth, alternated (A/B/A/B) so drift cancels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DefaultComparison {
+    /// The layers fit chose (full offload as n_layer + 1).
+    pub n_gpu_layers: Option<u32>,
+    /// The default's placement as llama.cpp flags (what running without flags does here).
+    pub llama_cpp_args: String,
+    /// Alternated pairs measured.
+    pub pairs: u32,
+    pub n_depth: u32,
+    /// Recommendation over default, and the half width of its 95% interval.
+    pub tg_ratio: Option<f64>,
+    pub tg_half_width: Option<f64>,
+    pub pp_ratio: Option<f64>,
+    pub pp_half_width: Option<f64>,
+    pub verdict: Verdict,
+    pub note: String,
 }
 
 /// One offload device's cap and its share of a placement.

@@ -107,8 +107,13 @@ fn status_words(t: &crate::profile::ProfileTrial) -> String {
     if t.role == crate::types::Role::Confirm {
         status.push_str(" (confirmation)");
     }
-    if r.tests.iter().any(|x| x.stopped_early) {
-        status.push_str(", cut short: far behind the best");
+    if let Some(x) = r.tests.iter().find(|x| x.stopped_early) {
+        match x.tokens_measured {
+            Some(n) => {
+                let _ = write!(status, ", cut short after {n} of {} tokens: far behind the best", x.n_prompt + x.n_gen);
+            }
+            None => status.push_str(", cut short: far behind the best"),
+        }
     }
     if let Some(c) = r.contention.as_ref().filter(|c| c.contended) {
         let _ = write!(status, ", contended (others {:.2} cores)", c.others_cores_mean);
@@ -172,6 +177,7 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     if let Some(rule) = &p.settings.ctx_rule {
         let _ = writeln!(s, "{rule}");
     }
+    let _ = writeln!(s, "{}", p.settings.depth_rule());
     let _ = writeln!(s);
     s.push_str(&trial_table(p));
     let _ = writeln!(s);

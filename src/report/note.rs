@@ -50,15 +50,7 @@ impl fmt::Display for NoteKind {
                     "more threads than free cores: -t {n_threads} at ngl {n_gpu_layers} had about {free_cores:.1} of {cores} cores to itself (others used {others_cores:.1}); llama.cpp's threads then wait on each other and every speed drops: on a shared machine use -t {fits}, or stop the other work"
                 )
             }
-            NoteKind::Hardware { text }
-            | NoteKind::OpOffload { text }
-            | NoteKind::Resume { text }
-            | NoteKind::Prediction { text }
-            | NoteKind::Search { text }
-            | NoteKind::Hatch { text }
-            | NoteKind::Split { text }
-            | NoteKind::OverCap { text }
-            | NoteKind::Text { text } => f.write_str(text),
+            _ => f.write_str(self.text().unwrap_or_default()),
         }
     }
 }

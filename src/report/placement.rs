@@ -71,6 +71,41 @@ fn hatch_lines(s: &mut String, p: &Profile, c: &ContextPlacement) {
     }
 }
 
+/// The recommendation against llama.cpp's default at one context.
+#[must_use]
+pub fn default_line(c: &ContextPlacement) -> Option<String> {
+    use crate::profile::Verdict;
+    let d = c.default.as_ref()?;
+    let what = if d.llama_cpp_args.is_empty() {
+        "llama.cpp's default".to_string()
+    } else {
+        format!("llama.cpp's default ({}: what it does without flags here)", d.llama_cpp_args)
+    };
+    let ratio =
+        |name: &str, r: Option<f64>, h: Option<f64>| r.map(|r| format!("{name} x{r:.2} ± {:.2}", h.unwrap_or(0.0)));
+    let figures: Vec<String> = [ratio("tg", d.tg_ratio, d.tg_half_width), ratio("pp", d.pp_ratio, d.pp_half_width)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let line = match d.verdict {
+        Verdict::Same | Verdict::NotMeasured => format!("against {what} at {} context: {}", c.n_ctx, d.note),
+        v => {
+            let verdict = match v {
+                Verdict::Faster => "faster beyond the noise".to_string(),
+                _ => d.note.clone(),
+            };
+            format!(
+                "against {what} at {} context, depth {}: {} ({} alternated pairs, 95% intervals): {verdict}",
+                c.n_ctx,
+                d.n_depth,
+                figures.join(", "),
+                d.pairs
+            )
+        }
+    };
+    Some(line)
+}
+
 /// The per-context table (only with more than one context) and every
 /// context's escape hatches.
 #[must_use]
@@ -80,6 +115,7 @@ pub fn placement_lines(p: &Profile) -> String {
         let base = p.placements.first().and_then(|c| c.recommendation.tg_ts);
         let mut t = crate::table::Table::new(&[
             ("context", true),
+            ("depth", true),
             ("placement", false),
             ("tg t/s", true),
             ("pp t/s", true),
@@ -94,13 +130,17 @@ pub fn placement_lines(p: &Profile) -> String {
             };
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let mem = r.mem_bytes.map_or_else(|| "-".into(), |m| human_bytes(m as u64));
-            t.row(vec![c.n_ctx.to_string(), short(r), speed(r.tg_ts), speed(r.pp_ts), mem, cost]);
+            let depth = p.settings.depth_at(c.n_ctx).to_string();
+            t.row(vec![c.n_ctx.to_string(), depth, short(r), speed(r.tg_ts), speed(r.pp_ts), mem, cost]);
         }
         s.push_str(&t.render());
         let _ = writeln!(s);
     }
     for c in &p.placements {
         hatch_lines(&mut s, p, c);
+        if let Some(l) = default_line(c) {
+            let _ = writeln!(s, "{l}");
+        }
     }
     s
 }

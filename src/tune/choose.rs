@@ -55,7 +55,12 @@ impl Model<'_> {
         if self.first_oom.is_some_and(|o| ngl >= o) {
             return Some(false);
         }
-        self.mem_at(ngl).map(|m| m <= self.inp.cap)
+        match self.mem_at(ngl) {
+            Some(m) => Some(m <= self.inp.cap),
+            // No layer on the device and measured: its weights stay on the host.
+            None if ngl == 0 && self.inp.points.iter().any(|p| p.ngl == 0 && p.ok) => Some(true),
+            None => None,
+        }
     }
 
     fn tg(&self, n: u32) -> Option<f64> {
@@ -178,7 +183,9 @@ fn reasons(m: &Model<'_>, d: &Decision, ok: &[&Point], best_offload: Option<(u32
     }
     let cap_s = human_bytes(inp.cap.max(0.0) as u64);
     let Some(max) = d.max_ngl_under_cap else {
-        return vec![format!("nothing measured fits under the {cap_s} cap; even ngl 0 needs more")];
+        let zero_over = inp.points.iter().any(|p| p.ngl == 0 && p.mem.is_some_and(|m| m > inp.cap));
+        let even = if zero_over { "; even ngl 0 needs more" } else { "" };
+        return vec![format!("nothing measured fits under the {cap_s} cap{even}")];
     };
     let what = if d.needs_confirmation { "predicted" } else { "measured" };
     let mut r = vec![format!(
@@ -299,6 +306,17 @@ mod tests {
         assert!(!d.needs_confirmation);
         let d = decide(&inputs(readme_points(), mem(20) + 1.0));
         assert_eq!(d.recommended_ngl, 20);
+    }
+
+    #[test]
+    fn ngl_0_measured_without_device_memory_fits_when_every_offloaded_trial_failed() {
+        let pts = vec![
+            Point { ngl: 0, ok: true, oom: false, tg: Some(40.0), pp: Some(400.0), mem: None },
+            Point { ngl: 19, ok: false, oom: false, tg: None, pp: None, mem: None },
+        ];
+        let d = decide(&inputs(pts, 1.0 * GIB));
+        assert_eq!((d.max_ngl_under_cap, d.recommended_ngl), (Some(0), 0));
+        assert!(d.reasons.iter().all(|r| !r.contains("even ngl 0 needs more")), "{:?}", d.reasons);
     }
 
     #[test]

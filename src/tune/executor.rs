@@ -18,6 +18,16 @@ pub trait TrialExecutor {
     /// Only when nothing could be measured at all (the worker cannot start,
     /// an interrupt); a failed trial is a result.
     fn measure(&mut self, c: Candidate, race: Option<Race>) -> Result<TrialResult>;
+
+    /// Runs `c` once, unmeasured, so that it fills the KV cache to the
+    /// trials' depth and keeps it for the trials of its KV type (where `c`
+    /// fills faster than they would). The default does nothing.
+    ///
+    /// # Errors
+    /// Only when the worker cannot start, or an interrupt.
+    fn prefill(&mut self, _c: Candidate) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The spec of `c`: the workload of `base`, the placement of `c`.
@@ -62,6 +72,16 @@ impl TrialExecutor for WorkerExecutor {
     fn measure(&mut self, c: Candidate, race: Option<Race>) -> Result<TrialResult> {
         self.runner.run_settled(&spec_of(&self.base, c, race), |_| {})
     }
+
+    fn prefill(&mut self, c: Candidate) -> Result<()> {
+        if self.base.n_depth == 0 || self.base.depth_cache.is_none() {
+            return Ok(());
+        }
+        let mut spec = spec_of(&self.base, c, None);
+        (spec.n_prompt, spec.n_gen, spec.repetitions, spec.warmup) = (0, 1, 1, false);
+        // A failed fill costs nothing: the trial then fills its own.
+        self.runner.run(&spec, |_| {}).map(|_| ())
+    }
 }
 
 /// A world made of curves, for tests.
@@ -83,7 +103,8 @@ pub(crate) mod fake {
     }
 
     pub struct World {
-        pub at: Box<dyn Fn(Candidate) -> Outcome>,
+        /// What a candidate measures at a depth (tokens in the KV cache).
+        pub at: Box<dyn Fn(Candidate, u32) -> Outcome>,
         pub base: TrialSpec,
         /// Every candidate measured, in order.
         pub measured: Vec<Candidate>,
@@ -91,6 +112,11 @@ pub(crate) mod fake {
 
     impl World {
         pub fn new(at: impl Fn(Candidate) -> Outcome + 'static) -> World {
+            World::at_depth(move |c, _| at(c))
+        }
+
+        /// A world whose speeds depend on the depth the trial runs at.
+        pub fn at_depth(at: impl Fn(Candidate, u32) -> Outcome + 'static) -> World {
             World { at: Box::new(at), base: crate::engine::test_spec(), measured: Vec::new() }
         }
     }
@@ -104,7 +130,7 @@ pub(crate) mod fake {
         fn measure(&mut self, c: Candidate, race: Option<Race>) -> anyhow::Result<TrialResult> {
             self.measured.push(c);
             let spec = spec_of(&self.base, c, race);
-            let (tg, pp, mem) = match (self.at)(c) {
+            let (tg, pp, mem) = match (self.at)(c, spec.n_depth) {
                 Outcome::Oom => return Ok(TrialResult::failed(spec, TrialStatus::Oom, "out of memory".into())),
                 Outcome::Ok { tg, pp, mem } => (tg, pp, mem),
             };

@@ -155,7 +155,12 @@ pub fn predict(
     #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let margin =
         policy.device_total_bytes.map(|t| (t as f64 - policy.baseline_bytes as f64 - policy.cap_bytes).max(0.0) as u64);
-    let spec = PredictSpec { ngl: grid.to_vec(), fit_margin_bytes: margin, ..super::predict_spec(info, s, op_offload) };
+    let spec = PredictSpec {
+        ngl: grid.to_vec(),
+        fit_margin_bytes: margin,
+        default_fit: true,
+        ..super::predict_spec(info, s, op_offload)
+    };
     match predict_in_child(exe, &spec) {
         Ok(out) => {
             #[allow(clippy::cast_precision_loss)]
@@ -168,6 +173,7 @@ pub fn predict(
             PredictionReport {
                 predictions: out.predictions,
                 llama_fit: out.llama_fit,
+                default_fit: out.default_fit,
                 predicted_over_cap,
                 max_error_pct: None,
                 llama_fit_tg_ts: None,
@@ -177,6 +183,7 @@ pub fn predict(
         Err(e) => PredictionReport {
             predictions: Vec::new(),
             llama_fit: None,
+            default_fit: None,
             predicted_over_cap: Vec::new(),
             max_error_pct: None,
             llama_fit_tg_ts: None,
@@ -211,6 +218,50 @@ pub fn largest_predicted_under(predicted: &[Prediction], cap: f64, full: u32) ->
         }
     }
     best.min(full)
+}
+
+/// How many one-layer steps down a priced end point may take before the
+/// grid point below it (known to fit) is used instead.
+pub const MAX_PRICE_STEPS: u32 = 8;
+
+/// The largest ngl at or below `n` whose dry-run price stays under `cap`:
+/// an end point interpolated between grid points, or a confirmation the
+/// fit chose, is priced before anything runs, and stepped down a layer at
+/// a time while over (at most [`MAX_PRICE_STEPS`]; then `floor`, a setting
+/// known to fit). A setting that cannot be priced is taken as it is.
+pub fn priced_under(price: &mut dyn FnMut(u32) -> Option<u64>, n: u32, floor: u32, cap: f64) -> u32 {
+    let mut ngl = n;
+    for _ in 0..=MAX_PRICE_STEPS {
+        if ngl <= floor {
+            return floor.min(n);
+        }
+        #[allow(clippy::cast_precision_loss)]
+        match price(ngl) {
+            Some(b) if b as f64 > cap => ngl -= 1,
+            _ => return ngl,
+        }
+    }
+    floor.min(n)
+}
+
+/// llama.cpp's dry-run price of a whole-layer split at the settings'
+/// workload (the device bytes), kept in `predictions`; priced once.
+pub fn price(
+    exe: &Path,
+    info: &ModelInfo,
+    s: &Settings,
+    op_offload: bool,
+    predictions: &mut Vec<Prediction>,
+    ngl: u32,
+) -> Option<u64> {
+    if let Some(p) = predictions.iter().find(|p| p.n_gpu_layers == ngl && p.case.is_none() && p.split.is_empty()) {
+        return p.error.is_none().then_some(p.device_bytes);
+    }
+    let spec = crate::engine::predict::PredictSpec { ngl: vec![ngl], ..super::predict_spec(info, s, op_offload) };
+    let p = crate::engine::predict::predict_in_child(exe, &spec).ok()?.predictions.into_iter().next()?;
+    let bytes = p.error.is_none().then_some(p.device_bytes);
+    predictions.push(p);
+    bytes
 }
 
 /// One offload device and its cap.
@@ -287,6 +338,37 @@ pub fn device_caps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_interpolated_end_is_priced_and_stepped_down_while_over_the_cap() {
+        // 10 MB a layer from 100 MB: under a 185 MB cap the most is ngl 8.
+        let mut asked = Vec::new();
+        let mut price = |n: u32| {
+            asked.push(n);
+            Some(100_000_000 + u64::from(n) * 10_000_000)
+        };
+        assert_eq!(priced_under(&mut price, 9, 0, 185e6), 8);
+        assert_eq!(asked, [9, 8]);
+        // Within the cap: priced once, kept.
+        assert_eq!(priced_under(&mut |n| Some(u64::from(n)), 9, 0, 185e6), 9);
+        // Far over: at most MAX_PRICE_STEPS, then the grid point known to fit.
+        let mut n = 0;
+        assert_eq!(
+            priced_under(
+                &mut |_| {
+                    n += 1;
+                    Some(u64::MAX)
+                },
+                40,
+                10,
+                1e6
+            ),
+            10
+        );
+        assert!(n <= MAX_PRICE_STEPS as usize + 1);
+        // Not priceable: measured as interpolated (the trial's own memory decides).
+        assert_eq!(priced_under(&mut |_| None, 9, 0, 1.0), 9);
+    }
 
     #[test]
     fn largest_setting_under_the_cap_from_predictions() {

@@ -6,6 +6,7 @@
 //! (the decision, pure), `knee`, `summary` (what the search says about
 //! itself and the recommendation).
 
+pub mod baseline;
 pub mod choose;
 pub mod executor;
 pub mod knee;
@@ -127,6 +128,28 @@ struct Shared<'a> {
     policy: Option<MemoryPolicy>,
     op_offload: bool,
     exe: PathBuf,
+    /// Where the trials keep the KV cache filled to each context's depth.
+    depth_cache: Option<PathBuf>,
+}
+
+/// A directory for KV caches filled to depth, shared by one tune's trials
+/// (the first trial at a context fills it, the others load it) and removed
+/// when the tune ends, however it ends.
+struct DepthCache(PathBuf);
+
+impl DepthCache {
+    fn new() -> Option<DepthCache> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ngl-tune-depth-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).ok().map(|()| DepthCache(dir))
+    }
+}
+
+impl Drop for DepthCache {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs the whole tuning (each context size, smallest first) and writes the profile.
@@ -150,7 +173,16 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
         notes.push(Note::op_offload(probe::op_offload_note(&hw.llama_devices)));
     }
     let exe = crate::engine::child::current_exe()?;
-    let shared = Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe };
+    // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
+    let depth_cache = if std::env::var_os("NGL_TUNE_NO_DEPTH_CACHE").is_some() { None } else { DepthCache::new() };
+    let shared = Shared {
+        opts,
+        hw: &hw,
+        policy: policy.clone(),
+        op_offload,
+        exe,
+        depth_cache: depth_cache.as_ref().map(|d| d.0.clone()),
+    };
     let mut outcomes = Vec::new();
     for ctx in s.contexts() {
         let sc = Settings { n_ctx: ctx, ..s.clone() };
@@ -222,30 +254,21 @@ fn tune_context(
 ) -> Result<(ContextOutcome, Option<Checkpointing>)> {
     let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
     let mut plan = plan_for(info, s, sh.hw, policy.is_none());
-    let mut prediction = policy.map(|p| memory::predict(&sh.exe, info, s, p, &plan.full_grid, sh.op_offload));
-    let mut notes = Vec::new();
-    if let Some(pr) = &prediction {
-        plan.predicted_over.clone_from(&pr.predicted_over_cap);
-        plan.n_max = memory::largest_predicted_under(
-            &pr.predictions,
-            policy.map_or(f64::INFINITY, |p| p.cap_bytes),
-            info.n_layer_full,
-        );
-        notes.extend(pr.error.as_ref().map(|e| {
-            Note::prediction(format!(
-                "llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured"
-            ))
-        }));
-    }
-    let runner = Runner::current(Duration::from_secs(s.trial_timeout_s), sh.opts.verbose)?
-        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
-        .with_busy_threshold(s.busy_threshold);
-    let mut executor = WorkerExecutor::new(runner, base_spec(info, s, sh.op_offload));
+    let (mut prediction, mut notes) = priced_plan(sh, s, &mut plan);
+    let mut executor = executor(sh, s)?;
     let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
     let progress = Progress::new(sh.opts.progress, planned);
     let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint);
     search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
+    if prediction.as_ref().is_some_and(|p| p.error.is_none()) {
+        search.pricer = Some(pricer(sh, s));
+    }
     let found = search.run(&plan)?;
+    if let Some(pr) = prediction.as_mut() {
+        // What the search priced itself (confirmations) joins the report.
+        let new: Vec<_> = search.predicted.iter().filter(|p| !pr.predictions.contains(p)).cloned().collect();
+        pr.predictions.extend(new);
+    }
     notes.extend(found.notes.iter().cloned());
     let layer_split = {
         let t = &search.trials;
@@ -260,6 +283,17 @@ fn tune_context(
     notes.extend(hatches.notes.iter().cloned());
     let split = if several { Some(split(sh, s, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
+    let mut recommendation = placement::recommend(&layer_split, &hatches.options, s.n_threads);
+    if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
+        recommendation.rpc.clone_from(&s.rpc);
+        recommendation.llama_cpp_args = recommendation.flags();
+    }
+    let default = match (several || plan.no_gpu, prediction.as_ref()) {
+        (false, Some(pr)) if pr.error.is_none() => {
+            Some(against_default(&mut search, &mut recommendation, pr.default_fit.as_ref(), plan.full)?)
+        }
+        _ => None,
+    };
     let (trials, checkpoint) = search.into_parts();
     notes.extend(summary::noise_note(&trials));
     if let Some(pr) = prediction.as_mut() {
@@ -269,12 +303,7 @@ fn tune_context(
     let search_report = (!plan.no_gpu)
         .then(|| summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full));
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
-    let mut recommendation = placement::recommend(&layer_split, &hatches.options, s.n_threads);
     let options = hatches.options;
-    if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
-        recommendation.rpc.clone_from(&s.rpc);
-        recommendation.llama_cpp_args = recommendation.flags();
-    }
     let split = split.map(|f| {
         if let Some(best) = f.best.map(|i| &f.options[i]) {
             recommendation = split::recommendation(&recommendation, best, &sh.opts.caps, &s.rpc);
@@ -288,11 +317,76 @@ fn tune_context(
         kv_bytes: hatches.kv_bytes,
         recommendation,
         options,
+        default,
         split,
     };
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))
+}
+
+/// llama.cpp's dry run over the grid: what is over the cap, and the
+/// adaptive search's top end, priced (it may lie between grid points).
+fn priced_plan(
+    sh: &Shared<'_>,
+    s: &Settings,
+    plan: &mut Plan,
+) -> (Option<crate::profile::PredictionReport>, Vec<Note>) {
+    let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
+    let mut prediction = policy.map(|p| memory::predict(&sh.exe, info, s, p, &plan.full_grid, sh.op_offload));
+    let mut notes = Vec::new();
+    if let (Some(pr), Some(p)) = (prediction.as_mut(), policy) {
+        plan.predicted_over.clone_from(&pr.predicted_over_cap);
+        let top = memory::largest_predicted_under(&pr.predictions, p.cap_bytes, info.n_layer_full);
+        let floor = plan.full_grid.iter().copied().filter(|n| *n <= top && !plan.predicted_over.contains(n)).max();
+        let priced = pr.error.is_none();
+        let predictions = &mut pr.predictions;
+        let mut price = |n| memory::price(&sh.exe, info, s, sh.op_offload, predictions, n);
+        plan.n_max = if priced { memory::priced_under(&mut price, top, floor.unwrap_or(0), p.cap_bytes) } else { top };
+        notes.extend(pr.error.as_ref().map(|e| {
+            Note::prediction(format!(
+                "llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured"
+            ))
+        }));
+    }
+    (prediction, notes)
+}
+
+/// Prices a whole-layer setting at this context with llama.cpp's dry run, in a child.
+fn pricer(sh: &Shared<'_>, s: &Settings) -> Box<dyn FnMut(u32) -> Option<crate::engine::predict::Prediction>> {
+    let exe = sh.exe.clone();
+    let base = predict_spec(&sh.opts.info, s, sh.op_offload);
+    Box::new(move |n| {
+        let spec = crate::engine::predict::PredictSpec { ngl: vec![n], ..base.clone() };
+        crate::engine::predict::predict_in_child(&exe, &spec).ok()?.predictions.into_iter().next()
+    })
+}
+
+/// The worker executor for this context's trials (the depth cache shared).
+fn executor(sh: &Shared<'_>, s: &Settings) -> Result<WorkerExecutor> {
+    let runner = Runner::current(Duration::from_secs(s.trial_timeout_s), sh.opts.verbose)?
+        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
+        .with_busy_threshold(s.busy_threshold);
+    let mut base = base_spec(&sh.opts.info, s, sh.op_offload);
+    base.depth_cache.clone_from(&sh.depth_cache);
+    Ok(WorkerExecutor::new(runner, base))
+}
+
+/// The recommendation measured against llama.cpp's default, alternately;
+/// when the default is as fast (within the noise) or faster, it becomes
+/// the recommendation.
+fn against_default(
+    search: &mut Search<'_>,
+    recommendation: &mut crate::profile::Recommendation,
+    fit: Option<&crate::engine::predict::LlamaFit>,
+    full: u32,
+) -> Result<crate::profile::DefaultComparison> {
+    use crate::profile::Verdict;
+    let cmp = baseline::compare(search, recommendation, fit, full)?;
+    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower) {
+        *recommendation = baseline::default_recommendation(recommendation, &cmp, &search.trials);
+    }
+    Ok(cmp)
 }
 
 /// A dry run of the settings' workload that prices nothing yet.
@@ -310,6 +404,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         splits: Vec::new(),
         rpc: s.rpc.clone(),
         fit_split_margins: Vec::new(),
+        default_fit: false,
     }
 }
 
@@ -461,6 +556,8 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         .with_split(&[], &s.rpc),
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
+        n_depth: s.depth_at(s.n_ctx),
+        depth_cache: None,
         repetitions: s.repetitions,
         warmup: s.warmup,
         seed: 1234,

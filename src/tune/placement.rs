@@ -354,6 +354,8 @@ impl World<'_> {
             measured: ok.is_some(),
             tg_ts: ok.and_then(|t| t.result.test(false)).map(|x| x.avg_ts),
             pp_ts: ok.and_then(|t| t.result.test(true)).map(|x| x.avg_ts),
+            tg_se_ts: ok.and_then(|t| t.result.test(false)).and_then(standard_error),
+            pp_se_ts: ok.and_then(|t| t.result.test(true)).and_then(standard_error),
             device_bytes,
             fits,
             quality: self
@@ -416,7 +418,7 @@ impl World<'_> {
             v.push(o);
         }
         v.extend(self.spill_options(k, spills));
-        v.push(layer_split_option(layer_split));
+        v.push(layer_split_option(layer_split, self.trials));
         v
     }
 
@@ -446,7 +448,16 @@ fn cap_str(cap: f64) -> String {
 
 /// The whole-layer split as an option (measured by the search).
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-fn layer_split_option(r: &Recommendation) -> PlacementOption {
+fn layer_split_option(r: &Recommendation, trials: &[ProfileTrial]) -> PlacementOption {
+    let t = trials.iter().map(|t| &t.result).find(|t| {
+        let p = &t.spec.placement;
+        t.status == TrialStatus::Ok
+            && p.n_gpu_layers == r.n_gpu_layers
+            && p.n_threads == r.n_threads
+            && p.n_cpu_moe == r.n_cpu_moe
+            && p.n_cpu_ffn == 0
+            && p.kv_type == KvType::F16
+    });
     PlacementOption {
         kind: HatchKind::LayerSplit,
         n_ctx: r.n_ctx,
@@ -456,6 +467,8 @@ fn layer_split_option(r: &Recommendation) -> PlacementOption {
         measured: r.measured,
         tg_ts: r.tg_ts,
         pp_ts: r.pp_ts,
+        tg_se_ts: t.and_then(|t| t.test(false)).and_then(standard_error),
+        pp_se_ts: t.and_then(|t| t.test(true)).and_then(standard_error),
         device_bytes: r.mem_bytes.map(|m| m as u64),
         fits: true,
         quality: None,
@@ -465,34 +478,82 @@ fn layer_split_option(r: &Recommendation) -> PlacementOption {
     }
 }
 
-/// Marks the best measured option under the cap (a quantized KV cache only
-/// with its quality measured and under `--max-kl`) and says what each other
-/// one costs or gains against it. Returns notes for the report.
-pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types::Note> {
-    let score = |o: &PlacementOption| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts);
-    let eligible = |o: &PlacementOption| {
-        o.measured
-            && o.fits
-            && o.kind != HatchKind::ShorterContext
-            && (!o.kv_type.is_quantized() || o.quality.as_ref().is_some_and(|q| q.kl_mean <= s.max_kl))
+/// The standard error of a test's mean speed (t/s), from its samples.
+fn standard_error(t: &crate::types::TestResult) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss)]
+    let n = t.samples_ts.len() as f64;
+    (n >= 2.0).then(|| t.stddev_ts / n.sqrt())
+}
+
+/// The objective's score of an option and its standard error (the larger
+/// relative error of the speeds it is made of).
+fn score_with_noise(o: &PlacementOption, s: &Settings) -> Option<(f64, f64)> {
+    let v = crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts)?;
+    let rel = |se: Option<f64>, ts: Option<f64>| match (se, ts) {
+        (Some(se), Some(ts)) if ts > 0.0 => se / ts,
+        _ => 0.0,
     };
-    let best = options
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| eligible(o))
-        .filter_map(|(i, o)| score(o).map(|v| (i, v)))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
-    let Some((bi, bv)) = best else { return Vec::new() };
+    let r = match s.objective {
+        crate::types::Objective::Tg => rel(o.tg_se_ts, o.tg_ts),
+        crate::types::Objective::Pp => rel(o.pp_se_ts, o.pp_ts),
+        crate::types::Objective::Mixed => rel(o.tg_se_ts, o.tg_ts).max(rel(o.pp_se_ts, o.pp_ts)),
+    };
+    Some((v, v * r))
+}
+
+/// An option that changes the output: a quantized KV cache.
+fn lossy(o: &PlacementOption) -> bool {
+    o.kv_type.is_quantized()
+}
+
+/// Marks the best measured option under the cap and says what each other
+/// one costs or gains against it. A quantized KV cache needs its quality
+/// measured and passing the gate (`--max-kl`, `--min-top1`, at least 100
+/// tokens, nothing broken), and is chosen over a lossless option only when
+/// it is faster beyond the noise of both (two standard errors of the
+/// difference) or nothing lossless fits. Returns notes for the report.
+pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types::Note> {
+    let score = |o: &PlacementOption| score_with_noise(o, s).map(|x| x.0);
+    let gate = |o: &PlacementOption| match &o.quality {
+        None => Some("quality not measured: not recommended blind".to_string()),
+        Some(q) => q.fails(s.max_kl, s.min_top1),
+    };
+    let eligible = |o: &PlacementOption| {
+        o.measured && o.fits && o.kind != HatchKind::ShorterContext && (!lossy(o) || gate(o).is_none())
+    };
+    let best_of = |lossless_only: bool| {
+        options
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| eligible(o) && !(lossless_only && lossy(o)))
+            .filter_map(|(i, o)| score_with_noise(o, s).map(|v| (i, v)))
+            .max_by(|a, b| a.1 .0.total_cmp(&b.1 .0))
+    };
+    let Some((mut bi, (mut bv, best_se))) = best_of(false) else { return Vec::new() };
+    let mut within_noise = None;
+    if lossy(&options[bi]) {
+        if let Some((li, (lv, lse))) = best_of(true) {
+            let noise = 2.0 * (best_se * best_se + lse * lse).sqrt();
+            if bv - lv <= noise {
+                within_noise = Some((bv / lv - 1.0) * 100.0);
+                (bi, bv) = (li, lv);
+            }
+        }
+    }
     options[bi].recommended = true;
     let mut notes = Vec::new();
     for (i, o) in options.iter_mut().enumerate() {
         if i == bi || !o.note.is_empty() && !o.measured {
             continue;
         }
-        if o.kv_type.is_quantized() && o.measured && o.quality.is_none() {
-            o.note = "quality not measured: not recommended blind".into();
-        } else if let Some(q) = o.quality.as_ref().filter(|q| q.kl_mean > s.max_kl) {
-            o.note = format!("KL divergence {:.4} over --max-kl {}", q.kl_mean, s.max_kl);
+        let failed = if lossy(o) && o.measured { gate(o) } else { None };
+        if let Some(why) = failed {
+            o.note = why;
+        } else if let (Some(pct), true) = (within_noise, lossy(o) && eligible(o)) {
+            o.note = format!(
+                "{pct:+.0}% {} against the recommendation, within the noise of the two: a lossy cache only when it pays",
+                s.objective.as_str()
+            );
         } else if let Some(v) = score(o) {
             let cmp = format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, s.objective.as_str());
             o.note = if o.note.is_empty() { cmp } else { format!("{}; {cmp}", o.note) };
@@ -554,6 +615,8 @@ mod tests {
             measured: kind != HatchKind::ShorterContext,
             tg_ts: Some(tg),
             pp_ts: Some(tg * 10.0),
+            tg_se_ts: Some(tg * 0.01),
+            pp_se_ts: Some(tg * 0.1),
             device_bytes: Some(100),
             fits,
             quality: kl.map(|k| Quality {
@@ -562,6 +625,8 @@ mod tests {
                 top1_agree: 0.99,
                 tokens: 256,
                 reference: "f16".into(),
+                non_finite: 0,
+                depth: 0,
             }),
             recommended: false,
             note: String::new(),
@@ -620,6 +685,50 @@ mod tests {
         choose(&mut v, &s);
         assert_eq!(picked(&v), [HatchKind::LayerSplit]);
         assert_eq!(recommend(&layer_split(), &v, 2), layer_split());
+    }
+
+    #[test]
+    fn a_broken_or_unknown_quality_is_ineligible_with_its_reason() {
+        let s = settings();
+        let quality = |f: &dyn Fn(&mut Quality)| {
+            let mut o = option(HatchKind::KvCache, KvType::Q8_0, 37.0, true, Some(0.001));
+            f(o.quality.as_mut().unwrap());
+            let mut v = vec![o, option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
+            choose(&mut v, &s);
+            assert_eq!(picked(&v), [HatchKind::LayerSplit]);
+            v[0].note.clone()
+        };
+        // A NaN KL divergence (a broken quantized path) never reads as perfect quality.
+        let nan = crate::engine::quality::compare(&[vec![0.0, f32::NEG_INFINITY]], &[vec![f32::NAN, 0.0]], "f16");
+        assert_eq!((nan.non_finite, nan.tokens), (1, 0));
+        let q = nan.clone();
+        assert!(quality(&move |x| *x = q.clone()).contains("not a number"));
+        assert!(quality(&|q| q.kl_mean = f64::NAN).contains("not a number"));
+        assert!(quality(&|q| q.tokens = 99).contains("only 99 tokens"));
+        assert!(quality(&|q| q.top1_agree = 0.5).contains("--min-top1"));
+    }
+
+    #[test]
+    fn a_lossy_cache_within_noise_of_a_lossless_option_is_not_recommended() {
+        let s = settings();
+        // q8_0 KV measured 2% faster than the FFN spill, each ±3% (standard error): a tie.
+        let mut q8 = option(HatchKind::KvCache, KvType::Q8_0, 13.9, true, Some(0.001));
+        let mut spill = option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None);
+        q8.tg_se_ts = Some(0.4);
+        spill.tg_se_ts = Some(0.4);
+        let mut v = vec![q8.clone(), spill.clone(), option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
+        choose(&mut v, &s);
+        assert_eq!(picked(&v), [HatchKind::FfnSpill]);
+        assert!(v[0].note.contains("within the noise"), "{}", v[0].note);
+        // Beyond the noise it pays, and is recommended.
+        q8.tg_ts = Some(20.0);
+        let mut v = vec![q8.clone(), spill, option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
+        choose(&mut v, &s);
+        assert_eq!(picked(&v), [HatchKind::KvCache]);
+        // The only way to fit: recommended within any noise.
+        let mut v = vec![q8, option(HatchKind::LayerSplit, KvType::F16, 3.0, false, None)];
+        choose(&mut v, &s);
+        assert_eq!(picked(&v), [HatchKind::KvCache]);
     }
 
     fn layer_split() -> Recommendation {
@@ -690,20 +799,33 @@ mod tests {
     /// t/s), a q8_0 cache costs a little (37), FFN weights on the CPU cost
     /// more (13.6), and whole layers on the CPU cost most (3 + 0.3 per layer
     /// on the GPU).
+    fn guide_tg(c: Candidate, _depth: u32) -> f64 {
+        match (c.ngl, c.kv, c.n_cpu_ffn) {
+            (11, KvType::F16, 0) => 40.0,
+            (11, KvType::F16, _) => 13.6,
+            (11, _, _) => 37.0,
+            (n, _, _) => 3.0 + 0.3 * f64::from(n),
+        }
+    }
+
     fn hatch_world(cap: f64, split_ngl: u32) -> (Hatches, Vec<Candidate>) {
+        hatch_world_at(cap, split_ngl, 0, guide_tg)
+    }
+
+    /// The hatch stage at `depth` in a world whose tg is `tg` (the layer
+    /// split measured there too).
+    fn hatch_world_at(
+        cap: f64,
+        split_ngl: u32,
+        depth: u32,
+        tg: fn(Candidate, u32) -> f64,
+    ) -> (Hatches, Vec<Candidate>) {
         use crate::tune::executor::fake::{Outcome, World};
         let s = settings();
-        let mut world = World::new(|c: Candidate| Outcome::Ok {
-            tg: match (c.ngl, c.kv, c.n_cpu_ffn) {
-                (11, KvType::F16, 0) => 40.0,
-                (11, KvType::F16, _) => 13.6,
-                (11, _, _) => 37.0,
-                (n, _, _) => 3.0 + 0.3 * f64::from(n),
-            },
-            pp: 100.0,
-            mem: bytes_at(c, 32768),
-        });
+        let mut world =
+            World::at_depth(move |c: Candidate, d| Outcome::Ok { tg: tg(c, d), pp: 100.0, mem: bytes_at(c, 32768) });
         world.base.placement.n_ctx = Some(32768);
+        world.base.n_depth = depth;
         let policy = crate::tune::worlds::policy(cap);
         let progress = crate::progress::Progress::hidden();
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
@@ -720,16 +842,41 @@ mod tests {
         };
         let mut split = layer_split();
         split.n_gpu_layers = split_ngl;
+        split.tg_ts = Some(tg(Candidate::layers(split_ngl, 2), depth));
         let quality = |k: KvType| Quality {
             kl_mean: if k == KvType::Q8_0 { 0.002 } else { 0.02 },
             kl_p99: 0.01,
             top1_agree: 0.98,
             tokens: 256,
             reference: "f16".into(),
+            non_finite: 0,
+            depth: 0,
         };
         let hatches = escape_hatches(&mut search, &h, &mut predictor, &mut |k| Ok(Some(quality(k))), &split).unwrap();
         drop(search);
         (hatches, world.measured)
+    }
+
+    #[test]
+    fn where_whole_layers_lose_only_at_depth_the_spill_is_recommended_when_tuned_at_depth() {
+        // Whole layers on the CPU move their KV cache and attention there: tied with an FFN
+        // spill on an empty cache, far behind once the cache is full (the guide's 13.6 vs 1.03 t/s).
+        fn tg(c: Candidate, depth: u32) -> f64 {
+            let filled = f64::from(depth) / 16384.0;
+            match (c.ngl, c.kv, c.n_cpu_ffn) {
+                (11, KvType::F16, 0) => 40.0,
+                (11, KvType::F16, _) => 13.6,
+                (11, _, _) => 1.0,
+                (n, _, _) => 13.7 + f64::from(n) * 0.01 - 12.6 * filled,
+            }
+        }
+        // f16 full offload (4370) is over 4000; an FFN spill of 7 layers (3950) fits.
+        let (empty, _) = hatch_world_at(4000.0, 6, 0, tg);
+        let (deep, _) = hatch_world_at(4000.0, 6, settings().depth_at(32768), tg);
+        assert_eq!(settings().depth_at(32768), 16384, "half the context");
+        let pick = |h: &Hatches| h.options.iter().find(|o| o.recommended).map(|o| o.kind);
+        assert_eq!(pick(&empty), Some(HatchKind::LayerSplit), "{:?}", empty.options);
+        assert_eq!(pick(&deep), Some(HatchKind::FfnSpill), "{:?}", deep.options);
     }
 
     #[test]

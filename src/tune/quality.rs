@@ -33,6 +33,7 @@ pub fn kv_quality(
         alternatives: vec![config(kv)],
         n_gen: KL_TOKENS,
         n_threads: s.n_threads,
+        depth: s.depth_at(s.n_ctx),
     };
     Ok(score(exe, &spec)?.into_iter().next().flatten())
 }

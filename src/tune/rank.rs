@@ -57,6 +57,7 @@ pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Resu
         alternatives: others.iter().map(|i| config(&profiles[*i])).collect(),
         n_gen: super::quality::KL_TOKENS,
         n_threads: threads,
+        depth: profiles[r].settings.depth_at(profiles[r].settings.n_ctx),
     };
     let scores = super::quality::score(exe, &spec)?;
     let mut out = vec![None; profiles.len()];
@@ -66,12 +67,39 @@ pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Resu
     Ok(out)
 }
 
+/// The standard error of the recommendation's measured tg (or pp, for the
+/// pp objective) mean, from the trial that measured it.
+fn recommendation_se(p: &Profile) -> f64 {
+    let r = &p.recommendation;
+    let pp = p.settings.objective == crate::types::Objective::Pp;
+    p.trials
+        .iter()
+        .filter(|t| t.result.status == crate::types::TrialStatus::Ok)
+        .map(|t| &t.result)
+        .find(|t| {
+            let s = &t.spec.placement;
+            s.n_gpu_layers == r.n_gpu_layers
+                && s.n_threads == r.n_threads
+                && s.kv_type == r.kv_type
+                && s.n_cpu_ffn == r.n_cpu_ffn
+                && s.n_ctx == Some(r.n_ctx)
+        })
+        .and_then(|t| t.test(pp))
+        .map_or(0.0, |x| {
+            #[allow(clippy::cast_precision_loss)]
+            let n = x.samples_ts.len().max(1) as f64;
+            x.stddev_ts / n.sqrt()
+        })
+}
+
 /// The ranking, best first by the objective; the best is the fastest whose
-/// quality was measured and stays under `max_kl` (the reference always may).
+/// quality was measured and passes the gate (`max_kl`, `min_top1`; the
+/// reference always may), and a lower quantization only when it is faster
+/// than the reference beyond the noise of both.
 #[must_use]
-pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64) -> Vec<Ranked> {
+pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64, min_top1: f64) -> Vec<Ranked> {
     let r = reference(profiles);
-    let mut rows: Vec<(f64, Ranked)> = profiles
+    let mut rows: Vec<(f64, f64, Ranked)> = profiles
         .iter()
         .zip(qualities)
         .enumerate()
@@ -82,8 +110,7 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64) ->
             let excluded = match q {
                 _ if i == r => None,
                 None => Some("quality not measured".to_string()),
-                Some(q) if q.kl_mean > max_kl => Some(format!("KL {:.4} over --max-kl {max_kl}", q.kl_mean)),
-                Some(_) => None,
+                Some(q) => q.fails(max_kl, min_top1),
             };
             #[allow(clippy::cast_precision_loss)]
             let bpw = if p.model.n_params > 0 { p.model.file_size as f64 * 8.0 / p.model.n_params as f64 } else { 0.0 };
@@ -101,14 +128,33 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64) ->
                 excluded,
                 best: false,
             };
-            (score.unwrap_or(f64::NEG_INFINITY), row)
+            (score.unwrap_or(f64::NEG_INFINITY), recommendation_se(p), row)
         })
         .collect();
     rows.sort_by(|a, b| b.0.total_cmp(&a.0));
-    if let Some((_, best)) = rows.iter_mut().find(|(v, row)| v.is_finite() && row.excluded.is_none()) {
-        best.best = true;
+    let pick = rows.iter().position(|(v, _, row)| v.is_finite() && row.excluded.is_none());
+    let reference_row = rows.iter().position(|(v, _, row)| row.reference && v.is_finite());
+    let pick = match (pick, reference_row) {
+        (Some(b), Some(r)) if b != r => {
+            let (bv, bse, _) = &rows[b];
+            let (rv, rse, _) = &rows[r];
+            if bv - rv <= 2.0 * (bse * bse + rse * rse).sqrt() {
+                rows[b].2.excluded = Some(format!(
+                    "{:+.0}% against {}, within the noise of the two: a lower quantization only when it pays",
+                    (bv / rv - 1.0) * 100.0,
+                    rows[r].2.file_name
+                ));
+                Some(r)
+            } else {
+                Some(b)
+            }
+        }
+        (p, _) => p,
+    };
+    if let Some(i) = pick {
+        rows[i].2.best = true;
     }
-    rows.into_iter().map(|(_, r)| r).collect()
+    rows.into_iter().map(|(_, _, r)| r).collect()
 }
 
 /// The ranking as a table and the pick in words.

@@ -52,6 +52,11 @@ pub struct Search<'a> {
     /// A resumed checkpoint's trials at other context sizes.
     others: Vec<ProfileTrial>,
     pub predicted: Vec<Prediction>,
+    /// Prices a whole-layer setting with llama.cpp's dry run (the settings'
+    /// workload): a confirmation the fit chose is priced before it runs.
+    pub pricer: Option<Box<dyn FnMut(u32) -> Option<Prediction> + 'a>>,
+    /// KV cache types whose cache at depth a trial or a prefill has filled.
+    filled: Vec<crate::types::KvType>,
     pub progress: Progress,
     checkpoint: Option<Checkpointing>,
 }
@@ -74,7 +79,18 @@ impl<'a> Search<'a> {
             .into_iter()
             .partition(|t| t.at_ctx(settings.n_ctx));
         progress.done_already(trials.len() as u64);
-        Search { settings, executor, policy, trials, others, predicted: Vec::new(), progress, checkpoint }
+        Search {
+            settings,
+            executor,
+            policy,
+            trials,
+            others,
+            predicted: Vec::new(),
+            pricer: None,
+            filled: Vec::new(),
+            progress,
+            checkpoint,
+        }
     }
 
     #[must_use]
@@ -130,6 +146,7 @@ impl<'a> Search<'a> {
     /// What the executor returns; an interrupt says what was kept.
     pub fn measure(&mut self, role: Role, c: Candidate, race: Option<Race>) -> Result<&ProfileTrial> {
         self.progress.starting(format!("ngl {}{}", c.ngl, last_tg(&self.trials)));
+        self.prefill_for(c).map_err(|e| self.stopped(e, c.ngl))?;
         let r = self.executor.measure(c, race).map_err(|e| self.stopped(e, c.ngl))?;
         let trial = self.record(role, r);
         self.trials.push(trial);
@@ -291,6 +308,65 @@ impl<'a> Search<'a> {
         }
     }
 
+    /// Before the first trial of a KV cache type (the first of all fills
+    /// its own), the whole-layer setting with the fastest prompt processing
+    /// measured here fills the cache at that type for the trials to load:
+    /// on a machine whose GPU is slower than its CPU the fill of a fully
+    /// offloaded q8_0 trial would otherwise take minutes.
+    fn prefill_for(&mut self, c: Candidate) -> Result<()> {
+        if self.filled.contains(&c.kv) {
+            return Ok(());
+        }
+        self.filled.push(c.kv);
+        let fastest = self
+            .trials
+            .iter()
+            .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok)
+            .filter_map(|t| t.result.test(true).map(|x| (t, x.avg_ts)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(t, _)| Candidate::layers(t.result.spec.placement.n_gpu_layers, t.result.spec.placement.n_threads));
+        match fastest {
+            Some(f) if f.ngl != c.ngl => self.executor.prefill(Candidate { kv: c.kv, ..f }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The dry run's device bytes of whole-layer setting `ngl` at this
+    /// context: known, or priced now (and kept).
+    fn price(&mut self, ngl: u32) -> Option<u64> {
+        let n_ctx = self.settings.n_ctx;
+        let known = |p: &&Prediction| {
+            p.n_gpu_layers == ngl
+                && p.split.is_empty()
+                && p.case.is_none_or(|c| c == crate::engine::predict::PredictCase::layers(ngl, n_ctx))
+        };
+        if let Some(p) = self.predicted.iter().find(known) {
+            return p.error.is_none().then_some(p.device_bytes);
+        }
+        let p = self.pricer.as_mut()?(ngl)?;
+        let bytes = p.error.is_none().then_some(p.device_bytes);
+        self.predicted.push(p);
+        bytes
+    }
+
+    /// `ngl`, or the largest setting below it that the dry run prices under
+    /// the cap (down to the largest one measured under it).
+    fn priced_under_cap(&mut self, ngl: u32) -> u32 {
+        let Some(cap) = self.policy.as_ref().map(|p| p.cap_bytes) else { return ngl };
+        if self.pricer.is_none() {
+            return ngl;
+        }
+        let floor = self
+            .trials
+            .iter()
+            .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok && !t.over_cap)
+            .map(|t| t.result.spec.placement.n_gpu_layers)
+            .filter(|n| *n <= ngl)
+            .max()
+            .unwrap_or(0);
+        super::memory::priced_under(&mut |n| self.price(n), ngl, floor, cap)
+    }
+
     /// Decides; while the best setting is only predicted, measures it (at
     /// most [`MAX_CONFIRMATIONS`] times) and decides again.
     fn confirm(&mut self, full: u32) -> Result<(Decision, Option<String>)> {
@@ -299,7 +375,8 @@ impl<'a> Search<'a> {
         while d.needs_confirmation && confirmations < MAX_CONFIRMATIONS {
             confirmations += 1;
             self.progress.plan(1);
-            let c = self.candidate(d.recommended_ngl);
+            let ngl = self.priced_under_cap(d.recommended_ngl);
+            let c = self.candidate(ngl);
             if !self.done(Role::Confirm, c) {
                 self.measure(Role::Confirm, c, None)?;
             }

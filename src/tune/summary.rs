@@ -118,7 +118,11 @@ pub fn search_report(
         trial_wall_s: decision_trials.iter().map(|t| t.result.wall_ms).sum::<f64>() / 1e3,
         grid_size: full_grid.len(),
         stopped_early: decision_trials.iter().filter(|t| t.result.tests.iter().any(|x| x.stopped_early)).count(),
-        grid_estimate_s: adaptive.then(|| estimate_grid_s(trials, runnable, s, full)).flatten(),
+        // Only a comparison of like with like: the grid runs nothing over the
+        // cap, so a search that measured something over it has no estimate to compare.
+        grid_estimate_s: (adaptive && !decision_trials.iter().any(|t| t.over_cap))
+            .then(|| estimate_grid_s(trials, runnable, s, full))
+            .flatten(),
     }
 }
 

@@ -82,5 +82,6 @@ pub fn settings() -> crate::profile::Settings {
     }))
     .unwrap();
     s.max_kl = 0.05;
+    s.n_depth = None;
     s
 }

@@ -111,6 +111,51 @@ pub struct Quality {
     pub tokens: u32,
     /// What it was compared with ("f16 KV cache", a model file).
     pub reference: String,
+    /// Positions whose KL divergence was not a number or infinite (a broken
+    /// path); they are left out of the mean and make the option ineligible.
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub non_finite: u32,
+    /// Tokens of natural text read before the scored ones: the depth the
+    /// quality was judged at (0: fixed prompts on an empty cache).
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub depth: u32,
+}
+
+/// Fewer scored tokens than this say nothing (llama.cpp's perplexity tool
+/// prints no KL divergence under 100 tokens).
+pub const MIN_QUALITY_TOKENS: u32 = 100;
+
+impl Quality {
+    /// Why this option may not be recommended on its quality, if so: a
+    /// broken path, too few tokens scored, a mean KL divergence over
+    /// `max_kl`, or the top token agreeing less often than `min_top1`.
+    #[must_use]
+    pub fn fails(&self, max_kl: f64, min_top1: f64) -> Option<String> {
+        if self.non_finite > 0 || !self.kl_mean.is_finite() || !self.top1_agree.is_finite() {
+            return Some(format!(
+                "quality unusable: {} of {} positions gave a KL divergence that is not a number (a broken path)",
+                self.non_finite.max(1),
+                self.tokens + self.non_finite
+            ));
+        }
+        if self.tokens < MIN_QUALITY_TOKENS {
+            return Some(format!(
+                "quality unknown: only {} tokens scored (at least {MIN_QUALITY_TOKENS} are needed)",
+                self.tokens
+            ));
+        }
+        if self.kl_mean > max_kl {
+            return Some(format!("KL divergence {:.4} over --max-kl {max_kl}", self.kl_mean));
+        }
+        if self.top1_agree < min_top1 {
+            return Some(format!(
+                "top token agrees {:.1}% of the time, under --min-top1 {:.0}%",
+                self.top1_agree * 100.0,
+                min_top1 * 100.0
+            ));
+        }
+        None
+    }
 }
 
 /// How the ngl search measures: every grid value, or adaptively (the two

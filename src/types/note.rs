@@ -78,7 +78,15 @@ impl Note {
     /// The words of a text note (`None` for the kinds whose words the report composes).
     #[must_use]
     pub fn text(&self) -> Option<&str> {
-        match &self.kind {
+        self.kind.text()
+    }
+}
+
+impl NoteKind {
+    /// The words of a text kind (`None` for the kinds whose words the report composes).
+    #[must_use]
+    pub fn text(&self) -> Option<&str> {
+        match self {
             NoteKind::Hardware { text }
             | NoteKind::OpOffload { text }
             | NoteKind::Resume { text }

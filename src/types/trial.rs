@@ -16,6 +16,16 @@ pub struct TrialSpec {
     pub placement: Placement,
     pub n_prompt: u32,
     pub n_gen: u32,
+    /// Tokens in the KV cache before each test, as llama-bench's `-d`
+    /// (filled once, not timed, trimmed back to between repetitions).
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub n_depth: u32,
+    /// A directory where the filled cache is kept between trials (one file
+    /// per context, depth, KV type and flash attention): the first trial
+    /// fills it, the others load it instead of filling again. `None`: every
+    /// trial fills its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth_cache: Option<PathBuf>,
     pub repetitions: u32,
     pub warmup: bool,
     pub seed: u64,
@@ -97,6 +107,9 @@ pub enum Role {
     Hatch,
     /// Layers split across several devices by a chosen proportion (`-ts`).
     Split,
+    /// The recommendation or llama.cpp's default, alternated (A/B/A/B) to
+    /// compare the two with the machine's drift cancelled.
+    Paired,
 }
 
 impl Role {
@@ -116,6 +129,7 @@ impl Role {
             Role::Moe => "moe",
             Role::Hatch => "hatch",
             Role::Split => "split",
+            Role::Paired => "paired",
         }
     }
 }
@@ -166,6 +180,14 @@ pub struct TestResult {
     /// setting measured so far (see [`Race`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stopped_early: bool,
+    /// Tokens in the KV cache before the test (llama-bench's `n_depth`).
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub n_depth: u32,
+    /// Cut inside its first repetition, once its running rate could no
+    /// longer reach the race's threshold: the tokens that were timed (the
+    /// sample is that rate, over the whole test's tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_measured: Option<u32>,
 }
 
 impl TestResult {
@@ -191,16 +213,30 @@ impl TestResult {
             samples_ns,
             context_buffers: Vec::new(),
             stopped_early: false,
+            n_depth: 0,
+            tokens_measured: None,
         }
     }
 
-    /// "pp512", "tg128": llama-bench's test names.
+    /// The same test, measured at `n_depth` tokens of KV cache.
+    #[must_use]
+    pub fn at_depth(mut self, n_depth: u32) -> Self {
+        self.n_depth = n_depth;
+        self
+    }
+
+    /// "pp512", "tg128", "tg128 @ d4096": llama-bench's test names.
     #[must_use]
     pub fn name(&self) -> String {
-        match (self.n_prompt, self.n_gen) {
+        let base = match (self.n_prompt, self.n_gen) {
             (p, 0) => format!("pp{p}"),
             (0, g) => format!("tg{g}"),
             (p, g) => format!("pp{p}+tg{g}"),
+        };
+        if self.n_depth > 0 {
+            format!("{base} @ d{}", self.n_depth)
+        } else {
+            base
         }
     }
 }

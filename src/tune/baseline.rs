@@ -1,0 +1,258 @@
+//! The answer against what users get without flags: llama.cpp's default
+//! placement (its fit, with its own 1 GiB margin per device) measured at
+//! the same depth, alternated with the recommendation (A/B/A/B, as
+//! hyperfine compares commands) so the machine's drift cancels. The
+//! recommendation is kept only when it is faster beyond the noise of the
+//! pairs; otherwise llama.cpp's default is recommended.
+
+use anyhow::Result;
+
+use super::plan::Candidate;
+use super::search::Search;
+use crate::engine::predict::LlamaFit;
+use crate::profile::{DefaultComparison, ProfileTrial, Recommendation, Settings, Verdict};
+use crate::types::{KvType, Placement, Role, TrialStatus};
+
+/// Alternated pairs (A, B) measured: each side runs its repetitions twice.
+pub const PAIRS: u32 = 2;
+
+/// A ratio of two mean speeds and the half width of its 95% interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio {
+    pub ratio: f64,
+    pub half_width: f64,
+}
+
+impl Ratio {
+    /// Mean of `a` over mean of `b`, with its standard error by the delta
+    /// method (two standard errors: the 95% half width). `None` without
+    /// at least two samples on each side.
+    #[must_use]
+    pub fn of(a: &[f64], b: &[f64]) -> Option<Ratio> {
+        let se_rel = |v: &[f64]| {
+            let m = crate::stats::mean(v);
+            #[allow(clippy::cast_precision_loss)]
+            let n = v.len() as f64;
+            (crate::stats::stddev(v) / n.sqrt()) / m
+        };
+        if a.len() < 2 || b.len() < 2 {
+            return None;
+        }
+        let (ma, mb) = (crate::stats::mean(a), crate::stats::mean(b));
+        if ma <= 0.0 || mb <= 0.0 {
+            return None;
+        }
+        let ratio = ma / mb;
+        let half_width = 2.0 * ratio * (se_rel(a).powi(2) + se_rel(b).powi(2)).sqrt();
+        Some(Ratio { ratio, half_width })
+    }
+
+    /// Faster beyond the noise, slower beyond it, or a tie.
+    #[must_use]
+    pub fn verdict(self) -> Verdict {
+        if self.ratio - self.half_width > 1.0 {
+            Verdict::Faster
+        } else if self.ratio + self.half_width < 1.0 {
+            Verdict::Slower
+        } else {
+            Verdict::Tie
+        }
+    }
+}
+
+/// The candidate a recommendation measures.
+#[must_use]
+pub fn candidate_of(r: &Recommendation) -> Candidate {
+    Candidate {
+        n_cpu_moe: r.n_cpu_moe,
+        n_cpu_ffn: r.n_cpu_ffn,
+        kv: r.kv_type,
+        ..Candidate::layers(r.n_gpu_layers, r.n_threads)
+    }
+}
+
+/// llama.cpp's default placement here, from its fit: its layers (all as
+/// full offload), this context's threads, an f16 KV cache; `Err` says why
+/// it cannot be compared (no answer, or a shrunk context: another workload).
+///
+/// # Errors
+/// The reason, in words.
+pub fn default_candidate(fit: Option<&LlamaFit>, s: &Settings, full: u32) -> Result<Candidate, String> {
+    let fit = fit.ok_or("llama.cpp's dry run gave no default placement")?;
+    if let Some(e) = &fit.error {
+        return Err(format!("llama.cpp's fit found no default placement ({e})"));
+    }
+    let ngl = fit.n_gpu_layers.ok_or("llama.cpp's fit gave no layer count")?;
+    if let Some(c) = fit.n_ctx.filter(|c| *c < s.n_ctx) {
+        return Err(format!(
+            "without flags llama.cpp would shrink the context to {c} tokens here to fit: another workload, not compared"
+        ));
+    }
+    let ngl = if ngl < 0 { full } else { u32::try_from(ngl).unwrap_or(0).min(full) };
+    Ok(Candidate::layers(ngl, s.n_threads))
+}
+
+/// The samples (t/s) of one side's paired trials, for pp or tg.
+fn samples(trials: &[ProfileTrial], c: Candidate, pp: bool) -> Vec<f64> {
+    trials
+        .iter()
+        .filter(|t| t.role == Role::Paired && t.result.status == TrialStatus::Ok && c.is(&t.result.spec))
+        .filter_map(|t| t.result.test(pp))
+        .flat_map(|x| x.samples_ts.iter().copied())
+        .collect()
+}
+
+/// Racing thresholds for the default from the recommendation's paired
+/// speeds so far: the objective's test alone, at the search's share.
+fn race_against(trials: &[ProfileTrial], mine: Candidate, s: &Settings) -> Option<crate::types::Race> {
+    let mean = |pp: bool| {
+        let v = samples(trials, mine, pp);
+        (!v.is_empty()).then(|| crate::stats::mean(&v) * super::search::RACE_SHARE)
+    };
+    Some(match s.objective {
+        crate::types::Objective::Pp => {
+            crate::types::Race { pp_below_ts: mean(true), tg_below_ts: None, skip_rest: true }
+        }
+        _ => crate::types::Race { pp_below_ts: None, tg_below_ts: mean(false), skip_rest: true },
+    })
+}
+
+/// Measures the recommendation and llama.cpp's default alternately at the
+/// search's context and depth, and judges the difference.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+pub fn compare(
+    search: &mut Search<'_>,
+    rec: &Recommendation,
+    fit: Option<&LlamaFit>,
+    full: u32,
+) -> Result<DefaultComparison> {
+    let s = search.settings();
+    let depth = s.depth_at(s.n_ctx);
+    let mine = candidate_of(rec);
+    let mut out = DefaultComparison {
+        n_gpu_layers: None,
+        llama_cpp_args: String::new(),
+        pairs: 0,
+        n_depth: depth,
+        tg_ratio: None,
+        tg_half_width: None,
+        pp_ratio: None,
+        pp_half_width: None,
+        verdict: Verdict::NotMeasured,
+        note: String::new(),
+    };
+    let theirs = match default_candidate(fit, s, full) {
+        Ok(c) => c,
+        Err(why) => {
+            out.note = why;
+            return Ok(out);
+        }
+    };
+    out.n_gpu_layers = Some(theirs.ngl);
+    out.llama_cpp_args = Placement::default().with_layers(theirs.ngl, theirs.threads, Some(s.n_ctx)).flags();
+    if theirs == mine {
+        out.verdict = Verdict::Same;
+        out.note = "the recommendation is what llama.cpp does without flags here".into();
+        return Ok(out);
+    }
+    search.progress.plan(u64::from(2 * PAIRS));
+    for _ in 0..PAIRS {
+        search.measure(Role::Paired, mine, None)?;
+        // The default far behind the recommendation is cut short inside its
+        // first repetition, as the search races: its verdict is clear at once.
+        let race = race_against(&search.trials, mine, s);
+        search.measure(Role::Paired, theirs, race)?;
+    }
+    out.pairs = PAIRS;
+    let ratio = |pp: bool| Ratio::of(&samples(&search.trials, mine, pp), &samples(&search.trials, theirs, pp));
+    let (tg, pp) = (ratio(false), ratio(true));
+    (out.tg_ratio, out.tg_half_width) = (tg.map(|r| r.ratio), tg.map(|r| r.half_width));
+    (out.pp_ratio, out.pp_half_width) = (pp.map(|r| r.ratio), pp.map(|r| r.half_width));
+    let judged = match s.objective {
+        crate::types::Objective::Pp => pp,
+        _ => tg,
+    };
+    let cut = search
+        .trials
+        .iter()
+        .any(|t| t.role == Role::Paired && theirs.is(&t.result.spec) && t.result.tests.iter().any(|x| x.stopped_early));
+    match judged {
+        Some(r) => {
+            out.verdict = r.verdict();
+            out.note = match out.verdict {
+                Verdict::Faster if cut => {
+                    "the default was cut short, far behind: its rate is of the tokens timed".into()
+                }
+                Verdict::Faster => String::new(),
+                Verdict::Tie => "within the noise of llama.cpp's default: the default is recommended".into(),
+                _ => "llama.cpp's default was faster: it is recommended".into(),
+            };
+        }
+        None => out.note = "a side of the pairs did not complete: not judged".into(),
+    }
+    Ok(out)
+}
+
+/// The recommendation when llama.cpp's default is as fast or faster:
+/// the default's placement, with the paired speeds; Ollama's Modelfile
+/// gets the layers fit chose (what leaving num_gpu unset gives here).
+#[must_use]
+pub fn default_recommendation(
+    rec: &Recommendation,
+    cmp: &DefaultComparison,
+    trials: &[ProfileTrial],
+) -> Recommendation {
+    let Some(ngl) = cmp.n_gpu_layers else { return rec.clone() };
+    let theirs = Candidate::layers(ngl, rec.n_threads);
+    let mean = |pp: bool| {
+        let v = samples(trials, theirs, pp);
+        (!v.is_empty()).then(|| crate::stats::mean(&v))
+    };
+    let mut r = Recommendation {
+        n_gpu_layers: ngl,
+        n_cpu_moe: 0,
+        n_cpu_ffn: 0,
+        kv_type: KvType::F16,
+        ollama_num_gpu: None,
+        ollama_server_env: Vec::new(),
+        tensor_split: Vec::new(),
+        tg_ts: mean(false),
+        pp_ts: mean(true),
+        measured: true,
+        ..rec.clone()
+    };
+    r.llama_cpp_args = r.flags();
+    r.modelfile = r.ollama_placement(ngl).modelfile_lines();
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ratio_is_judged_against_its_noise() {
+        let r = Ratio::of(&[30.0, 30.5, 29.5, 30.2], &[10.0, 10.1, 9.9, 10.0]).unwrap();
+        assert!((r.ratio - 3.0).abs() < 0.05 && r.half_width < 0.1, "{r:?}");
+        assert_eq!(r.verdict(), Verdict::Faster);
+        let tie = Ratio::of(&[10.2, 9.6, 10.4, 9.9], &[10.0, 10.3, 9.7, 10.1]).unwrap();
+        assert_eq!(tie.verdict(), Verdict::Tie, "{tie:?}");
+        let slower = Ratio::of(&[8.0, 8.1, 7.9, 8.0], &[10.0, 10.1, 9.9, 10.0]).unwrap();
+        assert_eq!(slower.verdict(), Verdict::Slower);
+        assert_eq!(Ratio::of(&[1.0], &[1.0, 2.0]), None, "one sample has no spread");
+    }
+
+    #[test]
+    fn the_default_is_fits_placement_unless_it_shrinks_the_context() {
+        let s = crate::tune::worlds::settings();
+        let fit =
+            |n: i32, ctx: u32| LlamaFit { margin_bytes: 1 << 30, n_gpu_layers: Some(n), n_ctx: Some(ctx), error: None };
+        assert_eq!(default_candidate(Some(&fit(-1, s.n_ctx)), &s, 19).unwrap().ngl, 19, "-1: every layer");
+        assert_eq!(default_candidate(Some(&fit(7, s.n_ctx)), &s, 19).unwrap().ngl, 7);
+        let shrunk = default_candidate(Some(&fit(19, s.n_ctx / 2)), &s, 19).unwrap_err();
+        assert!(shrunk.contains("shrink the context"), "{shrunk}");
+        assert!(default_candidate(None, &s, 19).is_err());
+    }
+}
