@@ -118,7 +118,7 @@ fn a_previous_profile_half_again_faster_is_a_regression_and_noise_is_not() {
     let o = reprofile(&store, &["--max-age", "0s", "--drift-threshold", "0.05"]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(3), "{out}");
-    assert!(out.contains("REGRESSION tg32 at ngl 0"), "{out}");
+    assert!(out.contains("REGRESSION tg32 @ d2048 at ngl 0"), "measured at half the 4096 context: {out}");
     assert!(out.contains("regressions"), "{out}");
 
     // History: every replaced version is kept, and listed in order.
