@@ -162,7 +162,8 @@ fn a_budget_between_grid_points_is_respected_and_the_memory_fit_holds() {
         let (fitted, dry) = (a + b * ngl, pr["device_bytes"].as_f64().unwrap());
         assert!((fitted - dry).abs() / dry < 0.05, "ngl {ngl}: fit {fitted} vs dry run {dry}");
     }
-    for t in p["trials"].as_array().unwrap() {
+    // llama.cpp's default, measured beside the answer, is what users get without flags: not held to our cap.
+    for t in p["trials"].as_array().unwrap().iter().filter(|t| t["role"] != "paired") {
         assert!(t["mem_bytes"].as_f64().unwrap() <= budget, "{t}");
         assert!(t["prediction_error_pct"].as_f64().unwrap().abs() < 2.0, "{}", t["prediction_error_pct"]);
     }
@@ -277,10 +278,12 @@ fn an_interrupted_run_resumes_to_the_same_trials() {
     // against curves in tune::search).
     let grid: Vec<u64> = ngls(&resumed).iter().filter(|t| t.0 == "grid").map(|t| t.1).collect();
     assert_eq!(grid, [0, 10, 20, 30, 40, 41]);
+    // (The A/B/A/B pairs against llama.cpp's default measure each side twice by design.)
     let mut keys: Vec<(String, u64, u64)> = resumed["trials"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|t| t["role"] != "paired")
         .map(|t| {
             let s = &t["spec"];
             (
