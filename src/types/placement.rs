@@ -177,13 +177,6 @@ pub fn cpu_moe_pattern(layer: u32) -> String {
     format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 }
 
-/// The pattern for one layer's dense FFN weights (`ffn_up`, `ffn_gate`,
-/// `ffn_down`; not the experts, not the norms), kept on the CPU by `-ot`.
-#[must_use]
-pub fn cpu_ffn_pattern(layer: u32) -> String {
-    format!("blk\\.{layer}\\.ffn_(up|down|gate)\\.weight")
-}
-
 /// The regular expression that keeps the dense FFN weights of the first
 /// `k` layers on the CPU: one pattern (llama.cpp searches each tensor
 /// name with it), without the buffer type.
