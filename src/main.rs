@@ -15,7 +15,10 @@ fn main() {
             std::process::exit(code);
         }
     };
-    match ngl_tune::app::run(cli) {
+    let outcome = ngl_tune::app::run(cli);
+    // The trial worker kept for a next trial ends with the run.
+    ngl_tune::engine::live::release();
+    match outcome {
         Ok(code) => std::process::exit(code),
         Err(err) if is_broken_pipe(&err) => std::process::exit(exit::OK),
         Err(err) => {

@@ -346,7 +346,7 @@ fn an_out_of_memory_trial_skips_larger_settings() {
     assert_eq!(p["skipped"], serde_json::json!([30]));
     let reason = p["trials"][2]["reason"].as_str().unwrap().to_ascii_lowercase();
     assert!(
-        reason.contains("cannot allocate memory") || reason.contains("outofhostmemory"),
+        ["cannot allocate memory", "outofhostmemory", "bad_alloc"].iter().any(|w| reason.contains(w)),
         "{}",
         p["trials"][2]["reason"]
     );
@@ -371,6 +371,15 @@ fn without_a_gpu_device_threads_are_tuned_instead() {
     assert!(p["trials"].as_array().unwrap().iter().all(|t| t["role"] == "threads" && t["spec"]["n_gpu_layers"] == 0));
     let best = p["recommendation"]["n_threads"].as_u64().unwrap();
     assert!(best >= 1);
+    // Every trial loads the model the same way (ngl 0): one worker, one load,
+    // the same model buffers in every trial.
+    let trials = p["trials"].as_array().unwrap();
+    assert!(trials.len() >= 2, "{trials:?}");
+    for t in &trials[1..] {
+        assert_eq!(t["model_reused"], true, "{t}");
+        assert_eq!(t["t_load_ms"], 0.0, "{t}");
+        assert_eq!(t["model_buffers"], trials[0]["model_buffers"], "{t}");
+    }
     // stderr is no terminal here: one plain line per trial says the setting,
     // what it measured, how long it took and how much time has passed.
     let err = stderr(&o);
@@ -382,8 +391,13 @@ fn without_a_gpu_device_threads_are_tuned_instead() {
     if n > 1 {
         assert!(lines[0].contains("s left"), "a remaining estimate while trials remain: {err}");
     }
-    let q = run(&[m.to_str().unwrap(), "-p", "8", "-n", "8", "-r", "1", "--profiles", store.to_str().unwrap(), "-q"]);
+    let q = run_env(
+        &[m.to_str().unwrap(), "-p", "8", "-n", "8", "-r", "1", "--profiles", store.to_str().unwrap(), "-q"],
+        &[("NGL_TUNE_NO_SHARE", "1")],
+    );
     assert!(!stderr(&q).contains("trial 1/"), "--quiet prints no progress: {}", stderr(&q));
+    let p = only_profile(&store);
+    assert!(p["trials"].as_array().unwrap().iter().all(|t| t["model_reused"].is_null()), "a worker per trial");
 }
 
 #[test]

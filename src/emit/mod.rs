@@ -145,7 +145,9 @@ pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Opt
 /// Ollama's `options` object for its API (`/api/generate`, `/api/chat`).
 #[derive(Debug, Serialize)]
 pub struct OllamaOptions {
-    pub num_gpu: u32,
+    /// Unset where llama.cpp's default placement is recommended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_gpu: Option<u32>,
     pub num_thread: u32,
     pub num_ctx: u32,
 }
@@ -175,7 +177,7 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
             format!("{}{lines}", op_offload_comment(p))
         }
         Format::OllamaOptions => {
-            let num_gpu = r.ollama_num_gpu.unwrap_or(r.n_gpu_layers);
+            let num_gpu = (!r.llama_default).then(|| r.ollama_num_gpu.unwrap_or(r.n_gpu_layers));
             let o = OllamaOptions { num_gpu, num_thread: r.n_threads, num_ctx: r.n_ctx };
             serde_json::to_string_pretty(&serde_json::json!({ "options": o }))? + "\n"
         }
@@ -327,6 +329,46 @@ mod tests {
         assert_eq!(shell_quote("/models/a-b_c.gguf"), "/models/a-b_c.gguf");
         assert_eq!(shell_quote("/my models/x.gguf"), "'/my models/x.gguf'");
         assert_eq!(shell_quote("it's.gguf"), "'it'\\''s.gguf'");
+    }
+
+    #[test]
+    fn where_llama_cpps_default_is_recommended_ollama_gets_no_num_gpu() {
+        use crate::profile::{DefaultComparison, Verdict};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        let mut p = crate::profile::store::read_profile(&path).unwrap();
+        let cmp = DefaultComparison {
+            n_gpu_layers: Some(p.recommendation.n_gpu_layers),
+            llama_cpp_args: p.recommendation.llama_cpp_args.clone(),
+            pairs: 2,
+            n_depth: 0,
+            tg_ratio: Some(1.01),
+            tg_half_width: Some(0.05),
+            pp_ratio: None,
+            pp_half_width: None,
+            verdict: Verdict::Tie,
+            note: String::new(),
+        };
+        p.recommendation = crate::tune::baseline::default_recommendation(&p.recommendation, &cmp, &p.trials);
+        assert!(p.recommendation.llama_default);
+        assert!(
+            !p.recommendation.modelfile.iter().any(|l| l.starts_with("PARAMETER num_gpu")),
+            "{:?}",
+            p.recommendation.modelfile
+        );
+        let mf = render(&p, Format::Modelfile).unwrap();
+        assert!(!mf.contains("PARAMETER num_gpu"), "{mf}");
+        assert!(mf.contains(crate::profile::UNSET_NUM_GPU) && mf.contains("PARAMETER num_thread 2"), "{mf}");
+        let o: serde_json::Value = serde_json::from_str(&render(&p, Format::OllamaOptions).unwrap()).unwrap();
+        assert!(o["options"].get("num_gpu").is_none() && o["options"]["num_thread"] == 2, "{o}");
+        let old = "FROM x.gguf\nPARAMETER num_gpu 12\nPARAMETER temperature 0.2\n";
+        let new = modelfile::update(old, &modelfile::params(&p)).unwrap();
+        assert_eq!(
+            new,
+            format!(
+                "FROM x.gguf\nPARAMETER temperature 0.2\nPARAMETER num_thread 2\nPARAMETER num_ctx {}\n",
+                p.recommendation.n_ctx
+            )
+        );
     }
 
     #[test]

@@ -37,11 +37,14 @@ const MISNAMED: [(&str, &str); 6] = [
     ("batch_size", "num_batch"),
 ];
 
-/// The owned parameters and their values from a profile, in Modelfile order.
+/// The owned parameters and their values from a profile, in Modelfile
+/// order; `None`: the parameter is left unset (num_gpu where llama.cpp's
+/// default placement is recommended), and an existing line of it removed.
 #[must_use]
-pub fn params(p: &Profile) -> Vec<(&'static str, u32)> {
+pub fn params(p: &Profile) -> Vec<(&'static str, Option<u32>)> {
     let r = &p.recommendation;
-    vec![("num_gpu", r.ollama_num_gpu.unwrap_or(r.n_gpu_layers)), ("num_thread", r.n_threads), ("num_ctx", r.n_ctx)]
+    let num_gpu = (!r.llama_default).then(|| r.ollama_num_gpu.unwrap_or(r.n_gpu_layers));
+    vec![("num_gpu", num_gpu), ("num_thread", Some(r.n_threads)), ("num_ctx", Some(r.n_ctx))]
 }
 
 /// A complete Modelfile for the profile's model.
@@ -90,8 +93,13 @@ pub fn render(p: &Profile) -> String {
             r.n_gpu_layers, r.n_cpu_ffn
         ));
     }
+    if r.llama_default {
+        s.push_str(&format!("{}\n", crate::profile::UNSET_NUM_GPU));
+    }
     for (k, v) in params(p) {
-        s.push_str(&format!("PARAMETER {k} {v}\n"));
+        if let Some(v) = v {
+            s.push_str(&format!("PARAMETER {k} {v}\n"));
+        }
     }
     s
 }
@@ -417,28 +425,38 @@ fn check(cmds: &[Command]) -> Result<(), ParseError> {
 }
 
 /// Rewrites the values of the owned PARAMETERs of `old` to `values` (every
-/// occurrence, so one value remains whichever Ollama takes) and adds the
+/// occurrence, so one value remains whichever Ollama takes), removes the
+/// lines of those whose value is `None` (left to Ollama), and adds the
 /// missing ones after the end of the last PARAMETER value (or the last
 /// FROM). Every other byte is kept, line endings included. The result is
 /// read back with [`parse`] and must yield exactly the intended commands.
 ///
 /// # Errors
 /// A [`ParseError`] for a Modelfile Ollama would reject, with its line.
-pub fn update(old: &str, values: &[(&str, u32)]) -> Result<String, ParseError> {
+pub fn update(old: &str, values: &[(&str, Option<u32>)]) -> Result<String, ParseError> {
     let bom = if old.starts_with('\u{feff}') { '\u{feff}'.len_utf8() } else { 0 };
     let body = &old[bom..];
     let cmds = parse(body)?;
     check(&cmds)?;
     let eol = if body.contains("\r\n") { "\r\n" } else { "\n" };
     let value_of = |name: &str| values.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    let unset = |c: &Command| c.parameter && value_of(&c.name) == Some(None);
     let mut edits: Vec<(Range<usize>, String)> = cmds
         .iter()
         .filter(|c| c.parameter)
-        .filter_map(|c| value_of(&c.name).map(|v| (c.value.clone(), v.to_string())))
+        .filter_map(|c| match value_of(&c.name) {
+            Some(Some(v)) => Some((c.value.clone(), v.to_string())),
+            Some(None) => Some((whole_lines(body, c), String::new())),
+            None => None,
+        })
         .collect();
-    let missing: Vec<(&str, u32)> =
-        values.iter().copied().filter(|(k, _)| !cmds.iter().any(|c| c.parameter && c.name == *k)).collect();
-    let anchor = cmds.iter().rposition(|c| c.parameter).or_else(|| cmds.iter().rposition(|c| c.name == "model"));
+    let missing: Vec<(&str, u32)> = values
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| (*k, v)))
+        .filter(|(k, _)| !cmds.iter().any(|c| c.parameter && c.name == *k))
+        .collect();
+    let anchor =
+        cmds.iter().rposition(|c| c.parameter && !unset(c)).or_else(|| cmds.iter().rposition(|c| c.name == "model"));
     if !missing.is_empty() {
         let lines: String = missing.iter().map(|(k, v)| format!("PARAMETER {k} {v}{eol}")).collect();
         // After the newline that ends the anchor's value; a value ends at a
@@ -449,22 +467,31 @@ pub fn update(old: &str, values: &[(&str, u32)]) -> Result<String, ParseError> {
             if at == body.len() && !body.is_empty() && !body.ends_with('\n') { format!("{eol}{lines}") } else { lines };
         edits.push((at..at, text));
     }
-    edits.sort_by_key(|e| e.0.start);
+    // An insertion before a removal that starts where it does.
+    edits.sort_by_key(|e| (e.0.start, e.0.end));
     let mut new = body.to_string();
     for (range, text) in edits.iter().rev() {
         new.replace_range(range.clone(), text);
     }
     // Read back as Ollama would: the same commands, owned values replaced,
     // the missing ones right after the anchor.
-    let mut want: Vec<(String, bool, String)> = cmds
-        .iter()
-        .map(|c| {
-            let args =
-                if c.parameter { value_of(&c.name).map_or(c.args.clone(), |v| v.to_string()) } else { c.args.clone() };
-            (c.name.clone(), c.parameter, args)
-        })
-        .collect();
-    let at = anchor.map_or(want.len(), |a| a + 1);
+    let mut want: Vec<(String, bool, String)> = Vec::new();
+    let mut at = want.len();
+    for (i, c) in cmds.iter().enumerate() {
+        if !unset(c) {
+            let args = match value_of(&c.name) {
+                Some(Some(v)) if c.parameter => v.to_string(),
+                _ => c.args.clone(),
+            };
+            want.push((c.name.clone(), c.parameter, args));
+        }
+        if Some(i) == anchor {
+            at = want.len();
+        }
+    }
+    if anchor.is_none() {
+        at = want.len();
+    }
     for (i, (k, v)) in missing.iter().enumerate() {
         want.insert(at + i, ((*k).to_string(), true, v.to_string()));
     }
@@ -477,6 +504,14 @@ pub fn update(old: &str, values: &[(&str, u32)]) -> Result<String, ParseError> {
         return Err(ParseError { line: 1, msg: "the update would change more than the owned parameters".into() });
     }
     Ok(format!("{}{new}", &old[..bom]))
+}
+
+/// The bytes of a command's whole lines: from the start of the line its
+/// word stands on through the newline that ends its value.
+fn whole_lines(body: &str, c: &Command) -> Range<usize> {
+    let start = body.split_inclusive('\n').take(c.line.saturating_sub(1)).map(str::len).sum();
+    let end = body[c.value.end..].find('\n').map_or(body.len(), |n| c.value.end + n + 1);
+    start..end
 }
 
 /// What `--write-modelfile` did.
@@ -581,11 +616,15 @@ pub fn write(path: &Path, p: &Profile) -> Result<WriteOutcome> {
 mod tests {
     use super::*;
 
-    const V: [(&str, u32); 3] = [("num_gpu", 0), ("num_thread", 8), ("num_ctx", 4096)];
+    const V: [(&str, Option<u32>); 3] = [("num_gpu", Some(0)), ("num_thread", Some(8)), ("num_ctx", Some(4096))];
 
     /// The update as Ollama reads it: every command but the owned
     /// parameters unchanged, the owned ones holding exactly `V`.
     fn reads_back(old: &str, new: &str) {
+        reads_back_as(old, new, &V);
+    }
+
+    fn reads_back_as(old: &str, new: &str, values: &[(&str, Option<u32>)]) {
         let strip = |s: &str| s.strip_prefix('\u{feff}').unwrap_or(s).to_string();
         let (o, n) = (parse(&strip(old)).unwrap(), parse(&strip(new)).unwrap());
         let others = |cs: &[Command]| -> Vec<(String, String)> {
@@ -596,11 +635,25 @@ mod tests {
         };
         assert_eq!(others(&o), others(&n), "{new}");
         let params = parameters(&n);
-        for (k, v) in V {
+        for (k, v) in values {
             let got = params.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone());
-            assert_eq!(got, Some(vec![v.to_string()]), "{k} in {new}");
+            assert_eq!(got, v.map(|v| vec![v.to_string()]), "{k} in {new}");
         }
-        assert_eq!(update(new, &V).unwrap(), new, "a second update changes nothing");
+        assert_eq!(update(new, values).unwrap(), new, "a second update changes nothing");
+    }
+
+    #[test]
+    fn num_gpu_left_to_ollama_removes_its_lines_and_nothing_else() {
+        let unset = [("num_gpu", None), ("num_thread", Some(8)), ("num_ctx", Some(4096))];
+        let old = "FROM x.gguf\r\nTEMPLATE \"\"\"\r\nPARAMETER num_gpu 1\r\n\"\"\"\r\nPARAMETER num_gpu 12\r\n  parameter num_gpu\t\"7\"\r\nPARAMETER num_ctx 2048\r\nPARAMETER num_gpu 3";
+        let new = update(old, &unset).unwrap();
+        assert_eq!(
+            new,
+            "FROM x.gguf\r\nTEMPLATE \"\"\"\r\nPARAMETER num_gpu 1\r\n\"\"\"\r\nPARAMETER num_ctx 4096\r\nPARAMETER num_thread 8\r\n"
+        );
+        reads_back_as(old, &new, &unset);
+        let only = update("FROM x.gguf\nPARAMETER num_gpu 12\n", &unset).unwrap();
+        assert_eq!(only, "FROM x.gguf\nPARAMETER num_thread 8\nPARAMETER num_ctx 4096\n");
     }
 
     fn up(old: &str) -> String {

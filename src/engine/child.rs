@@ -53,6 +53,8 @@ pub struct Finished {
 /// # Errors
 /// When the child cannot be started.
 pub fn spawn(exe: &Path, sub: &str, args: &[OsString], input: &[u8], echo: bool) -> Result<Spawned> {
+    // One llama.cpp child at a time: a kept trial worker ends first.
+    super::live::release();
     let mut child = Command::new(exe)
         .arg(sub)
         .args(args)

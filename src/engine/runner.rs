@@ -1,13 +1,14 @@
 //! Spawns the trial worker (this binary's hidden `__trial` subcommand),
 //! enforces its time limit, keeps its stderr, and classifies how it ended.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
 use super::child::{self, describe_exit, mentions_oom, telling_line};
+use super::live::{self, Answer, Kept, Live};
 use crate::error::Interrupted;
 use crate::interrupt;
 use crate::probe::host::HostSource;
@@ -116,9 +117,16 @@ impl Runner {
         v
     }
 
-    /// Runs one trial in a child process. `on_tick` is called every poll
-    /// interval with the child's PID while it runs (the memory sampler and
+    /// Runs one trial in a worker process. `on_tick` is called every poll
+    /// interval with the worker's PID while it runs (the memory sampler and
     /// the progress bar hang off it).
+    ///
+    /// The worker stays up after the trial; the next trial that loads the
+    /// model the same way ([`TrialSpec::load_key`]: another context size,
+    /// KV type, thread count, batch size or depth) runs in it without
+    /// loading the model again. Any other trial, or any other llama.cpp
+    /// child, ends it first (see [`super::live::release`]); so does a
+    /// failed trial. `NGL_TUNE_NO_SHARE` set: a worker per trial.
     ///
     /// # Errors
     /// Only when the worker cannot be started at all, or an interrupt;
@@ -127,22 +135,41 @@ impl Runner {
         let started = Instant::now();
         let mut spec = spec.clone();
         spec.sample_interval_ms = u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
-        let child = child::spawn(&self.exe, "__trial", &[], &serde_json::to_vec(&spec)?, self.verbose)?;
-        let pid = child.pid();
+        let key = spec.load_key();
+        let reuse = std::env::var_os(NO_SHARE_ENV).is_none()
+            && live::kept().as_mut().is_some_and(|k| k.key == key && k.live.alive());
+        if !reuse {
+            live::release();
+        }
+        let mut kept = live::kept();
+        if kept.is_none() {
+            *kept =
+                Some(Kept { live: Live::start(&self.exe, "__trial", &[], self.verbose)?, key, baselines: Vec::new() });
+        }
+        let Some(worker) = kept.as_mut() else { unreachable!("started above") };
+        worker.live.send(&serde_json::to_vec(&spec)?);
+        let pid = worker.live.pid();
         let nvml = if self.nvml_note.is_none() { NvmlSource::open().ok() } else { None };
         let gpu_before = nvml.as_ref().map(|n| n.busy_before(&[pid, std::process::id()]));
         let monitor = crate::probe::cpu::Monitor::start(Some(pid), local_rpc_servers(&spec.placement.rpc));
         let sampler = (!self.sample_interval.is_zero())
             .then(|| Sampler::start(Self::sources(nvml), self.sample_interval, Some(pid)));
-        let done = child.wait(self.timeout, self.poll, || on_tick(pid))?;
-        let sampled = sampler.map(Sampler::stop).unwrap_or_default();
+        let answer = worker.live.answer(RESULT_PREFIX, self.timeout, self.poll, || on_tick(pid));
+        let mut sampled = sampler.map(Sampler::stop).unwrap_or_default();
+        let answer = answer?;
+        super::worker::keep_first_baselines(&mut worker.baselines, &mut sampled);
+        let tail = worker.live.tail();
+        drop(kept);
         let threshold = self.busy_threshold * f64::from(spec.placement.n_threads.max(1));
-        let mut result = self.classify(&spec, &done);
+        let mut result = self.classify(&spec, answer, tail);
+        if result.status != TrialStatus::Ok || std::env::var_os(NO_SHARE_ENV).is_some() {
+            // Whatever state a failed trial left behind is not the next one's.
+            live::release();
+        }
         result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
         result.sampled.extend(sampled);
         result.contention = monitor.stop(threshold).map(|c| with_gpu(c, gpu_before));
         if result.status != TrialStatus::Ok {
-            result.stderr_tail = done.tail;
             // A server that died or stalls mid-trial is named (ggml only aborts).
             if matches!(result.status, TrialStatus::Crashed | TrialStatus::Timeout) {
                 if let Some(dead) = crate::rpc::dead_server(&spec.placement.rpc) {
@@ -153,31 +180,34 @@ impl Runner {
         Ok(result)
     }
 
-    /// What the worker's exit and its one result line say happened.
-    fn classify(&self, spec: &TrialSpec, done: &child::Finished) -> TrialResult {
-        let parsed = done
-            .stdout
-            .lines()
-            .rev()
-            .find_map(|l| l.strip_prefix(RESULT_PREFIX))
-            .and_then(|j| serde_json::from_str::<TrialResult>(j).ok());
-        match (done.timed_out, parsed) {
-            (true, _) => TrialResult::failed(
+    /// What the worker's answer, or its end without one, says happened.
+    fn classify(&self, spec: &TrialSpec, answer: Answer, tail: Vec<String>) -> TrialResult {
+        let mut result = match answer {
+            Answer::Line(j) => match serde_json::from_str::<TrialResult>(&j) {
+                Ok(r) => return r,
+                Err(e) => TrialResult::failed(spec.clone(), TrialStatus::Crashed, format!("unreadable result: {e}")),
+            },
+            Answer::TimedOut => TrialResult::failed(
                 spec.clone(),
                 TrialStatus::Timeout,
                 format!("killed after the {}s trial timeout", self.timeout.as_secs()),
             ),
-            (false, Some(r)) if done.status.success() => r,
-            (false, _) => {
-                let how = describe_exit(done.status);
-                let last = telling_line(&done.tail);
-                let oom = done.tail.iter().any(|l| mentions_oom(l));
+            Answer::Exited(status) => {
+                let how = describe_exit(status);
+                let last = telling_line(&tail);
+                let oom = tail.iter().any(|l| mentions_oom(l));
                 let reason = if last.is_empty() { how } else { format!("{how}: {last}") };
                 TrialResult::failed(spec.clone(), if oom { TrialStatus::Oom } else { TrialStatus::Crashed }, reason)
             }
-        }
+        };
+        result.stderr_tail = tail;
+        result
     }
 }
+
+/// Set: every trial runs in a worker of its own (the model loaded each
+/// time), as before workers were kept; `scripts/bench-search share`.
+pub const NO_SHARE_ENV: &str = "NGL_TUNE_NO_SHARE";
 
 /// Adds what NVML saw on the GPUs before the trial; another program busy
 /// there makes the trial contended.
@@ -194,21 +224,28 @@ fn with_gpu(mut c: Contention, gpu_before: Option<(Option<u32>, Vec<crate::types
     c
 }
 
-/// Entry point of the hidden `__trial` subcommand: reads a [`TrialSpec`]
-/// from stdin, runs it, prints one result line.
+/// Entry point of the hidden `__trial` subcommand: reads one
+/// [`TrialSpec`] a line from stdin, runs each, prints one result line for
+/// each, until stdin closes. The model stays loaded between trials that
+/// load it the same way.
 ///
 /// # Errors
-/// When stdin does not hold a spec.
+/// When a line is not a spec.
 pub fn worker_main() -> Result<()> {
-    let mut input = String::new();
-    std::io::stdin().read_to_string(&mut input)?;
-    let spec: TrialSpec =
-        serde_json::from_str(&input).context("the trial worker expects a TrialSpec as JSON on stdin")?;
-    let result = super::worker::run(&spec);
-    let line = serde_json::to_string(&result)?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{RESULT_PREFIX}{line}")?;
-    out.flush()?;
+    let mut session = super::worker::Session::default();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let spec: TrialSpec = serde_json::from_str(&line)
+            .context("the trial worker expects a TrialSpec as JSON on each line of stdin")?;
+        let result = session.run(&spec);
+        let line = serde_json::to_string(&result)?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{RESULT_PREFIX}{line}")?;
+        out.flush()?;
+    }
     Ok(())
 }
 

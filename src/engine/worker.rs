@@ -102,73 +102,140 @@ fn last_error_line(log: &str) -> String {
         .map_or_else(|| "no log output".to_string(), |l| (*l).to_string())
 }
 
-/// Runs the trial. Never panics on llama.cpp errors: they become the result's
-/// status and reason.
-#[must_use]
-pub fn run(spec: &TrialSpec) -> TrialResult {
-    let started = Instant::now();
-    logs::install();
-    let mut result = TrialResult::failed(spec.clone(), TrialStatus::Failed, String::new());
-    result.reason = None;
-
-    let backend = match LlamaBackend::init() {
-        Ok(b) => b,
-        Err(e) => return fail(result, TrialStatus::Failed, format!("llama.cpp backend init failed: {e}")),
-    };
-    if let Err(e) = super::placement::add_rpc_servers(&spec.placement.rpc) {
-        return fail(result, TrialStatus::Failed, e.to_string());
-    }
-    result.devices = crate::probe::ggml::devices();
-    // Auto becomes what was used: off where every offload device runs on the CPU.
-    let on = spec.placement.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
-    let mut spec = spec.clone();
-    spec.placement.op_offload = if on { crate::types::OpOffload::On } else { crate::types::OpOffload::Off };
-    result.spec = spec.clone();
-    let spec = &spec;
-    let init_ms = started.elapsed().as_secs_f64() * 1e3;
-    let sampler = (spec.sample_interval_ms > 0).then(|| {
-        let source: Box<dyn MemorySource> = Box::new(GgmlSource::new());
-        Sampler::start(vec![source], Duration::from_millis(spec.sample_interval_ms), None)
-    });
-    let result = measure_trial(spec, &backend, result);
-    let mut result = result;
-    if let Some(s) = sampler {
-        result.sampled = s.stop();
-    }
-    result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
-    if std::env::var_os("NGL_TUNE_TIMINGS").is_some() {
-        let load_ms = result.t_load_ms;
-        result.timings = Some(crate::types::WorkerTimings {
-            init_ms,
-            load_ms,
-            measure_ms: (result.wall_ms - init_ms - load_ms).max(0.0),
-            worker_ms: result.wall_ms,
-        });
-    }
-    result
+/// A worker's state across its trials: llama.cpp's backend (started once
+/// per process) and the model its last trial loaded, kept while the next
+/// trial loads it the same way ([`TrialSpec::load_key`]).
+#[derive(Default)]
+pub struct Session {
+    backend: Option<LlamaBackend>,
+    /// The RPC servers registered (once per process).
+    rpc: Option<Vec<String>>,
+    loaded: Option<Loaded>,
+    /// Device memory before the first trial loaded anything: the baseline
+    /// of every later trial's samples.
+    baselines: Vec<crate::types::MemoryStats>,
 }
 
-fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResult) -> TrialResult {
-    inject_memory_limit(spec.placement.n_gpu_layers);
-    let params = super::placement::ModelParams::of(&spec.placement);
-    let t_load = Instant::now();
-    let model = params.load(&spec.model).ok_or("llama.cpp returned no model");
-    let load_log = logs::take();
-    let model = match model {
-        Ok(m) => m,
-        Err(e) => {
-            let status = if looks_like_oom(&load_log) { TrialStatus::Oom } else { TrialStatus::Failed };
-            return fail(result, status, format!("model load failed ({e}): {}", last_error_line(&load_log)));
-        }
-    };
-    result.t_load_ms = t_load.elapsed().as_secs_f64() * 1e3;
-    result.model_buffers = logs::parse_buffers(&load_log);
-    if let Some((a, b)) = logs::parse_offloaded(&load_log) {
-        result.layers_offloaded = Some(a);
-        result.layers_total = Some(b);
-    }
-    inject_fault(spec.placement.n_gpu_layers);
+/// A loaded model and what llama.cpp said while loading it.
+struct Loaded {
+    key: String,
+    model: LlamaModel,
+    buffers: Vec<crate::types::BufferLine>,
+    offloaded: Option<(u32, u32)>,
+}
 
+impl Session {
+    /// Runs the trial. Never panics on llama.cpp errors: they become the
+    /// result's status and reason.
+    pub fn run(&mut self, spec: &TrialSpec) -> TrialResult {
+        let started = Instant::now();
+        logs::install();
+        let mut result = TrialResult::failed(spec.clone(), TrialStatus::Failed, String::new());
+        result.reason = None;
+        if self.backend.is_none() {
+            match LlamaBackend::init() {
+                Ok(b) => self.backend = Some(b),
+                Err(e) => return fail(result, TrialStatus::Failed, format!("llama.cpp backend init failed: {e}")),
+            }
+        }
+        if self.rpc.as_ref() != Some(&spec.placement.rpc) {
+            if self.rpc.is_some() {
+                return fail(result, TrialStatus::Failed, "a worker serves one set of RPC servers".into());
+            }
+            if let Err(e) = super::placement::add_rpc_servers(&spec.placement.rpc) {
+                return fail(result, TrialStatus::Failed, e.to_string());
+            }
+            self.rpc = Some(spec.placement.rpc.clone());
+        }
+        result.devices = crate::probe::ggml::devices();
+        // Auto becomes what was used: off where every offload device runs on the CPU.
+        let on = spec.placement.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
+        let mut spec = spec.clone();
+        spec.placement.op_offload = if on { crate::types::OpOffload::On } else { crate::types::OpOffload::Off };
+        result.spec = spec.clone();
+        let spec = &spec;
+        let init_ms = started.elapsed().as_secs_f64() * 1e3;
+        let sampler = (spec.sample_interval_ms > 0).then(|| {
+            let source: Box<dyn MemorySource> = Box::new(GgmlSource::new());
+            Sampler::start(vec![source], Duration::from_millis(spec.sample_interval_ms), None)
+        });
+        let mut result = self.measure_trial(spec, result);
+        if let Some(s) = sampler {
+            result.sampled = s.stop();
+            keep_first_baselines(&mut self.baselines, &mut result.sampled);
+        }
+        result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        if std::env::var_os("NGL_TUNE_TIMINGS").is_some() {
+            let load_ms = result.t_load_ms;
+            result.timings = Some(crate::types::WorkerTimings {
+                init_ms,
+                load_ms,
+                measure_ms: (result.wall_ms - init_ms - load_ms).max(0.0),
+                worker_ms: result.wall_ms,
+            });
+        }
+        result
+    }
+
+    /// The model loaded the way `spec` loads it: the one kept from the
+    /// last trial when it was loaded the same way, else loaded now.
+    fn load(&mut self, spec: &TrialSpec, result: &mut TrialResult) -> Result<(), (TrialStatus, String)> {
+        let key = spec.load_key();
+        if self.loaded.as_ref().is_some_and(|l| l.key == key) {
+            result.model_reused = true;
+            return Ok(());
+        }
+        // The last model goes first: its device memory is not this trial's.
+        drop(self.loaded.take());
+        inject_memory_limit(spec.placement.n_gpu_layers);
+        let params = super::placement::ModelParams::of(&spec.placement);
+        let t_load = Instant::now();
+        let model = params.load(&spec.model).ok_or("llama.cpp returned no model");
+        let load_log = logs::take();
+        let model = match model {
+            Ok(m) => m,
+            Err(e) => {
+                let status = if looks_like_oom(&load_log) { TrialStatus::Oom } else { TrialStatus::Failed };
+                return Err((status, format!("model load failed ({e}): {}", last_error_line(&load_log))));
+            }
+        };
+        result.t_load_ms = t_load.elapsed().as_secs_f64() * 1e3;
+        let buffers = logs::parse_buffers(&load_log);
+        let offloaded = logs::parse_offloaded(&load_log);
+        self.loaded = Some(Loaded { key, model, buffers, offloaded });
+        Ok(())
+    }
+
+    fn measure_trial(&mut self, spec: &TrialSpec, mut result: TrialResult) -> TrialResult {
+        if let Err((status, why)) = self.load(spec, &mut result) {
+            return fail(result, status, why);
+        }
+        let (Some(backend), Some(loaded)) = (self.backend.as_ref(), self.loaded.as_ref()) else {
+            unreachable!("loaded above")
+        };
+        result.model_buffers.clone_from(&loaded.buffers);
+        if let Some((a, b)) = loaded.offloaded {
+            result.layers_offloaded = Some(a);
+            result.layers_total = Some(b);
+        }
+        inject_fault(spec.placement.n_gpu_layers);
+        measure_tests(spec, backend, &loaded.model, result)
+    }
+}
+
+/// Samples of a later trial measured from the session's first baselines
+/// (taken before any model was loaded), so what the kept model holds
+/// still counts as the trial's.
+pub fn keep_first_baselines(first: &mut Vec<crate::types::MemoryStats>, sampled: &mut [crate::types::MemoryStats]) {
+    for m in sampled.iter_mut() {
+        match first.iter().find(|f| f.source == m.source && f.device == m.device) {
+            Some(f) => m.baseline_used = f.baseline_used,
+            None => first.push(m.clone()),
+        }
+    }
+}
+
+fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, mut result: TrialResult) -> TrialResult {
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     // Tests of one context size share one context: the depth is filled once.
     let mut open: Option<(u32, LlamaContext<'_>, String)> = None;
@@ -180,14 +247,14 @@ fn measure_trial(spec: &TrialSpec, backend: &LlamaBackend, mut result: TrialResu
         let n_ctx = spec.placement.n_ctx.unwrap_or(spec.n_depth + n_prompt + n_gen).max(1);
         if open.as_ref().map(|o| o.0) != Some(n_ctx) {
             drop(open.take());
-            match open_context(&model, backend, spec, n_ctx, &mut rng) {
+            match open_context(model, backend, spec, n_ctx, &mut rng) {
                 Ok((ctx, log)) => open = Some((n_ctx, ctx, log)),
                 Err((status, why)) => return fail(result, status, why),
             }
         }
         let Some((_, ctx, ctx_log)) = open.as_mut() else { unreachable!("opened above") };
         let mut samples = Vec::with_capacity(spec.repetitions as usize);
-        let measured = measure(ctx, &model, &mut rng, spec, n_prompt, n_gen, &mut samples);
+        let measured = measure(ctx, model, &mut rng, spec, n_prompt, n_gen, &mut samples);
         let run_log = logs::take();
         let cut = match measured {
             Ok(cut) => cut,

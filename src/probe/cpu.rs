@@ -104,6 +104,9 @@ struct Tally {
     /// machine that the trial's layers run in).
     helpers: Vec<u32>,
     helpers_start: f64,
+    /// CPU seconds the worker had used before the watch (a worker kept
+    /// from an earlier trial).
+    worker_start: f64,
     ticks_per_s: f64,
     started: Instant,
     busy_start: Option<u64>,
@@ -127,6 +130,7 @@ impl Tally {
             worker,
             helpers,
             helpers_start: 0.0,
+            worker_start: 0.0,
             ticks_per_s: clock_ticks(),
             started: now,
             busy_start: busy,
@@ -142,6 +146,7 @@ impl Tally {
         };
         t.last_own_s = t.own_s(&procs).unwrap_or(0.0);
         t.helpers_start = t.helpers_s(&procs);
+        t.worker_start = t.worker_s(&procs).unwrap_or(0.0);
         t.last_procs = procs;
         t
     }
@@ -149,6 +154,12 @@ impl Tally {
     #[allow(clippy::cast_precision_loss)]
     fn helpers_s(&self, procs: &HashMap<u32, (u64, String)>) -> f64 {
         self.helpers.iter().filter_map(|h| procs.get(h)).map(|t| t.0 as f64 / self.ticks_per_s).sum()
+    }
+
+    /// CPU seconds the worker has used, while `/proc` shows it.
+    #[allow(clippy::cast_precision_loss)]
+    fn worker_s(&self, procs: &HashMap<u32, (u64, String)>) -> Option<f64> {
+        self.worker.and_then(|w| procs.get(&w)).map(|t| t.0 as f64 / self.ticks_per_s)
     }
 
     /// CPU seconds the measurement itself has used: this process, and the
@@ -199,14 +210,21 @@ impl Tally {
         self.last_procs = procs;
     }
 
-    /// What others used over the whole watch. Call after the worker was reaped.
+    /// What others used over the whole watch. The worker's share: from
+    /// `/proc` while it lives on (kept for the next trial), else exactly
+    /// from `getrusage` once reaped, less what it had used before the watch.
     #[allow(clippy::cast_precision_loss)]
     fn finish(mut self, threshold_cores: f64) -> Option<Contention> {
         self.read();
         let busy_s = self.last_busy?.saturating_sub(self.busy_start?) as f64 / self.ticks_per_s;
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+        let reaped = rusage_s(libc::RUSAGE_CHILDREN) - self.children_start;
+        let worker = match self.worker_s(&self.last_procs) {
+            Some(now) => now - self.worker_start + reaped,
+            None => reaped - self.worker_start,
+        };
         let own_s = (rusage_s(libc::RUSAGE_SELF) - self.self_start)
-            + (rusage_s(libc::RUSAGE_CHILDREN) - self.children_start)
+            + worker
             + (self.helpers_s(&self.last_procs) - self.helpers_start);
         let cores = logical_cores();
         let mean = ((busy_s - own_s) / secs).max(0.0);
@@ -251,7 +269,7 @@ pub struct Monitor {
 
 impl Monitor {
     /// Starts watching; the CPU time of this process, of `worker` (a
-    /// child, to be reaped before [`Monitor::stop`]) and of `helpers` (RPC
+    /// child, reaped before [`Monitor::stop`] or kept for the next trial) and of `helpers` (RPC
     /// servers on this machine) is the measurement's own.
     #[must_use]
     pub fn start(worker: Option<u32>, helpers: Vec<u32>) -> Monitor {

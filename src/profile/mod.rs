@@ -390,6 +390,11 @@ pub struct Recommendation {
     /// Ollama has no expert offload: the best whole-layer split, when it differs from `n_gpu_layers`.
     #[serde(default)]
     pub ollama_num_gpu: Option<u32>,
+    /// The recommendation is llama.cpp's default placement (as fast as the
+    /// tuned one within the paired noise, or faster): Ollama's `num_gpu`
+    /// is left unset, so Ollama places the layers as llama.cpp's fit does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub llama_default: bool,
     pub n_threads: u32,
     pub n_ctx: u32,
     /// The recommended setting was measured (not only predicted).
@@ -540,6 +545,10 @@ pub struct ContextPlacement {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<SplitReport>,
 }
+
+/// The Modelfile's word where llama.cpp's default is recommended.
+pub const UNSET_NUM_GPU: &str =
+    "# num_gpu left unset: Ollama places the layers itself, as llama.cpp's default does, as fast as any tuned placement here";
 
 /// How the recommendation compares with llama.cpp's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -197,7 +197,7 @@ pub fn compare(
 
 /// The recommendation when llama.cpp's default is as fast or faster:
 /// the default's placement, with the paired speeds; Ollama's Modelfile
-/// gets the layers fit chose (what leaving num_gpu unset gives here).
+/// leaves num_gpu unset (Ollama then places the layers as fit does).
 #[must_use]
 pub fn default_recommendation(
     rec: &Recommendation,
@@ -216,6 +216,7 @@ pub fn default_recommendation(
         n_cpu_ffn: 0,
         kv_type: KvType::F16,
         ollama_num_gpu: None,
+        llama_default: true,
         ollama_server_env: Vec::new(),
         tensor_split: Vec::new(),
         tg_ts: mean(false),
@@ -225,6 +226,8 @@ pub fn default_recommendation(
     };
     r.llama_cpp_args = r.flags();
     r.modelfile = r.ollama_placement(ngl).modelfile_lines();
+    r.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
+    r.modelfile.insert(0, crate::profile::UNSET_NUM_GPU.to_string());
     r
 }
 

@@ -736,6 +736,7 @@ mod tests {
             n_gpu_layers: 7,
             n_cpu_moe: 0,
             ollama_num_gpu: None,
+            llama_default: false,
             n_threads: 2,
             n_ctx: 32768,
             measured: true,

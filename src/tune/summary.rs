@@ -170,6 +170,7 @@ pub fn recommendation(
     Recommendation {
         n_cpu_moe: moe,
         ollama_num_gpu: (moe > 0).then_some(dense),
+        llama_default: false,
         n_gpu_layers: ngl,
         n_threads: threads,
         n_ctx: s.n_ctx,

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{merge_by_name, BufferLine, Contention, FlashAttn, LlamaDevice, MemoryStats, Placement, Source};
+use super::{
+    merge_by_name, BufferLine, Contention, FlashAttn, KvType, LlamaDevice, MemoryStats, OpOffload, Placement, Source,
+};
 
 /// What one trial measures. Serialized to the worker on its stdin.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -70,6 +72,26 @@ fn default_interval() -> u64 {
 }
 
 impl TrialSpec {
+    /// What the model's load depends on: the file and where its parts go
+    /// (layers, split, overrides, devices), not the context's settings
+    /// (size, KV type, threads, batch sizes, flash attention, op offload,
+    /// depth). Trials with one key can share one loaded model.
+    #[must_use]
+    pub fn load_key(&self) -> String {
+        let p = &self.placement;
+        let load = Placement {
+            n_threads: 0,
+            n_ctx: None,
+            n_batch: 0,
+            n_ubatch: 0,
+            flash_attn: FlashAttn::Auto,
+            kv_type: KvType::F16,
+            op_offload: OpOffload::On,
+            ..p.clone()
+        };
+        format!("{}\n{}", self.model.display(), serde_json::to_string(&load).unwrap_or_default())
+    }
+
     /// The tests this trial runs, as llama-bench splits them: a pp test
     /// (n_prompt, 0) and a tg test (0, n_gen), each skipped when zero; a
     /// raced test first (each test has its own context, so the order does
@@ -257,6 +279,10 @@ pub struct TrialResult {
     pub model_buffers: Vec<BufferLine>,
     pub flash_attn: FlashAttn,
     pub t_load_ms: f64,
+    /// The model was already loaded by the worker's previous trial, which
+    /// loaded it the same way (`t_load_ms` is then 0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub model_reused: bool,
     pub wall_ms: f64,
     /// Last lines the worker wrote to stderr (failures only).
     pub stderr_tail: Vec<String>,
@@ -368,6 +394,7 @@ impl TrialResult {
             model_buffers: Vec::new(),
             flash_attn,
             t_load_ms: 0.0,
+            model_reused: false,
             wall_ms: 0.0,
             stderr_tail: Vec::new(),
             sampled: Vec::new(),
