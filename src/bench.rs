@@ -58,6 +58,7 @@ impl BenchOptions {
             n_gen: self.n_gen,
             n_depth,
             depth_cache: None,
+            kv_base: crate::types::KvType::F16,
             repetitions: self.repetitions,
             warmup: self.warmup,
             seed: 1234,

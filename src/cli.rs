@@ -226,6 +226,19 @@ pub struct TuneArgs {
     /// a filled window; 0 measures with an empty cache. Always leaves room for the tests.
     #[arg(help_heading = "Workload", long, value_name = "TOKENS")]
     pub depth: Option<u32>,
+    /// The Ollama server's environment: KEY=VALUE lines [default: the ollama systemd unit's]
+    ///
+    /// Tunes what that server will pass llama-server: OLLAMA_NUM_PARALLEL (-np P, each context
+    /// times P), OLLAMA_KV_CACHE_TYPE, OLLAMA_FLASH_ATTENTION, OLLAMA_CONTEXT_LENGTH (the default
+    /// context) and Ollama's batch size for the context. The docker --env-file form.
+    #[arg(help_heading = "Workload", long, value_name = "FILE", conflicts_with = "server_env")]
+    pub ollama_env: Option<PathBuf>,
+    /// llama-server's LLAMA_ARG_* settings to match: KEY=VALUE lines
+    ///
+    /// LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_BATCH, LLAMA_ARG_UBATCH,
+    /// LLAMA_ARG_CACHE_TYPE_K/V and LLAMA_ARG_FLASH_ATTN are measured as set; the rest is tuned.
+    #[arg(help_heading = "Workload", long, value_name = "FILE")]
+    pub server_env: Option<PathBuf>,
     /// Largest KL divergence (nats) a quantized KV cache may cost and still be recommended
     ///
     /// Measured against the f16 cache on tokens the f16 cache generated.

@@ -5,6 +5,7 @@ pub mod app;
 pub mod bench;
 pub mod cli;
 pub mod clock;
+pub mod consumer;
 pub mod curve;
 pub mod emit;
 pub mod engine;

@@ -27,11 +27,13 @@ pub struct LlamaArgs {
     /// `-ts` as whole layers per device.
     pub tensor_split: Option<Vec<u32>>,
     pub main_gpu: Option<u32>,
+    /// `-np`: parallel sequences (llama-server's slots).
+    pub n_parallel: Option<u32>,
 }
 
 /// The flags this reads.
 pub const KNOWN: &str =
-    "-ngl, -t, -c, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -sm, -ts, -mg";
+    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -sm, -ts, -mg";
 
 impl LlamaArgs {
     /// `base` with what this command line sets laid over it. An `-ot`
@@ -48,6 +50,7 @@ impl LlamaArgs {
         set(&mut p.n_ubatch, self.n_ubatch);
         set(&mut p.n_cpu_moe, self.n_cpu_moe);
         set(&mut p.main_gpu, self.main_gpu);
+        set(&mut p.n_parallel, self.n_parallel);
         p.kv_type = self.kv_type.unwrap_or(p.kv_type);
         p.flash_attn = self.flash_attn.unwrap_or(p.flash_attn);
         p.op_offload = self.op_offload.unwrap_or(p.op_offload);
@@ -100,6 +103,52 @@ fn number(flag: &str, v: &str) -> Result<u32, String> {
 /// One line naming the flag or value that cannot be run and what can.
 pub fn parse(line: &str) -> Result<LlamaArgs, String> {
     let words = shlex::split(line).ok_or_else(|| format!("'{line}' has an unclosed quote"))?;
+    parse_words(&words)
+}
+
+/// llama-server's environment variables (`common/arg.cpp`'s `set_env`) for
+/// the flags ngl-tune emits.
+const ENV_FLAGS: [(&str, &str); 15] = [
+    ("LLAMA_ARG_N_GPU_LAYERS", "-ngl"),
+    ("LLAMA_ARG_THREADS", "-t"),
+    ("LLAMA_ARG_CTX_SIZE", "-c"),
+    ("LLAMA_ARG_N_PARALLEL", "-np"),
+    ("LLAMA_ARG_BATCH", "-b"),
+    ("LLAMA_ARG_UBATCH", "-ub"),
+    ("LLAMA_ARG_N_CPU_MOE", "--n-cpu-moe"),
+    ("LLAMA_ARG_CACHE_TYPE_K", "-ctk"),
+    ("LLAMA_ARG_CACHE_TYPE_V", "-ctv"),
+    ("LLAMA_ARG_FLASH_ATTN", "-fa"),
+    ("LLAMA_ARG_OVERRIDE_TENSOR", "-ot"),
+    ("LLAMA_ARG_RPC", "--rpc"),
+    ("LLAMA_ARG_SPLIT_MODE", "-sm"),
+    ("LLAMA_ARG_TENSOR_SPLIT", "-ts"),
+    ("LLAMA_ARG_MAIN_GPU", "-mg"),
+];
+
+/// What llama-server's `LLAMA_ARG_*` variables set, of the ones ngl-tune
+/// emits (the last assignment of each counts; others, like the model, the
+/// host or the port, are not placement and are left alone).
+///
+/// # Errors
+/// As [`parse`], naming the variable.
+pub fn from_env(vars: &[(String, String)]) -> Result<LlamaArgs, String> {
+    let mut words = Vec::new();
+    for (name, flag) in ENV_FLAGS {
+        if let Some((_, v)) = vars.iter().rev().find(|(k, _)| k == name) {
+            words.extend([flag.to_string(), v.clone()]);
+        }
+    }
+    parse_words(&words).map_err(|e| {
+        let flag = e.split_whitespace().next().unwrap_or_default().trim_matches('\'');
+        match ENV_FLAGS.iter().find(|(_, f)| *f == flag) {
+            Some((name, _)) => format!("{name}: {e}"),
+            None => e,
+        }
+    })
+}
+
+fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
     let mut a = LlamaArgs::default();
     let (mut k, mut v) = (None, None);
     let mut it = words.iter();
@@ -120,6 +169,7 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
             "-ngl" | "--n-gpu-layers" | "--gpu-layers" => a.ngl = Some(number(flag, value()?)?),
             "-t" | "--threads" => a.threads = Some(number(flag, value()?)?),
             "-c" | "--ctx-size" => a.ctx = Some(number(flag, value()?)?),
+            "-np" | "--parallel" => a.n_parallel = Some(number(flag, value()?)?).filter(|n| *n > 0),
             "-b" | "--batch-size" => a.n_batch = Some(number(flag, value()?)?),
             "-ub" | "--ubatch-size" => a.n_ubatch = Some(number(flag, value()?)?),
             "-ctk" | "--cache-type-k" => k = Some(kv(flag, value()?)?),
@@ -230,8 +280,9 @@ mod tests {
             (0u32..200, 1u32..64, proptest::option::of(1u32..300_000), 1u32..8192, 1u32..4096),
             (kv, fa, 0u32..60, 0u32..60, proptest::collection::vec(other, 0..3)),
             (op, proptest::collection::vec(endpoint, 0..3), sm, proptest::collection::vec(0u32..99, 0..6), 0u32..4),
+            1u32..9,
         )
-            .prop_map(|(a, b, c)| Placement {
+            .prop_map(|(a, b, c, np)| Placement {
                 n_gpu_layers: a.0,
                 n_threads: a.1,
                 n_ctx: a.2,
@@ -247,6 +298,7 @@ mod tests {
                 split_mode: c.2,
                 tensor_split: c.3,
                 main_gpu: c.4,
+                n_parallel: np,
             })
     }
 

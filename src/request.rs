@@ -193,6 +193,9 @@ pub fn tune_settings(
             .filter(|k| (0.0..=1.0).contains(k))
             .ok_or_else(|| bad(format!("--min-top1 {} is not a share in [0, 1]; give one like 0.9", a.min_top1)))?,
         warmup: !w.no_warmup,
+        n_parallel: 1,
+        consumer: None,
+        kv_type: crate::types::KvType::F16,
         n_depth: a.depth,
     })
 }

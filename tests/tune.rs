@@ -607,3 +607,63 @@ fn a_moe_model_is_tuned_over_n_cpu_moe_and_its_flags_load() {
         "Ollama gets the best whole-layer split: {mf}"
     );
 }
+
+#[test]
+fn the_ollama_servers_settings_are_what_the_tune_measures() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = real_model();
+    let env = dir.path().join("ollama.env");
+    std::fs::write(
+        &env,
+        "# the server's\nOLLAMA_NUM_PARALLEL=4\nOLLAMA_CONTEXT_LENGTH=8192\nOLLAMA_KV_CACHE_TYPE=q8_0\n",
+    )
+    .unwrap();
+    let store = dir.path().join("store");
+    let common = ["-p", "16", "-n", "8", "-r", "1", "--depth", "64", "--profiles", store.to_str().unwrap()];
+    let o = run(&[&[m.to_str().unwrap(), "--ollama-env", env.to_str().unwrap()][..], &common].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let p = only_profile(&store);
+    for t in p["trials"].as_array().unwrap() {
+        let s = &t["spec"];
+        assert_eq!((s["n_ctx"].as_u64(), s["n_parallel"].as_u64()), (Some(32768), Some(4)), "-c 8192 x 4 -np 4: {s}");
+        assert_eq!(s["kv_type"], "q8_0", "{s}");
+        assert_eq!((s["n_batch"].as_u64(), s["n_ubatch"].as_u64()), (Some(1024), Some(1024)), "Ollama's batch: {s}");
+    }
+    assert!(
+        out.contains(&format!("Ollama server settings from --ollama-env {}: OLLAMA_NUM_PARALLEL=4", env.display())),
+        "{out}"
+    );
+    assert!(out.contains("-c 32768 -np 4") && out.contains("PARAMETER num_ctx 8192"), "{out}");
+    assert_eq!(p["settings"]["consumer"]["source"], format!("--ollama-env {}", env.display()));
+
+    // A file Ollama could not have: exit 2, nothing written.
+    std::fs::write(&env, "OLLAMA_NUM_PARALLEL 4\n").unwrap();
+    let bad = run(&[&[m.to_str().unwrap(), "--ollama-env", env.to_str().unwrap()][..], &common].concat());
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("line 1: 'OLLAMA_NUM_PARALLEL 4' is not KEY=VALUE"), "{}", stderr(&bad));
+
+    // Without the file and without an Ollama service, the report says so.
+    if !std::path::Path::new("/etc/systemd/system/ollama.service").exists() {
+        let none = dir.path().join("none");
+        let o = run(&[
+            m.to_str().unwrap(),
+            "-c",
+            "1024",
+            "-p",
+            "16",
+            "-n",
+            "8",
+            "-r",
+            "1",
+            "--profiles",
+            none.to_str().unwrap(),
+        ]);
+        assert!(
+            stdout(&o).contains("Ollama server settings: none found: no --ollama-env and no ollama systemd unit"),
+            "{}",
+            stdout(&o)
+        );
+    }
+}

@@ -27,7 +27,7 @@ pub(super) fn cmd_emit(a: &EmitArgs) -> Result<i32> {
     let for_ollama = matches!(format, Some(crate::emit::Format::Modelfile | crate::emit::Format::OllamaOptions))
         || a.write_modelfile.is_some();
     if for_ollama {
-        if let Some(n) = crate::emit::ollama_ctx_note(&p, &|k| std::env::var(k).ok()) {
+        if let Some(n) = crate::emit::ollama_ctx_note(&p, &|k| p.ollama_var(k)) {
             eprintln!("note: {n}");
         }
     }

@@ -3,6 +3,7 @@
 //! printing what `report` renders.
 
 mod bench;
+mod consumer;
 mod emit;
 mod history;
 mod hw;

@@ -21,6 +21,7 @@ fn choose_contexts(
     s: &mut crate::profile::Settings,
     info: &ModelInfo,
     devices: &[crate::types::LlamaDevice],
+    consumer: &super::consumer::Source,
 ) -> Result<()> {
     let existing = a.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
     let cmds = existing.map(crate::emit::modelfile::read).transpose()?;
@@ -39,7 +40,7 @@ fn choose_contexts(
         None => {
             // Probed only here: the tune probes the machine itself.
             let hw = crate::probe::hardware(devices.to_vec());
-            let c = crate::emit::ollama_ctx_here(&hw, info.ctx_train, &|k| std::env::var(k).ok());
+            let c = crate::emit::ollama_ctx_here(&hw, info.ctx_train, &|k| consumer.ollama_var(k));
             let c = u32::try_from(c).unwrap_or(u32::MAX);
             (c, format!(
                 "context {c}: what current Ollama gives this model here without num_ctx (4k under 23 GiB of GPU memory, 32k from 23 GiB, 256k from 47 GiB; OLLAMA_CONTEXT_LENGTH replaces the rule; at most the trained context); --ctx tunes others"
@@ -83,12 +84,15 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     if let Some(m) = &a.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
+    let consumer = super::consumer::read(a)?;
     let mut reqs = Vec::new();
     for (info, settings) in infos {
         let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
             .with_resume(a.resume)
             .with_output(a.verbose, !a.quiet);
-        choose_contexts(a, &mut req.settings, &req.info, &req.devices)?;
+        choose_contexts(a, &mut req.settings, &req.info, &req.devices, &consumer)?;
+        let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
+        consumer.apply(&mut req.settings, &req.info.architecture, user_ctx);
         reqs.push(req);
     }
     crate::interrupt::install();

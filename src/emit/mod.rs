@@ -99,18 +99,26 @@ pub fn ollama_default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64
 }
 
 /// The context current Ollama gives a model on this machine when no
-/// `num_ctx` is set: its rule over the GPUs it can run on (NVIDIA cards, or
-/// real, not CPU-emulated, offload devices), `OLLAMA_GPU_OVERHEAD` and
-/// `OLLAMA_CONTEXT_LENGTH` read through `env`.
+/// `num_ctx` is set: its rule over the GPUs its discovery keeps
+/// (discover/runner.go: NVIDIA cards, else this machine's own offload
+/// devices, never RPC servers, which Ollama does not start, nor CPU-emulated
+/// ones, which ggml hides from it; integrated GPUs only on CUDA or with
+/// `OLLAMA_IGPU_ENABLE`), `OLLAMA_GPU_OVERHEAD` and `OLLAMA_CONTEXT_LENGTH`
+/// read through `env` (the Ollama server's environment).
 #[must_use]
 pub fn ollama_ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
+    // Ollama's admission of integrated GPUs: its variable when set, else CUDA's only.
+    let igpu_env =
+        env("OLLAMA_IGPU_ENABLE").map(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "f" | "false"));
+    let igpu = |d: &crate::types::LlamaDevice| igpu_env.unwrap_or(d.backend == "CUDA");
     let mut totals: Vec<u64> = hw.gpus.iter().filter_map(|g| g.memory_total).collect();
     if totals.is_empty() {
         totals = hw
             .llama_devices
             .iter()
-            .filter(|d| d.is_offload_target() && !d.is_software_renderer())
+            .filter(|d| d.is_offload_target() && !d.is_remote() && !d.is_software_renderer())
+            .filter(|d| d.kind != crate::types::DeviceKind::Igpu || igpu(d))
             .map(|d| d.memory_total)
             .collect();
     }
@@ -122,9 +130,10 @@ pub fn ollama_ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn
 /// `OLLAMA_NUM_PARALLEL` multiplying it. `env` reads Ollama's variables.
 #[must_use]
 pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-    let n_ctx = u64::from(p.recommendation.n_ctx);
+    let n_ctx = u64::from(p.recommendation.placement().num_ctx().unwrap_or(p.recommendation.n_ctx));
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
     let default = ollama_ctx_here(&p.hardware, p.model.ctx_train, env);
+    let tuned = u64::from(p.recommendation.n_parallel.max(1));
     let parallel = num("OLLAMA_NUM_PARALLEL").unwrap_or(1).max(1);
     let mut parts = Vec::new();
     if n_ctx < default {
@@ -132,7 +141,7 @@ pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Opt
             "num_ctx {n_ctx} pins the context below the {default} tokens Ollama would give this model here without it; tune with -c {default} to measure that context, or drop num_ctx"
         ));
     }
-    if parallel > 1 {
+    if parallel > tuned {
         parts.push(format!(
             "OLLAMA_NUM_PARALLEL={parallel} makes Ollama start llama-server with {parallel} x {n_ctx} = {} tokens of context, more memory than was measured here (tune with -c {})",
             n_ctx * parallel,
@@ -149,7 +158,11 @@ pub struct OllamaOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_gpu: Option<u32>,
     pub num_thread: u32,
+    /// One slot's context.
     pub num_ctx: u32,
+    /// Where the measured batch sizes are one Ollama can pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_batch: Option<u32>,
 }
 
 /// Renders `p` in format `f`.
@@ -178,7 +191,13 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
         }
         Format::OllamaOptions => {
             let num_gpu = (!r.llama_default).then(|| r.ollama_num_gpu.unwrap_or(r.n_gpu_layers));
-            let o = OllamaOptions { num_gpu, num_thread: r.n_threads, num_ctx: r.n_ctx };
+            let pl = r.placement();
+            let num_batch = match pl.ollama_num_batch() {
+                crate::types::OllamaBatch::Num(b) => Some(b),
+                _ => None,
+            };
+            let o =
+                OllamaOptions { num_gpu, num_thread: r.n_threads, num_ctx: pl.num_ctx().unwrap_or(r.n_ctx), num_batch };
             serde_json::to_string_pretty(&serde_json::json!({ "options": o }))? + "\n"
         }
         Format::Json => serde_json::to_string_pretty(p)? + "\n",
@@ -329,6 +348,83 @@ mod tests {
         assert_eq!(shell_quote("/models/a-b_c.gguf"), "/models/a-b_c.gguf");
         assert_eq!(shell_quote("/my models/x.gguf"), "'/my models/x.gguf'");
         assert_eq!(shell_quote("it's.gguf"), "'it'\\''s.gguf'");
+    }
+
+    #[test]
+    fn ollamas_context_tier_counts_only_the_gpus_ollama_sees() {
+        use crate::types::{DeviceKind, LlamaDevice};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        let mut hw = crate::profile::store::read_profile(&path).unwrap().hardware;
+        hw.gpus.clear();
+        let dev = |name: &str, description: &str, backend: &str, kind: DeviceKind, gib: u64| LlamaDevice {
+            index: 0,
+            name: name.into(),
+            description: description.into(),
+            backend: backend.into(),
+            kind,
+            memory_total: gib << 30,
+            memory_free: gib << 30,
+        };
+        // A CPU host with two local rpc-servers (llvmpipe 2 GiB, the CPU 23.5 GiB, as llama.cpp lists them).
+        hw.llama_devices = vec![
+            dev("RPC0", "127.0.0.1:50052", "RPC", DeviceKind::Gpu, 2),
+            dev("RPC1", "127.0.0.1:50053", "RPC", DeviceKind::Gpu, 24),
+            dev("CPU", "Intel Xeon", "CPU", DeviceKind::Cpu, 24),
+        ];
+        let none = |_: &str| None;
+        assert_eq!(ollama_ctx_here(&hw, 131_072, &none), 4096, "RPC servers are not Ollama's GPUs");
+        hw.llama_devices.push(dev("Vulkan0", "AMD Radeon 780M", "Vulkan", DeviceKind::Igpu, 24));
+        assert_eq!(ollama_ctx_here(&hw, 131_072, &none), 4096, "a Vulkan iGPU is dropped by default");
+        let on = |k: &str| (k == "OLLAMA_IGPU_ENABLE").then(|| "1".to_string());
+        assert_eq!(ollama_ctx_here(&hw, 131_072, &on), 32_768, "unless OLLAMA_IGPU_ENABLE");
+        hw.llama_devices.push(dev("CUDA0", "NVIDIA GB10", "CUDA", DeviceKind::Igpu, 48));
+        assert_eq!(ollama_ctx_here(&hw, 1 << 20, &none), 262_144, "a CUDA iGPU counts");
+    }
+
+    #[test]
+    fn every_emitted_form_reads_back_as_the_measured_settings() {
+        use crate::types::{FlashAttn, KvType};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        let mut p = crate::profile::store::read_profile(&path).unwrap();
+        let r = &mut p.recommendation;
+        (r.n_ctx, r.n_parallel, r.n_batch, r.n_ubatch, r.flash_attn) = (32768, 4, 1024, 1024, FlashAttn::On);
+        (r.n_gpu_layers, r.n_threads, r.kv_type) = (7, 2, KvType::Q8_0);
+        r.llama_cpp_args = r.flags();
+        r.ollama_server_env = r.placement().ollama_server_env();
+        r.modelfile = r.ollama_placement(7).modelfile_lines();
+        let measured = r.placement();
+        // llama.cpp's flags, as bench --llama-args reads them.
+        assert_eq!(crate::llama_args::parse_placement(&r.llama_cpp_args).unwrap(), measured, "{}", r.llama_cpp_args);
+        assert!(r.llama_cpp_args.contains("-c 32768 -np 4 -b 1024 -ub 1024"), "{}", r.llama_cpp_args);
+        // llama-server's env file, read as systemd, docker and a shell read it.
+        for f in [Format::LlamaServerEnv, Format::DockerEnv] {
+            let text = render(&p, f).unwrap();
+            let vars = crate::consumer::parse_env_file(&text).unwrap();
+            let back = crate::llama_args::from_env(&vars).unwrap().over(crate::types::Placement::default());
+            assert_eq!(back, measured, "{text}");
+        }
+        // Ollama: one slot's context and the batch size in the Modelfile,
+        // the server-wide settings apart.
+        let mf = render(&p, Format::Modelfile).unwrap();
+        let cmds = modelfile::parse(&mf).unwrap();
+        let params = modelfile::parameters(&cmds);
+        let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.join(","));
+        assert_eq!(
+            (get("num_gpu"), get("num_thread"), get("num_ctx"), get("num_batch")),
+            (Some("7".into()), Some("2".into()), Some("8192".into()), Some("1024".into())),
+            "{mf}"
+        );
+        assert_eq!(
+            p.recommendation.ollama_server_env,
+            ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1", "OLLAMA_NUM_PARALLEL=4"]
+        );
+        assert!(mf.contains("OLLAMA_NUM_PARALLEL=4"), "{mf}");
+        let o: serde_json::Value = serde_json::from_str(&render(&p, Format::OllamaOptions).unwrap()).unwrap();
+        assert_eq!(
+            (o["options"]["num_ctx"].as_u64(), o["options"]["num_batch"].as_u64()),
+            (Some(8192), Some(1024)),
+            "{o}"
+        );
     }
 
     #[test]

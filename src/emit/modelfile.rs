@@ -24,7 +24,7 @@ use crate::profile::Profile;
 /// The PARAMETER names ngl-tune sets. Ollama's name for GPU layers is
 /// `num_gpu` (`num_gpu_layers` does not exist there). Ollama's parameter
 /// names are case-sensitive: `NUM_GPU` is not ours, and Ollama rejects it.
-pub const OWNED: [&str; 3] = ["num_gpu", "num_thread", "num_ctx"];
+pub const OWNED: [&str; 4] = ["num_gpu", "num_thread", "num_ctx", "num_batch"];
 
 /// Names seen in Modelfiles in the wild that Ollama rejects ("unknown
 /// parameter"), with the name that was meant.
@@ -44,7 +44,11 @@ const MISNAMED: [(&str, &str); 6] = [
 pub fn params(p: &Profile) -> Vec<(&'static str, Option<u32>)> {
     let r = &p.recommendation;
     let num_gpu = (!r.llama_default).then(|| r.ollama_num_gpu.unwrap_or(r.n_gpu_layers));
-    vec![("num_gpu", num_gpu), ("num_thread", Some(r.n_threads)), ("num_ctx", Some(r.n_ctx))]
+    let mut v = vec![("num_gpu", num_gpu), ("num_thread", Some(r.n_threads)), ("num_ctx", r.placement().num_ctx())];
+    if let crate::types::OllamaBatch::Num(b) = r.placement().ollama_num_batch() {
+        v.push(("num_batch", Some(b)));
+    }
+    v
 }
 
 /// A complete Modelfile for the profile's model.

@@ -26,6 +26,7 @@ pub(crate) fn test_spec() -> TrialSpec {
         n_gen: 16,
         n_depth: 0,
         depth_cache: None,
+        kv_base: crate::types::KvType::F16,
         repetitions: 3,
         warmup: true,
         seed: 1,

@@ -137,6 +137,10 @@ pub struct PredictSpec {
     /// for its split (answered in `PredictOutput::llama_fit_split`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fit_split_margins: Vec<u64>,
+    /// The KV type an f16 case stands for: the tune's base type (f16, or
+    /// the one the consumer's server forces on every model).
+    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
+    pub kv_type: crate::types::KvType,
 }
 
 /// What llama.cpp's `--fit` would choose for the same memory margin.
@@ -221,7 +225,11 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 }
 
 /// One dry run in this process (the backend must be initialized).
-fn predict_one(spec: &PredictSpec, c: PredictCase, split: &[u32]) -> Prediction {
+fn predict_one(spec: &PredictSpec, case: PredictCase, split: &[u32]) -> Prediction {
+    let mut c = case;
+    if c.kv_type == crate::types::KvType::F16 {
+        c.kv_type = spec.kv_type;
+    }
     let mut buffers: Vec<PredictedBuffer> = Vec::new();
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
     let placement = crate::types::Placement {

@@ -288,6 +288,7 @@ fn open_context<'m>(
     let threads = i32::try_from(p.n_threads).unwrap_or(i32::MAX);
     let cparams = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(n_ctx))
+        .with_n_seq_max(p.n_parallel.max(1))
         .with_n_batch(p.n_batch)
         .with_n_ubatch(p.n_ubatch)
         .with_n_threads(threads)

@@ -155,14 +155,65 @@ pub struct Settings {
     /// ... and only when its top token agrees with the reference's at least this often.
     #[serde(default = "default_min_top1", skip_serializing_if = "is_default_min_top1")]
     pub min_top1: f64,
+    /// The consumer's server settings the tune matched, where they were
+    /// read, and what each did (`None`: profiles from before the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumer: Option<Consumer>,
+    /// The KV cache type every trial runs with unless a hatch changes it:
+    /// f16, or the one the consumer's server forces on every model
+    /// (Ollama's `OLLAMA_KV_CACHE_TYPE`).
+    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
+    pub kv_type: crate::types::KvType,
+    /// Parallel slots (`-np`, Ollama's `OLLAMA_NUM_PARALLEL`): each context
+    /// tuned is the whole one, split among them; the depth is one slot's.
+    #[serde(default = "crate::types::one", skip_serializing_if = "crate::types::is_one")]
+    pub n_parallel: u32,
     /// Tokens in the KV cache before each test: `None` (null) is the rule,
-    /// half of each context; a number is `--depth`. Profiles from before
+    /// half of each context (of one slot); a number is `--depth`. Profiles from before
     /// the field were measured with an empty cache: 0.
     #[serde(default = "empty_cache")]
     pub n_depth: Option<u32>,
     /// A warmup run before each test, as llama-bench does (`--no-warmup`: none).
     #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
     pub warmup: bool,
+}
+
+/// The settings of the program that will run the model, as read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Consumer {
+    /// "ollama" (its server's environment) or "llama-server" (`LLAMA_ARG_*`).
+    pub program: String,
+    /// Where they were read, or why nothing was.
+    pub source: String,
+    pub found: bool,
+    /// What was read and what it made the tune measure, a phrase each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied: Vec<String>,
+    /// The server's own variables as read (`OLLAMA_*` or `LLAMA_ARG_*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vars: Vec<(String, String)>,
+}
+
+impl Consumer {
+    /// A variable of the consumer's server as it reads it; `None` when
+    /// unset there.
+    #[must_use]
+    pub fn var(&self, key: &str) -> Option<String> {
+        let v = self.vars.iter().rev().find(|(k, _)| k == key)?.1.trim().trim_matches(['"', '\'']).to_string();
+        (!v.is_empty()).then_some(v)
+    }
+}
+
+impl Profile {
+    /// The Ollama server's variable: from the environment the tune read
+    /// when it found one, else this process's.
+    #[must_use]
+    pub fn ollama_var(&self, key: &str) -> Option<String> {
+        match &self.settings.consumer {
+            Some(c) if c.found && c.program == "ollama" => c.var(key),
+            _ => std::env::var(key).ok(),
+        }
+    }
 }
 
 /// `--min-top1`'s default: q8_0 and q4_0 KV caches keep the top token
@@ -203,8 +254,9 @@ impl Settings {
     /// leaving room for the longer test.
     #[must_use]
     pub fn depth_at(&self, n_ctx: u32) -> u32 {
-        let room = n_ctx.saturating_sub(self.n_prompt.max(self.n_gen));
-        self.n_depth.unwrap_or(n_ctx / 2).min(room)
+        let slot = n_ctx / self.n_parallel.max(1);
+        let room = slot.saturating_sub(self.n_prompt.max(self.n_gen));
+        self.n_depth.unwrap_or(slot / 2).min(room)
     }
 
     /// The depth rule in words, for the report.
@@ -429,17 +481,47 @@ pub struct Recommendation {
     /// -ts a,b,.. -mg 0`); empty: one device, or llama.cpp's default split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_split: Vec<u32>,
+    /// The batch sizes and flash attention every trial ran with (`-b`,
+    /// `-ub`, `-fa`); profiles from before the fields: llama.cpp's defaults.
+    #[serde(default = "default_n_batch")]
+    pub n_batch: u32,
+    #[serde(default = "default_n_ubatch")]
+    pub n_ubatch: u32,
+    #[serde(default)]
+    pub flash_attn: crate::types::FlashAttn,
+    /// Parallel slots (`-np`): `n_ctx` is the whole context, each slot gets
+    /// `n_ctx / n_parallel` (Ollama's `num_ctx`; Ollama starts llama-server
+    /// with `-c num_ctx x P -np P`).
+    #[serde(default = "crate::types::one", skip_serializing_if = "crate::types::is_one")]
+    pub n_parallel: u32,
+}
+
+fn default_n_batch() -> u32 {
+    crate::types::DEFAULT_N_BATCH
+}
+
+fn default_n_ubatch() -> u32 {
+    crate::types::DEFAULT_N_UBATCH
 }
 
 impl Recommendation {
-    /// What llama.cpp runs for this recommendation.
+    /// What llama.cpp runs for this recommendation: every setting the
+    /// trials ran with.
     #[must_use]
     pub fn placement(&self) -> Placement {
-        Placement { n_cpu_moe: self.n_cpu_moe, n_cpu_ffn: self.n_cpu_ffn, ..Placement::default() }
-            .with_layers(self.n_gpu_layers, self.n_threads, Some(self.n_ctx))
-            .with_kv(self.kv_type)
-            .with_op_offload(self.op_offload)
-            .with_split(&self.tensor_split, &self.rpc)
+        Placement {
+            n_cpu_moe: self.n_cpu_moe,
+            n_cpu_ffn: self.n_cpu_ffn,
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            flash_attn: self.flash_attn,
+            n_parallel: self.n_parallel,
+            ..Placement::default()
+        }
+        .with_layers(self.n_gpu_layers, self.n_threads, Some(self.n_ctx))
+        .with_kv(self.kv_type)
+        .with_op_offload(self.op_offload)
+        .with_split(&self.tensor_split, &self.rpc)
     }
 
     /// This recommendation's llama.cpp flags.
@@ -452,7 +534,13 @@ impl Recommendation {
     /// tensor overrides, no RPC devices.
     #[must_use]
     pub fn ollama_placement(&self, num_gpu: u32) -> Placement {
-        Placement::default().with_layers(num_gpu, self.n_threads, Some(self.n_ctx))
+        Placement {
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            n_parallel: self.n_parallel,
+            ..Placement::default()
+        }
+        .with_layers(num_gpu, self.n_threads, Some(self.n_ctx))
     }
 }
 

@@ -177,6 +177,16 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     if let Some(rule) = &p.settings.ctx_rule {
         let _ = writeln!(s, "{rule}");
     }
+    if let Some(c) = &p.settings.consumer {
+        let what = if c.program == "ollama" { "Ollama server settings" } else { "llama-server settings" };
+        let _ = if c.found {
+            let applied =
+                if c.applied.is_empty() { "none that change the run".to_string() } else { c.applied.join("; ") };
+            writeln!(s, "{what} from {}: {applied}", c.source)
+        } else {
+            writeln!(s, "{what}: {}", c.source)
+        };
+    }
     let _ = writeln!(s, "{}", p.settings.depth_rule());
     let _ = writeln!(s);
     s.push_str(&trial_table(p));
@@ -292,7 +302,7 @@ fn paste_lines(p: &Profile, path: &Path) -> String {
     for l in &rec.modelfile {
         let _ = writeln!(s, "  {l}");
     }
-    if let Some(n) = crate::emit::ollama_ctx_note(p, &|k| std::env::var(k).ok()) {
+    if let Some(n) = crate::emit::ollama_ctx_note(p, &|k| p.ollama_var(k)) {
         let _ = writeln!(s, "  note: {n}");
     }
     if !rec.ollama_server_env.is_empty() {

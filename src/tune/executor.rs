@@ -38,7 +38,10 @@ pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec 
     spec.placement.n_threads = c.threads;
     spec.placement.n_cpu_moe = c.n_cpu_moe;
     spec.placement.n_cpu_ffn = c.n_cpu_ffn;
-    spec.placement.kv_type = c.kv;
+    // f16 stands for the base type (the consumer's server may force another).
+    if c.kv != crate::types::KvType::F16 {
+        spec.placement.kv_type = c.kv;
+    }
     spec.placement.tensor_split = c.split.layers();
     if c.ngl == 0 {
         // Every layer on the CPU: measured as recommended, without the
@@ -46,7 +49,7 @@ pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec 
         // prompt's matrix products to one).
         spec.placement.rpc.clear();
     }
-    if c.kv.is_quantized() {
+    if spec.placement.kv_type.is_quantized() {
         // llama.cpp quantizes the V cache only with flash attention.
         spec.placement.flash_attn = crate::types::FlashAttn::On;
     }

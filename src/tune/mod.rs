@@ -275,11 +275,14 @@ fn tune_context(
         summary::recommendation(&found, t, s, info.n_layer_full, sh.op_offload, Confidence::High)
     };
     let several = sh.opts.caps.len() >= 2 && !plan.no_gpu;
-    let hatches =
-        match policy.filter(|_| !several && !plan.no_gpu && prediction.as_ref().is_some_and(|p| p.error.is_none())) {
-            Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
-            None => placement::Hatches::default(),
-        };
+    // A KV type the consumer's server forces leaves Ollama whole layers only.
+    let kv_fixed = s.kv_type.is_quantized();
+    let hatches = match policy
+        .filter(|_| !several && !kv_fixed && !plan.no_gpu && prediction.as_ref().is_some_and(|p| p.error.is_none()))
+    {
+        Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
+        None => placement::Hatches::default(),
+    };
     notes.extend(hatches.notes.iter().cloned());
     let split = if several { Some(split(sh, s, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
@@ -405,6 +408,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         rpc: s.rpc.clone(),
         fit_split_margins: Vec::new(),
         default_fit: false,
+        kv_type: s.kv_type,
     }
 }
 
@@ -552,12 +556,15 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
             ..crate::types::Placement::default()
         }
         .with_layers(0, s.n_threads, Some(s.n_ctx))
+        .with_parallel(s.n_parallel)
+        .with_kv(s.kv_type)
         .with_op_offload(op_offload)
         .with_split(&[], &s.rpc),
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
         n_depth: s.depth_at(s.n_ctx),
         depth_cache: None,
+        kv_base: s.kv_type,
         repetitions: s.repetitions,
         warmup: s.warmup,
         seed: 1234,

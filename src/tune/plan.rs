@@ -86,7 +86,8 @@ impl Candidate {
         spec.placement.n_gpu_layers == self.ngl
             && spec.placement.n_cpu_moe == self.n_cpu_moe
             && spec.placement.n_cpu_ffn == self.n_cpu_ffn
-            && spec.placement.kv_type == self.kv
+            && (spec.placement.kv_type == self.kv
+                || (self.kv == crate::types::KvType::F16 && spec.placement.kv_type == spec.kv_base))
             && spec.placement.n_threads == self.threads
             && spec.placement.tensor_split == self.split.layers()
     }

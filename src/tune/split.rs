@@ -427,7 +427,7 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     r.n_cpu_moe = 0;
     r.n_cpu_ffn = 0;
     r.kv_type = crate::types::KvType::F16;
-    r.ollama_server_env = Vec::new();
+    r.ollama_server_env = r.placement().ollama_server_env();
     r.tensor_split.clone_from(&o.tensor_split);
     // Every layer on the CPU needs no server.
     r.rpc = if o.n_gpu_layers == 0 { Vec::new() } else { rpc.to_vec() };

@@ -164,10 +164,10 @@ pub fn recommendation(
             && t.result.spec.placement.n_threads == threads
             && t.result.spec.placement.n_cpu_moe == moe
             && t.result.spec.placement.n_cpu_ffn == 0
-            && t.result.spec.placement.kv_type == crate::types::KvType::F16
+            && t.result.spec.placement.kv_type == s.kv_type
             && t.result.status == TrialStatus::Ok
     });
-    Recommendation {
+    let mut r = Recommendation {
         n_cpu_moe: moe,
         ollama_num_gpu: (moe > 0).then_some(dense),
         llama_default: false,
@@ -180,17 +180,22 @@ pub fn recommendation(
         tg_ts: rec.and_then(|t| t.result.test(false)).map(|t| t.avg_ts).or(d.predicted_tg),
         pp_ts: rec.and_then(|t| t.result.test(true)).map(|t| t.avg_ts).or(d.predicted_pp),
         mem_bytes: rec.and_then(|t| t.mem_bytes).or(d.predicted_mem),
-        modelfile: crate::types::Placement::default().with_layers(dense, threads, Some(s.n_ctx)).modelfile_lines(),
-        llama_cpp_args: crate::types::Placement { n_cpu_moe: moe, ..crate::types::Placement::default() }
-            .with_layers(ngl, threads, Some(s.n_ctx))
-            .with_op_offload(op_offload)
-            .flags(),
-        kv_type: crate::types::KvType::F16,
+        modelfile: Vec::new(),
+        llama_cpp_args: String::new(),
+        kv_type: s.kv_type,
         n_cpu_ffn: 0,
         ollama_server_env: Vec::new(),
         rpc: Vec::new(),
         tensor_split: Vec::new(),
-    }
+        n_batch: s.n_batch,
+        n_ubatch: s.n_ubatch,
+        flash_attn: s.flash_attn,
+        n_parallel: s.n_parallel,
+    };
+    r.llama_cpp_args = r.flags();
+    r.modelfile = r.ollama_placement(dense).modelfile_lines();
+    r.ollama_server_env = r.placement().ollama_server_env();
+    r
 }
 
 #[cfg(test)]

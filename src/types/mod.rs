@@ -33,6 +33,15 @@ pub(crate) fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+pub(crate) fn one() -> u32 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
 pub(crate) fn yes() -> bool {
     true
 }

@@ -267,6 +267,11 @@ pub struct Placement {
     /// mode layer (`-mg`); llama.cpp's default 0.
     #[serde(default, skip_serializing_if = "super::is_zero")]
     pub main_gpu: u32,
+    /// Parallel sequences (llama-server's slots, `-np`): `n_ctx` is the
+    /// whole context, each slot gets `n_ctx / n_parallel` (as llama-server
+    /// splits it, and as Ollama starts it: `-c num_ctx x P -np P`).
+    #[serde(default = "super::one", skip_serializing_if = "super::is_one")]
+    pub n_parallel: u32,
 }
 
 fn op_on() -> OpOffload {
@@ -281,6 +286,17 @@ fn is_op_on(o: &OpOffload) -> bool {
 #[allow(clippy::trivially_copy_pass_by_ref)]
 fn is_layer(m: &SplitMode) -> bool {
     *m == SplitMode::Layer
+}
+
+/// What Ollama's `num_batch` can say of a placement's batch sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OllamaBatch {
+    /// llama.cpp's defaults (-b 2048 -ub 512): no num_batch, Ollama's own rule.
+    Default,
+    /// Equal sizes: `num_batch N`.
+    Num(u32),
+    /// Unequal sizes Ollama cannot pass.
+    Inexpressible,
 }
 
 impl Default for Placement {
@@ -303,6 +319,7 @@ impl Default for Placement {
             split_mode: SplitMode::Layer,
             tensor_split: Vec::new(),
             main_gpu: 0,
+            n_parallel: 1,
         }
     }
 }
@@ -313,6 +330,12 @@ impl Placement {
         self.n_gpu_layers = ngl;
         self.n_threads = threads;
         self.n_ctx = n_ctx;
+        self
+    }
+
+    #[must_use]
+    pub fn with_parallel(mut self, n: u32) -> Self {
+        self.n_parallel = n.max(1);
         self
     }
 
@@ -374,6 +397,9 @@ impl Placement {
         if let Some(c) = self.n_ctx {
             f.push(format!("-c {c}"));
         }
+        if self.n_parallel > 1 {
+            f.push(format!("-np {}", self.n_parallel));
+        }
         if self.n_batch != DEFAULT_N_BATCH {
             f.push(format!("-b {}", self.n_batch));
         }
@@ -422,6 +448,9 @@ impl Placement {
         if let Some(c) = self.n_ctx {
             v.push(("LLAMA_ARG_CTX_SIZE", c.to_string()));
         }
+        if self.n_parallel > 1 {
+            v.push(("LLAMA_ARG_N_PARALLEL", self.n_parallel.to_string()));
+        }
         if self.n_batch != DEFAULT_N_BATCH {
             v.push(("LLAMA_ARG_BATCH", self.n_batch.to_string()));
         }
@@ -454,29 +483,67 @@ impl Placement {
         v
     }
 
+    /// Ollama's `num_ctx`: the context of one slot (Ollama starts
+    /// llama-server with `-c num_ctx x P -np P`).
+    #[must_use]
+    pub fn num_ctx(&self) -> Option<u32> {
+        self.n_ctx.map(|c| c / self.n_parallel.max(1))
+    }
+
+    /// Ollama's `num_batch` for these batch sizes: it passes one value as
+    /// both `-b` and `-ub` (llm/llama_server.go).
+    #[must_use]
+    pub fn ollama_num_batch(&self) -> OllamaBatch {
+        if self.n_batch == self.n_ubatch {
+            OllamaBatch::Num(self.n_batch)
+        } else if (self.n_batch, self.n_ubatch) == (DEFAULT_N_BATCH, DEFAULT_N_UBATCH) {
+            OllamaBatch::Default
+        } else {
+            OllamaBatch::Inexpressible
+        }
+    }
+
     /// An Ollama Modelfile's PARAMETER lines for this whole-layer placement
     /// (Ollama has no tensor overrides or RPC devices: callers pass the
-    /// placement Ollama can express).
+    /// placement Ollama can express): layers, threads, the context of one
+    /// slot, the batch size where Ollama can take it.
     #[must_use]
     pub fn modelfile_lines(&self) -> Vec<String> {
         let mut v = vec![
             format!("PARAMETER num_gpu {}", self.n_gpu_layers),
             format!("PARAMETER num_thread {}", self.n_threads),
         ];
-        if let Some(c) = self.n_ctx {
+        if let Some(c) = self.num_ctx() {
             v.push(format!("PARAMETER num_ctx {c}"));
+        }
+        match self.ollama_num_batch() {
+            OllamaBatch::Num(b) => v.push(format!("PARAMETER num_batch {b}")),
+            OllamaBatch::Default => {}
+            OllamaBatch::Inexpressible => v.push(format!(
+                "# measured with -b {} -ub {}; Ollama passes num_batch as both, so it cannot run these: tune with -b N --ubatch-size N for Ollama",
+                self.n_batch, self.n_ubatch
+            )),
         }
         v
     }
 
     /// The Ollama server settings this placement needs: they live in the
-    /// server's environment and apply to every model it runs.
+    /// server's environment and apply to every model it runs (the KV cache
+    /// type, flash attention, parallel slots).
     #[must_use]
     pub fn ollama_server_env(&self) -> Vec<String> {
+        let mut v = Vec::new();
         if self.kv_type.is_quantized() {
-            vec![format!("OLLAMA_KV_CACHE_TYPE={}", self.kv_type.as_str()), "OLLAMA_FLASH_ATTENTION=1".into()]
-        } else {
-            Vec::new()
+            v.push(format!("OLLAMA_KV_CACHE_TYPE={}", self.kv_type.as_str()));
         }
+        match (self.kv_type.is_quantized(), self.flash_attn) {
+            (true, _) | (false, FlashAttn::On) => v.push("OLLAMA_FLASH_ATTENTION=1".into()),
+            (false, FlashAttn::Off) => v.push("OLLAMA_FLASH_ATTENTION=0".into()),
+            (false, FlashAttn::Auto) => {}
+        }
+        if self.n_parallel > 1 {
+            v.push(format!("OLLAMA_NUM_PARALLEL={}", self.n_parallel));
+        }
+        v
     }
 }

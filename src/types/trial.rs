@@ -28,6 +28,10 @@ pub struct TrialSpec {
     /// trial fills its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depth_cache: Option<PathBuf>,
+    /// The KV type the tune's f16 candidates run with: f16, or the one the
+    /// consumer's server forces on every model (then `placement.kv_type`).
+    #[serde(default, skip_serializing_if = "super::is_f16")]
+    pub kv_base: super::KvType,
     pub repetitions: u32,
     pub warmup: bool,
     pub seed: u64,
@@ -87,6 +91,7 @@ impl TrialSpec {
             flash_attn: FlashAttn::Auto,
             kv_type: KvType::F16,
             op_offload: OpOffload::On,
+            n_parallel: 1,
             ..p.clone()
         };
         format!("{}\n{}", self.model.display(), serde_json::to_string(&load).unwrap_or_default())

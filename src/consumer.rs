@@ -1,0 +1,329 @@
+//! The consumer's own settings, read where they live, so a tune measures
+//! the run the user will really make: the Ollama server's environment (its
+//! systemd unit and drop-ins, as `systemctl show` reports them, or an env
+//! file given with `--ollama-env`) and llama-server's `LLAMA_ARG_*`
+//! variables (`--server-env`).
+//!
+//! Ollama reads a variable with spaces and quotes trimmed
+//! (`envconfig.Var`); a number that does not parse is its default; a
+//! boolean that does not parse is true (`envconfig.BoolWithDefault`).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{FlashAttn, KvType};
+
+/// Environment variables and where they were read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerEnv {
+    /// Where they come from, in words ("--ollama-env /etc/ollama.env",
+    /// "systemd unit ollama.service (Environment=, /etc/ollama.env)"), or
+    /// why nothing was read.
+    pub source: String,
+    /// Whether a source was found at all.
+    pub found: bool,
+    /// The variables read, in order (a later one overrides an earlier).
+    pub vars: Vec<(String, String)>,
+}
+
+impl ServerEnv {
+    /// A variable's value as Ollama reads it: the last assignment, spaces
+    /// and quotes trimmed; `None` when unset or empty.
+    #[must_use]
+    pub fn var(&self, key: &str) -> Option<String> {
+        let v = self.vars.iter().rev().find(|(k, _)| k == key)?.1.trim().trim_matches(['"', '\'']).to_string();
+        (!v.is_empty()).then_some(v)
+    }
+
+    fn number(&self, key: &str) -> Option<u64> {
+        self.var(key).and_then(|v| v.parse().ok())
+    }
+
+    /// Ollama's boolean: unset is `None`, anything unparsable is true.
+    fn flag(&self, key: &str) -> Option<bool> {
+        self.var(key).map(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "f" | "false"))
+    }
+}
+
+/// Reads KEY=VALUE lines as docker's `--env-file`, systemd's
+/// `EnvironmentFile=` and a shell's `set -a; . FILE` share them: blank
+/// lines and `#` comments skipped, an `export ` prefix allowed, a value in
+/// double quotes unescaped (`\"`, `\\`, `` \` ``, `\$`), in single quotes
+/// taken as is.
+///
+/// # Errors
+/// The first line that is not an assignment, by number.
+pub fn parse_env_file(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").map_or(line, str::trim_start);
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(format!("line {}: '{line}' is not KEY=VALUE", i + 1));
+        };
+        let key = key.trim();
+        let valid = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!("line {}: '{key}' is not a variable name", i + 1));
+        }
+        out.push((key.to_string(), unquote(value.trim())));
+    }
+    Ok(out)
+}
+
+fn unquote(v: &str) -> String {
+    if v.len() >= 2 && v.starts_with('\'') && v.ends_with('\'') {
+        return v[1..v.len() - 1].to_string();
+    }
+    if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
+        let mut s = String::new();
+        let mut chars = v[1..v.len() - 1].chars();
+        while let Some(c) = chars.next() {
+            match (c, chars.clone().next()) {
+                ('\\', Some(n)) if "\"\\`$".contains(n) => {
+                    s.push(n);
+                    chars.next();
+                }
+                _ => s.push(c),
+            }
+        }
+        return s;
+    }
+    v.to_string()
+}
+
+/// Reads an env file given on the command line.
+///
+/// # Errors
+/// `BadInput` naming the file and the line.
+pub fn read_env_file(path: &Path, flag: &str) -> anyhow::Result<ServerEnv> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        crate::error::bad(format!("{flag} {}: cannot read it ({e}); give a file of KEY=VALUE lines", path.display()))
+    })?;
+    let vars = parse_env_file(&text).map_err(|e| {
+        crate::error::bad(format!("{flag} {}: {e}; write one KEY=VALUE a line, as docker's --env-file", path.display()))
+    })?;
+    Ok(ServerEnv { source: format!("{flag} {}", path.display()), found: true, vars })
+}
+
+/// The environment of a systemd unit from `systemctl show UNIT
+/// --property=LoadState,Environment,EnvironmentFiles`: `Environment=`
+/// (drop-ins merged by systemd) first, then each `EnvironmentFiles=` file,
+/// whose assignments override it as systemd applies them. `read` reads a
+/// file (`None`: unreadable, skipped as systemd does with a `-` path).
+#[must_use]
+pub fn parse_systemctl_show(unit: &str, text: &str, read: &dyn Fn(&Path) -> Option<String>) -> Option<ServerEnv> {
+    let mut loaded = false;
+    let mut vars = Vec::new();
+    let mut files = Vec::new();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once('=') else { continue };
+        match k {
+            "LoadState" => loaded = v.trim() == "loaded",
+            "Environment" => {
+                for word in shlex::split(v).unwrap_or_default() {
+                    if let Some((key, value)) = word.split_once('=') {
+                        vars.push((key.to_string(), value.to_string()));
+                    }
+                }
+            }
+            "EnvironmentFiles" => {
+                if let Some(path) = v.split_whitespace().next() {
+                    files.push(path.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    if !loaded {
+        return None;
+    }
+    let mut from = vec!["Environment=".to_string()];
+    for f in &files {
+        if let Some(parsed) = read(Path::new(f)).and_then(|t| parse_env_file(&t).ok()) {
+            vars.extend(parsed);
+            from.push(f.clone());
+        }
+    }
+    Some(ServerEnv { source: format!("systemd unit {unit} ({})", from.join(", ")), found: true, vars })
+}
+
+/// The Ollama server's environment: `--ollama-env FILE`, else the
+/// `ollama` systemd unit's, else none (said in words).
+///
+/// # Errors
+/// `BadInput` for a file that cannot be read or is not KEY=VALUE lines.
+pub fn ollama_env(file: Option<&Path>) -> anyhow::Result<ServerEnv> {
+    if let Some(f) = file {
+        return read_env_file(f, "--ollama-env");
+    }
+    let unit = "ollama.service";
+    let shown = std::process::Command::new("systemctl")
+        .args(["show", unit, "--property=LoadState", "--property=Environment", "--property=EnvironmentFiles"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let read = |p: &Path| std::fs::read_to_string(p).ok();
+    Ok(shown.and_then(|t| parse_systemctl_show(unit, &t, &read)).unwrap_or_else(|| ServerEnv {
+        source:
+            "none found: no --ollama-env and no ollama systemd unit; Ollama's defaults assumed (1 slot, f16 KV cache)"
+                .into(),
+        found: false,
+        vars: Vec::new(),
+    }))
+}
+
+/// Model families Ollama runs with one slot whatever `OLLAMA_NUM_PARALLEL`
+/// says (server/sched.go).
+const ONE_SLOT: [&str; 11] = [
+    "mllama",
+    "qwen3vl",
+    "qwen3vlmoe",
+    "qwen35",
+    "qwen35moe",
+    "qwen3next",
+    "lfm2",
+    "lfm2moe",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "nemotron_h_omni",
+];
+
+/// What the Ollama server will pass llama-server, from its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OllamaRun {
+    /// `OLLAMA_NUM_PARALLEL` (1 for the families Ollama keeps at one slot).
+    pub parallel: u32,
+    /// `OLLAMA_KV_CACHE_TYPE`, when one llama.cpp and ngl-tune know.
+    pub kv_type: Option<KvType>,
+    /// `OLLAMA_FLASH_ATTENTION` when set (unset: Ollama passes auto).
+    pub flash_attn: Option<FlashAttn>,
+    /// What was read and what it does, a phrase each.
+    pub applied: Vec<String>,
+}
+
+/// Ollama's automatic batch size for a context (server/sched.go,
+/// `generationBatchForContext`): 2048 above 32768 tokens, 1024 above 4096,
+/// else 512, passed as both `-b` and `-ub`. (Ollama steps it down where the
+/// model leaves little headroom, and uses 256 or 512 on CUDA without flash
+/// attention.)
+#[must_use]
+pub fn ollama_batch(effective_ctx: u32) -> u32 {
+    match effective_ctx {
+        c if c > 32768 => 2048,
+        c if c > 4096 => 1024,
+        _ => 512,
+    }
+}
+
+/// What the Ollama server's environment makes it run for a model of
+/// architecture `arch`.
+#[must_use]
+pub fn ollama_run(env: &ServerEnv, arch: &str) -> OllamaRun {
+    let mut applied = Vec::new();
+    let asked = env.number("OLLAMA_NUM_PARALLEL").map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX));
+    let parallel = if asked > 1 && ONE_SLOT.contains(&arch) {
+        applied.push(format!("OLLAMA_NUM_PARALLEL={asked} (Ollama runs {arch} with one slot)"));
+        1
+    } else {
+        if asked > 1 {
+            applied.push(format!("OLLAMA_NUM_PARALLEL={asked}: -np {asked}, the context times {asked}"));
+        }
+        asked
+    };
+    let kv_type = env.var("OLLAMA_KV_CACHE_TYPE").and_then(|v| match v.to_ascii_lowercase().as_str() {
+        "q8_0" => Some(KvType::Q8_0),
+        "q4_0" => Some(KvType::Q4_0),
+        "f16" => Some(KvType::F16),
+        _ => None,
+    });
+    if let Some(raw) = env.var("OLLAMA_KV_CACHE_TYPE") {
+        applied.push(match kv_type {
+            Some(k) => format!("OLLAMA_KV_CACHE_TYPE={raw}: -ctk {0} -ctv {0}", k.as_str()),
+            None => {
+                format!("OLLAMA_KV_CACHE_TYPE={raw}: a type ngl-tune does not measure (f16, q8_0, q4_0); f16 assumed")
+            }
+        });
+    }
+    let flash_attn = env.flag("OLLAMA_FLASH_ATTENTION").map(|on| if on { FlashAttn::On } else { FlashAttn::Off });
+    if let Some(fa) = flash_attn {
+        applied.push(format!(
+            "OLLAMA_FLASH_ATTENTION={}: -fa {}",
+            env.var("OLLAMA_FLASH_ATTENTION").unwrap_or_default(),
+            fa.as_str()
+        ));
+    }
+    for k in ["OLLAMA_CONTEXT_LENGTH", "OLLAMA_GPU_OVERHEAD", "OLLAMA_IGPU_ENABLE"] {
+        if let Some(v) = env.var(k) {
+            applied.push(format!("{k}={v}"));
+        }
+    }
+    OllamaRun { parallel, kv_type, flash_attn, applied }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_files_read_as_docker_systemd_and_a_shell_agree() {
+        let text = "# ollama\n\nOLLAMA_NUM_PARALLEL=4\nexport OLLAMA_CONTEXT_LENGTH=\"8192\"\nOLLAMA_KV_CACHE_TYPE='q8_0'\nLLAMA_ARG_OVERRIDE_TENSOR=\"a\\\\.b=CPU\"\n";
+        let v = parse_env_file(text).unwrap();
+        assert_eq!(
+            v,
+            [
+                ("OLLAMA_NUM_PARALLEL".into(), "4".into()),
+                ("OLLAMA_CONTEXT_LENGTH".into(), "8192".into()),
+                ("OLLAMA_KV_CACHE_TYPE".into(), "q8_0".into()),
+                ("LLAMA_ARG_OVERRIDE_TENSOR".into(), "a\\.b=CPU".into()),
+            ]
+        );
+        assert!(parse_env_file("OLLAMA_NUM_PARALLEL 4").unwrap_err().starts_with("line 1:"));
+        assert!(parse_env_file("\n1X=2").unwrap_err().contains("line 2: '1X' is not a variable name"));
+    }
+
+    #[test]
+    fn a_systemd_unit_gives_environment_then_its_files_over_it() {
+        let show = "LoadState=loaded\nEnvironment=OLLAMA_HOST=0.0.0.0 \"OLLAMA_NUM_PARALLEL=2\" OLLAMA_FLASH_ATTENTION=1\nEnvironmentFiles=/etc/ollama.env (ignore_errors=no)\nEnvironmentFiles=/gone.env (ignore_errors=yes)\n";
+        let read = |p: &Path| (p == Path::new("/etc/ollama.env")).then(|| "OLLAMA_NUM_PARALLEL=4\n".to_string());
+        let env = parse_systemctl_show("ollama.service", show, &read).unwrap();
+        assert_eq!(env.var("OLLAMA_NUM_PARALLEL").as_deref(), Some("4"), "the file overrides Environment=");
+        assert_eq!(env.var("OLLAMA_FLASH_ATTENTION").as_deref(), Some("1"));
+        assert_eq!(env.source, "systemd unit ollama.service (Environment=, /etc/ollama.env)");
+        assert!(parse_systemctl_show("ollama.service", "LoadState=not-found\nEnvironment=\n", &read).is_none());
+    }
+
+    #[test]
+    fn ollama_runs_what_its_environment_says_as_it_reads_it() {
+        let env = |pairs: &[(&str, &str)]| ServerEnv {
+            source: "test".into(),
+            found: true,
+            vars: pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect(),
+        };
+        let r = ollama_run(
+            &env(&[
+                ("OLLAMA_NUM_PARALLEL", " 4 "),
+                ("OLLAMA_KV_CACHE_TYPE", "\"Q8_0\""),
+                ("OLLAMA_FLASH_ATTENTION", "yes"),
+            ]),
+            "gemma3",
+        );
+        assert_eq!((r.parallel, r.kv_type, r.flash_attn), (4, Some(KvType::Q8_0), Some(FlashAttn::On)));
+        let one = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "4")]), "qwen3vl");
+        assert_eq!(one.parallel, 1);
+        assert!(one.applied[0].contains("one slot"), "{:?}", one.applied);
+        let bad = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "four"), ("OLLAMA_FLASH_ATTENTION", "0")]), "gemma3");
+        assert_eq!((bad.parallel, bad.flash_attn), (1, Some(FlashAttn::Off)), "an unparsable number is the default");
+        assert_eq!(
+            [ollama_batch(4096), ollama_batch(8192), ollama_batch(32768), ollama_batch(65536)],
+            [512, 1024, 1024, 2048]
+        );
+    }
+}
