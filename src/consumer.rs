@@ -32,8 +32,7 @@ impl ServerEnv {
     /// and quotes trimmed; `None` when unset or empty.
     #[must_use]
     pub fn var(&self, key: &str) -> Option<String> {
-        let v = self.vars.iter().rev().find(|(k, _)| k == key)?.1.trim().trim_matches(['"', '\'']).to_string();
-        (!v.is_empty()).then_some(v)
+        var_in(&self.vars, key)
     }
 
     fn number(&self, key: &str) -> Option<u64> {
@@ -44,6 +43,14 @@ impl ServerEnv {
     fn flag(&self, key: &str) -> Option<bool> {
         self.var(key).map(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "f" | "false"))
     }
+}
+
+/// A variable of `vars` as Ollama reads one (`envconfig.Var`): the last
+/// assignment, spaces and quotes trimmed; `None` when unset or empty.
+#[must_use]
+pub fn var_in(vars: &[(String, String)], key: &str) -> Option<String> {
+    let v = vars.iter().rev().find(|(k, _)| k == key)?.1.trim().trim_matches(['"', '\'']).to_string();
+    (!v.is_empty()).then_some(v)
 }
 
 /// Reads KEY=VALUE lines as docker's `--env-file`, systemd's

@@ -566,6 +566,8 @@ fn a_moe_model_is_tuned_over_n_cpu_moe_and_its_flags_load() {
     q["recommendation"]["n_gpu_layers"] = 5.into();
     q["recommendation"]["n_cpu_moe"] = 2.into();
     q["recommendation"]["ollama_num_gpu"] = 0.into();
+    // Whatever the tune recommended (llama.cpp's default on a tie), this one is ours.
+    q["recommendation"]["llama_default"] = false.into();
     let qp = dir.path().join("moe-profile.json");
     std::fs::write(&qp, serde_json::to_string(&q).unwrap()).unwrap();
     let flags = stdout(&run(&["emit", qp.to_str().unwrap(), "--format", "llama-cpp"]));

@@ -7,9 +7,9 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,9 +21,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::Interrupted;
 use crate::interrupt;
 use crate::types::LlamaDevice;
-
-/// Lines of a child's stderr kept for failure reports.
-const TAIL_LINES: usize = 12;
 
 /// How long the short calls (devices, check, dry run) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(600);
@@ -55,14 +52,7 @@ pub struct Finished {
 pub fn spawn(exe: &Path, sub: &str, args: &[OsString], input: &[u8], echo: bool) -> Result<Spawned> {
     // One llama.cpp child at a time: a kept trial worker ends first.
     super::live::release();
-    let mut child = Command::new(exe)
-        .arg(sub)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot start {} {sub}", exe.display()))?;
+    let mut child = super::live::piped(exe, sub, args)?;
     if let Some(mut stdin) = child.stdin.take() {
         // A child that dies before reading its input shows up in its exit status.
         let _ = stdin.write_all(input);
@@ -75,23 +65,7 @@ pub fn spawn(exe: &Path, sub: &str, args: &[OsString], input: &[u8], echo: bool)
         }
         s
     });
-    let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
-    let stderr = child.stderr.take();
-    let t = Arc::clone(&tail);
-    let err = std::thread::spawn(move || {
-        let Some(e) = stderr else { return };
-        for line in BufReader::new(e).lines().map_while(Result::ok) {
-            if echo {
-                eprintln!("{line}");
-            }
-            if let Ok(mut t) = t.lock() {
-                if t.len() == TAIL_LINES {
-                    t.pop_front();
-                }
-                t.push_back(line);
-            }
-        }
-    });
+    let (err, tail) = super::live::keep_tail(child.stderr.take(), echo);
     Ok(Spawned { child, out: Some(out), err: Some(err), tail })
 }
 

@@ -34,6 +34,46 @@ pub struct Live {
     pub served: u32,
 }
 
+/// `exe SUB ARGS...` started with its stdin, stdout and stderr piped.
+///
+/// # Errors
+/// When it cannot be started.
+pub(crate) fn piped(exe: &Path, sub: &str, args: &[OsString]) -> Result<Child> {
+    Command::new(exe)
+        .arg(sub)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {} {sub}", exe.display()))
+}
+
+/// A thread that keeps the last lines a child writes to stderr (and, with
+/// `echo`, forwards each live: llama.cpp's log for `--verbose`).
+pub(crate) fn keep_tail(
+    stderr: Option<std::process::ChildStderr>,
+    echo: bool,
+) -> (JoinHandle<()>, Arc<Mutex<VecDeque<String>>>) {
+    let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+    let t = Arc::clone(&tail);
+    let handle = std::thread::spawn(move || {
+        let Some(e) = stderr else { return };
+        for line in BufReader::new(e).lines().map_while(Result::ok) {
+            if echo {
+                eprintln!("{line}");
+            }
+            if let Ok(mut t) = t.lock() {
+                if t.len() == TAIL_LINES {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            }
+        }
+    });
+    (handle, tail)
+}
+
 /// How a request ended.
 #[derive(Debug)]
 pub enum Answer {
@@ -51,14 +91,7 @@ impl Live {
     /// # Errors
     /// When the child cannot be started.
     pub fn start(exe: &Path, sub: &str, args: &[OsString], echo: bool) -> Result<Live> {
-        let mut child = Command::new(exe)
-            .arg(sub)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start {} {sub}", exe.display()))?;
+        let mut child = piped(exe, sub, args)?;
         let (tx, lines) = mpsc::channel();
         if let Some(out) = child.stdout.take() {
             std::thread::spawn(move || {
@@ -69,23 +102,7 @@ impl Live {
                 }
             });
         }
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
-        let t = Arc::clone(&tail);
-        let stderr = child.stderr.take();
-        let err = std::thread::spawn(move || {
-            let Some(e) = stderr else { return };
-            for line in BufReader::new(e).lines().map_while(Result::ok) {
-                if echo {
-                    eprintln!("{line}");
-                }
-                if let Ok(mut t) = t.lock() {
-                    if t.len() == TAIL_LINES {
-                        t.pop_front();
-                    }
-                    t.push_back(line);
-                }
-            }
-        });
+        let (err, tail) = keep_tail(child.stderr.take(), echo);
         let stdin = child.stdin.take();
         Ok(Live { child, stdin, lines, err: Some(err), tail, served: 0 })
     }

@@ -199,8 +199,7 @@ impl Consumer {
     /// unset there.
     #[must_use]
     pub fn var(&self, key: &str) -> Option<String> {
-        let v = self.vars.iter().rev().find(|(k, _)| k == key)?.1.trim().trim_matches(['"', '\'']).to_string();
-        (!v.is_empty()).then_some(v)
+        crate::consumer::var_in(&self.vars, key)
     }
 }
 
