@@ -349,3 +349,42 @@ fn a_changed_or_gone_remote_device_makes_a_profile_stale_with_the_reason() {
     let text = stdout(&gone);
     assert!(text.contains(&a.endpoint) && text.contains("unreachable"), "{text}");
 }
+
+#[test]
+fn ollamas_default_context_counts_no_rpc_server() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("long.gguf");
+    let spec = ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_ctx_train(65536);
+    ngl_tune::synth::write_model(&m, &spec).unwrap();
+    // Two local servers of this machine's CPU: llama.cpp lists each with the host's memory.
+    let (a, b) = (Server::start(), Server::start());
+    let rpc = format!("{},{}", a.endpoint, b.endpoint);
+    let store = dir.path().join("store");
+    let o = run(&[
+        m.to_str().unwrap(),
+        "--rpc",
+        &rpc,
+        "--ngl",
+        "0",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--depth",
+        "0",
+        "--profiles",
+        store.to_str().unwrap(),
+        "-q",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let devices = p["hardware"]["llama_devices"].as_array().unwrap();
+    assert!(devices.iter().filter(|d| d["backend"] == "RPC").count() == 2, "{devices:?}");
+    // Ollama never starts RPC servers: this CPU host has no GPU of its own, so its tier is 4k.
+    assert_eq!(p["settings"]["n_ctx"], 4096, "{}", p["settings"]);
+    assert!(p["settings"]["ctx_rule"].as_str().unwrap().contains("what current Ollama gives"), "{}", p["settings"]);
+}
