@@ -39,10 +39,17 @@ impl ServerEnv {
         self.var(key).and_then(|v| v.parse().ok())
     }
 
-    /// Ollama's boolean: unset is `None`, anything unparsable is true.
+    /// Ollama's boolean: unset is `None`.
     fn flag(&self, key: &str) -> Option<bool> {
-        self.var(key).map(|v| !matches!(v.to_ascii_lowercase().as_str(), "0" | "f" | "false"))
+        self.var(key).map(|v| ollama_bool(&v))
     }
+}
+
+/// A boolean as Ollama reads one (`envconfig.BoolWithDefault`): false only
+/// where Go's `strconv.ParseBool` says false, anything unparsable true.
+#[must_use]
+pub fn ollama_bool(v: &str) -> bool {
+    !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "f" | "false")
 }
 
 /// A variable of `vars` as Ollama reads one (`envconfig.Var`): the last

@@ -109,8 +109,7 @@ pub fn ollama_default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64
 pub fn ollama_ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
     // Ollama's admission of integrated GPUs: its variable when set, else CUDA's only.
-    let igpu_env =
-        env("OLLAMA_IGPU_ENABLE").map(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "f" | "false"));
+    let igpu_env = env("OLLAMA_IGPU_ENABLE").map(|v| crate::consumer::ollama_bool(&v));
     let igpu = |d: &crate::types::LlamaDevice| igpu_env.unwrap_or(d.backend == "CUDA");
     let mut totals: Vec<u64> = hw.gpus.iter().filter_map(|g| g.memory_total).collect();
     if totals.is_empty() {
@@ -190,7 +189,7 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
             format!("{}{lines}", op_offload_comment(p))
         }
         Format::OllamaOptions => {
-            let num_gpu = (!r.llama_default).then(|| r.ollama_num_gpu.unwrap_or(r.n_gpu_layers));
+            let num_gpu = r.ollama_num_gpu_param();
             let pl = r.placement();
             let num_batch = match pl.ollama_num_batch() {
                 crate::types::OllamaBatch::Num(b) => Some(b),

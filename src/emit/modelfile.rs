@@ -43,8 +43,11 @@ const MISNAMED: [(&str, &str); 6] = [
 #[must_use]
 pub fn params(p: &Profile) -> Vec<(&'static str, Option<u32>)> {
     let r = &p.recommendation;
-    let num_gpu = (!r.llama_default).then(|| r.ollama_num_gpu.unwrap_or(r.n_gpu_layers));
-    let mut v = vec![("num_gpu", num_gpu), ("num_thread", Some(r.n_threads)), ("num_ctx", r.placement().num_ctx())];
+    let mut v = vec![
+        ("num_gpu", r.ollama_num_gpu_param()),
+        ("num_thread", Some(r.n_threads)),
+        ("num_ctx", r.placement().num_ctx()),
+    ];
     if let crate::types::OllamaBatch::Num(b) = r.placement().ollama_num_batch() {
         v.push(("num_batch", Some(b)));
     }

@@ -136,8 +136,8 @@ impl Runner {
         let mut spec = spec.clone();
         spec.sample_interval_ms = u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
         let key = spec.load_key();
-        let reuse = std::env::var_os(NO_SHARE_ENV).is_none()
-            && live::kept().as_mut().is_some_and(|k| k.key == key && k.live.alive());
+        // (With NGL_TUNE_NO_SHARE every trial's worker ended with it, below.)
+        let reuse = live::kept().as_mut().is_some_and(|k| k.key == key && k.live.alive());
         if !reuse {
             live::release();
         }
@@ -157,7 +157,7 @@ impl Runner {
         let answer = worker.live.answer(RESULT_PREFIX, self.timeout, self.poll, || on_tick(pid));
         let mut sampled = sampler.map(Sampler::stop).unwrap_or_default();
         let answer = answer?;
-        super::worker::keep_first_baselines(&mut worker.baselines, &mut sampled);
+        crate::probe::keep_first_baselines(&mut worker.baselines, &mut sampled);
         let tail = worker.live.tail();
         drop(kept);
         let threshold = self.busy_threshold * f64::from(spec.placement.n_threads.max(1));

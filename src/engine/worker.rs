@@ -162,7 +162,7 @@ impl Session {
         let mut result = self.measure_trial(spec, result);
         if let Some(s) = sampler {
             result.sampled = s.stop();
-            keep_first_baselines(&mut self.baselines, &mut result.sampled);
+            crate::probe::keep_first_baselines(&mut self.baselines, &mut result.sampled);
         }
         result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
         if std::env::var_os("NGL_TUNE_TIMINGS").is_some() {
@@ -220,18 +220,6 @@ impl Session {
         }
         inject_fault(spec.placement.n_gpu_layers);
         measure_tests(spec, backend, &loaded.model, result)
-    }
-}
-
-/// Samples of a later trial measured from the session's first baselines
-/// (taken before any model was loaded), so what the kept model holds
-/// still counts as the trial's.
-pub fn keep_first_baselines(first: &mut Vec<crate::types::MemoryStats>, sampled: &mut [crate::types::MemoryStats]) {
-    for m in sampled.iter_mut() {
-        match first.iter().find(|f| f.source == m.source && f.device == m.device) {
-            Some(f) => m.baseline_used = f.baseline_used,
-            None => first.push(m.clone()),
-        }
     }
 }
 

@@ -79,6 +79,18 @@ fn record(acc: &mut BTreeMap<String, Acc>, source: crate::types::Source, samples
     }
 }
 
+/// Samples of a later trial in a kept worker measured from the first
+/// trial's baselines (taken before the worker loaded anything), so what
+/// the kept model holds still counts as the trial's; `first` keeps them.
+pub fn keep_first_baselines(first: &mut Vec<MemoryStats>, sampled: &mut [MemoryStats]) {
+    for m in sampled.iter_mut() {
+        match first.iter().find(|f| f.source == m.source && f.device == m.device) {
+            Some(f) => m.baseline_used = f.baseline_used,
+            None => first.push(m.clone()),
+        }
+    }
+}
+
 impl Sampler {
     /// Takes a baseline reading now, then samples every `interval` on a
     /// thread. `pid` is the process whose own use is attributed.

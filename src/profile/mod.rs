@@ -523,6 +523,26 @@ impl Recommendation {
         .with_split(&self.tensor_split, &self.rpc)
     }
 
+    /// Ollama's `num_gpu`: `None` (left unset) where llama.cpp's default is
+    /// recommended, else the layers Ollama can run.
+    #[must_use]
+    pub fn ollama_num_gpu_param(&self) -> Option<u32> {
+        (!self.llama_default).then(|| self.ollama_num_gpu.unwrap_or(self.n_gpu_layers))
+    }
+
+    /// Renders the paste-ready forms from the fields: llama.cpp's flags,
+    /// Ollama's server settings, and the Modelfile lines with `ollama_ngl`
+    /// layers (no `num_gpu` where llama.cpp's default is recommended).
+    pub fn render_forms(&mut self, ollama_ngl: u32) {
+        self.llama_cpp_args = self.flags();
+        self.ollama_server_env = self.placement().ollama_server_env();
+        self.modelfile = self.ollama_placement(ollama_ngl).modelfile_lines();
+        if self.llama_default {
+            self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
+            self.modelfile.insert(0, UNSET_NUM_GPU.to_string());
+        }
+    }
+
     /// This recommendation's llama.cpp flags.
     #[must_use]
     pub fn flags(&self) -> String {

@@ -224,11 +224,7 @@ pub fn default_recommendation(
         measured: true,
         ..rec.clone()
     };
-    r.llama_cpp_args = r.flags();
-    r.ollama_server_env = r.placement().ollama_server_env();
-    r.modelfile = r.ollama_placement(ngl).modelfile_lines();
-    r.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
-    r.modelfile.insert(0, crate::profile::UNSET_NUM_GPU.to_string());
+    r.render_forms(ngl);
     r
 }
 

@@ -589,12 +589,11 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
     let mem = o.device_bytes.map(|b| b as f64);
     r.mem_bytes = mem;
     r.measured = o.measured;
-    r.llama_cpp_args = r.flags();
     if o.kind == HatchKind::KvCache {
         r.ollama_num_gpu = None;
-        r.modelfile = r.ollama_placement(o.n_gpu_layers).modelfile_lines();
-        r.ollama_server_env = r.placement().ollama_server_env();
+        r.render_forms(o.n_gpu_layers);
     } else {
+        r.llama_cpp_args = r.flags();
         // Ollama has no tensor overrides: its best is the whole-layer split.
         r.ollama_num_gpu = Some(layer_split.ollama_num_gpu.unwrap_or(layer_split.n_gpu_layers));
     }

@@ -427,7 +427,6 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     r.n_cpu_moe = 0;
     r.n_cpu_ffn = 0;
     r.kv_type = crate::types::KvType::F16;
-    r.ollama_server_env = r.placement().ollama_server_env();
     r.tensor_split.clone_from(&o.tensor_split);
     // Every layer on the CPU needs no server.
     r.rpc = if o.n_gpu_layers == 0 { Vec::new() } else { rpc.to_vec() };
@@ -437,7 +436,6 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     let mem = o.accounted_bytes.iter().sum::<u64>() as f64;
     r.mem_bytes = Some(mem);
     r.measured = o.measured;
-    r.llama_cpp_args = r.flags();
     let local: u32 = if o.tensor_split.is_empty() {
         o.n_gpu_layers
     } else {
@@ -445,7 +443,7 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     };
     let ollama = if r.rpc.is_empty() { o.n_gpu_layers } else { local };
     r.ollama_num_gpu = (ollama != r.n_gpu_layers).then_some(ollama);
-    r.modelfile = r.ollama_placement(ollama).modelfile_lines();
+    r.render_forms(ollama);
     r
 }
 

@@ -192,9 +192,7 @@ pub fn recommendation(
         flash_attn: s.flash_attn,
         n_parallel: s.n_parallel,
     };
-    r.llama_cpp_args = r.flags();
-    r.modelfile = r.ollama_placement(dense).modelfile_lines();
-    r.ollama_server_env = r.placement().ollama_server_env();
+    r.render_forms(dense);
     r
 }
 
