@@ -49,7 +49,7 @@ impl ServerEnv {
 /// where Go's `strconv.ParseBool` says false, anything unparsable true.
 #[must_use]
 pub fn ollama_bool(v: &str) -> bool {
-    !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "f" | "false")
+    !matches!(v.trim(), "0" | "f" | "F" | "false" | "FALSE" | "False")
 }
 
 /// A variable of `vars` as Ollama reads one (`envconfig.Var`): the last
@@ -335,6 +335,7 @@ mod tests {
         assert!(one.applied[0].contains("one slot"), "{:?}", one.applied);
         let bad = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "four"), ("OLLAMA_FLASH_ATTENTION", "0")]), "gemma3");
         assert_eq!((bad.parallel, bad.flash_attn), (1, Some(FlashAttn::Off)), "an unparsable number is the default");
+        assert!(!ollama_bool("False") && !ollama_bool(" F ") && ollama_bool("fAlSe"), "Go's ParseBool, else true");
         assert_eq!(
             [ollama_batch(4096), ollama_batch(8192), ollama_batch(32768), ollama_batch(65536)],
             [512, 1024, 1024, 2048]
