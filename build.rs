@@ -36,6 +36,7 @@ fn main() {
         .include(sys.join("src"))
         .include(sys.join("include"))
         .include(sys.join("ggml/include"))
+        .include(sys.join("tools/mtmd"))
         .warnings(false)
         .compile("ngl_tune_shim");
 }

@@ -11,6 +11,7 @@
 #include "llama-ext.h"
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
+#include "mtmd.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -123,6 +124,33 @@ int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n
     }
     llama_free(ctx);
     llama_model_free(model);
+    return 0;
+}
+
+typedef void (*ngl_tune_mmproj_cb)(void * user, const char * buft, int is_host, uint64_t bytes);
+
+// What a multimodal projector (--mmproj) would allocate per buffer type:
+// its weights and its image encoder's compute buffers, reserved for the
+// largest image as llama-server's warmup reserves them, without allocating
+// (mtmd_get_memory_usage, the dry run llama.cpp's own tools use). `use_gpu`
+// is llama.cpp's --mmproj-offload: the first GPU, as llama-server picks it.
+// Returns 0 on success, 1 when mtmd cannot read the projector (its log says why).
+int ngl_tune_mmproj_memory(const char * path, int use_gpu, int32_t flash_attn, uint32_t n_threads,
+                           ngl_tune_mmproj_cb cb, void * user) {
+    mtmd_context_params p = mtmd_context_params_default();
+    p.use_gpu             = use_gpu != 0;
+    p.flash_attn_type     = (llama_flash_attn_type) flash_attn;
+    p.n_threads           = (int) n_threads;
+    p.warmup              = true;
+    p.print_timings       = false;
+    const mtmd_memory_usage m = mtmd_get_memory_usage(path, p);
+    if (m.backend_mem_usage.empty()) {
+        return 1;
+    }
+    for (const auto & kv : m.backend_mem_usage) {
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(kv.first);
+        cb(user, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0, (uint64_t) kv.second);
+    }
     return 0;
 }
 

@@ -171,6 +171,15 @@ pub struct Row {
     /// whether that made it contended (measured again, still busy).
     pub others_cpu_cores: Option<f64>,
     pub contended: bool,
+    /// The projector loaded beside the model (`--mmproj`), where one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<String>,
+    /// The `img` row: the fixed image ("896x896") encoded by the
+    /// projector, into this many tokens; its t/s are image tokens per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_image_tokens: Option<u32>,
 }
 
 /// Flattens trial results into rows.
@@ -200,6 +209,22 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
                 stddev_ts: Some(t.stddev_ts),
                 samples_ns: t.samples_ns.clone(),
                 samples_ts: t.samples_ts.clone(),
+                ..base.clone()
+            });
+        }
+        if let Some(i) = &r.image {
+            #[allow(clippy::cast_precision_loss)]
+            let ts: Vec<f64> =
+                i.samples_ns.iter().map(|ns| f64::from(i.n_tokens) * 1e9 / (*ns as f64).max(1.0)).collect();
+            out.push(Row {
+                avg_ns: Some(i.avg_ns),
+                stddev_ns: Some(i.stddev_ns),
+                avg_ts: Some(crate::stats::mean(&ts)),
+                stddev_ts: Some(crate::stats::stddev(&ts)),
+                samples_ns: i.samples_ns.clone(),
+                samples_ts: ts,
+                image: Some(format!("{}x{}", i.nx, i.ny)),
+                n_image_tokens: Some(i.n_tokens),
                 ..base.clone()
             });
         }
@@ -264,6 +289,9 @@ fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -
         no_op_offload: u8::from(s.placement.op_offload == crate::types::OpOffload::Off),
         others_cpu_cores: r.contention.as_ref().map(|c| c.others_cores_mean),
         contended: r.contended(),
+        mmproj: s.placement.mmproj.as_ref().map(|m| m.display().to_string()),
+        image: None,
+        n_image_tokens: None,
     }
 }
 
@@ -277,6 +305,9 @@ fn tensor_split_field(split: &[u32]) -> String {
 
 /// llama-bench's test name: "pp512", "tg128 @ d4096".
 fn test_name(r: &Row) -> String {
+    if let (Some(img), Some(n)) = (&r.image, r.n_image_tokens) {
+        return format!("img {img} ({n} tok)");
+    }
     let base = match (r.n_prompt, r.n_gen) {
         (p, 0) => format!("pp{p}"),
         (0, g) => format!("tg{g}"),

@@ -58,6 +58,8 @@ pub enum Command {
         model: PathBuf,
         #[arg(long)]
         rpc: Option<String>,
+        #[arg(long)]
+        mmproj: Option<PathBuf>,
     },
     /// Internal: predict device memory by llama.cpp's dry run (spec as JSON on stdin)
     #[command(name = "__predict", hide = true)]
@@ -137,6 +139,13 @@ pub struct Workload {
     /// more offload devices, tune measures how to split the layers between them.
     #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC", help_heading = "Devices")]
     pub rpc: Option<String>,
+    /// A multimodal projector (mmproj-*.gguf) loaded beside the model, as llama-server's --mmproj
+    ///
+    /// It goes on the first GPU, as llama-server puts it: its weights and image-encoder buffers are
+    /// priced and counted against that device's cap, and each trial also times the encoding of
+    /// one fixed image (the img row beside pp and tg).
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -414,6 +423,9 @@ pub struct SynthArgs {
     /// The context it was "trained" for
     #[arg(long, default_value_t = 4096)]
     pub ctx_train: u32,
+    /// Write a vision projector (Gemma 3's kind) for a text model of this embedding size instead
+    #[arg(long, value_name = "N_EMBD")]
+    pub projector_for: Option<u64>,
 }
 
 #[derive(Debug, Args)]

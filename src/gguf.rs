@@ -535,6 +535,13 @@ impl Gguf {
         self.get(key).and_then(Value::as_str)
     }
 
+    /// The bytes of every tensor (what ggml allocates for them, before
+    /// alignment padding).
+    #[must_use]
+    pub fn tensor_bytes(&self) -> u64 {
+        self.tensors.iter().filter_map(TensorInfo::n_bytes).sum()
+    }
+
     /// Number of entries of an array value (a vocabulary, say).
     #[must_use]
     pub fn array_len(&self, key: &str) -> Option<u64> {

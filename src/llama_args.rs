@@ -29,11 +29,13 @@ pub struct LlamaArgs {
     pub main_gpu: Option<u32>,
     /// `-np`: parallel sequences (llama-server's slots).
     pub n_parallel: Option<u32>,
+    /// `--mmproj`: the multimodal projector file.
+    pub mmproj: Option<std::path::PathBuf>,
 }
 
 /// The flags this reads.
 pub const KNOWN: &str =
-    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -sm, -ts, -mg";
+    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -sm, -ts, -mg, --mmproj";
 
 impl LlamaArgs {
     /// `base` with what this command line sets laid over it. An `-ot`
@@ -57,6 +59,9 @@ impl LlamaArgs {
         p.split_mode = self.split_mode.unwrap_or(p.split_mode);
         if let Some(v) = self.rpc {
             p.rpc = v;
+        }
+        if let Some(m) = self.mmproj {
+            p.mmproj = Some(m);
         }
         if let Some(v) = self.tensor_split {
             p.tensor_split = v;
@@ -108,7 +113,7 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
 
 /// llama-server's environment variables (`common/arg.cpp`'s `set_env`) for
 /// the flags ngl-tune emits.
-const ENV_FLAGS: [(&str, &str); 15] = [
+const ENV_FLAGS: [(&str, &str); 16] = [
     ("LLAMA_ARG_N_GPU_LAYERS", "-ngl"),
     ("LLAMA_ARG_THREADS", "-t"),
     ("LLAMA_ARG_CTX_SIZE", "-c"),
@@ -124,6 +129,7 @@ const ENV_FLAGS: [(&str, &str); 15] = [
     ("LLAMA_ARG_SPLIT_MODE", "-sm"),
     ("LLAMA_ARG_TENSOR_SPLIT", "-ts"),
     ("LLAMA_ARG_MAIN_GPU", "-mg"),
+    ("LLAMA_ARG_MMPROJ", "--mmproj"),
 ];
 
 /// What llama-server's `LLAMA_ARG_*` variables set, of the ones ngl-tune
@@ -222,6 +228,7 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
                 });
             }
             "-mg" | "--main-gpu" => a.main_gpu = Some(number(flag, value()?)?),
+            "-mm" | "--mmproj" => a.mmproj = Some(std::path::PathBuf::from(value()?)),
             other => return Err(format!("'{other}' is not a flag ngl-tune bench runs; it runs {KNOWN}")),
         }
     }
@@ -281,8 +288,12 @@ mod tests {
             (kv, fa, 0u32..60, 0u32..60, proptest::collection::vec(other, 0..3)),
             (op, proptest::collection::vec(endpoint, 0..3), sm, proptest::collection::vec(0u32..99, 0..6), 0u32..4),
             1u32..9,
+            proptest::option::of(prop_oneof![
+                Just("mmproj-F16.gguf".to_string()),
+                Just("/models/My Model's/mmproj.gguf".to_string()),
+            ]),
         )
-            .prop_map(|(a, b, c, np)| Placement {
+            .prop_map(|(a, b, c, np, mm)| Placement {
                 n_gpu_layers: a.0,
                 n_threads: a.1,
                 n_ctx: a.2,
@@ -299,6 +310,7 @@ mod tests {
                 tensor_split: c.3,
                 main_gpu: c.4,
                 n_parallel: np,
+                mmproj: mm.map(std::path::PathBuf::from),
             })
     }
 

@@ -197,7 +197,28 @@ pub fn tune_settings(
         consumer: None,
         kv_type: crate::types::KvType::F16,
         n_depth: a.depth,
+        mmproj: w.mmproj.as_deref().map(check_projector).transpose()?,
     })
+}
+
+/// Checks `--mmproj`: a GGUF file holding a projector (llama.cpp's `clip`
+/// architecture). Whether it goes with the model, mtmd checks when it
+/// loads both (the tune's first child).
+///
+/// # Errors
+/// `BadInput` naming the file, what it is, and the fix.
+pub fn check_projector(path: &std::path::Path) -> Result<std::path::PathBuf> {
+    let fix = "give the projector file (mmproj-*.gguf) that goes with the model";
+    let g = crate::gguf::Gguf::read(path)
+        .map_err(|e| bad(format!("--mmproj {}: cannot read it as GGUF ({e}); {fix}", path.display())))?;
+    match g.get_str("general.architecture") {
+        Some("clip") => Ok(path.to_path_buf()),
+        Some(arch) => Err(bad(format!(
+            "--mmproj {} is a model of architecture '{arch}', not a projector (architecture 'clip'); {fix}",
+            path.display()
+        ))),
+        None => Err(bad(format!("--mmproj {} names no architecture; {fix}", path.display()))),
+    }
 }
 
 /// Parses `--ctx`: context sizes, each positive and at most the trained context.
@@ -257,8 +278,10 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
         ..crate::types::Placement::default()
     }
     .with_layers(0, threads, w.ctx_size)
-    .with_split(&[], &rpc_list(w.rpc.as_deref())?);
+    .with_split(&[], &rpc_list(w.rpc.as_deref())?)
+    .with_mmproj(w.mmproj.as_deref());
     let mut p = llama.over(base);
+    p.mmproj = p.mmproj.as_deref().map(check_projector).transpose()?;
     // --override-tensor's patterns come first, then the line's.
     cpu_overrides.append(&mut p.cpu_overrides);
     p.cpu_overrides = cpu_overrides;

@@ -207,6 +207,125 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     f.flush()
 }
 
+/// Shape of a synthetic vision projector (`--mmproj`): a SigLIP tower
+/// with Gemma 3's projector (`clip.projector_type` gemma3), the kind
+/// Gemma-3 vision models ship, with random weights.
+#[derive(Debug, Clone)]
+pub struct ProjectorSpec {
+    /// The text model's embedding size (the projection's output).
+    pub n_embd_text: u64,
+    pub n_embd: u64,
+    pub n_ff: u64,
+    pub n_head: u64,
+    pub n_layer: u32,
+    /// Square images of this side, in patches of `patch_size` pixels.
+    pub image_size: u32,
+    pub patch_size: u32,
+    /// Gemma 3's pooling: `(image_size / patch_size / n_merge)^2` tokens per image.
+    pub n_merge: u32,
+    pub seed: u64,
+}
+
+impl ProjectorSpec {
+    /// A small projector for a text model of `n_embd_text`: 224-pixel
+    /// images, 256 patches pooled to 16 tokens.
+    #[must_use]
+    pub fn for_text(n_embd_text: u64) -> Self {
+        ProjectorSpec {
+            n_embd_text,
+            n_embd: 256,
+            n_ff: 1024,
+            n_head: 4,
+            n_layer: 6,
+            image_size: 224,
+            patch_size: 14,
+            n_merge: 4,
+            seed: 7,
+        }
+    }
+
+    #[must_use]
+    pub fn with_tower(mut self, n_embd: u64, n_ff: u64, n_layer: u32) -> Self {
+        self.n_embd = n_embd;
+        self.n_ff = n_ff;
+        self.n_layer = n_layer;
+        self
+    }
+
+    /// Image tokens per image.
+    #[must_use]
+    pub fn n_image_tokens(&self) -> u32 {
+        let side = self.image_size / self.patch_size / self.n_merge.max(1);
+        side * side
+    }
+}
+
+/// Writes a projector described by `spec` to `path` (F32 weights), as
+/// llama.cpp's converter writes Gemma 3's: the keys and tensor names
+/// `tools/mtmd/clip.cpp` reads.
+///
+/// # Errors
+/// I/O errors.
+#[allow(clippy::cast_possible_truncation)]
+pub fn write_projector(path: &Path, spec: &ProjectorSpec) -> std::io::Result<()> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+    let mut w = Writer::new();
+    let (e, ff) = (spec.n_embd, spec.n_ff);
+    let n_patches = u64::from((spec.image_size / spec.patch_size).pow(2));
+    let p = u64::from(spec.patch_size);
+    let three = |v: f32| Value::Array { elem_type: 6, len: 3, items: vec![Value::F32(v); 3] };
+    w.kv("general.architecture", Value::Str("clip".into()));
+    w.kv("general.name", Value::Str(format!("synthetic-gemma3-projector-{}L", spec.n_layer)));
+    w.kv("general.file_type", Value::U32(0));
+    w.kv("clip.has_vision_encoder", Value::Bool(true));
+    w.kv("clip.projector_type", Value::Str("gemma3".into()));
+    w.kv("clip.use_gelu", Value::Bool(true));
+    w.kv("clip.vision.image_size", Value::U32(spec.image_size));
+    w.kv("clip.vision.patch_size", Value::U32(spec.patch_size));
+    w.kv("clip.vision.embedding_length", Value::U32(e as u32));
+    w.kv("clip.vision.feed_forward_length", Value::U32(ff as u32));
+    w.kv("clip.vision.block_count", Value::U32(spec.n_layer));
+    w.kv("clip.vision.projection_dim", Value::U32(spec.n_embd_text as u32));
+    w.kv("clip.vision.attention.head_count", Value::U32(spec.n_head as u32));
+    w.kv("clip.vision.attention.layer_norm_epsilon", Value::F32(1e-6));
+    w.kv("clip.vision.image_mean", three(0.5));
+    w.kv("clip.vision.image_std", three(0.5));
+    w.kv("clip.vision.projector.scale_factor", Value::U32(spec.n_merge));
+    let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| {
+        let n: u64 = dims.iter().product();
+        w.tensor(name, dims, 0, f32_bytes((0..n).map(|_| rng.random_range(-0.05f32..0.05))));
+    };
+    let fill = |w: &mut Writer, name: &str, n: u64, v: f32| {
+        w.tensor(name, &[n], 0, f32_bytes((0..n).map(|_| v)));
+    };
+    rand_tensor(&mut w, "v.patch_embd.weight", &[p, p, 3, e]);
+    fill(&mut w, "v.patch_embd.bias", e, 0.0);
+    rand_tensor(&mut w, "v.position_embd.weight", &[e, n_patches]);
+    for i in 0..spec.n_layer {
+        let b = format!("v.blk.{i}");
+        for norm in ["ln1", "ln2"] {
+            fill(&mut w, &format!("{b}.{norm}.weight"), e, 1.0);
+            fill(&mut w, &format!("{b}.{norm}.bias"), e, 0.0);
+        }
+        for m in ["attn_q", "attn_k", "attn_v", "attn_out"] {
+            rand_tensor(&mut w, &format!("{b}.{m}.weight"), &[e, e]);
+            fill(&mut w, &format!("{b}.{m}.bias"), e, 0.0);
+        }
+        rand_tensor(&mut w, &format!("{b}.ffn_up.weight"), &[e, ff]);
+        fill(&mut w, &format!("{b}.ffn_up.bias"), ff, 0.0);
+        rand_tensor(&mut w, &format!("{b}.ffn_down.weight"), &[ff, e]);
+        fill(&mut w, &format!("{b}.ffn_down.bias"), e, 0.0);
+    }
+    fill(&mut w, "v.post_ln.weight", e, 1.0);
+    fill(&mut w, "v.post_ln.bias", e, 0.0);
+    fill(&mut w, "mm.soft_emb_norm.weight", e, 1.0);
+    rand_tensor(&mut w, "mm.input_projection.weight", &[spec.n_embd_text, e]);
+    let mut f = BufWriter::new(std::fs::File::create(path)?);
+    w.write_to(&mut f)?;
+    use std::io::Write;
+    f.flush()
+}
+
 /// Quantizes `input` into `output` with llama.cpp's own quantizer
 /// (`llama_model_quantize`, requantizing allowed), for a second
 /// quantization of one model in tests and benchmarks.

@@ -669,3 +669,145 @@ fn the_ollama_servers_settings_are_what_the_tune_measures() {
         );
     }
 }
+
+/// A synthetic 8-layer model and a small Gemma-3-kind projector made for it.
+fn model_with_projector(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let m = synth(dir, 8);
+    let p = dir.join("mmproj.gguf");
+    let spec = ngl_tune::synth::ProjectorSpec::for_text(128).with_tower(64, 256, 2);
+    ngl_tune::synth::write_projector(&p, &spec).unwrap();
+    (m, p)
+}
+
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn a_projector_is_priced_counted_against_the_cap_timed_and_emitted() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let (m, mm) = model_with_projector(dir.path());
+    let (m_s, mm_s) = (m.to_str().unwrap(), mm.to_str().unwrap());
+    let tune = |store: &Path, extra: &[&str]| {
+        let base = [m_s, "--mmproj", mm_s, "-c", "512", "-p", "16", "-n", "8", "-r", "2", "--depth", "0"];
+        let o = run_env(&[&base[..], &["--profiles", store.to_str().unwrap()], extra].concat(), &[VK]);
+        assert!(o.status.success(), "{}\n{}", stderr(&o), stdout(&o));
+        (stdout(&o), only_profile(store))
+    };
+    let (out, p) = tune(&dir.path().join("a"), &["--search", "grid", "--ngl", "0,9"]);
+
+    // Priced by mtmd's dry run, on the first GPU as llama-server loads it,
+    // and within 2% of what each trial's load allocated there.
+    let pred = &p["prediction"]["mmproj"];
+    let on_device = |lines: &serde_json::Value, kinds: &[&str]| -> u64 {
+        lines
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["buffer_type"] == "Vulkan0" && kinds.iter().any(|k| b["kind"] == *k))
+            .map(|b| b["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let predicted: u64 = pred["buffers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["buffer_type"] == "Vulkan0")
+        .map(|b| b["model"].as_u64().unwrap() + b["compute"].as_u64().unwrap())
+        .sum();
+    assert!(predicted > 0, "the projector is priced on Vulkan0: {pred}");
+    let trials = p["trials"].as_array().unwrap();
+    for t in trials.iter().filter(|t| t["status"] == "ok") {
+        let allocated = on_device(&t["model_buffers"], &["mmproj", "mmproj-compute"]);
+        let err = (predicted as f64 - allocated as f64).abs() / allocated as f64;
+        assert!(err < 0.02, "predicted {predicted} B, allocated {allocated} B: {t}");
+        assert!(
+            on_device(&t["model_buffers"], &["mmproj"]) > 0,
+            "weights on the GPU at ngl {}",
+            t["spec"]["n_gpu_layers"]
+        );
+        assert_eq!(t["spec"]["mmproj"], mm_s);
+    }
+    // The img row: every trial that ran to its end encoded the fixed image into 16 tokens.
+    let full = trials.iter().filter(|t| t["status"] == "ok" && !t["tests"].to_string().contains("stopped_early"));
+    for t in full {
+        let img = &t["image"];
+        assert_eq!((img["n_tokens"].as_u64(), img["nx"].as_u64()), (Some(16), Some(896)), "{t}");
+        assert!(img["avg_ns"].as_u64().unwrap() > 0 && img["samples_ns"].as_array().unwrap().len() == 2, "{img}");
+    }
+    assert!(out.contains("img ms") && out.contains("projector mmproj.gguf on Vulkan0"), "{out}");
+    assert!(out.contains("Ollama at num_gpu 0 runs the projector on the CPU"), "{out}");
+
+    // Counted against the cap: a budget full offload meets without the
+    // projector but not with it puts full offload over the cap.
+    let full9 = p["prediction"]["predictions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["n_gpu_layers"] == 9)
+        .map(|x| x["device_bytes"].as_u64().unwrap())
+        .unwrap();
+    let budget = full9 - predicted / 2;
+    let (_, q) =
+        tune(&dir.path().join("b"), &["--search", "grid", "--ngl", "0,9", "--vram-budget", &budget.to_string()]);
+    let over: Vec<u64> =
+        q["prediction"]["predicted_over_cap"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(over, [9], "{budget} B holds ngl 9 without the projector ({} B), not with it", full9 - predicted);
+
+    // The emitted flags load it: bench runs them with the same allocation and the img row.
+    let rec = &p["recommendation"];
+    let args = rec["llama_cpp_args"].as_str().unwrap();
+    assert!(args.contains(&format!("--mmproj {mm_s}")), "{args}");
+    let b = run_env(&["bench", m_s, "--llama-args", args, "-p", "16", "-n", "8", "-r", "1", "-o", "json"], &[VK]);
+    assert!(b.status.success(), "{}", stderr(&b));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&b)).unwrap();
+    let img = rows.iter().find(|r| r["image"] == "896x896").expect("an img row");
+    assert_eq!((img["status"].as_str(), img["n_image_tokens"].as_u64()), (Some("ok"), Some(16)), "{img}");
+    let mine = trials
+        .iter()
+        .find(|t| {
+            t["status"] == "ok"
+                && t["spec"]["n_gpu_layers"] == rec["n_gpu_layers"]
+                && t["spec"]["n_threads"] == rec["n_threads"]
+        })
+        .unwrap();
+    assert_eq!(img["accounted_device_bytes"].as_f64(), mine["mem_bytes"].as_f64(), "{img}\n{mine}");
+    let env = rec_env(rec);
+    assert!(env.contains(&format!("LLAMA_ARG_MMPROJ={mm_s}")), "{env}");
+}
+
+/// The recommendation's llama-server environment as `emit --format env` prints it.
+fn rec_env(rec: &serde_json::Value) -> String {
+    let placement = ngl_tune::llama_args::parse_placement(rec["llama_cpp_args"].as_str().unwrap()).unwrap();
+    placement.server_env().iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+}
+
+#[test]
+fn a_projector_that_is_not_one_or_not_this_models_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _) = model_with_projector(dir.path());
+    let other = dir.path().join("for-640.gguf");
+    ngl_tune::synth::write_projector(&other, &ngl_tune::synth::ProjectorSpec::for_text(640).with_tower(64, 256, 1))
+        .unwrap();
+    let store = dir.path().join("store");
+    let tune = |mm: &str| {
+        run(&[
+            m.to_str().unwrap(),
+            "--mmproj",
+            mm,
+            "-c",
+            "256",
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "--profiles",
+            store.to_str().unwrap(),
+        ])
+    };
+    assert_bad_input(&tune(m.to_str().unwrap()), "is a model of architecture 'llama', not a projector");
+    assert_bad_input(&tune("/nonexistent/mmproj.gguf"), "cannot read it as GGUF");
+    assert_bad_input(
+        &tune(other.to_str().unwrap()),
+        "does not go with synth-8L.gguf: mismatch between text model (n_embd = 128) and mmproj (n_embd = 640)",
+    );
+    assert!(profiles_in(&store).is_empty(), "nothing written");
+}

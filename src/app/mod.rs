@@ -51,8 +51,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                 profiles::cmd_profiles_list(profiles.as_deref(), json)
             }
         },
-        Command::Check { model, rpc } => {
-            let verdict = crate::engine::worker::check_loadable(&model, &rpc_list(rpc.as_deref())?);
+        Command::Check { model, rpc, mmproj } => {
+            let verdict = crate::engine::worker::check_loadable(&model, &rpc_list(rpc.as_deref())?, mmproj.as_deref());
             // The backend is up now: the device list costs nothing more.
             let devices = if verdict.is_ok() { crate::probe::ggml::devices() } else { Vec::new() };
             let check = crate::engine::child::Check { ok: verdict.is_ok(), error: verdict.err(), devices };
@@ -61,6 +61,11 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Command::Quantize { input, output, kind } => {
             crate::synth::quantize(&input, &output, &kind)?;
+            Ok(exit::OK)
+        }
+        Command::Synth(a) if a.projector_for.is_some() => {
+            let spec = crate::synth::ProjectorSpec::for_text(a.projector_for.unwrap_or_default());
+            crate::synth::write_projector(&a.out, &spec)?;
             Ok(exit::OK)
         }
         Command::Synth(a) => {

@@ -178,9 +178,12 @@ pub struct Check {
 ///
 /// # Errors
 /// When the child cannot run at all (its own failure is a `Check`).
-pub fn check(exe: &Path, model: &Path, rpc: &[String]) -> Result<Check> {
+pub fn check(exe: &Path, model: &Path, rpc: &[String], mmproj: Option<&Path>) -> Result<Check> {
     let mut args = vec![model.as_os_str().to_owned()];
     args.extend(rpc_args(rpc));
+    if let Some(m) = mmproj {
+        args.extend(["--mmproj".into(), m.as_os_str().to_owned()]);
+    }
     let spawned = spawn(exe, "__check", &args, b"", false)?;
     let done = spawned.wait(CALL_TIMEOUT, Duration::from_millis(5), || {})?;
     Ok(serde_json::from_str(done.stdout.trim()).unwrap_or_else(|_| Check {
@@ -196,14 +199,30 @@ pub fn check(exe: &Path, model: &Path, rpc: &[String]) -> Result<Check> {
 ///
 /// # Errors
 /// `BadInput` with llama.cpp's reason.
-pub fn check_loadable(exe: &Path, info: &crate::model::ModelInfo, rpc: &[String]) -> Result<Vec<LlamaDevice>> {
-    let c = check(exe, &info.path, rpc)?;
+pub fn check_loadable(
+    exe: &Path,
+    info: &crate::model::ModelInfo,
+    rpc: &[String],
+    mmproj: Option<&Path>,
+) -> Result<Vec<LlamaDevice>> {
+    let c = check(exe, &info.path, rpc, mmproj)?;
     if c.ok {
         return Ok(c.devices);
     }
     let why = c.error.unwrap_or_default();
+    if let (Some(m), Some(mm)) = (mmproj, why.strip_prefix(PROJECTOR_FAILED)) {
+        return Err(crate::error::bad(format!(
+            "--mmproj {} does not go with {}: {}; give the projector file made for this model",
+            m.display(),
+            info.file_name,
+            mm.trim()
+        )));
+    }
     Err(cannot_load(info, &why, why.contains("unknown model architecture")))
 }
+
+/// How the check says the model loads but its projector does not.
+pub const PROJECTOR_FAILED: &str = "projector:";
 
 /// Bad input: llama.cpp cannot load the model, in words (`arch`: because
 /// it does not know the architecture).

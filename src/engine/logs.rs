@@ -33,7 +33,7 @@ unsafe extern "C" fn capture(_level: llama_cpp_sys_2::ggml_log_level, text: *con
     }
 }
 
-/// Routes llama.cpp and ggml logs through [`capture`]. Call once, before the
+/// Routes llama.cpp's, ggml's and mtmd's logs through [`capture`]. Call once, before the
 /// backend is initialized.
 pub fn install() {
     // SAFETY: `capture` is a valid callback for the life of the process and
@@ -41,6 +41,8 @@ pub fn install() {
     unsafe {
         llama_cpp_sys_2::llama_log_set(Some(capture), std::ptr::null_mut());
         llama_cpp_sys_2::ggml_log_set(Some(capture), std::ptr::null_mut());
+        // The projector's loader (tools/mtmd) logs through its own hook.
+        llama_cpp_sys_2::mtmd_log_set(Some(capture), std::ptr::null_mut());
     }
 }
 
@@ -75,6 +77,31 @@ pub fn parse_buffers(log: &str) -> Vec<BufferLine> {
     out
 }
 
+/// What mtmd's log says a projector allocated: its weights ("model
+/// size: 12.34 MiB", on the backend of "CLIP using Vulkan0 backend") as
+/// kind `mmproj`, its encoder's compute buffers as kind `mmproj-compute`.
+#[must_use]
+pub fn parse_projector(log: &str) -> Vec<BufferLine> {
+    let backend = log
+        .lines()
+        .find_map(|l| l.split("CLIP using ").nth(1)?.strip_suffix(" backend").map(|b| b.trim().to_string()))
+        .unwrap_or_else(|| "CPU".to_string());
+    let weights = log.lines().find_map(|l| {
+        let v = l.split("model size:").nth(1)?.trim().strip_suffix("MiB")?.trim().parse::<f64>().ok()?;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Some((v * 1024.0 * 1024.0).round() as u64)
+    });
+    let compute = parse_buffers(log).into_iter().filter(|b| b.kind == "compute").map(|mut b| {
+        b.kind = "mmproj-compute".into();
+        b
+    });
+    weights
+        .map(|bytes| BufferLine { buffer_type: backend, kind: "mmproj".into(), bytes })
+        .into_iter()
+        .chain(compute)
+        .collect()
+}
+
 /// "offloaded 10/19 layers to GPU" → (10, 19).
 #[must_use]
 pub fn parse_offloaded(log: &str) -> Option<(u32, u32)> {
@@ -89,6 +116,31 @@ pub fn parse_offloaded(log: &str) -> Option<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_projectors_weights_and_encoder_buffers_are_read_from_mtmds_log() {
+        let log = "clip_ctx: CLIP using Vulkan0 backend
+load_hparams: model size:         19.03 MiB
+load_hparams: metadata size:      0.04 MiB
+alloc_compute_meta:    Vulkan0 compute buffer size =     2.00 MiB
+alloc_compute_meta:        CPU compute buffer size =     0.06 MiB
+";
+        let lines = parse_projector(log);
+        let got: Vec<(&str, &str, u64)> =
+            lines.iter().map(|b| (b.buffer_type.as_str(), b.kind.as_str(), b.bytes)).collect();
+        let mib = |v: f64| (v * 1024.0 * 1024.0).round() as u64;
+        assert_eq!(
+            got,
+            [
+                ("Vulkan0", "mmproj", mib(19.03)),
+                ("Vulkan0", "mmproj-compute", mib(2.0)),
+                ("CPU", "mmproj-compute", mib(0.06))
+            ]
+        );
+        // Without a GPU, mtmd says so and the weights are the CPU's.
+        let cpu = parse_projector("clip_ctx: CLIP using CPU backend\nload_hparams: model size: 1.00 MiB\n");
+        assert_eq!((cpu[0].buffer_type.as_str(), cpu[0].on_device()), ("CPU", false));
+    }
 
     const LOG: &str = "load_tensors: offloading output layer to GPU
 load_tensors: offloading 9 repeating layers to GPU

@@ -23,6 +23,14 @@ extern "C" {
         cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64, u64),
         user: *mut c_void,
     ) -> c_int;
+    fn ngl_tune_mmproj_memory(
+        path: *const c_char,
+        use_gpu: c_int,
+        flash_attn: i32,
+        n_threads: u32,
+        cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64),
+        user: *mut c_void,
+    ) -> c_int;
 }
 
 /// What llama.cpp would allocate in one buffer type.
@@ -141,6 +149,33 @@ pub struct PredictSpec {
     /// the one the consumer's server forces on every model).
     #[serde(default, skip_serializing_if = "crate::types::is_f16")]
     pub kv_type: crate::types::KvType,
+    /// A multimodal projector loaded beside the model (`--mmproj`): priced
+    /// once and added to every prediction on the device it loads on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
+}
+
+/// What a projector adds, as mtmd's dry run reports it: per buffer type,
+/// its weights (`model`) and its image encoder's buffers (`compute`),
+/// reserved for the largest image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProjectorPrediction {
+    pub buffers: Vec<PredictedBuffer>,
+    /// Why mtmd could not price it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ProjectorPrediction {
+    /// Bytes on accelerator devices.
+    #[must_use]
+    pub fn device_bytes(&self) -> u64 {
+        self.buffers
+            .iter()
+            .filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type))
+            .map(|b| b.model + b.compute)
+            .sum()
+    }
 }
 
 /// What llama.cpp's `--fit` would choose for the same memory margin.
@@ -170,6 +205,9 @@ pub struct PredictOutput {
     /// What llama.cpp does without flags: its fit with its own defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_fit: Option<LlamaFit>,
+    /// The projector's share, already in every prediction above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<ProjectorPrediction>,
 }
 
 /// What llama.cpp's fit chose with a margin per device.
@@ -225,7 +263,7 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 }
 
 /// One dry run in this process (the backend must be initialized).
-fn predict_one(spec: &PredictSpec, case: PredictCase, split: &[u32]) -> Prediction {
+fn predict_one(spec: &PredictSpec, case: PredictCase, split: &[u32], extra: &[PredictedBuffer]) -> Prediction {
     let mut c = case;
     if c.kv_type == crate::types::KvType::F16 {
         c.kv_type = spec.kv_type;
@@ -265,6 +303,9 @@ fn predict_one(spec: &PredictSpec, case: PredictCase, split: &[u32]) -> Predicti
         1 => Some(format!("dry-run model load failed: {}", last_line(&log))),
         _ => Some(format!("dry-run context creation failed: {}", last_line(&log))),
     };
+    if error.is_none() {
+        buffers.extend_from_slice(extra);
+    }
     let device = |f: fn(&PredictedBuffer) -> u64| -> u64 {
         buffers.iter().filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type)).map(f).sum()
     };
@@ -297,21 +338,67 @@ pub fn predict_main() -> Result<()> {
     super::logs::quiet();
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
     super::placement::add_rpc_servers(&spec.rpc)?;
+    let mmproj = spec.mmproj.as_deref().map(|m| predict_projector(m, spec.flash_attn));
+    let extra = mmproj.as_ref().map_or(&[][..], |m| &m.buffers[..]);
     let predictions: Vec<Prediction> =
-        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), &[])).collect();
-    let cases = spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, &[]) }).collect();
+        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), &[], extra)).collect();
+    let cases =
+        spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, &[], extra) }).collect();
     let splits = spec
         .splits
         .iter()
-        .map(|split| predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), split))
+        .map(|split| predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), split, extra))
         .collect();
     let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, spec.n_ctx));
     let llama_fit_split = (!spec.fit_split_margins.is_empty()).then(|| llama_fit_split(&spec));
     let default_fit =
         spec.default_fit.then(|| fit_with(&spec, DEFAULT_FIT_MARGIN, DEFAULT_FIT_MIN_CTX.min(spec.n_ctx)));
-    let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split, default_fit };
+    let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split, default_fit, mmproj };
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
+}
+
+extern "C" fn collect_mmproj(user: *mut c_void, buft: *const c_char, is_host: c_int, bytes: u64) {
+    collect(user, buft, is_host, 0, 0, bytes);
+}
+
+/// The projector's dry run (mtmd, with llama-server's defaults: on the
+/// first GPU, warmed up for the largest image): its weights (the sum of its
+/// tensors, from the file) on the device that holds them, the rest of
+/// what mtmd reports there and elsewhere as encoder buffers.
+fn predict_projector(path: &Path, flash_attn: crate::types::FlashAttn) -> ProjectorPrediction {
+    let mut buffers: Vec<PredictedBuffer> = Vec::new();
+    let c = CString::new(path.to_string_lossy().as_bytes()).unwrap_or_default();
+    // SAFETY: a valid C string; the callback only touches `buffers`, which outlives the call.
+    let rc = unsafe {
+        ngl_tune_mmproj_memory(
+            c.as_ptr(),
+            1,
+            i32::from(flash_attn.value()),
+            1,
+            collect_mmproj,
+            (&raw mut buffers).cast::<c_void>(),
+        )
+    };
+    let log = super::logs::take();
+    if rc != 0 {
+        return ProjectorPrediction {
+            buffers: Vec::new(),
+            error: Some(format!("mtmd could not load the projector: {}", last_line(&log))),
+        };
+    }
+    let weights = crate::gguf::Gguf::read(path).map(|g| g.tensor_bytes()).unwrap_or(0);
+    // The weights live on the backend mtmd picked: a device where there is one.
+    let holder = buffers
+        .iter()
+        .position(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type))
+        .or_else(|| buffers.iter().position(|b| b.compute >= weights));
+    if let Some(b) = holder.map(|i| &mut buffers[i]) {
+        let w = weights.min(b.compute);
+        b.model = w;
+        b.compute -= w;
+    }
+    ProjectorPrediction { buffers, error: None }
 }
 
 /// llama.cpp's fit (`common_fit_params`, through llama-cpp-sys-2's

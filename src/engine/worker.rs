@@ -11,6 +11,9 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::mtmd::{
+    mtmd_default_marker, MtmdBitmap, MtmdContext, MtmdContextParams, MtmdInputChunkType, MtmdInputText,
+};
 use llama_cpp_2::token::LlamaToken;
 use rand::{Rng, SeedableRng};
 
@@ -119,6 +122,8 @@ pub struct Session {
 /// A loaded model and what llama.cpp said while loading it.
 struct Loaded {
     key: String,
+    /// The projector (`--mmproj`), freed before the model it was made for.
+    mtmd: Option<MtmdContext>,
     model: LlamaModel,
     buffers: Vec<crate::types::BufferLine>,
     offloaded: Option<(u32, u32)>,
@@ -199,10 +204,18 @@ impl Session {
                 return Err((status, format!("model load failed ({e}): {}", last_error_line(&load_log))));
             }
         };
-        result.t_load_ms = t_load.elapsed().as_secs_f64() * 1e3;
-        let buffers = logs::parse_buffers(&load_log);
+        let mut buffers = logs::parse_buffers(&load_log);
         let offloaded = logs::parse_offloaded(&load_log);
-        self.loaded = Some(Loaded { key, model, buffers, offloaded });
+        let mtmd = match spec.placement.mmproj.as_deref() {
+            Some(path) => {
+                let (ctx, lines) = load_projector(path, &model, spec.placement.n_threads)?;
+                buffers.extend(lines);
+                Some(ctx)
+            }
+            None => None,
+        };
+        result.t_load_ms = t_load.elapsed().as_secs_f64() * 1e3;
+        self.loaded = Some(Loaded { key, mtmd, model, buffers, offloaded });
         Ok(())
     }
 
@@ -210,7 +223,7 @@ impl Session {
         if let Err((status, why)) = self.load(spec, &mut result) {
             return fail(result, status, why);
         }
-        let (Some(backend), Some(loaded)) = (self.backend.as_ref(), self.loaded.as_ref()) else {
+        let (Some(backend), Some(loaded)) = (self.backend.as_ref(), self.loaded.as_mut()) else {
             unreachable!("loaded above")
         };
         result.model_buffers.clone_from(&loaded.buffers);
@@ -219,8 +232,86 @@ impl Session {
             result.layers_total = Some(b);
         }
         inject_fault(spec.placement.n_gpu_layers);
-        measure_tests(spec, backend, &loaded.model, result)
+        let mut result = measure_tests(spec, backend, &loaded.model, result);
+        let behind = result.tests.iter().any(|t| t.stopped_early);
+        if let (Some(mtmd), TrialStatus::Ok, false) = (loaded.mtmd.as_mut(), result.status, behind) {
+            match measure_image(mtmd, spec) {
+                Ok(img) => result.image = Some(img),
+                Err(e) => {
+                    let log = logs::take();
+                    let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
+                    return fail(result, status, format!("{e}: {}", last_error_line(&log)));
+                }
+            }
+        }
+        result
     }
+}
+
+/// The projector for `model`, as llama-server loads it (`--mmproj`: on
+/// the first GPU, warmed up for the largest image, which reserves its
+/// encoder's buffers), and what mtmd said it allocated.
+fn load_projector(
+    path: &std::path::Path,
+    model: &LlamaModel,
+    n_threads: u32,
+) -> Result<(MtmdContext, Vec<crate::types::BufferLine>), (TrialStatus, String)> {
+    let params = MtmdContextParams {
+        use_gpu: true,
+        print_timings: false,
+        n_threads: i32::try_from(n_threads).unwrap_or(i32::MAX),
+        ..MtmdContextParams::default()
+    };
+    let ctx = MtmdContext::init_from_file(&path.to_string_lossy(), model, &params);
+    let log = logs::take();
+    match ctx {
+        Ok(c) => Ok((c, logs::parse_projector(&log))),
+        Err(e) => {
+            let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
+            Err((status, format!("projector load failed ({e}): {}", last_error_line(&log))))
+        }
+    }
+}
+
+/// The fixed image every trial encodes: 896x896 (Gemma 3's size), a
+/// deterministic pattern; the projector resizes it to its own.
+pub const IMAGE_SIDE: u32 = 896;
+
+fn fixed_image() -> Vec<u8> {
+    let n = IMAGE_SIDE as usize;
+    let mut data = Vec::with_capacity(n * n * 3);
+    for y in 0..n {
+        for x in 0..n {
+            for c in 0..3 {
+                data.push(u8::try_from((x * 7 + y * 13 + c * 61) % 256).unwrap_or(0));
+            }
+        }
+    }
+    data
+}
+
+/// The `img` test: the fixed image tokenized (preprocessing, not timed)
+/// and encoded after a warmup, `repetitions` times.
+fn measure_image(mtmd: &mut MtmdContext, spec: &TrialSpec) -> Result<crate::types::ImageTest, String> {
+    let bitmap = MtmdBitmap::from_image_data(IMAGE_SIDE, IMAGE_SIDE, &fixed_image())
+        .map_err(|e| format!("image bitmap: {e}"))?;
+    let text = MtmdInputText { text: mtmd_default_marker().to_string(), add_special: false, parse_special: true };
+    let chunks = mtmd.tokenize(text, &[&bitmap]).map_err(|e| format!("image tokenize failed ({e})"))?;
+    let chunk = (0..chunks.len())
+        .filter_map(|i| chunks.get(i))
+        .find(|c| c.chunk_type() == MtmdInputChunkType::Image)
+        .ok_or("the projector made no image chunk of the image")?;
+    let n_tokens = u32::try_from(chunk.n_tokens()).unwrap_or(u32::MAX);
+    if spec.warmup {
+        mtmd.encode_chunk(&chunk).map_err(|e| format!("image encode failed ({e})"))?;
+    }
+    let mut samples = Vec::with_capacity(spec.repetitions as usize);
+    for _ in 0..spec.repetitions.max(1) {
+        let t0 = Instant::now();
+        mtmd.encode_chunk(&chunk).map_err(|e| format!("image encode failed ({e})"))?;
+        samples.push(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(crate::types::ImageTest::from_samples(IMAGE_SIDE, IMAGE_SIDE, n_tokens, samples))
 }
 
 fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, mut result: TrialResult) -> TrialResult {
@@ -517,21 +608,45 @@ fn test_gen(
     Ok(None)
 }
 
-/// Loads only the model's vocabulary and hyperparameters: enough for
-/// llama.cpp to reject an architecture it does not know, without loading
-/// weights. Returns llama.cpp's own error line on failure.
+/// Loads only the model's vocabulary: enough for llama.cpp to reject an
+/// architecture it does not know, without loading weights; with a
+/// projector, the model mapped on the CPU and the projector checked
+/// against it by mtmd. Returns llama.cpp's own error line on failure.
 ///
 /// # Errors
 /// The reason llama.cpp gave.
-pub fn check_loadable(path: &std::path::Path, rpc: &[String]) -> Result<(), String> {
+pub fn check_loadable(path: &std::path::Path, rpc: &[String], mmproj: Option<&std::path::Path>) -> Result<(), String> {
     logs::install();
     let backend = LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?;
     super::placement::add_rpc_servers(rpc).map_err(|e| e.to_string())?;
-    let params = LlamaModelParams::default().with_vocab_only(true);
+    // With a projector, mtmd checks it against the model's hyperparameters,
+    // which a vocabulary-only load leaves out: then the model is mapped
+    // (every layer on the CPU, nothing read that a check does not touch).
+    let params = if mmproj.is_some() {
+        LlamaModelParams::default().with_n_gpu_layers(0)
+    } else {
+        LlamaModelParams::default().with_vocab_only(true)
+    };
     let loaded = LlamaModel::load_from_file(&backend, path, &params);
     let log = logs::take();
     match loaded {
-        Ok(_) => Ok(()),
+        Ok(model) => match mmproj {
+            // The projector as mtmd checks it against this model (on the CPU: a check, not a trial).
+            Some(m) => {
+                let params = MtmdContextParams { use_gpu: false, print_timings: false, ..MtmdContextParams::default() };
+                let ctx = MtmdContext::init_from_file(&m.to_string_lossy(), &model, &params);
+                let log = logs::take();
+                ctx.map(drop).map_err(|e| {
+                    let why = log
+                        .lines()
+                        .rev()
+                        .find(|l| l.contains("error"))
+                        .map_or_else(|| e.to_string(), |l| l.split("error: ").last().unwrap_or(l).trim().to_string());
+                    format!("{} {why}", super::child::PROJECTOR_FAILED)
+                })
+            }
+            None => Ok(()),
+        },
         Err(e) => Err(log
             .lines()
             .find(|l| l.contains("error loading model"))

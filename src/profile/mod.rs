@@ -176,6 +176,9 @@ pub struct Settings {
     /// A warmup run before each test, as llama-bench does (`--no-warmup`: none).
     #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
     pub warmup: bool,
+    /// The multimodal projector every trial loads beside the model (`--mmproj`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
 }
 
 /// The settings of the program that will run the model, as read.
@@ -408,6 +411,9 @@ pub struct PredictionReport {
     /// Measured throughput at llama.cpp's fit choice and at ngl-tune's, when both were measured.
     pub llama_fit_tg_ts: Option<f64>,
     pub error: Option<String>,
+    /// The projector's share (`--mmproj`), already in every prediction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<crate::engine::predict::ProjectorPrediction>,
 }
 
 /// Predicted against measured memory at one grid point.
@@ -493,6 +499,12 @@ pub struct Recommendation {
     /// with `-c num_ctx x P -np P`).
     #[serde(default = "crate::types::one", skip_serializing_if = "crate::types::is_one")]
     pub n_parallel: u32,
+    /// The multimodal projector loaded beside the model (`--mmproj`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
+    /// Milliseconds to encode the fixed image at this setting (the `img` test), where measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub img_ms: Option<f64>,
 }
 
 fn default_n_batch() -> u32 {
@@ -521,6 +533,7 @@ impl Recommendation {
         .with_kv(self.kv_type)
         .with_op_offload(self.op_offload)
         .with_split(&self.tensor_split, &self.rpc)
+        .with_mmproj(self.mmproj.as_deref())
     }
 
     /// Ollama's `num_gpu`: `None` (left unset) where llama.cpp's default is

@@ -29,15 +29,13 @@ pub fn trial_table(p: &Profile) -> String {
         "peak device memory"
     };
     let several = p.settings.contexts().len() > 1;
+    let images = p.trials.iter().any(|t| t.result.image.is_some());
     let mut columns = if several { vec![("ctx", true)] } else { Vec::new() };
-    columns.extend([
-        ("ngl", true),
-        ("threads", true),
-        ("pp t/s", true),
-        ("tg t/s", true),
-        (mem_head, true),
-        ("status", false),
-    ]);
+    columns.extend([("ngl", true), ("threads", true), ("pp t/s", true), ("tg t/s", true)]);
+    if images {
+        columns.push(("img ms", true));
+    }
+    columns.extend([(mem_head, true), ("status", false)]);
     let mut t = crate::table::Table::new(&columns);
     let mut trials: Vec<_> = p.trials.iter().collect();
     trials.sort_by_key(|t| {
@@ -59,14 +57,12 @@ pub fn trial_table(p: &Profile) -> String {
             (Some(b), None) => human_bytes(b),
             _ => "-".to_string(),
         };
-        let mut row = vec![
-            placement_cell(&r.spec),
-            r.spec.placement.n_threads.to_string(),
-            ts(r.test(true)),
-            ts(r.test(false)),
-            mem,
-            status_words(tr),
-        ];
+        let mut row =
+            vec![placement_cell(&r.spec), r.spec.placement.n_threads.to_string(), ts(r.test(true)), ts(r.test(false))];
+        if images {
+            row.push(image_cell(r.image.as_ref()));
+        }
+        row.extend([mem, status_words(tr)]);
         if several {
             row.insert(0, r.spec.placement.n_ctx.map_or_else(|| "-".into(), |c| c.to_string()));
         }
@@ -75,10 +71,72 @@ pub fn trial_table(p: &Profile) -> String {
     for n in &p.skipped {
         let mut row: Vec<String> = if several { vec![p.settings.n_ctx.to_string()] } else { Vec::new() };
         row.extend([n.to_string(), "-".into(), "-".into(), "-".into(), "-".into()]);
+        if images {
+            row.push("-".into());
+        }
         row.push("skipped: a smaller ngl ran out of memory".into());
         t.row(row);
     }
     t.render()
+}
+
+/// Milliseconds per image ± sd: the `img` test.
+fn image_cell(img: Option<&crate::types::ImageTest>) -> String {
+    img.map_or_else(|| "-".to_string(), |i| format!("{:.1} ± {:.1}", i.avg_ms(), i.stddev_ms()))
+}
+
+/// The projector's line: what it takes where, predicted and allocated,
+/// and what an image costs at the recommendation.
+fn projector_line(p: &Profile) -> Option<String> {
+    let path = p.settings.mmproj.as_ref()?;
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let mut s = format!("projector {name}");
+    let measured = p.trials.iter().find_map(|t| {
+        let lines: Vec<_> = t.result.model_buffers.iter().filter(|b| b.kind.starts_with("mmproj")).collect();
+        (!lines.is_empty()).then_some(lines)
+    });
+    if let Some(lines) = &measured {
+        let weights = lines.iter().find(|b| b.kind == "mmproj");
+        let on = weights.map_or("CPU", |b| b.buffer_type.as_str());
+        let w = weights.map_or(0, |b| b.bytes);
+        let enc: u64 = lines.iter().filter(|b| b.kind == "mmproj-compute" && b.on_device()).map(|b| b.bytes).sum();
+        let _ = write!(s, " on {on}: {} weights + {} image encoder", human_bytes(w), human_bytes(enc));
+        let total: u64 = lines.iter().filter(|b| b.on_device()).map(|b| b.bytes).sum();
+        if let Some(pred) = p.prediction.as_ref().and_then(|pr| pr.mmproj.as_ref()).filter(|m| m.error.is_none()) {
+            let pb = pred.device_bytes();
+            #[allow(clippy::cast_precision_loss)]
+            let err = if total > 0 { (pb as f64 - total as f64) / total as f64 * 100.0 } else { 0.0 };
+            let _ = write!(s, " (predicted {}, allocated {}: {err:+.2}%)", human_bytes(pb), human_bytes(total));
+        }
+        if total > 0 {
+            s.push_str(", counted against that device's cap in every trial");
+        }
+    }
+    let rec = &p.recommendation;
+    let img = p.trials.iter().find_map(|t| t.result.image.as_ref());
+    if let (Some(i), Some(ms)) = (img, rec.img_ms) {
+        let _ = write!(s, "; img {}x{} -> {} tokens: {ms:.1} ms at the recommendation", i.nx, i.ny, i.n_tokens);
+    }
+    let weights = measured.as_ref().and_then(|l| l.iter().find(|b| b.kind == "mmproj")).map_or(0, |b| b.bytes);
+    let _ = write!(s, "\n{}", ollama_projector(rec.ollama_num_gpu_param(), p.model.n_layer_full, weights));
+    Some(s)
+}
+
+/// What Ollama does with a model's projector at this `num_gpu`
+/// (llm/llama_server.go: `shouldDisableMMProjOffload`, `mmprojFitTargetMiB`).
+#[must_use]
+pub fn ollama_projector(num_gpu: Option<u32>, layers: u32, weights: u64) -> String {
+    let reserve = (weights + (1 << 30)).div_ceil(1 << 20);
+    match num_gpu {
+        Some(0) => "Ollama at num_gpu 0 runs the projector on the CPU (--no-mmproj-offload)".to_string(),
+        Some(n) if n < layers => format!(
+            "Ollama at num_gpu {n} (fewer than the model's {layers} layers) runs the projector on the CPU (--no-mmproj-offload): its {} stay off the GPU, and images encode on the CPU, slower than the img column measured here with it on the GPU",
+            human_bytes(weights)
+        ),
+        _ => format!(
+            "Ollama loads the projector on the GPU and reserves {reserve} MiB for it (its weights + 1 GiB, added to llama.cpp's fit target); it moves it to the CPU where a GPU has less free"
+        ),
+    }
 }
 
 /// The ngl cell: the layers, and the hatch when there is one.
@@ -141,6 +199,9 @@ pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::t
         let _ = write!(setting, " -ts {}", crate::types::split_list(&s.placement.tensor_split));
     }
     let mut what: Vec<String> = r.tests.iter().map(|t| format!("{} {:.2} t/s", t.name(), t.avg_ts)).collect();
+    if let Some(i) = &r.image {
+        what.push(format!("{} {:.1} ms", i.name(), i.avg_ms()));
+    }
     if r.status != TrialStatus::Ok {
         what.push(format!("{}{}", r.status.as_str(), r.reason.as_deref().map_or(String::new(), |w| format!(" ({w})"))));
     }
@@ -188,6 +249,9 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         };
     }
     let _ = writeln!(s, "{}", p.settings.depth_rule());
+    if let Some(l) = projector_line(p) {
+        let _ = writeln!(s, "{l}");
+    }
     let _ = writeln!(s);
     s.push_str(&trial_table(p));
     let _ = writeln!(s);
@@ -439,6 +503,22 @@ pub fn render_hw(hw: &crate::types::Hardware) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ollama_moves_the_projector_to_the_cpu_at_a_partial_offload() {
+        let w = 800 << 20;
+        assert!(ollama_projector(Some(0), 49, w).contains("on the CPU (--no-mmproj-offload)"));
+        let partial = ollama_projector(Some(30), 49, w);
+        assert!(
+            partial.contains("num_gpu 30 (fewer than the model's 49 layers) runs the projector on the CPU"),
+            "{partial}"
+        );
+        // Full offload or num_gpu unset: on the GPU, weights + 1 GiB added to fit's target, in MiB.
+        for n in [Some(49), None] {
+            let on = ollama_projector(n, 49, w);
+            assert!(on.contains("reserves 1824 MiB"), "{on}");
+        }
+    }
 
     fn example() -> Profile {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-vulkan-llvmpipe.json");

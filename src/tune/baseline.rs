@@ -102,6 +102,16 @@ fn samples(trials: &[ProfileTrial], c: Candidate, pp: bool) -> Vec<f64> {
         .collect()
 }
 
+/// Mean milliseconds per image of a candidate's paired trials, where measured.
+fn image_ms(trials: &[ProfileTrial], c: Candidate) -> Option<f64> {
+    let v: Vec<f64> = trials
+        .iter()
+        .filter(|t| t.role == Role::Paired && t.result.status == TrialStatus::Ok && c.is(&t.result.spec))
+        .filter_map(|t| t.result.image.as_ref().map(crate::types::ImageTest::avg_ms))
+        .collect();
+    (!v.is_empty()).then(|| crate::stats::mean(&v))
+}
+
 /// Racing thresholds for the default from the recommendation's paired
 /// speeds so far: the objective's test alone, at the search's share.
 fn race_against(trials: &[ProfileTrial], mine: Candidate, s: &Settings) -> Option<crate::types::Race> {
@@ -221,6 +231,7 @@ pub fn default_recommendation(
         tensor_split: Vec::new(),
         tg_ts: mean(false),
         pp_ts: mean(true),
+        img_ms: image_ms(trials, theirs),
         measured: true,
         ..rec.clone()
     };

@@ -178,6 +178,7 @@ pub fn predict(
                 max_error_pct: None,
                 llama_fit_tg_ts: None,
                 error: None,
+                mmproj: out.mmproj,
             }
         }
         Err(e) => PredictionReport {
@@ -188,6 +189,7 @@ pub fn predict(
             max_error_pct: None,
             llama_fit_tg_ts: None,
             error: Some(format!("{e:#}")),
+            mmproj: None,
         },
     }
 }

@@ -72,7 +72,8 @@ impl TuneRequest {
         let s = &settings;
         // Before the check: its child could only say it cannot load the model.
         let rpc_servers = crate::rpc::probe_all(&s.rpc)?;
-        let devices = crate::engine::child::check_loadable(&crate::engine::child::current_exe()?, &info, &s.rpc)?;
+        let exe = crate::engine::child::current_exe()?;
+        let devices = crate::engine::child::check_loadable(&exe, &info, &s.rpc, s.mmproj.as_deref())?;
         let caps = memory::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
         Ok(TuneRequest {
             info,
@@ -409,6 +410,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         fit_split_margins: Vec::new(),
         default_fit: false,
         kv_type: s.kv_type,
+        mmproj: s.mmproj.clone(),
     }
 }
 
@@ -559,7 +561,8 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         .with_parallel(s.n_parallel)
         .with_kv(s.kv_type)
         .with_op_offload(op_offload)
-        .with_split(&[], &s.rpc),
+        .with_split(&[], &s.rpc)
+        .with_mmproj(s.mmproj.as_deref()),
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
         n_depth: s.depth_at(s.n_ctx),

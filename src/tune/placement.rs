@@ -752,6 +752,8 @@ mod tests {
             n_ubatch: 512,
             flash_attn: crate::types::FlashAttn::Auto,
             n_parallel: 1,
+            mmproj: None,
+            img_ms: None,
             ollama_server_env: Vec::new(),
             rpc: Vec::new(),
             tensor_split: Vec::new(),

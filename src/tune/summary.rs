@@ -191,6 +191,8 @@ pub fn recommendation(
         n_ubatch: s.n_ubatch,
         flash_attn: s.flash_attn,
         n_parallel: s.n_parallel,
+        mmproj: s.mmproj.clone(),
+        img_ms: rec.and_then(|t| t.result.image.as_ref()).map(crate::types::ImageTest::avg_ms),
     };
     r.render_forms(dense);
     r

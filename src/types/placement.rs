@@ -272,6 +272,10 @@ pub struct Placement {
     /// splits it, and as Ollama starts it: `-c num_ctx x P -np P`).
     #[serde(default = "super::one", skip_serializing_if = "super::is_one")]
     pub n_parallel: u32,
+    /// A multimodal projector (llama-server's `--mmproj`), loaded beside
+    /// the model on the first GPU, as llama-server loads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<std::path::PathBuf>,
 }
 
 fn op_on() -> OpOffload {
@@ -320,6 +324,7 @@ impl Default for Placement {
             tensor_split: Vec::new(),
             main_gpu: 0,
             n_parallel: 1,
+            mmproj: None,
         }
     }
 }
@@ -352,6 +357,12 @@ impl Placement {
     #[must_use]
     pub fn with_op_offload(mut self, on: bool) -> Self {
         self.op_offload = if on { OpOffload::On } else { OpOffload::Off };
+        self
+    }
+
+    #[must_use]
+    pub fn with_mmproj(mut self, mmproj: Option<&std::path::Path>) -> Self {
+        self.mmproj = mmproj.map(std::path::Path::to_path_buf);
         self
     }
 
@@ -428,6 +439,9 @@ impl Placement {
             }
             f.push(format!("-mg {}", self.main_gpu));
         }
+        if let Some(m) = &self.mmproj {
+            f.push(format!("--mmproj {}", shell_quote(&m.to_string_lossy())));
+        }
         f.join(" ")
     }
 
@@ -479,6 +493,9 @@ impl Placement {
                 v.push(("LLAMA_ARG_TENSOR_SPLIT", split_list(&self.tensor_split)));
             }
             v.push(("LLAMA_ARG_MAIN_GPU", self.main_gpu.to_string()));
+        }
+        if let Some(m) = &self.mmproj {
+            v.push(("LLAMA_ARG_MMPROJ", m.to_string_lossy().into_owned()));
         }
         v
     }

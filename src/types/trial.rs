@@ -268,6 +268,56 @@ impl TestResult {
     }
 }
 
+/// The projector's test: one fixed image encoded (mtmd's `encode_chunk`,
+/// what llama-server runs for each image before the prompt), after a
+/// warmup, `repetitions` times: llama-bench's statistics per image.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ImageTest {
+    /// The image as given (the projector resizes it to its own size).
+    pub nx: u32,
+    pub ny: u32,
+    /// Tokens the image becomes in the text model's context.
+    pub n_tokens: u32,
+    pub samples_ns: Vec<u64>,
+    pub avg_ns: u64,
+    pub stddev_ns: u64,
+}
+
+impl ImageTest {
+    #[must_use]
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    pub fn from_samples(nx: u32, ny: u32, n_tokens: u32, samples_ns: Vec<u64>) -> Self {
+        let f: Vec<f64> = samples_ns.iter().map(|v| *v as f64).collect();
+        ImageTest {
+            nx,
+            ny,
+            n_tokens,
+            avg_ns: crate::stats::mean(&f).round() as u64,
+            stddev_ns: crate::stats::stddev(&f).round() as u64,
+            samples_ns,
+        }
+    }
+
+    /// "img 896x896": the row's name beside llama-bench's pp and tg.
+    #[must_use]
+    pub fn name(&self) -> String {
+        format!("img {}x{}", self.nx, self.ny)
+    }
+
+    /// Milliseconds per image.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn avg_ms(&self) -> f64 {
+        self.avg_ns as f64 / 1e6
+    }
+
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn stddev_ms(&self) -> f64 {
+        self.stddev_ns as f64 / 1e6
+    }
+}
+
 /// Everything one trial produced.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TrialResult {
@@ -305,6 +355,9 @@ pub struct TrialResult {
     /// `scripts/bench-overhead`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<WorkerTimings>,
+    /// The projector's image test, where the trial loads one (`--mmproj`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageTest>,
 }
 
 /// Where a worker's time went, in milliseconds.
@@ -406,6 +459,7 @@ impl TrialResult {
             devices: Vec::new(),
             contention: None,
             timings: None,
+            image: None,
         }
     }
 }
