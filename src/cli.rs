@@ -49,7 +49,7 @@ pub enum Command {
     Quantize {
         input: PathBuf,
         output: PathBuf,
-        /// q8_0, q4_0, q4_k_m, q3_k_m or q2_k
+        /// q8_0, q4_0, q4_1, q4_k_m, q3_k_m or q2_k
         kind: String,
     },
     /// Internal: check that llama.cpp can load a model's header and vocabulary
@@ -72,6 +72,9 @@ pub enum Command {
         #[arg(long)]
         rpc: Option<String>,
     },
+    /// Internal: the RPC server itself, which `rpc-server` supervises
+    #[command(name = "__rpc-serve", hide = true)]
+    RpcServe(RpcServerArgs),
     /// Internal: run one trial (spec as JSON on stdin, result as one line on stdout)
     #[command(name = "__trial", hide = true)]
     Trial,
@@ -423,6 +426,12 @@ pub struct SynthArgs {
     /// The context it was "trained" for
     #[arg(long, default_value_t = 4096)]
     pub ctx_train: u32,
+    /// Vocabulary size (at least 259: the byte tokens)
+    #[arg(long, default_value_t = 259)]
+    pub vocab: u64,
+    /// Tied embeddings: the output reuses token_embd (no output.weight)
+    #[arg(long)]
+    pub tied: bool,
     /// Write a vision projector (Gemma 3's kind) for a text model of this embedding size instead
     #[arg(long, value_name = "N_EMBD")]
     pub projector_for: Option<u64>,

@@ -181,8 +181,134 @@ pub fn dead_server(endpoints: &[String]) -> Option<String> {
     endpoints.iter().find_map(|e| probe(e).err().map(|err| format!("{err:#}")))
 }
 
+/// After a trial that ended badly: the servers that stopped answering, each
+/// given `grace` to come back (an `ngl-tune rpc-server` restarts a server
+/// that crashed within a second or two), so the next trial does not fail
+/// on a server that is only restarting. `None` when every one answers at
+/// once; else what happened to each that did not.
+#[must_use]
+pub fn wait_back(endpoints: &[String], grace: Duration) -> Option<String> {
+    let down: Vec<&String> = endpoints.iter().filter(|e| probe(e).is_err()).collect();
+    if down.is_empty() {
+        return None;
+    }
+    let t = Instant::now();
+    let mut said = Vec::new();
+    for e in down {
+        loop {
+            match probe(e) {
+                Ok(_) => {
+                    said.push(format!(
+                        "the RPC server {e} stopped answering during the trial and came back after {:.1} s (restarted)",
+                        t.elapsed().as_secs_f64()
+                    ));
+                    break;
+                }
+                Err(err) if t.elapsed() >= grace => {
+                    said.push(format!("{err:#}"));
+                    break;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+    Some(said.join("; "))
+}
+
 /// llama.cpp's warning for a server bound beyond this machine, in one line.
 pub const NO_AUTH_WARNING: &str = "llama.cpp's RPC protocol has no authentication or encryption: anyone who reaches this port can run code on these devices; bind to a private network only";
+
+/// Whether the server can listen on host:port.
+///
+/// # Errors
+/// `BadInput` naming the endpoint and the fix.
+fn listenable(host: &str, port: u16) -> Result<()> {
+    let endpoint = format!("{host}:{port}");
+    parse_endpoint(&endpoint)?;
+    // ggml's server would only print that it cannot bind: say which and why first.
+    std::net::TcpListener::bind((host, port)).map(drop).map_err(|e| {
+        bad(format!("cannot listen on {endpoint} ({e}); pick another --port, or a --host of this machine"))
+    })
+}
+
+/// The line the server prints once it serves.
+const SERVING: &str = "ngl-tune rpc-server: serving ";
+
+/// Runs the server (hidden `__rpc-serve`, the same process as before a
+/// crash) in a child and starts it again whenever it dies while serving,
+/// naming how it died and its last words, so a trial that crashes it costs
+/// that trial, not the rest of a tune. Ctrl-C or SIGTERM stop both. A
+/// server that cannot start (a bad device, a taken port) is not restarted.
+///
+/// # Errors
+/// As [`serve`], for a server that never started.
+pub fn supervise(host: &str, port: u16, devices: &[String], threads: u32) -> Result<()> {
+    use std::ffi::OsString;
+    let endpoint = format!("{host}:{port}");
+    listenable(host, port)?;
+    let exe = crate::engine::child::current_exe()?;
+    // The devices are named by a child: a backend in this long-lived
+    // process would hold GPU memory the server's clients need.
+    let known: Vec<String> = crate::engine::child::devices(&exe, &[])?.into_iter().map(|d| d.name).collect();
+    if let Some(d) = devices.iter().find(|d| !known.contains(d)) {
+        return Err(bad(format!("--device {d} is not a llama.cpp device here; choose from {}", known.join(", "))));
+    }
+    if host != "127.0.0.1" && host != "localhost" {
+        eprintln!("warning: {NO_AUTH_WARNING}");
+    }
+    let mut args: Vec<OsString> = vec![
+        "--host".into(),
+        host.into(),
+        "--port".into(),
+        port.to_string().into(),
+        "-t".into(),
+        threads.to_string().into(),
+    ];
+    if !devices.is_empty() {
+        args.extend(["--device".into(), devices.join(",").into()]);
+    }
+    crate::interrupt::install();
+    let mut restarts = 0u32;
+    loop {
+        let started = Instant::now();
+        let child = crate::engine::child::spawn(&exe, "__rpc-serve", &args, b"", true)?;
+        let done = match child.wait(Duration::MAX, Duration::from_millis(100), || {}) {
+            Ok(d) => d,
+            // Ctrl-C or SIGTERM: the server is stopped with it, as asked.
+            Err(e) if e.is::<crate::error::Interrupted>() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let served = done.tail.iter().any(|l| l.contains(SERVING));
+        if done.status.success() {
+            return Ok(());
+        }
+        if !served {
+            // Its own error line is above; say it once more as the command's error.
+            let why = crate::engine::child::telling_line(&done.tail);
+            let why = why.strip_prefix("error: ").unwrap_or(&why).to_string();
+            return Err(if done.status.code() == Some(crate::error::exit::BAD_INPUT) {
+                bad(why)
+            } else {
+                anyhow::anyhow!("the RPC server on {endpoint} could not start: {why}")
+            });
+        }
+        restarts += 1;
+        let how = match done.status.code() {
+            Some(c) => format!("exited with status {c}"),
+            None => crate::engine::child::describe_exit(done.status).replacen("worker ", "", 1),
+        };
+        let last = done.tail.iter().rev().find(|l| !l.contains(SERVING) && !l.trim().is_empty());
+        eprintln!(
+            "ngl-tune rpc-server: the server on {endpoint} died ({how}) after {:.0} s serving{}; restarting it (restart {restarts})",
+            started.elapsed().as_secs_f64(),
+            last.map_or_else(String::new, |l| format!("; its last words: {}", l.trim()))
+        );
+        // A server that dies at once again and again waits longer each time (at most 10 s).
+        if started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(250 * u64::from(restarts.min(40))));
+        }
+    }
+}
 
 /// Serves this machine's devices until the process ends.
 ///
@@ -191,16 +317,15 @@ pub const NO_AUTH_WARNING: &str = "llama.cpp's RPC protocol has no authenticatio
 /// server could not start (the port is taken, ...).
 pub fn serve(host: &str, port: u16, devices: &[String], threads: u32) -> Result<()> {
     let endpoint = format!("{host}:{port}");
-    parse_endpoint(&endpoint)?;
-    // ggml's server would only print that it cannot bind: say which and why first.
-    if let Err(e) = std::net::TcpListener::bind((host, port)) {
-        return Err(bad(format!(
-            "cannot listen on {endpoint} ({e}); pick another --port, or a --host of this machine"
-        )));
+    // The server goes with its supervisor, however that ends.
+    // SAFETY: prctl with PR_SET_PDEATHSIG only sets this process's parent-death signal.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
     }
-    if host != "127.0.0.1" && host != "localhost" {
-        eprintln!("warning: {NO_AUTH_WARNING}");
+    if std::os::unix::process::parent_id() == 1 {
+        anyhow::bail!("the rpc-server that started this server is gone");
     }
+    listenable(host, port)?;
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
     let known: Vec<String> = crate::probe::ggml::devices().into_iter().map(|d| d.name).collect();
     if let Some(d) = devices.iter().find(|d| !known.contains(d)) {

@@ -23,6 +23,10 @@ pub struct SynthSpec {
     pub seed: u64,
     /// Weight matrices in Q8_0 (what GPUs run fast) instead of F32.
     pub q8_0: bool,
+    /// Vocabulary size: the byte tokens, then plain tokens to this many.
+    pub n_vocab: u64,
+    /// Tied embeddings: no `output.weight` (the output reuses `token_embd`).
+    pub tied: bool,
 }
 
 impl Default for SynthSpec {
@@ -38,6 +42,8 @@ impl Default for SynthSpec {
             n_expert_used: 0,
             seed: 42,
             q8_0: false,
+            n_vocab: N_VOCAB,
+            tied: false,
         }
     }
 }
@@ -78,6 +84,15 @@ impl SynthSpec {
         self
     }
 
+    /// A vocabulary of `n` tokens (at least the 259 byte-level ones) and,
+    /// with `tied`, the output reusing the embeddings.
+    #[must_use]
+    pub fn with_vocab(mut self, n: u64, tied: bool) -> Self {
+        self.n_vocab = n.max(N_VOCAB);
+        self.tied = tied;
+        self
+    }
+
     #[must_use]
     pub fn with_experts(mut self, n_expert: u32, n_used: u32) -> Self {
         self.n_expert = n_expert;
@@ -89,18 +104,22 @@ impl SynthSpec {
 /// Vocabulary: <unk>, <s>, </s> and the 256 byte tokens of a SentencePiece model.
 pub const N_VOCAB: u64 = 3 + 256;
 
-fn vocab(w: &mut Writer) {
+fn vocab(w: &mut Writer, n_vocab: u64) {
     let mut tokens = vec![Value::Str("<unk>".into()), Value::Str("<s>".into()), Value::Str("</s>".into())];
     let mut types = vec![Value::I32(2), Value::I32(3), Value::I32(3)];
     for b in 0..=255u8 {
         tokens.push(Value::Str(format!("<0x{b:02X}>")));
         types.push(Value::I32(6));
     }
-    let scores = (0..N_VOCAB).map(|_| Value::F32(0.0)).collect::<Vec<_>>();
+    for i in N_VOCAB..n_vocab {
+        tokens.push(Value::Str(format!("\u{2581}w{i}")));
+        types.push(Value::I32(1));
+    }
+    let scores = (0..n_vocab).map(|_| Value::F32(0.0)).collect::<Vec<_>>();
     w.kv("tokenizer.ggml.model", Value::Str("llama".into()));
-    w.kv("tokenizer.ggml.tokens", Value::Array { elem_type: 8, len: N_VOCAB, items: tokens });
-    w.kv("tokenizer.ggml.scores", Value::Array { elem_type: 6, len: N_VOCAB, items: scores });
-    w.kv("tokenizer.ggml.token_type", Value::Array { elem_type: 5, len: N_VOCAB, items: types });
+    w.kv("tokenizer.ggml.tokens", Value::Array { elem_type: 8, len: n_vocab, items: tokens });
+    w.kv("tokenizer.ggml.scores", Value::Array { elem_type: 6, len: n_vocab, items: scores });
+    w.kv("tokenizer.ggml.token_type", Value::Array { elem_type: 5, len: n_vocab, items: types });
     w.kv("tokenizer.ggml.unknown_token_id", Value::U32(0));
     w.kv("tokenizer.ggml.bos_token_id", Value::U32(1));
     w.kv("tokenizer.ggml.eos_token_id", Value::U32(2));
@@ -158,7 +177,7 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
         w.kv(&format!("{arch}.attention.key_length"), Value::U32(head_dim as u32));
         w.kv(&format!("{arch}.attention.value_length"), Value::U32(head_dim as u32));
     }
-    vocab(&mut w);
+    vocab(&mut w, spec.n_vocab);
 
     let q8_0 = spec.q8_0;
     let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| {
@@ -175,9 +194,11 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
         w.tensor(name, &[n], 0, f32_bytes((0..n).map(|_| 1.0f32)));
     };
 
-    rand_tensor(&mut w, "token_embd.weight", &[e, N_VOCAB]);
+    rand_tensor(&mut w, "token_embd.weight", &[e, spec.n_vocab]);
     ones(&mut w, "output_norm.weight", e);
-    rand_tensor(&mut w, "output.weight", &[e, N_VOCAB]);
+    if !spec.tied {
+        rand_tensor(&mut w, "output.weight", &[e, spec.n_vocab]);
+    }
     let kv_dim = head_dim * hkv;
     for i in 0..spec.n_layer {
         let p = format!("blk.{i}");
@@ -337,12 +358,13 @@ pub fn quantize(input: &Path, output: &Path, kind: &str) -> anyhow::Result<()> {
     let ftype = match kind {
         "q8_0" => sys::LLAMA_FTYPE_MOSTLY_Q8_0,
         "q4_0" => sys::LLAMA_FTYPE_MOSTLY_Q4_0,
+        "q4_1" => sys::LLAMA_FTYPE_MOSTLY_Q4_1,
         "q4_k_m" => sys::LLAMA_FTYPE_MOSTLY_Q4_K_M,
         "q3_k_m" => sys::LLAMA_FTYPE_MOSTLY_Q3_K_M,
         "q2_k" => sys::LLAMA_FTYPE_MOSTLY_Q2_K,
         _ => {
             return Err(crate::error::bad(format!(
-                "quantization type '{kind}': use q8_0, q4_0, q4_k_m, q3_k_m or q2_k"
+                "quantization type '{kind}': use q8_0, q4_0, q4_1, q4_k_m, q3_k_m or q2_k"
             )))
         }
     };

@@ -41,6 +41,10 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Hw(a) => hw::cmd_hw(&a),
         Command::RpcServer(a) => {
             let threads = a.threads.unwrap_or_else(|| crate::probe::hardware(Vec::new()).cpu.physical_cores.max(1));
+            crate::rpc::supervise(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
+        }
+        Command::RpcServe(a) => {
+            let threads = a.threads.unwrap_or(1);
             crate::rpc::serve(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
         }
         Command::Emit(a) => emit::cmd_emit(&a),
@@ -75,7 +79,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                 .with_kv_heads(a.kv_heads.unwrap_or(a.heads))
                 .with_experts(a.experts, a.experts.min(2))
                 .with_q8_0(a.q8_0)
-                .with_ctx_train(a.ctx_train);
+                .with_ctx_train(a.ctx_train)
+                .with_vocab(a.vocab, a.tied);
             crate::synth::write_model(&a.out, &spec)?;
             Ok(exit::OK)
         }

@@ -12,6 +12,10 @@ use super::live::{self, Answer, Kept, Live};
 use crate::error::Interrupted;
 use crate::interrupt;
 use crate::probe::host::HostSource;
+
+/// How long a server that stopped answering in a trial gets to come back
+/// (a supervised one is restarted within a second or two).
+const RPC_GRACE: Duration = Duration::from_secs(5);
 use crate::probe::nvml::NvmlSource;
 use crate::probe::{MemorySource, Sampler};
 use crate::types::Contention;
@@ -172,7 +176,7 @@ impl Runner {
         if result.status != TrialStatus::Ok {
             // A server that died or stalls mid-trial is named (ggml only aborts).
             if matches!(result.status, TrialStatus::Crashed | TrialStatus::Timeout) {
-                if let Some(dead) = crate::rpc::dead_server(&spec.placement.rpc) {
+                if let Some(dead) = crate::rpc::wait_back(&spec.placement.rpc, RPC_GRACE) {
                     result.reason = Some(format!("{dead}; {}", result.reason.unwrap_or_default()));
                 }
             }

@@ -746,6 +746,12 @@ pub struct SplitOption {
     pub recommended: bool,
     pub note: String,
     pub llama_cpp_args: String,
+    /// The rates each device's measured speed predicts for this split
+    /// (`tune::speed`), where the probes ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_tg_ts: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_pp_ts: Option<f64>,
 }
 
 /// The split stage at one context.

@@ -11,6 +11,15 @@ fn speed(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
 }
 
+/// A predicted rate, and how far the measurement fell from it.
+fn predicted(p: Option<f64>, measured: Option<f64>) -> String {
+    match (p, measured) {
+        (Some(p), Some(m)) if m > 0.0 => format!("{p:.2} ({:+.0}%)", (p / m - 1.0) * 100.0),
+        (Some(p), _) => format!("{p:.2}"),
+        _ => "-".into(),
+    }
+}
+
 /// Bytes per device as "30.5 MiB / 49.6 MiB".
 fn per_device(bytes: &[u64]) -> String {
     if bytes.is_empty() {
@@ -55,26 +64,23 @@ pub fn split_lines(c: &ContextPlacement, r: &SplitReport) -> String {
     if r.options.is_empty() {
         return s;
     }
-    let mut t = crate::table::Table::new(&[
-        ("split", false),
-        ("placement", false),
-        ("tg t/s", true),
-        ("pp t/s", true),
-        ("memory per device", true),
-        ("note", false),
-    ]);
+    let by_speed = r.options.iter().any(|o| o.predicted_tg_ts.is_some());
+    let mut columns = vec![("split", false), ("placement", false), ("tg t/s", true)];
+    if by_speed {
+        columns.push(("predicted tg", true));
+    }
+    columns.extend([("pp t/s", true), ("memory per device", true), ("note", false)]);
+    let mut t = crate::table::Table::new(&columns);
     for o in &r.options {
         let mark = if o.recommended { " <- recommended" } else { "" };
         let mem = if o.accounted_bytes.is_empty() { &o.predicted_bytes } else { &o.accounted_bytes };
         let fits = if o.fits { "" } else { " (over a cap)" };
-        t.row(vec![
-            o.label.clone(),
-            split_words(o.n_gpu_layers, &o.tensor_split),
-            speed(o.tg_ts),
-            speed(o.pp_ts),
-            format!("{}{fits}", per_device(mem)),
-            format!("{}{mark}", o.note),
-        ]);
+        let mut row = vec![o.label.clone(), split_words(o.n_gpu_layers, &o.tensor_split), speed(o.tg_ts)];
+        if by_speed {
+            row.push(predicted(o.predicted_tg_ts, o.tg_ts));
+        }
+        row.extend([speed(o.pp_ts), format!("{}{fits}", per_device(mem)), format!("{}{mark}", o.note)]);
+        t.row(row);
     }
     let _ = writeln!(s, "memory per device in the order {}:", names.join(" / "));
     s.push_str(&t.render());

@@ -16,6 +16,7 @@ pub mod plan;
 pub mod quality;
 pub mod rank;
 pub mod search;
+pub mod speed;
 pub mod split;
 pub mod summary;
 #[cfg(test)]

@@ -20,6 +20,7 @@ use anyhow::Result;
 use super::memory::DeviceCap;
 use super::plan::{Candidate, Split};
 use super::search::Search;
+use super::speed::{Probe, SpeedModel};
 use crate::engine::predict::Prediction;
 use crate::profile::{DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
 use crate::types::{LlamaDevice, Role, TrialStatus};
@@ -193,36 +194,14 @@ fn flags(ngl: u32, split: &[u32], s: &Settings, threads: u32, rpc: &[String], op
         .flags()
 }
 
-/// Prices, trims and measures the candidate splits; the whole-layer
-/// search's trials (llama.cpp's default split) are options too.
-///
-/// # Errors
-/// What the search's executor returns (an interrupt).
-pub fn split_stage(
-    search: &mut Search<'_>,
-    inp: &SplitInputs<'_>,
+/// Priced exactly; a device over its cap gives up the layers its cost
+/// says it must (to the CPU), up to three times. What fits every cap.
+fn price_all(
+    mut todo: Vec<(String, Vec<u32>)>,
     predict: &mut dyn FnMut(&[Vec<u32>]) -> Vec<Prediction>,
-) -> Result<SplitFound> {
-    let (devs, full) = (inp.devs, inp.full);
-    let n = u32::try_from(devs.len()).unwrap_or(1);
-    let even = proportional(full, &vec![full; devs.len()]);
-    let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
-    let probes = predict(&[even.clone(), half.clone()]);
-    let mut found = SplitFound::default();
-    if probes.len() < 2 || probes.iter().any(|p| p.error.is_some()) {
-        let why = probes.iter().find_map(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
-        found.notes.push(crate::types::Note::split(format!(
-            "the split across {n} devices was not tuned: llama.cpp's dry run failed ({why})"
-        )));
-        return Ok(found);
-    }
-    let cost = costs((&even, &parts(&probes[0], devs)), (&half, &parts(&probes[1], devs)));
-    let cap_at = |full_offload: bool| -> Vec<u32> {
-        cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, full_offload, full)).collect()
-    };
-    let mut todo = candidates(&cap_at(true), &cap_at(false), full);
-    // Priced exactly; a device over its cap gives up the layers its cost
-    // says it must (to the CPU), up to three times.
+    devs: &[DeviceCap],
+    cost: &[DeviceCost],
+) -> Vec<(String, Vec<u32>, Prediction)> {
     let mut priced: Vec<(String, Vec<u32>, Prediction)> = Vec::new();
     for _round in 0..4 {
         if todo.is_empty() {
@@ -251,15 +230,168 @@ pub fn split_stage(
         }
         todo = next;
     }
-    search.predicted.extend(priced.iter().map(|(_, _, p)| p.clone()));
+    priced
+}
+
+/// Splits the search measures at most, by their predicted speed.
+pub const MEASURED_BY_SPEED: usize = 2;
+
+/// The rates of a trial (tg, pp), where it ran.
+fn rates(t: &crate::profile::ProfileTrial) -> (Option<f64>, Option<f64>) {
+    (t.result.test(false).map(|x| x.avg_ts), t.result.test(true).map(|x| x.avg_ts))
+}
+
+/// Each device's speed: every layer on the CPU (the search's trial, else
+/// one now), then each device alone with as many layers as its cap holds
+/// in a partial offload (one probe each, priced under every cap first).
+/// The probes are measured options of their own.
+fn probe_speeds(
+    search: &mut Search<'_>,
+    inp: &SplitInputs<'_>,
+    partial_cap: &[u32],
+    predict: &mut dyn FnMut(&[Vec<u32>]) -> Vec<Prediction>,
+    cost: &[DeviceCost],
+    found: &mut SplitFound,
+) -> Result<Option<SpeedModel>> {
+    let (devs, full, threads) = (inp.devs, inp.full, inp.threads);
+    let cpu_ref = |t: &&crate::profile::ProfileTrial| {
+        let p = &t.result.spec.placement;
+        t.result.status == TrialStatus::Ok
+            && p.n_gpu_layers == 0
+            && p.n_threads == threads
+            && p.n_cpu_moe == 0
+            && p.n_cpu_ffn == 0
+            && t.result.test(false).is_some_and(|x| !x.stopped_early)
+    };
+    let cpu = match search.trials.iter().find(cpu_ref) {
+        Some(t) => rates(t),
+        None => rates(search.measure(Role::Split, Candidate::layers(0, threads), None)?),
+    };
+    let mut probes = vec![Probe { layers: 0, tg_ts: None, pp_ts: None }; devs.len()];
+    let todo: Vec<(String, Vec<u32>)> = (0..devs.len())
+        .filter(|d| partial_cap[*d] > 0)
+        .map(|d| {
+            let mut split = vec![0; devs.len()];
+            split[d] = partial_cap[d].min(full.saturating_sub(1)).max(1);
+            (format!("probe: {} alone, the rest on the CPU", devs[d].device), split)
+        })
+        .collect();
     let s = search.settings();
-    let op_offload = inp.op_offload;
-    for (label, split, p) in &priced {
+    for (label, split, p) in price_all(todo, predict, devs, cost) {
+        let Some(d) = split.iter().position(|l| *l > 0) else { continue };
         let ngl: u32 = split.iter().sum();
-        let c = Candidate { split: Split::new(split), ..Candidate::layers(ngl, inp.threads) };
+        let c = Candidate { split: Split::new(&split), ..Candidate::layers(ngl, threads) };
         let race = search.race();
         let t = search.measure(Role::Split, c, Some(race))?;
-        found.options.push(option_of(label, split, per_device(p, devs), Some(t), devs, s, inp, op_offload));
+        let (tg, pp) = rates(t);
+        probes[d] = Probe { layers: ngl, tg_ts: tg, pp_ts: pp };
+        found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), devs, s, inp, inp.op_offload));
+    }
+    Ok(SpeedModel::fit(cpu.0, cpu.1, &probes))
+}
+
+/// The fastest splits by each device's measured speed, under the
+/// capacities the costs give: every layer offloaded, and (unless `--ngl`
+/// fixes the count) only the devices that beat the CPU.
+fn speed_candidates(
+    m: &SpeedModel,
+    s: &Settings,
+    full: u32,
+    full_cap: &[u32],
+    partial_cap: &[u32],
+) -> Vec<(String, Vec<u32>)> {
+    let fixed = s.grid.as_ref().filter(|g| g.len() == 1).map(|g| g[0].min(full));
+    let w = (s.n_prompt, s.n_gen);
+    let mut out = Vec::new();
+    let label = "fastest by each device's measured speed";
+    match fixed {
+        Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.objective, w).map(|b| (label, b))),
+        Some(_) => out.extend(m.best(full_cap, full, Some(full), s.objective, w).map(|b| (label, b))),
+        None => {
+            out.extend(m.best(full_cap, full, Some(full), s.objective, w).map(|b| (label, b)));
+            out.extend(m.best(partial_cap, full, None, s.objective, w).map(|b| (label, b)));
+        }
+    }
+    let mut v: Vec<(String, Vec<u32>)> = Vec::new();
+    for (l, b) in out {
+        if b.iter().sum::<u32>() > 0 && !v.iter().any(|(_, x)| *x == b) {
+            v.push((l.to_string(), b));
+        }
+    }
+    v
+}
+
+/// Prices, trims and measures the candidate splits; the whole-layer
+/// search's trials (llama.cpp's default split) are options too. With each
+/// device's speed probed, only the fastest predicted are measured.
+///
+/// # Errors
+/// What the search's executor returns (an interrupt).
+pub fn split_stage(
+    search: &mut Search<'_>,
+    inp: &SplitInputs<'_>,
+    predict: &mut dyn FnMut(&[Vec<u32>]) -> Vec<Prediction>,
+) -> Result<SplitFound> {
+    let (devs, full) = (inp.devs, inp.full);
+    let n = u32::try_from(devs.len()).unwrap_or(1);
+    let even = proportional(full, &vec![full; devs.len()]);
+    let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
+    let probes = predict(&[even.clone(), half.clone()]);
+    let mut found = SplitFound::default();
+    if probes.len() < 2 || probes.iter().any(|p| p.error.is_some()) {
+        let why = probes.iter().find_map(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
+        found.notes.push(crate::types::Note::split(format!(
+            "the split across {n} devices was not tuned: llama.cpp's dry run failed ({why})"
+        )));
+        return Ok(found);
+    }
+    let cost = costs((&even, &parts(&probes[0], devs)), (&half, &parts(&probes[1], devs)));
+    let cap_at = |full_offload: bool| -> Vec<u32> {
+        cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, full_offload, full)).collect()
+    };
+    let (full_cap, partial_cap) = (cap_at(true), cap_at(false));
+    let speed = probe_speeds(search, inp, &partial_cap, predict, &cost, &mut found)?;
+    let s = search.settings();
+    let mut todo = candidates(&full_cap, &partial_cap, full);
+    if let Some(m) = &speed {
+        let mut fast = speed_candidates(m, s, full, &full_cap, &partial_cap);
+        fast.extend(todo.into_iter().filter(|(_, x)| !found.options.iter().any(|o| o.tensor_split == *x)));
+        todo = fast;
+    }
+    let mut priced = price_all(todo, predict, devs, &cost);
+    priced.retain(|(_, x, _)| !found.options.iter().any(|o| o.tensor_split == *x));
+    search.predicted.extend(priced.iter().map(|(_, _, p)| p.clone()));
+    let score = |x: &[u32]| {
+        speed.as_ref().and_then(|m| {
+            let (tg, pp) = m.predict(x);
+            crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, Some(tg), pp)
+        })
+    };
+    if speed.is_some() {
+        priced.sort_by(|a, b| score(&b.1).unwrap_or(0.0).total_cmp(&score(&a.1).unwrap_or(0.0)));
+    }
+    let op_offload = inp.op_offload;
+    for (i, (label, split, p)) in priced.iter().enumerate() {
+        let ngl: u32 = split.iter().sum();
+        let measure = speed.is_none() || i < MEASURED_BY_SPEED;
+        let t = if measure {
+            let c = Candidate { split: Split::new(split), ..Candidate::layers(ngl, inp.threads) };
+            let race = search.race();
+            Some(search.measure(Role::Split, c, Some(race))?)
+        } else {
+            None
+        };
+        let mut o = option_of(label, split, per_device(p, devs), t, devs, s, inp, op_offload);
+        if !measure {
+            o.note = "not measured: predicted slower than the ones measured".into();
+        }
+        found.options.push(o);
+    }
+    if let Some(m) = &speed {
+        for o in found.options.iter_mut().filter(|o| !o.tensor_split.is_empty()) {
+            let (tg, pp) = m.predict(&o.tensor_split);
+            (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
+        }
     }
     // llama.cpp's default split at each ngl the search measured (ngl 0: every layer on the CPU).
     let defaults: Vec<_> =
@@ -319,6 +451,8 @@ fn option_of(
         recommended: false,
         note,
         llama_cpp_args: flags(ngl, split, s, threads, inp.rpc, op_offload),
+        predicted_tg_ts: None,
+        predicted_pp_ts: None,
     }
 }
 
@@ -396,6 +530,8 @@ pub fn report(
         recommended: false,
         note: String::new(),
         llama_cpp_args: String::new(),
+        predicted_tg_ts: None,
+        predicted_pp_ts: None,
     };
     let best = found.best.map_or(&empty, |i| &found.options[i]);
     SplitReport {
@@ -564,6 +700,8 @@ mod tests {
             recommended: false,
             note: String::new(),
             llama_cpp_args: String::new(),
+            predicted_tg_ts: None,
+            predicted_pp_ts: None,
         };
         let mut f = SplitFound {
             options: vec![o(9.0, true, true), o(12.0, false, true), o(10.0, true, true)],
@@ -620,6 +758,8 @@ mod tests {
             use crate::types::{BufferLine, TestResult, TrialResult};
             let split = c.split.layers();
             self.measured.push(split.clone());
+            // Every layer on the CPU (no -ts): nothing on either device.
+            let split = if split.is_empty() { vec![0, 0] } else { split };
             let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), c, race);
             let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
             r.reason = None;
@@ -627,9 +767,11 @@ mod tests {
                 let bytes = b.model + b.compute;
                 r.model_buffers.push(BufferLine { buffer_type: b.buffer_type, kind: "model".into(), bytes });
             }
-            let tg = 50.0 + f64::from(split[1]);
+            // 20 ms a token on the CPU; a layer on D0 adds 1 ms (slower
+            // than the CPU), a layer on D1 saves 0.5 ms.
+            let ms = 20.0 + f64::from(split[0]) - 0.5 * f64::from(split[1]);
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let ns = (16.0 / tg * 1e9) as u64;
+            let ns = (16.0 * ms * 1e6) as u64;
             r.tests.push(TestResult::from_samples(0, 16, 256, vec![ns; 2]));
             r.tests.push(TestResult::from_samples(64, 0, 256, vec![ns / 10; 2]));
             Ok(r)
@@ -657,18 +799,49 @@ mod tests {
 
     #[test]
     fn the_split_stage_prices_trims_and_measures_only_what_fits_every_cap() {
-        // Capacities at full offload: D0 (105 - 5) / 10 = 10, D1 (150 - 30) / 10 = 12.
+        // Capacities at full offload: D0 (105 - 5) / 10 = 10, D1 (150 - 30) / 10 = 12;
+        // at partial offload D1 holds 13. D0 is slower than the CPU, D1 faster.
         let (found, measured) = split_world(0);
-        assert_eq!(measured, [vec![10, 11], vec![9, 12]], "in proportion, then D1 filled first");
+        assert_eq!(
+            measured,
+            [vec![], vec![10, 0], vec![0, 13], vec![9, 12], vec![10, 11]],
+            "every layer on the CPU, each device alone, then the two fastest predicted"
+        );
         let best = &found.options[found.best.unwrap()];
-        assert_eq!(best.tensor_split, [9, 12], "D1 is faster here");
+        assert_eq!(best.tensor_split, [0, 13], "the slow device left out, the rest on the CPU");
         assert!(found.options.iter().all(|o| o.fits && o.measured));
         assert_eq!(best.accounted_bytes, best.predicted_bytes);
+        for o in found.options.iter().filter(|o| !o.tensor_split.is_empty()) {
+            let (p, m) = (o.predicted_tg_ts.unwrap(), o.tg_ts.unwrap());
+            assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
+        }
         // D1 costs 25 MB more at 12 layers than the probes said: [9, 12]
         // is over its cap, loses the layers that covers, and is measured as [9, 9].
         let (found, measured) = split_world(25_000_000);
-        assert_eq!(measured, [vec![10, 11], vec![9, 9]], "trimmed, never measured over the cap");
+        assert!(!measured.contains(&vec![9, 12]) && measured.contains(&vec![9, 9]), "trimmed: {measured:?}");
         assert!(found.options.iter().all(|o| o.fits));
-        assert_eq!(found.options[found.best.unwrap()].tensor_split, [10, 11]);
+    }
+
+    #[test]
+    fn with_every_layer_offloaded_the_fast_device_takes_what_it_holds() {
+        // --ngl 21: all layers on the devices, so the slow one must take some.
+        let mut s = crate::tune::worlds::settings();
+        s.grid = Some(vec![21]);
+        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new() };
+        let policy = crate::tune::worlds::policy(255e6);
+        let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
+        let mb = 1_000_000u64;
+        let devs = caps(&[105 * mb, 150 * mb]);
+        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true };
+        let mut predict = |splits: &[Vec<u32>]| splits.iter().map(|s| split_prediction(s, 0)).collect();
+        let found = split_stage(&mut search, &inp, &mut predict).unwrap();
+        drop(search);
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!(
+            found.options.iter().find(|o| o.label.starts_with("fastest")).map(|o| o.tensor_split.clone()),
+            Some(vec![9, 12]),
+            "D1 filled to its 12, D0 the other 9"
+        );
+        assert!(best.measured && best.fits);
     }
 }
