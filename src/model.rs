@@ -54,6 +54,21 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
+    /// The output layer's work in repeating layers: its weights over a
+    /// layer's mean (the embeddings where they are tied, as llama.cpp then
+    /// runs them as the output). 1 when the file says nothing.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn output_work_layers(&self) -> f64 {
+        let layers: u64 = self.layer_bytes.iter().sum();
+        if layers == 0 || self.layer_bytes.is_empty() {
+            return 1.0;
+        }
+        let mean = layers as f64 / self.layer_bytes.len() as f64;
+        let out = if self.output_tied { self.token_embd_bytes + self.output_bytes } else { self.output_bytes };
+        (out as f64 / mean).max(1.0)
+    }
+
     #[must_use]
     pub fn is_moe(&self) -> bool {
         self.n_expert > 1

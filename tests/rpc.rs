@@ -121,7 +121,7 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
         for d in 0..2 {
             assert!(acc[d] <= CAPS[d], "device {d} over its cap: {o}");
             #[allow(clippy::cast_precision_loss)]
-            let err = (pred[d] as f64 - acc[d] as f64).abs() / acc[d] as f64;
+            let err = (pred[d] as f64 - acc[d] as f64).abs() / (acc[d] as f64).max(1.0);
             assert!(err <= 0.02, "the dry run is within 2% on device {d}: {o}");
         }
         let ts = u64s(&o["tensor_split"]);
@@ -140,7 +140,8 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
             assert_eq!(row["status"], "ok", "{row}");
             let by = row["accounted_bytes_by_device"].as_object().unwrap();
             for (d, s) in [&a, &b].iter().enumerate() {
-                let bytes = by[&format!("RPC0[{}]", s.endpoint)].as_u64().unwrap();
+                // A device the split leaves out (a probe's) holds nothing.
+                let bytes = by.get(&format!("RPC0[{}]", s.endpoint)).map_or(0, |b| b.as_u64().unwrap());
                 assert!(bytes <= CAPS[d], "{row}");
             }
         }

@@ -434,6 +434,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         threads: s.n_threads,
         rpc: &s.rpc,
         op_offload: sh.op_offload,
+        output_layers: info.output_work_layers(),
     };
     if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
         let n = sh.opts.caps.len();

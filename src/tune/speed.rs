@@ -28,6 +28,12 @@ pub struct SpeedModel {
     pub cpu_tg_ms: f64,
     pub cpu_pp_ms: f64,
     pub devices: Vec<DeviceSpeed>,
+    /// ngl of full offload (the repeating layers and the output layer).
+    pub full: u32,
+    /// The output layer's work in layers (its weights over a layer's: the
+    /// embeddings where they are tied). At full offload it runs on the
+    /// last device that holds layers, as llama.cpp's layer split puts it.
+    pub output_layers: f64,
 }
 
 /// A rate (tokens/s) as milliseconds per token.
@@ -65,14 +71,30 @@ impl SpeedModel {
                 Some(DeviceSpeed { tg_ms_per_layer: tg, pp_ms_per_layer: pp })
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(SpeedModel { cpu_tg_ms: t0, cpu_pp_ms: p0.unwrap_or(0.0), devices })
+        Some(SpeedModel { cpu_tg_ms: t0, cpu_pp_ms: p0.unwrap_or(0.0), devices, full: u32::MAX, output_layers: 1.0 })
+    }
+
+    /// With the model's full offload and its output layer's weight in layers.
+    #[must_use]
+    pub fn with_output(mut self, full: u32, output_layers: f64) -> Self {
+        self.full = full;
+        self.output_layers = output_layers.max(0.0);
+        self
+    }
+
+    /// Where the output layer runs: the last device holding layers at full offload.
+    fn output_on(&self, split: &[u32]) -> Option<usize> {
+        (split.iter().sum::<u32>() >= self.full).then(|| split.iter().rposition(|k| *k > 0)).flatten()
     }
 
     /// Predicted rates (tg, pp in tokens/s) of a split: layers per device.
     #[must_use]
     pub fn predict(&self, split: &[u32]) -> (f64, Option<f64>) {
+        let out = self.output_on(split);
         let sum = |f: fn(&DeviceSpeed) -> f64| -> f64 {
-            self.devices.iter().zip(split).map(|(d, k)| f(d) * f64::from(*k)).sum()
+            let layers: f64 = self.devices.iter().zip(split).map(|(d, k)| f(d) * f64::from(*k)).sum();
+            // The output counted as one of the last device's layers weighs output_layers.
+            layers + out.map_or(0.0, |i| f(&self.devices[i]) * (self.output_layers - 1.0))
         };
         let tg = self.cpu_tg_ms + sum(|d| d.tg_ms_per_layer);
         let pp = (self.cpu_pp_ms > 0.0).then(|| self.cpu_pp_ms + sum(|d| d.pp_ms_per_layer));
@@ -106,18 +128,52 @@ impl SpeedModel {
         workload: (u32, u32),
     ) -> Option<Vec<u32>> {
         let cost = self.layer_cost(objective, workload.0, workload.1);
-        let mut order: Vec<usize> = (0..cost.len()).collect();
-        order.sort_by(|a, b| cost[*a].total_cmp(&cost[*b]));
-        let mut out = vec![0u32; cost.len()];
-        let mut left = ngl.unwrap_or(full).min(full);
-        for i in order {
-            if left == 0 || (ngl.is_none() && cost[i] >= 0.0) {
-                break;
+        let cap = |i: usize| capacity.get(i).copied().unwrap_or(0);
+        // `target` layers, cheapest first among `allowed` (`first` given one
+        // layer before the rest); without `must`, only devices that beat the CPU.
+        let fill = |target: u32, allowed: &[usize], first: Option<usize>, must: bool| -> Option<Vec<u32>> {
+            let mut out = vec![0u32; cost.len()];
+            let mut left = target;
+            if let Some(f) = first {
+                if cap(f) == 0 || left == 0 {
+                    return None;
+                }
+                out[f] = 1;
+                left -= 1;
             }
-            out[i] = capacity.get(i).copied().unwrap_or(0).min(left);
-            left -= out[i];
+            let mut order = allowed.to_vec();
+            order.sort_by(|a, b| cost[*a].total_cmp(&cost[*b]));
+            for i in order {
+                if left == 0 || (!must && cost[i] >= 0.0) {
+                    break;
+                }
+                let more = cap(i).saturating_sub(out[i]).min(left);
+                out[i] += more;
+                left -= more;
+            }
+            (!must || left == 0).then_some(out)
+        };
+        let all: Vec<usize> = (0..cost.len()).collect();
+        let score = |x: &[u32]| {
+            let (tg, pp) = self.predict(x);
+            crate::tune::choose::score(objective, workload.0, workload.1, Some(tg), pp).unwrap_or(0.0)
+        };
+        // Every layer offloaded: the output runs on the last device that
+        // holds layers, so each choice of that device is its own fill.
+        let whole = || {
+            (0..cost.len())
+                .filter_map(|last| fill(full, &(0..=last).collect::<Vec<_>>(), Some(last), true))
+                .max_by(|a, b| score(a).total_cmp(&score(b)))
+        };
+        match ngl.map(|n| n.min(full)) {
+            Some(n) if n < full => fill(n, &all, None, true),
+            Some(_) => whole(),
+            None => {
+                // The output on the CPU (a partial offload), or everything offloaded.
+                let partial = fill(full.saturating_sub(1), &all, None, false);
+                [partial, whole()].into_iter().flatten().max_by(|a, b| score(a).total_cmp(&score(b)))
+            }
         }
-        (ngl.is_none() || left == 0).then_some(out)
     }
 }
 
@@ -165,10 +221,32 @@ mod tests {
     }
 
     #[test]
+    fn at_full_offload_the_output_lands_on_the_fast_device() {
+        // In llama.cpp's order the slow device comes last: any layer on it
+        // brings the output layer (here the work of 40 layers) there too.
+        let cpu = (Some(20.0), Some(200.0));
+        let fast = Probe { layers: 10, tg_ts: Some(1000.0 / 30.0), pp_ts: None };
+        let slow = Probe { layers: 10, tg_ts: Some(1000.0 / 80.0), pp_ts: None };
+        let w = SpeedModel::fit(cpu.0, cpu.1, &[fast, slow]).unwrap().with_output(21, 40.0);
+        // The fast device holds every layer: the slow one gets none, the output stays fast.
+        assert_eq!(w.best(&[21, 21], 21, Some(21), Objective::Tg, (512, 128)), Some(vec![21, 0]));
+        // It holds 15: the slow one must take 6, and the output goes with them.
+        let forced = w.best(&[15, 21], 21, Some(21), Objective::Tg, (512, 128)).unwrap();
+        assert_eq!(forced, [15, 6]);
+        assert!(
+            w.predict(&forced).0 < w.predict(&[15, 0]).0,
+            "the output on the slow device costs 39 layers' more there"
+        );
+        // Free to leave layers on the CPU: the 15 on the fast device and the rest (the output too) on the CPU
+        // beat sending the output to the slow device.
+        assert_eq!(w.best(&[15, 21], 21, None, Objective::Tg, (512, 128)), Some(vec![15, 0]));
+    }
+
+    #[test]
     fn the_objective_weighs_the_slopes() {
         // A device that speeds up the prompt but slows generation.
         let cpu = (Some(20.0), Some(200.0));
-        let probe = Probe { layers: 10, tg_ts: Some(10.0), pp_ts: Some(1000.0) };
+        let probe = Probe { layers: 10, tg_ts: Some(10.0), pp_ts: Some(250.0) };
         let w = SpeedModel::fit(cpu.0, cpu.1, &[probe]).unwrap();
         assert_eq!(w.best(&[20], 20, None, Objective::Tg, (512, 128)), Some(vec![0]));
         assert_eq!(w.best(&[20], 20, None, Objective::Pp, (512, 128)), Some(vec![20]));

@@ -173,6 +173,8 @@ pub struct SplitInputs<'a> {
     pub threads: u32,
     pub rpc: &'a [String],
     pub op_offload: bool,
+    /// The output layer's work in layers ([`crate::model::ModelInfo::output_work_layers`]).
+    pub output_layers: f64,
 }
 
 /// What the stage found.
@@ -287,7 +289,7 @@ fn probe_speeds(
         probes[d] = Probe { layers: ngl, tg_ts: tg, pp_ts: pp };
         found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), devs, s, inp, inp.op_offload));
     }
-    Ok(SpeedModel::fit(cpu.0, cpu.1, &probes))
+    Ok(SpeedModel::fit(cpu.0, cpu.1, &probes).map(|m| m.with_output(full, inp.output_layers)))
 }
 
 /// The fastest splits by each device's measured speed, under the
@@ -786,7 +788,7 @@ mod tests {
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
         let mb = 1_000_000u64;
         let devs = caps(&[105 * mb, 150 * mb]);
-        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true };
+        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
         let mut priced = Vec::new();
         let mut predict = |splits: &[Vec<u32>]| {
             priced.extend(splits.iter().cloned());
@@ -832,7 +834,7 @@ mod tests {
         let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
         let mb = 1_000_000u64;
         let devs = caps(&[105 * mb, 150 * mb]);
-        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true };
+        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
         let mut predict = |splits: &[Vec<u32>]| splits.iter().map(|s| split_prediction(s, 0)).collect();
         let found = split_stage(&mut search, &inp, &mut predict).unwrap();
         drop(search);
