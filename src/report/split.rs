@@ -92,8 +92,22 @@ fn fit_and_links(r: &SplitReport) -> String {
     let mut s = String::new();
     if let Some(f) = &r.llama_fit {
         let ts: Vec<String> = f.tensor_split.iter().map(|v| format!("{v:.0}")).collect();
+        // No proportions: its default split by free memory, measured as that row where the search ran it.
+        let default_row = f.tensor_split.iter().all(|v| *v == 0.0).then(|| {
+            let most = r.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
+            let ngl = f.n_gpu_layers.map_or(most, |n| u32::try_from(n).unwrap_or(most));
+            r.options.iter().find(|o| o.tensor_split.is_empty() && o.n_gpu_layers == ngl && o.measured)
+        });
+        let measured = match default_row.flatten() {
+            Some(o) => format!(
+                " (no proportions: llama.cpp's default split by free memory, measured above at ngl {}: tg {})",
+                o.n_gpu_layers,
+                speed(o.tg_ts)
+            ),
+            None => String::new(),
+        };
         let _ = match (f.n_gpu_layers, &f.error) {
-            (Some(n), _) => writeln!(s, "llama.cpp's fit for the same caps: ngl {n}, -ts {}", ts.join(",")),
+            (Some(n), _) => writeln!(s, "llama.cpp's fit for the same caps: ngl {n}, -ts {}{measured}", ts.join(",")),
             (None, Some(e)) => writeln!(s, "llama.cpp's fit for the same caps: {e}"),
             (None, None) => Ok(()),
         };

@@ -436,6 +436,9 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         op_offload: sh.op_offload,
         output_layers: info.output_work_layers(),
     };
+    // A kept trial worker holds its connection to each server, and a
+    // server serves one client at a time: end it before asking them.
+    crate::engine::live::release();
     if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
         let n = sh.opts.caps.len();
         return Ok(split::SplitFound {

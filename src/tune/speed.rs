@@ -1,39 +1,42 @@
-//! Several devices by speed, not only by memory. Each device's time per
-//! layer comes from one trial with some layers on that device alone (the
-//! rest on the CPU), against the trial with every layer on the CPU: time
-//! per token is linear in the layers a device holds (the model the search
-//! fits for one device), so a split's time is the CPU's plus what each
-//! device's layers change. The crossing into a device and back is in its
-//! probe, spread over its layers.
+//! Several devices by speed, not only by memory. Each device's cost comes
+//! from trials with some layers on that device alone (the rest on the CPU)
+//! against the trial with every layer on the CPU: time per token is linear
+//! in the layers a device holds (the model the search fits for one
+//! device). llama.cpp offloads the output layer first (ngl 1 is the output
+//! alone) and runs it on the last device that holds layers, so a probe of
+//! k layers holds the output and k - 1 repeating layers: two probes of a
+//! device give its cost per repeating layer (their difference) and what
+//! the output costs there (the rest, with the crossing into the device and
+//! back). One probe alone takes the output as `output_layers` layers (its
+//! weights over a layer's). A split's time is the CPU's plus each device's
+//! layers times its cost, the output's cost on its last device in place of
+//! one of its layers.
 //!
-//! From those slopes the fastest split under every device's capacity is a
-//! greedy fill: the cheapest device per layer first. A device slower than
-//! the CPU gets layers only where the layer count is fixed (`--ngl`) and
-//! the faster devices cannot hold them; a device faster than the CPU is
-//! filled to its capacity.
+//! From those costs the fastest split under every device's capacity: for
+//! each choice of the last device (it holds the output), the cheapest
+//! device per layer first. A device slower than the CPU gets layers only
+//! where the layer count is fixed (`--ngl`) and the faster devices cannot
+//! hold them.
 
 use crate::types::Objective;
 
-/// One device's change to the time per token for each layer it holds,
-/// against the CPU (negative: faster), for tg and pp, in milliseconds.
+/// One device's change to the time per token against the CPU (negative:
+/// faster), in milliseconds: per repeating layer it holds, and for the
+/// output layer where it runs there; for tg and pp.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeviceSpeed {
     pub tg_ms_per_layer: f64,
     pub pp_ms_per_layer: f64,
+    pub tg_ms_output: f64,
+    pub pp_ms_output: f64,
 }
 
-/// The CPU's time per token (every layer there) and each device's slope.
+/// The CPU's time per token (every layer there) and each device's costs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeedModel {
     pub cpu_tg_ms: f64,
     pub cpu_pp_ms: f64,
     pub devices: Vec<DeviceSpeed>,
-    /// ngl of full offload (the repeating layers and the output layer).
-    pub full: u32,
-    /// The output layer's work in layers (its weights over a layer's: the
-    /// embeddings where they are tied). At full offload it runs on the
-    /// last device that holds layers, as llama.cpp's layer split puts it.
-    pub output_layers: f64,
 }
 
 /// A rate (tokens/s) as milliseconds per token.
@@ -41,7 +44,8 @@ fn ms(ts: f64) -> f64 {
     1000.0 / ts
 }
 
-/// A probe: `layers` on one device alone, measured at these rates.
+/// A probe: `layers` on one device alone (the output one of them),
+/// measured at these rates.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Probe {
     pub layers: u32,
@@ -49,55 +53,75 @@ pub struct Probe {
     pub pp_ts: Option<f64>,
 }
 
+/// Per-layer and output cost from a device's probes (`t` in ms per token
+/// of each, against `t0` all on the CPU).
+fn costs_of(points: &[(u32, f64)], t0: f64, w: f64) -> (f64, f64) {
+    match points {
+        [] => (0.0, 0.0),
+        [(k, t)] => {
+            let per = (t - t0) / (f64::from(*k) - 1.0 + w).max(1e-9);
+            (per, per * w)
+        }
+        [(k1, t1), (k2, t2), ..] => {
+            let per = (t2 - t1) / (f64::from(*k2) - f64::from(*k1));
+            (per, t1 - t0 - (f64::from(*k1) - 1.0) * per)
+        }
+    }
+}
+
 impl SpeedModel {
-    /// The model from the all-CPU rates and one probe per device (in the
-    /// devices' order). `None` when the CPU's rates or a probe are missing.
+    /// The model from the all-CPU rates and each device's probes (in the
+    /// devices' order; two of different layer counts, or one, or none for
+    /// a device that holds no layer), for a model whose output layer does
+    /// the work of `output_layers` repeating ones (used with one probe).
+    /// `None` when the CPU's tg rate or a probe's is missing.
     #[must_use]
-    pub fn fit(cpu_tg_ts: Option<f64>, cpu_pp_ts: Option<f64>, probes: &[Probe]) -> Option<SpeedModel> {
+    pub fn fit(
+        cpu_tg_ts: Option<f64>,
+        cpu_pp_ts: Option<f64>,
+        probes: &[Vec<Probe>],
+        output_layers: f64,
+    ) -> Option<SpeedModel> {
+        let w = output_layers.max(0.0);
         let (t0, p0) = (ms(cpu_tg_ts.filter(|v| *v > 0.0)?), cpu_pp_ts.filter(|v| *v > 0.0).map(ms));
         let devices = probes
             .iter()
-            .map(|p| {
-                if p.layers == 0 {
-                    // A device that holds no layer under its cap: its speed never matters.
-                    return Some(DeviceSpeed { tg_ms_per_layer: 0.0, pp_ms_per_layer: 0.0 });
-                }
-                let k = f64::from(p.layers);
-                let tg = (ms(p.tg_ts.filter(|v| *v > 0.0)?) - t0) / k;
-                let pp = match (p0, p.pp_ts.filter(|v| *v > 0.0)) {
-                    (Some(p0), Some(pp)) => (ms(pp) - p0) / k,
-                    _ => 0.0,
+            .map(|ps| {
+                let mut ps: Vec<&Probe> = ps.iter().filter(|p| p.layers > 0).collect();
+                ps.sort_by_key(|p| p.layers);
+                ps.dedup_by_key(|p| p.layers);
+                let tg: Vec<(u32, f64)> =
+                    ps.iter().map(|p| Some((p.layers, ms(p.tg_ts.filter(|v| *v > 0.0)?)))).collect::<Option<_>>()?;
+                let pp: Vec<(u32, f64)> =
+                    ps.iter().filter_map(|p| Some((p.layers, ms(p.pp_ts.filter(|v| *v > 0.0)?)))).collect();
+                let (tg_ms_per_layer, tg_ms_output) = costs_of(&tg, t0, w);
+                let (pp_ms_per_layer, pp_ms_output) = match p0 {
+                    Some(p0) if pp.len() == tg.len() => costs_of(&pp, p0, w),
+                    _ => (0.0, 0.0),
                 };
-                Some(DeviceSpeed { tg_ms_per_layer: tg, pp_ms_per_layer: pp })
+                Some(DeviceSpeed { tg_ms_per_layer, pp_ms_per_layer, tg_ms_output, pp_ms_output })
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(SpeedModel { cpu_tg_ms: t0, cpu_pp_ms: p0.unwrap_or(0.0), devices, full: u32::MAX, output_layers: 1.0 })
+        Some(SpeedModel { cpu_tg_ms: t0, cpu_pp_ms: p0.unwrap_or(0.0), devices })
     }
 
-    /// With the model's full offload and its output layer's weight in layers.
-    #[must_use]
-    pub fn with_output(mut self, full: u32, output_layers: f64) -> Self {
-        self.full = full;
-        self.output_layers = output_layers.max(0.0);
-        self
-    }
-
-    /// Where the output layer runs: the last device holding layers at full offload.
-    fn output_on(&self, split: &[u32]) -> Option<usize> {
-        (split.iter().sum::<u32>() >= self.full).then(|| split.iter().rposition(|k| *k > 0)).flatten()
+    /// Where the output layer runs: llama.cpp offloads it first (ngl 1 is
+    /// the output alone), on the last device that holds layers.
+    fn output_on(split: &[u32]) -> Option<usize> {
+        split.iter().rposition(|k| *k > 0)
     }
 
     /// Predicted rates (tg, pp in tokens/s) of a split: layers per device.
     #[must_use]
     pub fn predict(&self, split: &[u32]) -> (f64, Option<f64>) {
-        let out = self.output_on(split);
-        let sum = |f: fn(&DeviceSpeed) -> f64| -> f64 {
-            let layers: f64 = self.devices.iter().zip(split).map(|(d, k)| f(d) * f64::from(*k)).sum();
-            // The output counted as one of the last device's layers weighs output_layers.
-            layers + out.map_or(0.0, |i| f(&self.devices[i]) * (self.output_layers - 1.0))
+        let out = Self::output_on(split);
+        let sum = |per: fn(&DeviceSpeed) -> f64, output: fn(&DeviceSpeed) -> f64| -> f64 {
+            let layers: f64 = self.devices.iter().zip(split).map(|(d, k)| per(d) * f64::from(*k)).sum();
+            // The output, one of the last device's layers, costs its own there.
+            layers + out.map_or(0.0, |i| output(&self.devices[i]) - per(&self.devices[i]))
         };
-        let tg = self.cpu_tg_ms + sum(|d| d.tg_ms_per_layer);
-        let pp = (self.cpu_pp_ms > 0.0).then(|| self.cpu_pp_ms + sum(|d| d.pp_ms_per_layer));
+        let tg = self.cpu_tg_ms + sum(|d| d.tg_ms_per_layer, |d| d.tg_ms_output);
+        let pp = (self.cpu_pp_ms > 0.0).then(|| self.cpu_pp_ms + sum(|d| d.pp_ms_per_layer, |d| d.pp_ms_output));
         (1000.0 / tg.max(1e-6), pp.map(|p| 1000.0 / p.max(1e-6)))
     }
 
@@ -153,27 +177,22 @@ impl SpeedModel {
             }
             (!must || left == 0).then_some(out)
         };
-        let all: Vec<usize> = (0..cost.len()).collect();
         let score = |x: &[u32]| {
             let (tg, pp) = self.predict(x);
             crate::tune::choose::score(objective, workload.0, workload.1, Some(tg), pp).unwrap_or(0.0)
         };
-        // Every layer offloaded: the output runs on the last device that
-        // holds layers, so each choice of that device is its own fill.
-        let whole = || {
-            (0..cost.len())
-                .filter_map(|last| fill(full, &(0..=last).collect::<Vec<_>>(), Some(last), true))
-                .max_by(|a, b| score(a).total_cmp(&score(b)))
-        };
-        match ngl.map(|n| n.min(full)) {
-            Some(n) if n < full => fill(n, &all, None, true),
-            Some(_) => whole(),
-            None => {
-                // The output on the CPU (a partial offload), or everything offloaded.
-                let partial = fill(full.saturating_sub(1), &all, None, false);
-                [partial, whole()].into_iter().flatten().max_by(|a, b| score(a).total_cmp(&score(b)))
-            }
+        // The output runs on the last device that holds layers: each choice
+        // of that device is its own fill; with the count free, every layer
+        // on the CPU is one more choice.
+        let target = ngl.unwrap_or(full).min(full);
+        let must = ngl.is_some();
+        let mut choices: Vec<Vec<u32>> = (0..cost.len())
+            .filter_map(|last| fill(target, &(0..=last).collect::<Vec<_>>(), Some(last), must))
+            .collect();
+        if !must || target == 0 {
+            choices.push(vec![0; cost.len()]);
         }
+        choices.into_iter().max_by(|a, b| score(a).total_cmp(&score(b)))
     }
 }
 
@@ -189,7 +208,7 @@ mod tests {
         // 10 layers on the fast GPU: 50 - 20 = 30 ms a token; on the slow one: 50 + 30 = 80 ms.
         let fast = Probe { layers: 10, tg_ts: Some(1000.0 / 30.0), pp_ts: Some(1000.0 / 2.0) };
         let slow = Probe { layers: 10, tg_ts: Some(1000.0 / 80.0), pp_ts: Some(1000.0 / 8.0) };
-        SpeedModel::fit(cpu.tg_ts, cpu.pp_ts, &[slow, fast]).unwrap()
+        SpeedModel::fit(cpu.tg_ts, cpu.pp_ts, &[vec![slow], vec![fast]], 1.0).unwrap()
     }
 
     #[test]
@@ -227,7 +246,7 @@ mod tests {
         let cpu = (Some(20.0), Some(200.0));
         let fast = Probe { layers: 10, tg_ts: Some(1000.0 / 30.0), pp_ts: None };
         let slow = Probe { layers: 10, tg_ts: Some(1000.0 / 80.0), pp_ts: None };
-        let w = SpeedModel::fit(cpu.0, cpu.1, &[fast, slow]).unwrap().with_output(21, 40.0);
+        let w = SpeedModel::fit(cpu.0, cpu.1, &[vec![fast], vec![slow]], 40.0).unwrap();
         // The fast device holds every layer: the slow one gets none, the output stays fast.
         assert_eq!(w.best(&[21, 21], 21, Some(21), Objective::Tg, (512, 128)), Some(vec![21, 0]));
         // It holds 15: the slow one must take 6, and the output goes with them.
@@ -243,11 +262,23 @@ mod tests {
     }
 
     #[test]
+    fn two_probes_of_a_device_give_its_layers_and_its_output_apart() {
+        // A device whose output layer is dear (400 ms there), its layers cheap (2 ms):
+        // 10 layers (the output and 9) 20 + 18 + 400 = 438 ms; 5 layers 20 + 8 + 400 = 428 ms.
+        let p = |k, ms: f64| Probe { layers: k, tg_ts: Some(1000.0 / ms), pp_ts: None };
+        let w = SpeedModel::fit(Some(50.0), None, &[vec![p(10, 438.0), p(5, 428.0)]], 1.0).unwrap();
+        let d = w.devices[0];
+        assert!((d.tg_ms_per_layer - 2.0).abs() < 1e-9 && (d.tg_ms_output - 400.0).abs() < 1e-6, "{d:?}");
+        // 20 layers there: 20 + 19 * 2 + 400.
+        assert!((1000.0 / w.predict(&[20]).0 - 458.0).abs() < 1e-6);
+    }
+
+    #[test]
     fn the_objective_weighs_the_slopes() {
         // A device that speeds up the prompt but slows generation.
         let cpu = (Some(20.0), Some(200.0));
         let probe = Probe { layers: 10, tg_ts: Some(10.0), pp_ts: Some(250.0) };
-        let w = SpeedModel::fit(cpu.0, cpu.1, &[probe]).unwrap();
+        let w = SpeedModel::fit(cpu.0, cpu.1, &[vec![probe]], 1.0).unwrap();
         assert_eq!(w.best(&[20], 20, None, Objective::Tg, (512, 128)), Some(vec![0]));
         assert_eq!(w.best(&[20], 20, None, Objective::Pp, (512, 128)), Some(vec![20]));
         // A request of 4096 prompt tokens and 16 generated: the prompt's saving wins.

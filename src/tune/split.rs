@@ -269,15 +269,19 @@ fn probe_speeds(
         Some(t) => rates(t),
         None => rates(search.measure(Role::Split, Candidate::layers(0, threads), None)?),
     };
-    let mut probes = vec![Probe { layers: 0, tg_ts: None, pp_ts: None }; devs.len()];
-    let todo: Vec<(String, Vec<u32>)> = (0..devs.len())
-        .filter(|d| partial_cap[*d] > 0)
-        .map(|d| {
+    let mut probes: Vec<Vec<Probe>> = vec![Vec::new(); devs.len()];
+    // Two layer counts per device: as many as its cap holds, and half that.
+    let mut todo: Vec<(String, Vec<u32>)> = Vec::new();
+    for d in (0..devs.len()).filter(|d| partial_cap[*d] > 0) {
+        let hi = partial_cap[d].min(full.saturating_sub(1)).max(1);
+        for k in
+            [hi, hi / 2].into_iter().filter(|k| *k > 0).collect::<std::collections::BTreeSet<u32>>().into_iter().rev()
+        {
             let mut split = vec![0; devs.len()];
-            split[d] = partial_cap[d].min(full.saturating_sub(1)).max(1);
-            (format!("probe: {} alone, the rest on the CPU", devs[d].device), split)
-        })
-        .collect();
+            split[d] = k;
+            todo.push((format!("probe: {} alone, the rest on the CPU", devs[d].device), split));
+        }
+    }
     let s = search.settings();
     for (label, split, p) in price_all(todo, predict, devs, cost) {
         let Some(d) = split.iter().position(|l| *l > 0) else { continue };
@@ -285,11 +289,13 @@ fn probe_speeds(
         let c = Candidate { split: Split::new(&split), ..Candidate::layers(ngl, threads) };
         let race = search.race();
         let t = search.measure(Role::Split, c, Some(race))?;
-        let (tg, pp) = rates(t);
-        probes[d] = Probe { layers: ngl, tg_ts: tg, pp_ts: pp };
+        // A probe that failed (its server crashed, say) says nothing of the device's speed.
+        if let (Some(tg), pp) = rates(t) {
+            probes[d].push(Probe { layers: ngl, tg_ts: Some(tg), pp_ts: pp });
+        }
         found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), devs, s, inp, inp.op_offload));
     }
-    Ok(SpeedModel::fit(cpu.0, cpu.1, &probes).map(|m| m.with_output(full, inp.output_layers)))
+    Ok(SpeedModel::fit(cpu.0, cpu.1, &probes, inp.output_layers))
 }
 
 /// The fastest splits by each device's measured speed, under the
@@ -806,8 +812,8 @@ mod tests {
         let (found, measured) = split_world(0);
         assert_eq!(
             measured,
-            [vec![], vec![10, 0], vec![0, 13], vec![9, 12], vec![10, 11]],
-            "every layer on the CPU, each device alone, then the two fastest predicted"
+            [vec![], vec![10, 0], vec![5, 0], vec![0, 13], vec![0, 6], vec![9, 12], vec![10, 11]],
+            "every layer on the CPU, each device alone at two layer counts, then the two fastest predicted"
         );
         let best = &found.options[found.best.unwrap()];
         assert_eq!(best.tensor_split, [0, 13], "the slow device left out, the rest on the CPU");
