@@ -213,16 +213,14 @@ pub fn rows(model: &ModelInfo, results: &[TrialResult], gpu_info: &str) -> Vec<R
             });
         }
         if let Some(i) = &r.image {
-            #[allow(clippy::cast_precision_loss)]
-            let ts: Vec<f64> =
-                i.samples_ns.iter().map(|ns| f64::from(i.n_tokens) * 1e9 / (*ns as f64).max(1.0)).collect();
+            let t = i.as_test();
             out.push(Row {
-                avg_ns: Some(i.avg_ns),
-                stddev_ns: Some(i.stddev_ns),
-                avg_ts: Some(crate::stats::mean(&ts)),
-                stddev_ts: Some(crate::stats::stddev(&ts)),
-                samples_ns: i.samples_ns.clone(),
-                samples_ts: ts,
+                avg_ns: Some(t.avg_ns),
+                stddev_ns: Some(t.stddev_ns),
+                avg_ts: Some(t.avg_ts),
+                stddev_ts: Some(t.stddev_ts),
+                samples_ns: t.samples_ns,
+                samples_ts: t.samples_ts,
                 image: Some(format!("{}x{}", i.nx, i.ny)),
                 n_image_tokens: Some(i.n_tokens),
                 ..base.clone()

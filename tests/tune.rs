@@ -346,7 +346,9 @@ fn an_out_of_memory_trial_skips_larger_settings() {
     assert_eq!(p["skipped"], serde_json::json!([30]));
     let reason = p["trials"][2]["reason"].as_str().unwrap().to_ascii_lowercase();
     assert!(
-        ["cannot allocate memory", "outofhostmemory", "bad_alloc"].iter().any(|w| reason.contains(w)),
+        ["cannot allocate memory", "outofhostmemory", "bad_alloc", "unable to allocate"]
+            .iter()
+            .any(|w| reason.contains(w)),
         "{}",
         p["trials"][2]["reason"]
     );

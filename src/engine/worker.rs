@@ -538,9 +538,6 @@ fn measure(
     Ok(None)
 }
 
-/// Tokens a raced tg test times before it may be cut.
-const MIN_RACED_TOKENS: u32 = 4;
-
 /// Whether a test timed since `limit.0` can no longer reach its threshold:
 /// even if the rest took no time, its rate would stay below it.
 fn hopeless(limit: Option<(Instant, Duration)>) -> bool {
@@ -604,9 +601,7 @@ fn test_gen(
         ctx.decode(&mut batch).map_err(|e| format!("generation decode failed ({e})"))?;
         ctx.synchronize();
         token = LlamaToken::new(rng.random_range(0..n_vocab));
-        // A rate needs a few tokens: one alone can be an outlier (a
-        // device's first graph of a shape), and a probe's slope is read from it.
-        if i + 1 < n_gen && i + 1 >= MIN_RACED_TOKENS && hopeless(limit) {
+        if i + 1 < n_gen && hopeless(limit) {
             return Ok(Some(i + 1));
         }
     }

@@ -225,15 +225,13 @@ impl TestResult {
         let n_tokens = f64::from(n_prompt + n_gen);
         #[allow(clippy::cast_precision_loss)]
         let samples_ts: Vec<f64> = samples_ns.iter().map(|ns| n_tokens * 1e9 / (*ns as f64).max(1.0)).collect();
-        #[allow(clippy::cast_precision_loss)]
-        let ns_f: Vec<f64> = samples_ns.iter().map(|v| *v as f64).collect();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let (avg_ns, stddev_ns) = ns_stats(&samples_ns);
         TestResult {
             n_prompt,
             n_gen,
             n_ctx,
-            avg_ns: crate::stats::mean(&ns_f).round() as u64,
-            stddev_ns: crate::stats::stddev(&ns_f).round() as u64,
+            avg_ns,
+            stddev_ns,
             avg_ts: crate::stats::mean(&samples_ts),
             stddev_ts: crate::stats::stddev(&samples_ts),
             samples_ts,
@@ -268,6 +266,13 @@ impl TestResult {
     }
 }
 
+/// Mean and sample standard deviation of durations, in whole nanoseconds.
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn ns_stats(samples_ns: &[u64]) -> (u64, u64) {
+    let f: Vec<f64> = samples_ns.iter().map(|v| *v as f64).collect();
+    (crate::stats::mean(&f).round() as u64, crate::stats::stddev(&f).round() as u64)
+}
+
 /// The projector's test: one fixed image encoded (mtmd's `encode_chunk`,
 /// what llama-server runs for each image before the prompt), after a
 /// warmup, `repetitions` times: llama-bench's statistics per image.
@@ -285,17 +290,15 @@ pub struct ImageTest {
 
 impl ImageTest {
     #[must_use]
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     pub fn from_samples(nx: u32, ny: u32, n_tokens: u32, samples_ns: Vec<u64>) -> Self {
-        let f: Vec<f64> = samples_ns.iter().map(|v| *v as f64).collect();
-        ImageTest {
-            nx,
-            ny,
-            n_tokens,
-            avg_ns: crate::stats::mean(&f).round() as u64,
-            stddev_ns: crate::stats::stddev(&f).round() as u64,
-            samples_ns,
-        }
+        let (avg_ns, stddev_ns) = ns_stats(&samples_ns);
+        ImageTest { nx, ny, n_tokens, samples_ns, avg_ns, stddev_ns }
+    }
+
+    /// Its rates as llama-bench states a test's: image tokens per second.
+    #[must_use]
+    pub fn as_test(&self) -> TestResult {
+        TestResult::from_samples(self.n_tokens, 0, 0, self.samples_ns.clone())
     }
 
     /// "img 896x896": the row's name beside llama-bench's pp and tg.
