@@ -429,6 +429,49 @@ mod tests {
     }
 
     #[test]
+    fn a_local_split_says_what_it_buys_over_ollamas_split_by_free_memory() {
+        use crate::profile::{SplitOption, SplitReport};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        let mut p = crate::profile::store::read_profile(&path).unwrap();
+        let option = |split: Vec<u32>, tg: f64| SplitOption {
+            label: String::new(),
+            n_gpu_layers: 19,
+            tensor_split: split,
+            predicted_bytes: Vec::new(),
+            accounted_bytes: Vec::new(),
+            measured: true,
+            tg_ts: Some(tg),
+            pp_ts: None,
+            fits: true,
+            recommended: false,
+            note: String::new(),
+            llama_cpp_args: String::new(),
+            predicted_tg_ts: None,
+            predicted_pp_ts: None,
+        };
+        let report =
+            SplitReport { options: vec![option(vec![4, 15], 30.0), option(vec![], 12.0)], ..SplitReport::default() };
+        p.placements.push(crate::profile::ContextPlacement {
+            n_ctx: p.recommendation.n_ctx,
+            fits_fully: true,
+            kv_bytes: None,
+            recommendation: p.recommendation.clone(),
+            options: Vec::new(),
+            default: None,
+            split: Some(report),
+        });
+        let r = &mut p.recommendation;
+        (r.n_gpu_layers, r.tensor_split, r.tg_ts) = (19, vec![4, 15], Some(30.0));
+        let mf = render(&p, Format::Modelfile).unwrap();
+        assert!(
+            mf.contains(
+                "measured tg 30.00 t/s with this split against 12.00 t/s split by free memory at ngl 19 (x2.50)"
+            ),
+            "{mf}"
+        );
+    }
+
+    #[test]
     fn where_llama_cpps_default_is_recommended_ollama_gets_no_num_gpu() {
         use crate::profile::{DefaultComparison, Verdict};
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");

@@ -84,8 +84,9 @@ pub fn render(p: &Profile) -> String {
         ));
     } else if !r.tensor_split.is_empty() {
         s.push_str(&format!(
-            "# llama.cpp splits the layers {} (-ts); Ollama splits GPUs itself by free memory and takes no proportions, only num_gpu\n",
-            crate::types::split_list(&r.tensor_split)
+            "# llama.cpp splits the layers {} (-ts); Ollama splits GPUs itself by free memory and takes no proportions, only num_gpu{}\n",
+            crate::types::split_list(&r.tensor_split),
+            split_gain(p)
         ));
     }
     if !r.ollama_server_env.is_empty() {
@@ -617,6 +618,23 @@ pub fn write(path: &Path, p: &Profile) -> Result<WriteOutcome> {
     atomic_write(Path::new(&bak), &bytes)?;
     atomic_write(path, &encode(&new, enc))?;
     Ok(WriteOutcome::Updated)
+}
+
+/// What the tuned split buys over a split by free memory (llama.cpp's
+/// default, as Ollama splits): both measured at the recommendation's ngl,
+/// where they were.
+fn split_gain(p: &crate::profile::Profile) -> String {
+    let r = &p.recommendation;
+    let Some(split) = p.placements.iter().rev().find_map(|c| c.split.as_ref()) else { return String::new() };
+    let by_memory = split.options.iter().find(|o| o.tensor_split.is_empty() && o.n_gpu_layers == r.n_gpu_layers);
+    match (r.tg_ts, by_memory.and_then(|o| o.tg_ts)) {
+        (Some(mine), Some(theirs)) if theirs > 0.0 => format!(
+            ": measured tg {mine:.2} t/s with this split against {theirs:.2} t/s split by free memory at ngl {} (x{:.2})",
+            r.n_gpu_layers,
+            mine / theirs
+        ),
+        _ => String::new(),
+    }
 }
 
 #[cfg(test)]
