@@ -9,6 +9,7 @@ mod history;
 mod hw;
 mod profiles;
 mod reprofile;
+mod rpc_server;
 mod tune;
 
 use std::io::Write;
@@ -41,7 +42,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Hw(a) => hw::cmd_hw(&a),
         Command::RpcServer(a) => {
             let threads = a.threads.unwrap_or_else(|| crate::probe::hardware(Vec::new()).cpu.physical_cores.max(1));
-            crate::rpc::supervise(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
+            rpc_server::supervise(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
         }
         Command::RpcServe(a) => {
             let threads = a.threads.unwrap_or(1);

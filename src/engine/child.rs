@@ -188,7 +188,7 @@ pub fn check(exe: &Path, model: &Path, rpc: &[String], mmproj: Option<&Path>) ->
     let done = spawned.wait(CALL_TIMEOUT, Duration::from_millis(5), || {})?;
     Ok(serde_json::from_str(done.stdout.trim()).unwrap_or_else(|_| Check {
         ok: false,
-        error: Some(if done.timed_out { "it did not answer".to_string() } else { describe_exit(done.status) }),
+        error: Some(if done.timed_out { "it did not answer in time".to_string() } else { describe_exit(done.status) }),
         devices: Vec::new(),
     }))
 }
