@@ -126,8 +126,9 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
         }
         let ts = u64s(&o["tensor_split"]);
         assert_eq!(ts.iter().sum::<u64>(), o["n_gpu_layers"].as_u64().unwrap());
+        // A device may be left out where its speed says so; a probe holds exactly one.
         let probe = o["label"].as_str().unwrap().starts_with("probe");
-        assert!(probe || ts.iter().all(|l| *l > 0), "both devices hold layers: {o}");
+        assert!(ts.iter().any(|l| *l > 0), "some device holds layers: {o}");
         assert!(!probe || ts.iter().filter(|l| **l > 0).count() == 1, "a probe holds one device: {o}");
         // The flags load and run in llama.cpp, with each device under its cap.
         let flags = o["llama_cpp_args"].as_str().unwrap();
