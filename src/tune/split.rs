@@ -6,14 +6,17 @@
 //! The stage runs after the whole-layer search (which measured llama.cpp's
 //! default split at each ngl): two dry runs give each device's cost per
 //! layer and its fixed cost (compute buffer, the output layer on the last
-//! device), from which each device's capacity under its cap follows. The
-//! candidates are the splits a user would try: layers in proportion to
+//! device), from which each device's capacity under its cap follows. Then
+//! each device's speed is probed (`super::speed`: two trials with layers on
+//! that device alone), and the fastest split by those speeds is a
+//! candidate beside the splits a user would try: layers in proportion to
 //! what each device can hold, and the devices filled in llama.cpp's order
-//! and in reverse (fewer devices, fewer boundaries); or, when the layers
-//! do not all fit, every device at its capacity and the rest on the CPU.
-//! Each is priced exactly, trimmed a layer at a time while over a cap,
-//! then measured, raced against the best so far. The recommendation is
-//! the fastest measured split under every device's cap.
+//! and in reverse; or, when the layers do not all fit, every device at its
+//! capacity and the rest on the CPU. Each is priced exactly, trimmed a
+//! layer at a time while over a cap; the two fastest predicted are
+//! measured, raced against the best so far (without probes, every one).
+//! The recommendation is the fastest measured split under every device's
+//! cap.
 
 use anyhow::Result;
 
