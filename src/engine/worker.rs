@@ -86,9 +86,14 @@ fn inject_fault(ngl: u32) {
     }
 }
 
-/// What llama.cpp's log says about a failed allocation.
-fn looks_like_oom(log: &str) -> bool {
-    super::child::mentions_oom(log)
+/// How a failure ended, by llama.cpp's log: out of memory where it says
+/// an allocation failed, else failed.
+fn status_of(log: &str) -> TrialStatus {
+    if super::child::mentions_oom(log) {
+        TrialStatus::Oom
+    } else {
+        TrialStatus::Failed
+    }
 }
 
 /// The most telling line of a failure: the last one that names an error.
@@ -200,8 +205,7 @@ impl Session {
         let model = match model {
             Ok(m) => m,
             Err(e) => {
-                let status = if looks_like_oom(&load_log) { TrialStatus::Oom } else { TrialStatus::Failed };
-                return Err((status, format!("model load failed ({e}): {}", last_error_line(&load_log))));
+                return Err((status_of(&load_log), format!("model load failed ({e}): {}", last_error_line(&load_log))));
             }
         };
         let mut buffers = logs::parse_buffers(&load_log);
@@ -239,8 +243,7 @@ impl Session {
                 Ok(img) => result.image = Some(img),
                 Err(e) => {
                     let log = logs::take();
-                    let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
-                    return fail(result, status, format!("{e}: {}", last_error_line(&log)));
+                    return fail(result, status_of(&log), format!("{e}: {}", last_error_line(&log)));
                 }
             }
         }
@@ -266,10 +269,7 @@ fn load_projector(
     let log = logs::take();
     match ctx {
         Ok(c) => Ok((c, logs::parse_projector(&log))),
-        Err(e) => {
-            let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
-            Err((status, format!("projector load failed ({e}): {}", last_error_line(&log))))
-        }
+        Err(e) => Err((status_of(&log), format!("projector load failed ({e}): {}", last_error_line(&log)))),
     }
 }
 
@@ -339,8 +339,7 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
             Ok(cut) => cut,
             Err(e) => {
                 let log = format!("{ctx_log}{run_log}");
-                let status = if looks_like_oom(&log) { TrialStatus::Oom } else { TrialStatus::Failed };
-                return fail(result, status, format!("{e}: {}", last_error_line(&log)));
+                return fail(result, status_of(&log), format!("{e}: {}", last_error_line(&log)));
             }
         };
         let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples).at_depth(spec.n_depth);
@@ -378,7 +377,6 @@ fn open_context<'m>(
         .with_type_v(kv_cache_type(p.kv_type));
     let ctx = model.new_context(backend, cparams);
     let ctx_log = logs::take();
-    let status_of = |log: &str| if looks_like_oom(log) { TrialStatus::Oom } else { TrialStatus::Failed };
     let mut ctx = match ctx {
         Ok(c) => c,
         Err(e) => {
