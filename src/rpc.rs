@@ -231,6 +231,17 @@ pub fn listenable(host: &str, port: u16) -> Result<()> {
     })
 }
 
+/// Checks that every device asked for (`--device`) is one of `known`.
+///
+/// # Errors
+/// `BadInput` naming the first unknown device and the choices.
+pub fn check_devices(asked: &[String], known: &[String]) -> Result<()> {
+    match asked.iter().find(|d| !known.contains(d)) {
+        Some(d) => Err(bad(format!("--device {d} is not a llama.cpp device here; choose from {}", known.join(", ")))),
+        None => Ok(()),
+    }
+}
+
 /// The line the server prints once it serves.
 pub const SERVING: &str = "ngl-tune rpc-server: serving ";
 
@@ -252,9 +263,7 @@ pub fn serve(host: &str, port: u16, devices: &[String], threads: u32) -> Result<
     listenable(host, port)?;
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
     let known: Vec<String> = crate::probe::ggml::devices().into_iter().map(|d| d.name).collect();
-    if let Some(d) = devices.iter().find(|d| !known.contains(d)) {
-        return Err(bad(format!("--device {d} is not a llama.cpp device here; choose from {}", known.join(", "))));
-    }
+    check_devices(devices, &known)?;
     let served = if devices.is_empty() { "every GPU, else the CPU".to_string() } else { devices.join(", ") };
     eprintln!(
         "{SERVING}{served} on {endpoint} (llama.cpp RPC protocol {}, llama.cpp {}); stop with Ctrl-C",

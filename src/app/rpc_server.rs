@@ -23,9 +23,7 @@ pub fn supervise(host: &str, port: u16, devices: &[String], threads: u32) -> Res
     // The devices are named by a child: a backend in this long-lived
     // process would hold GPU memory the server's clients need.
     let known: Vec<String> = crate::engine::child::devices(&exe, &[])?.into_iter().map(|d| d.name).collect();
-    if let Some(d) = devices.iter().find(|d| !known.contains(d)) {
-        return Err(bad(format!("--device {d} is not a llama.cpp device here; choose from {}", known.join(", "))));
-    }
+    crate::rpc::check_devices(devices, &known)?;
     if host != "127.0.0.1" && host != "localhost" {
         eprintln!("warning: {}", crate::rpc::NO_AUTH_WARNING);
     }

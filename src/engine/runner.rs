@@ -12,14 +12,14 @@ use super::live::{self, Answer, Kept, Live};
 use crate::error::Interrupted;
 use crate::interrupt;
 use crate::probe::host::HostSource;
-
-/// How long a server that stopped answering in a trial gets to come back
-/// (a supervised one is restarted within a second or two).
-const RPC_GRACE: Duration = Duration::from_secs(5);
 use crate::probe::nvml::NvmlSource;
 use crate::probe::{MemorySource, Sampler};
 use crate::types::Contention;
 use crate::types::{TrialResult, TrialSpec, TrialStatus};
+
+/// How long a server that stopped answering in a trial gets to come back
+/// (a supervised one is restarted within a second or two).
+const RPC_GRACE: Duration = Duration::from_secs(5);
 
 /// Prefix of the worker's one result line on stdout, so stray output from a
 /// backend cannot be mistaken for it.
