@@ -129,6 +129,17 @@ fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
     values.flat_map(f32::to_le_bytes).collect()
 }
 
+/// An F32 tensor of random weights in [-0.05, 0.05).
+fn random_f32(w: &mut Writer, name: &str, dims: &[u64], rng: &mut impl Rng) {
+    let n: u64 = dims.iter().product();
+    w.tensor(name, dims, 0, f32_bytes((0..n).map(|_| rng.random_range(-0.05f32..0.05))));
+}
+
+/// An F32 vector of `n` values `v` (norm weights, biases).
+fn filled(w: &mut Writer, name: &str, n: u64, v: f32) {
+    w.tensor(name, &[n], 0, f32_bytes((0..n).map(|_| v)));
+}
+
 /// ggml's Q8_0: blocks of 32 weights, an f16 scale and 32 signed bytes.
 const Q8_0: u32 = 8;
 
@@ -181,18 +192,14 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
 
     let q8_0 = spec.q8_0;
     let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| {
-        let n: u64 = dims.iter().product();
         if q8_0 && dims[0].is_multiple_of(32) {
-            let data = q8_0_bytes(n, &mut rng);
+            let data = q8_0_bytes(dims.iter().product(), &mut rng);
             w.tensor(name, dims, Q8_0, data);
         } else {
-            let data = f32_bytes((0..n).map(|_| rng.random_range(-0.05f32..0.05)));
-            w.tensor(name, dims, 0, data);
+            random_f32(w, name, dims, &mut rng);
         }
     };
-    let ones = |w: &mut Writer, name: &str, n: u64| {
-        w.tensor(name, &[n], 0, f32_bytes((0..n).map(|_| 1.0f32)));
-    };
+    let ones = |w: &mut Writer, name: &str, n: u64| filled(w, name, n, 1.0);
 
     rand_tensor(&mut w, "token_embd.weight", &[e, spec.n_vocab]);
     ones(&mut w, "output_norm.weight", e);
@@ -312,13 +319,8 @@ pub fn write_projector(path: &Path, spec: &ProjectorSpec) -> std::io::Result<()>
     w.kv("clip.vision.image_mean", three(0.5));
     w.kv("clip.vision.image_std", three(0.5));
     w.kv("clip.vision.projector.scale_factor", Value::U32(spec.n_merge));
-    let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| {
-        let n: u64 = dims.iter().product();
-        w.tensor(name, dims, 0, f32_bytes((0..n).map(|_| rng.random_range(-0.05f32..0.05))));
-    };
-    let fill = |w: &mut Writer, name: &str, n: u64, v: f32| {
-        w.tensor(name, &[n], 0, f32_bytes((0..n).map(|_| v)));
-    };
+    let mut rand_tensor = |w: &mut Writer, name: &str, dims: &[u64]| random_f32(w, name, dims, &mut rng);
+    let fill = filled;
     rand_tensor(&mut w, "v.patch_embd.weight", &[p, p, 3, e]);
     fill(&mut w, "v.patch_embd.bias", e, 0.0);
     rand_tensor(&mut w, "v.position_embd.weight", &[e, n_patches]);

@@ -95,8 +95,8 @@ fn projector_line(p: &Profile) -> Option<String> {
         let lines: Vec<_> = t.result.model_buffers.iter().filter(|b| b.kind.starts_with("mmproj")).collect();
         (!lines.is_empty()).then_some(lines)
     });
+    let weights = measured.as_ref().and_then(|l| l.iter().find(|b| b.kind == "mmproj"));
     if let Some(lines) = &measured {
-        let weights = lines.iter().find(|b| b.kind == "mmproj");
         let on = weights.map_or("CPU", |b| b.buffer_type.as_str());
         let w = weights.map_or(0, |b| b.bytes);
         let enc: u64 = lines.iter().filter(|b| b.kind == "mmproj-compute" && b.on_device()).map(|b| b.bytes).sum();
@@ -117,8 +117,8 @@ fn projector_line(p: &Profile) -> Option<String> {
     if let (Some(i), Some(ms)) = (img, rec.img_ms) {
         let _ = write!(s, "; img {}x{} -> {} tokens: {ms:.1} ms at the recommendation", i.nx, i.ny, i.n_tokens);
     }
-    let weights = measured.as_ref().and_then(|l| l.iter().find(|b| b.kind == "mmproj")).map_or(0, |b| b.bytes);
-    let _ = write!(s, "\n{}", ollama_projector(rec.ollama_num_gpu_param(), p.model.n_layer_full, weights));
+    let w = weights.map_or(0, |b| b.bytes);
+    let _ = write!(s, "\n{}", ollama_projector(rec.ollama_num_gpu_param(), p.model.n_layer_full, w));
     Some(s)
 }
 

@@ -138,10 +138,12 @@ impl SpeedModel {
             .collect()
     }
 
-    /// The fastest layers per device under each device's `capacity`: with
-    /// `ngl` fixed, exactly that many layers on the devices, cheapest
-    /// first (`None` when they cannot hold them); else every device faster
-    /// than the CPU filled, cheapest first, to at most `full` layers.
+    /// The fastest layers per device under each device's `capacity`, by
+    /// the model's prediction over one fill per choice of the last device
+    /// (it runs the output): with `ngl` fixed, exactly that many layers on
+    /// the devices, cheapest first (`None` when they cannot hold them);
+    /// else the devices faster than the CPU filled, cheapest first, up to
+    /// `full` layers, or every layer on the CPU where that is fastest.
     #[must_use]
     pub fn best(
         &self,
