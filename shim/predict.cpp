@@ -14,6 +14,7 @@
 #include "mtmd.h"
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -28,7 +29,10 @@ typedef void (*ngl_tune_buft_cb)(void * user, const char * buft, int is_host, ui
 // offload device in llama.cpp's device order; none: llama.cpp's default by
 // free memory) and `split_mode`/`main_gpu` are llama.cpp's -ts, -sm, -mg.
 // `cpu_patterns` (n_cpu_patterns regular expressions) keep the tensors they
-// match in the CPU buffer type, as llama.cpp's -ot PATTERN=CPU.
+// match in the CPU buffer type, as llama.cpp's -ot PATTERN=CPU. `devices`
+// (n_devices names, as --list-devices gives them) are the offload devices
+// in the order they take layers, as llama.cpp's --device; `tensor_split`
+// then follows that order. None: every device in llama.cpp's order.
 typedef struct ngl_tune_placement {
     int32_t              n_gpu_layers;
     int32_t              split_mode;
@@ -37,17 +41,33 @@ typedef struct ngl_tune_placement {
     uint32_t             n_split;
     const char * const * cpu_patterns;
     uint32_t             n_cpu_patterns;
+    const char * const * devices;
+    uint32_t             n_devices;
 } ngl_tune_placement;
 
 }  // extern "C"
 
 namespace {
 
-// The model parameters of a placement; `overrides` and `split` own what the
-// parameters point to and must outlive the load.
-llama_model_params make_params(const ngl_tune_placement * p, std::vector<llama_model_tensor_buft_override> & overrides,
-                               std::vector<float> & split) {
+// The model parameters of a placement; `overrides`, `split` and `devs` own
+// what the parameters point to and must outlive the load. False (and a line
+// on the log) when a device name is not one of llama.cpp's offload devices,
+// as common/arg.cpp's parse_device_list refuses it.
+bool make_params(const ngl_tune_placement * p, std::vector<llama_model_tensor_buft_override> & overrides,
+                 std::vector<float> & split, std::vector<ggml_backend_dev_t> & devs, llama_model_params & out) {
     llama_model_params mp = llama_model_default_params();
+    if (p->n_devices > 0) {
+        for (uint32_t i = 0; i < p->n_devices; i++) {
+            ggml_backend_dev_t dev = ggml_backend_dev_by_name(p->devices[i]);
+            if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+                fprintf(stderr, "invalid device: %s\n", p->devices[i]);
+                return false;
+            }
+            devs.push_back(dev);
+        }
+        devs.push_back(nullptr);
+        mp.devices = devs.data();
+    }
     mp.n_gpu_layers       = p->n_gpu_layers;
     mp.split_mode         = (llama_split_mode) p->split_mode;
     mp.main_gpu           = p->main_gpu;
@@ -66,7 +86,8 @@ llama_model_params make_params(const ngl_tune_placement * p, std::vector<llama_m
         }
         mp.tensor_split = split.data();
     }
-    return mp;
+    out = mp;
+    return true;
 }
 
 }  // namespace
@@ -78,7 +99,11 @@ extern "C" {
 llama_model * ngl_tune_load_model(const char * path, const ngl_tune_placement * p) {
     std::vector<llama_model_tensor_buft_override> overrides;
     std::vector<float>                            split;
-    llama_model_params mp = make_params(p, overrides, split);
+    std::vector<ggml_backend_dev_t>               devs;  // llama.cpp copies the list
+    llama_model_params                            mp;
+    if (!make_params(p, overrides, split, devs, mp)) {
+        return nullptr;
+    }
     // The override patterns are kept by the model for its life: copy them
     // where they live as long as the process (one trial).
     for (auto & o : overrides) {
@@ -96,7 +121,11 @@ int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n
                      void * user) {
     std::vector<llama_model_tensor_buft_override> overrides;
     std::vector<float>                            split;
-    llama_model_params mp = make_params(p, overrides, split);
+    std::vector<ggml_backend_dev_t>               devs;
+    llama_model_params                            mp;
+    if (!make_params(p, overrides, split, devs, mp)) {
+        return 1;
+    }
     mp.no_alloc           = true;
     mp.load_mode          = LLAMA_LOAD_MODE_NONE;  // as common_fit_params: map nothing, read nothing
     llama_model * model   = llama_model_load_from_file(path, mp);

@@ -23,6 +23,8 @@ pub struct LlamaArgs {
     pub op_offload: Option<OpOffload>,
     /// `--rpc` servers.
     pub rpc: Option<Vec<String>>,
+    /// `--device`: the offload devices in the order they take layers.
+    pub devices: Option<Vec<String>>,
     pub split_mode: Option<SplitMode>,
     /// `-ts` as whole layers per device.
     pub tensor_split: Option<Vec<u32>>,
@@ -35,7 +37,7 @@ pub struct LlamaArgs {
 
 /// The flags this reads.
 pub const KNOWN: &str =
-    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, -sm, -ts, -mg, --mmproj";
+    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj";
 
 impl LlamaArgs {
     /// `base` with what this command line sets laid over it. An `-ot`
@@ -59,6 +61,9 @@ impl LlamaArgs {
         p.split_mode = self.split_mode.unwrap_or(p.split_mode);
         if let Some(v) = self.rpc {
             p.rpc = v;
+        }
+        if let Some(v) = self.devices {
+            p.devices = v;
         }
         if let Some(m) = self.mmproj {
             p.mmproj = Some(m);
@@ -113,7 +118,7 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
 
 /// llama-server's environment variables (`common/arg.cpp`'s `set_env`) for
 /// the flags ngl-tune emits.
-const ENV_FLAGS: [(&str, &str); 16] = [
+const ENV_FLAGS: [(&str, &str); 17] = [
     ("LLAMA_ARG_N_GPU_LAYERS", "-ngl"),
     ("LLAMA_ARG_THREADS", "-t"),
     ("LLAMA_ARG_CTX_SIZE", "-c"),
@@ -126,6 +131,7 @@ const ENV_FLAGS: [(&str, &str); 16] = [
     ("LLAMA_ARG_FLASH_ATTN", "-fa"),
     ("LLAMA_ARG_OVERRIDE_TENSOR", "-ot"),
     ("LLAMA_ARG_RPC", "--rpc"),
+    ("LLAMA_ARG_DEVICE", "--device"),
     ("LLAMA_ARG_SPLIT_MODE", "-sm"),
     ("LLAMA_ARG_TENSOR_SPLIT", "-ts"),
     ("LLAMA_ARG_MAIN_GPU", "-mg"),
@@ -204,6 +210,17 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
             "--rpc" => {
                 a.rpc = Some(crate::rpc::parse_list(value()?).map_err(|e| e.to_string())?);
             }
+            // common/arg.cpp's parse_device_list: names split at ','; "none" offloads nothing.
+            "-dev" | "--device" => {
+                let names: Vec<String> = value()?.split(',').map(|d| d.trim().to_string()).collect();
+                if names.iter().any(String::is_empty) {
+                    return Err(format!("{flag} needs device names like Vulkan0,RPC0 (llama.cpp --list-devices)"));
+                }
+                if names == ["none"] {
+                    return Err(format!("{flag} none: ngl-tune runs every layer on the CPU with -ngl 0"));
+                }
+                a.devices = Some(names);
+            }
             // common/arg.cpp splits -ts at ',' or '/'; ngl-tune measures whole layers per device.
             "-ts" | "--tensor-split" => {
                 let split: Vec<u32> = value()?
@@ -224,7 +241,8 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
                     "none" => SplitMode::None,
                     "layer" => SplitMode::Layer,
                     "row" => SplitMode::Row,
-                    other => return Err(format!("{flag} {other}: llama.cpp takes none, layer or row")),
+                    "tensor" => SplitMode::Tensor,
+                    other => return Err(format!("{flag} {other}: llama.cpp takes none, layer, row or tensor")),
                 });
             }
             "-mg" | "--main-gpu" => a.main_gpu = Some(number(flag, value()?)?),
@@ -259,6 +277,11 @@ mod tests {
         let split = parse_placement("--rpc 10.0.0.2:50052,10.0.0.3:50052 -ngl 41 -sm layer -ts 20/21 -mg 0").unwrap();
         assert_eq!(split.rpc, ["10.0.0.2:50052", "10.0.0.3:50052"]);
         assert_eq!((split.tensor_split, split.main_gpu, split.split_mode), (vec![20, 21], 0, SplitMode::Layer));
+        let ordered = parse_placement("--rpc 10.0.0.2:50052 --device RPC0,Vulkan0 -ngl 41 -ts 0,41").unwrap();
+        assert_eq!(
+            (ordered.devices, ordered.tensor_split),
+            (vec!["RPC0".to_string(), "Vulkan0".to_string()], vec![0, 41])
+        );
         let other = parse_placement(r"-ngl 3 -t 1 -ot 'token_embd\.weight=CPU'").unwrap();
         assert_eq!((other.n_cpu_ffn, other.cpu_overrides), (0, vec![r"token_embd\.weight".to_string()]));
     }
@@ -274,7 +297,13 @@ mod tests {
         use proptest::prelude::*;
         let kv = prop_oneof![Just(KvType::F16), Just(KvType::Q8_0), Just(KvType::Q4_0)];
         let fa = prop_oneof![Just(FlashAttn::Auto), Just(FlashAttn::On), Just(FlashAttn::Off)];
-        let sm = prop_oneof![Just(SplitMode::Layer), Just(SplitMode::Row), Just(SplitMode::None)];
+        let sm =
+            prop_oneof![Just(SplitMode::Layer), Just(SplitMode::Row), Just(SplitMode::None), Just(SplitMode::Tensor)];
+        let devices = prop_oneof![
+            Just(Vec::new()),
+            Just(vec!["RPC1".to_string(), "RPC0".to_string()]),
+            Just(vec!["Vulkan0".to_string()]),
+        ];
         let op = prop_oneof![Just(OpOffload::On), Just(OpOffload::Off)];
         let other = prop_oneof![
             Just(r"token_embd\.weight".to_string()),
@@ -287,13 +316,13 @@ mod tests {
             (0u32..200, 1u32..64, proptest::option::of(1u32..300_000), 1u32..8192, 1u32..4096),
             (kv, fa, 0u32..60, 0u32..60, proptest::collection::vec(other, 0..3)),
             (op, proptest::collection::vec(endpoint, 0..3), sm, proptest::collection::vec(0u32..99, 0..6), 0u32..4),
-            1u32..9,
+            (1u32..9, devices),
             proptest::option::of(prop_oneof![
                 Just("mmproj-F16.gguf".to_string()),
                 Just("/models/My Model's/mmproj.gguf".to_string()),
             ]),
         )
-            .prop_map(|(a, b, c, np, mm)| Placement {
+            .prop_map(|(a, b, c, (np, devices), mm)| Placement {
                 n_gpu_layers: a.0,
                 n_threads: a.1,
                 n_ctx: a.2,
@@ -307,6 +336,7 @@ mod tests {
                 op_offload: c.0,
                 rpc: c.1,
                 split_mode: c.2,
+                devices,
                 tensor_split: c.3,
                 main_gpu: c.4,
                 n_parallel: np,
@@ -335,7 +365,9 @@ mod tests {
             ("-fa maybe", "on, off or auto"),
             ("--mlock", "not a flag"),
             ("-ts 0.5,0.5", "whole layers"),
-            ("-sm tensor", "none, layer or row"),
+            ("-sm graph", "none, layer, row or tensor"),
+            ("--device none", "-ngl 0"),
+            ("--device Vulkan0,", "device names"),
             ("--rpc host", "host:port"),
             ("-ot 'x", "unclosed quote"),
         ] {

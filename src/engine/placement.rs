@@ -1,7 +1,7 @@
 //! A trial's placement as llama.cpp's model parameters, built in one place
 //! (the shim's `make_params`) for the trial's load and the dry run alike:
-//! whole layers (`-ngl`), layers per device (`-ts`, split mode layer,
-//! `-mg`), tensors kept on the CPU (`-ot PATTERN=CPU`, `--n-cpu-moe`).
+//! whole layers (`-ngl`), the devices and their order (`--device`),
+//! layers per device (`-ts`, `-sm`, `-mg`), tensors kept on the CPU (`-ot PATTERN=CPU`, `--n-cpu-moe`).
 //! Also registers llama.cpp RPC servers' devices, as `--rpc` does.
 
 use std::ffi::{c_char, c_int, CString};
@@ -17,6 +17,8 @@ pub(crate) struct RawPlacement {
     n_split: u32,
     cpu_patterns: *const *const c_char,
     n_cpu_patterns: u32,
+    devices: *const *const c_char,
+    n_devices: u32,
 }
 
 extern "C" {
@@ -32,6 +34,8 @@ pub(crate) struct ModelParams {
     split: Vec<f32>,
     patterns: Vec<CString>,
     pointers: Vec<*const c_char>,
+    devices: Vec<CString>,
+    device_pointers: Vec<*const c_char>,
 }
 
 impl ModelParams {
@@ -44,6 +48,8 @@ impl ModelParams {
         let pointers = patterns.iter().map(|p| p.as_ptr()).collect();
         #[allow(clippy::cast_precision_loss)]
         let split = p.tensor_split.iter().map(|&l| l as f32).collect();
+        let devices: Vec<CString> = p.devices.iter().map(|d| CString::new(d.as_str()).unwrap_or_default()).collect();
+        let device_pointers = devices.iter().map(|d| d.as_ptr()).collect();
         ModelParams {
             ngl: p.n_gpu_layers,
             split_mode: p.split_mode.llama_value(),
@@ -51,12 +57,15 @@ impl ModelParams {
             split,
             patterns,
             pointers,
+            devices,
+            device_pointers,
         }
     }
 
     /// The raw form; valid while `self` lives.
     pub(crate) fn raw(&self) -> RawPlacement {
         debug_assert_eq!(self.patterns.len(), self.pointers.len());
+        debug_assert_eq!(self.devices.len(), self.device_pointers.len());
         RawPlacement {
             n_gpu_layers: i32::try_from(self.ngl).unwrap_or(i32::MAX),
             split_mode: self.split_mode,
@@ -65,6 +74,8 @@ impl ModelParams {
             n_split: u32::try_from(self.split.len()).unwrap_or(0),
             cpu_patterns: self.pointers.as_ptr(),
             n_cpu_patterns: u32::try_from(self.pointers.len()).unwrap_or(0),
+            devices: self.device_pointers.as_ptr(),
+            n_devices: u32::try_from(self.device_pointers.len()).unwrap_or(0),
         }
     }
 

@@ -59,6 +59,9 @@ pub struct Prediction {
     /// Layers per offload device, where the prediction is for a split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split: Vec<u32>,
+    /// The devices in the order `split` follows (`--device`); empty: llama.cpp's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
 }
 
 impl Prediction {
@@ -86,6 +89,7 @@ impl Prediction {
             && c.n_cpu_ffn == spec.placement.n_cpu_ffn
             && c.n_cpu_moe == spec.placement.n_cpu_moe
             && self.split == spec.placement.tensor_split
+            && self.devices == spec.placement.devices
     }
 }
 
@@ -134,6 +138,10 @@ pub struct PredictSpec {
     /// device (answered in `PredictOutput::splits`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub splits: Vec<Vec<u32>>,
+    /// The `--device` order of each split, where it is not llama.cpp's
+    /// (by position; missing or empty: llama.cpp's order, `splits` in it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split_devices: Vec<Vec<String>>,
     /// RPC servers whose devices join (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
@@ -263,7 +271,12 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 }
 
 /// One dry run in this process (the backend must be initialized).
-fn predict_one(spec: &PredictSpec, case: PredictCase, split: &[u32], extra: &[PredictedBuffer]) -> Prediction {
+fn predict_one(
+    spec: &PredictSpec,
+    case: PredictCase,
+    (split, devices): (&[u32], &[String]),
+    extra: &[PredictedBuffer],
+) -> Prediction {
     let mut c = case;
     if c.kv_type == crate::types::KvType::F16 {
         c.kv_type = spec.kv_type;
@@ -275,6 +288,7 @@ fn predict_one(spec: &PredictSpec, case: PredictCase, split: &[u32], extra: &[Pr
         n_cpu_ffn: c.n_cpu_ffn,
         n_cpu_moe: c.n_cpu_moe,
         tensor_split: split.to_vec(),
+        devices: devices.to_vec(),
         ..crate::types::Placement::default()
     };
     let params = super::placement::ModelParams::of(&placement);
@@ -317,6 +331,7 @@ fn predict_one(spec: &PredictSpec, case: PredictCase, split: &[u32], extra: &[Pr
         error,
         case: None,
         split: split.to_vec(),
+        devices: devices.to_vec(),
     }
 }
 
@@ -341,13 +356,17 @@ pub fn predict_main() -> Result<()> {
     let mmproj = spec.mmproj.as_deref().map(|m| predict_projector(m, spec.flash_attn));
     let extra = mmproj.as_ref().map_or(&[][..], |m| &m.buffers[..]);
     let predictions: Vec<Prediction> =
-        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), &[], extra)).collect();
+        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), (&[], &[]), extra)).collect();
     let cases =
-        spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, &[], extra) }).collect();
+        spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, (&[], &[]), extra) }).collect();
     let splits = spec
         .splits
         .iter()
-        .map(|split| predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), split, extra))
+        .enumerate()
+        .map(|(i, split)| {
+            let devices = spec.split_devices.get(i).map_or(&[][..], |d| &d[..]);
+            predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), (split, devices), extra)
+        })
         .collect();
     let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, spec.n_ctx));
     let llama_fit_split = (!spec.fit_split_margins.is_empty()).then(|| llama_fit_split(&spec));

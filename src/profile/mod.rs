@@ -482,7 +482,11 @@ pub struct Recommendation {
     /// llama.cpp RPC servers whose devices the placement uses (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
-    /// Layers per offload device, in llama.cpp's device order (`-sm layer
+    /// The offload devices in the order they take layers (`--device`);
+    /// empty: llama.cpp's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Layers per offload device, in the order of `devices` (`-sm layer
     /// -ts a,b,.. -mg 0`); empty: one device, or llama.cpp's default split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_split: Vec<u32>,
@@ -533,6 +537,7 @@ impl Recommendation {
         .with_kv(self.kv_type)
         .with_op_offload(self.op_offload)
         .with_split(&self.tensor_split, &self.rpc)
+        .with_devices(&self.devices)
         .with_mmproj(self.mmproj.as_deref())
     }
 
@@ -731,8 +736,13 @@ pub struct SplitOption {
     /// How it was made: "by capacity", "fill in device order", "llama.cpp's default split", ...
     pub label: String,
     pub n_gpu_layers: u32,
-    /// Layers per offload device (empty: llama.cpp's default by free memory).
+    /// Layers per offload device, in llama.cpp's device order (empty:
+    /// llama.cpp's default by free memory).
     pub tensor_split: Vec<u32>,
+    /// The order the devices take layers in (`--device`): indices into
+    /// llama.cpp's order; empty: llama.cpp's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub order: Vec<u32>,
     /// Bytes per device by the dry run, in the devices' order.
     pub predicted_bytes: Vec<u64>,
     /// Bytes per device llama.cpp allocated in the trial.
@@ -766,6 +776,26 @@ pub struct SplitReport {
     /// The round trip to each RPC server, measured before the trials.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc_links: Vec<RpcLink>,
+    /// What a boundary between two devices costs per generated token (ms):
+    /// what the devices' own costs do not explain in the measured splits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crossing_tg_ms: Option<f64>,
+    /// The recommended split measured alternately with llama.cpp's
+    /// default split and with its fit for the same caps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub against: Vec<SplitComparison>,
+}
+
+/// The recommended split paired with one of llama.cpp's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SplitComparison {
+    /// Which of llama.cpp's splits ("llama.cpp's default split", "llama.cpp's fit for the same caps").
+    pub against: String,
+    /// Its layers per device, in llama.cpp's order (empty: by free memory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
+    #[serde(flatten)]
+    pub result: DefaultComparison,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

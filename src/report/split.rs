@@ -28,12 +28,18 @@ fn per_device(bytes: &[u64]) -> String {
     bytes.iter().map(|b| human_bytes(*b)).collect::<Vec<_>>().join(" / ")
 }
 
-fn split_words(ngl: u32, ts: &[u32]) -> String {
+/// `ngl N, -ts a,b` in llama.cpp's device order, and where the devices
+/// take layers in another order, that order (`--device`).
+fn split_words(ngl: u32, ts: &[u32], order: &[u32], names: &[&str]) -> String {
     if ts.is_empty() {
-        format!("ngl {ngl}")
-    } else {
-        format!("ngl {ngl}, -ts {}", crate::types::split_list(ts))
+        return format!("ngl {ngl}");
     }
+    let mut w = format!("ngl {ngl}, -ts {}", crate::types::split_list(ts));
+    if !order.is_empty() {
+        let listed: Vec<&str> = order.iter().map(|d| names.get(*d as usize).copied().unwrap_or("?")).collect();
+        w += &format!(" (--device {})", listed.join(","));
+    }
+    w
 }
 
 /// The devices, the options and the figures of one context's split stage.
@@ -75,7 +81,8 @@ pub fn split_lines(c: &ContextPlacement, r: &SplitReport) -> String {
         let mark = if o.recommended { " <- recommended" } else { "" };
         let mem = if o.accounted_bytes.is_empty() { &o.predicted_bytes } else { &o.accounted_bytes };
         let fits = if o.fits { "" } else { " (over a cap)" };
-        let mut row = vec![o.label.clone(), split_words(o.n_gpu_layers, &o.tensor_split), speed(o.tg_ts)];
+        let mut row =
+            vec![o.label.clone(), split_words(o.n_gpu_layers, &o.tensor_split, &o.order, &names), speed(o.tg_ts)];
         if by_speed {
             row.push(predicted(o.predicted_tg_ts, o.tg_ts));
         }
@@ -85,9 +92,50 @@ pub fn split_lines(c: &ContextPlacement, r: &SplitReport) -> String {
     let _ = writeln!(s, "memory per device in the order {}:", names.join(" / "));
     s.push_str(&t.render());
     s += &fit_and_links(r);
+    s += &against_lines(r);
     s
 }
 
+/// The recommended split against llama.cpp's, paired.
+fn against_lines(r: &SplitReport) -> String {
+    use crate::profile::Verdict;
+    let mut s = String::new();
+    if let Some(c) = r.crossing_tg_ms {
+        let _ = writeln!(
+            s,
+            "a boundary between two devices costs {c:.2} ms per generated token (what the devices' own costs leave unexplained)"
+        );
+    }
+    for a in &r.against {
+        let c = &a.result;
+        let ratio =
+            |name: &str, v: Option<f64>, h: Option<f64>| v.map(|v| format!("{name} x{v:.2} ± {:.2}", h.unwrap_or(0.0)));
+        let figures: Vec<String> = [ratio("tg", c.tg_ratio, c.tg_half_width), ratio("pp", c.pp_ratio, c.pp_half_width)]
+            .into_iter()
+            .flatten()
+            .collect();
+        let verdict = match c.verdict {
+            Verdict::Faster if c.note.is_empty() => "faster beyond the noise".to_string(),
+            Verdict::Faster => format!("faster beyond the noise; {}", c.note),
+            _ => c.note.clone(),
+        };
+        let _ = match c.verdict {
+            Verdict::Same | Verdict::NotMeasured => {
+                writeln!(s, "against {} ({}): {verdict}", a.against, c.llama_cpp_args)
+            }
+            _ => writeln!(
+                s,
+                "against {} ({}), depth {}: {} ({} alternated pairs, 95% intervals): {verdict}",
+                a.against,
+                c.llama_cpp_args,
+                c.n_depth,
+                figures.join(", "),
+                c.pairs
+            ),
+        };
+    }
+    s
+}
 fn fit_and_links(r: &SplitReport) -> String {
     let mut s = String::new();
     if let Some(f) = &r.llama_fit {

@@ -167,16 +167,42 @@ pub fn compare(
         out.note = "the recommendation is what llama.cpp does without flags here".into();
         return Ok(out);
     }
+    let cut = pair(search, mine, theirs, &mut out)?;
+    if out.verdict != Verdict::NotMeasured {
+        out.note = match out.verdict {
+            Verdict::Faster if cut => "the default was cut short, far behind: its rate is of the tokens timed".into(),
+            Verdict::Faster => String::new(),
+            Verdict::Tie => "within the noise of llama.cpp's default: the default is recommended".into(),
+            _ => "llama.cpp's default was faster: it is recommended".into(),
+        };
+    } else {
+        out.note = "a side of the pairs did not complete: not judged".into();
+    }
+    Ok(out)
+}
+
+/// Measures `mine` and `theirs` alternately ([`PAIRS`] pairs, `theirs`
+/// raced against `mine`'s speed so far) and writes the ratios and the
+/// verdict by the objective into `out` (not measured where a side did not
+/// complete). True where `theirs` was cut short.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &mut DefaultComparison) -> Result<bool> {
+    let s = search.settings();
     search.progress.plan(u64::from(2 * PAIRS));
+    // This comparison's trials only (the same side may be paired with another before).
+    let start = search.trials.len();
     for _ in 0..PAIRS {
         search.measure(Role::Paired, mine, None)?;
-        // The default far behind the recommendation is cut short inside its
-        // first repetition, as the search races: its verdict is clear at once.
-        let race = race_against(&search.trials, mine, s);
+        // The other side far behind is cut short inside its first
+        // repetition, as the search races: its verdict is clear at once.
+        let race = race_against(&search.trials[start..], mine, s);
         search.measure(Role::Paired, theirs, race)?;
     }
     out.pairs = PAIRS;
-    let ratio = |pp: bool| Ratio::of(&samples(&search.trials, mine, pp), &samples(&search.trials, theirs, pp));
+    let trials = &search.trials[start..];
+    let ratio = |pp: bool| Ratio::of(&samples(trials, mine, pp), &samples(trials, theirs, pp));
     let (tg, pp) = (ratio(false), ratio(true));
     (out.tg_ratio, out.tg_half_width) = (tg.map(|r| r.ratio), tg.map(|r| r.half_width));
     (out.pp_ratio, out.pp_half_width) = (pp.map(|r| r.ratio), pp.map(|r| r.half_width));
@@ -184,25 +210,10 @@ pub fn compare(
         crate::types::Objective::Pp => pp,
         _ => tg,
     };
-    let cut = search
-        .trials
+    out.verdict = judged.map_or(Verdict::NotMeasured, Ratio::verdict);
+    Ok(trials
         .iter()
-        .any(|t| t.role == Role::Paired && theirs.is(&t.result.spec) && t.result.tests.iter().any(|x| x.stopped_early));
-    match judged {
-        Some(r) => {
-            out.verdict = r.verdict();
-            out.note = match out.verdict {
-                Verdict::Faster if cut => {
-                    "the default was cut short, far behind: its rate is of the tokens timed".into()
-                }
-                Verdict::Faster => String::new(),
-                Verdict::Tie => "within the noise of llama.cpp's default: the default is recommended".into(),
-                _ => "llama.cpp's default was faster: it is recommended".into(),
-            };
-        }
-        None => out.note = "a side of the pairs did not complete: not judged".into(),
-    }
-    Ok(out)
+        .any(|t| t.role == Role::Paired && theirs.is(&t.result.spec) && t.result.tests.iter().any(|x| x.stopped_early)))
 }
 
 /// The recommendation when llama.cpp's default is as fast or faster:
@@ -228,6 +239,7 @@ pub fn default_recommendation(
         ollama_num_gpu: None,
         llama_default: true,
         ollama_server_env: Vec::new(),
+        devices: Vec::new(),
         tensor_split: Vec::new(),
         tg_ts: mean(false),
         pp_ts: mean(true),

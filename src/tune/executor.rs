@@ -30,9 +30,11 @@ pub trait TrialExecutor {
     }
 }
 
-/// The spec of `c`: the workload of `base`, the placement of `c`.
+/// The spec of `c`: the workload of `base`, the placement of `c`; `devices`
+/// are the offload devices' names in llama.cpp's order (for a split in
+/// another order, its `--device` list).
 #[must_use]
-pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec {
+pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<Race>) -> TrialSpec {
     let mut spec = base.clone();
     spec.placement.n_gpu_layers = c.ngl;
     spec.placement.n_threads = c.threads;
@@ -42,7 +44,8 @@ pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec 
     if c.kv != crate::types::KvType::F16 {
         spec.placement.kv_type = c.kv;
     }
-    spec.placement.tensor_split = c.split.layers();
+    spec.placement.tensor_split = c.split.listed();
+    spec.placement.devices = c.split.device_names(devices);
     if c.ngl == 0 {
         // Every layer on the CPU: measured as recommended, without the
         // servers (with them, llama.cpp's op offload could ship the
@@ -62,25 +65,27 @@ pub fn spec_of(base: &TrialSpec, c: Candidate, race: Option<Race>) -> TrialSpec 
 pub struct WorkerExecutor {
     runner: Runner,
     base: TrialSpec,
+    /// The offload devices' names, in llama.cpp's order.
+    devices: Vec<String>,
 }
 
 impl WorkerExecutor {
     #[must_use]
-    pub fn new(runner: Runner, base: TrialSpec) -> Self {
-        WorkerExecutor { runner, base }
+    pub fn new(runner: Runner, base: TrialSpec, devices: Vec<String>) -> Self {
+        WorkerExecutor { runner, base, devices }
     }
 }
 
 impl TrialExecutor for WorkerExecutor {
     fn measure(&mut self, c: Candidate, race: Option<Race>) -> Result<TrialResult> {
-        self.runner.run_settled(&spec_of(&self.base, c, race), |_| {})
+        self.runner.run_settled(&spec_of(&self.base, &self.devices, c, race), |_| {})
     }
 
     fn prefill(&mut self, c: Candidate) -> Result<()> {
         if self.base.n_depth == 0 || self.base.depth_cache.is_none() {
             return Ok(());
         }
-        let mut spec = spec_of(&self.base, c, None);
+        let mut spec = spec_of(&self.base, &self.devices, c, None);
         (spec.n_prompt, spec.n_gen, spec.repetitions, spec.warmup) = (0, 1, 1, false);
         // A failed fill costs nothing: the trial then fills its own.
         self.runner.run(&spec, |_| {}).map(|_| ())
@@ -132,7 +137,7 @@ pub(crate) mod fake {
     impl TrialExecutor for World {
         fn measure(&mut self, c: Candidate, race: Option<Race>) -> anyhow::Result<TrialResult> {
             self.measured.push(c);
-            let spec = spec_of(&self.base, c, race);
+            let spec = spec_of(&self.base, &[], c, race);
             let (tg, pp, mem) = match (self.at)(c, spec.n_depth) {
                 Outcome::Oom => return Ok(TrialResult::failed(spec, TrialStatus::Oom, "out of memory".into())),
                 Outcome::Ok { tg, pp, mem } => (tg, pp, mem),

@@ -375,6 +375,7 @@ mod tests {
     #[test]
     fn largest_setting_under_the_cap_from_predictions() {
         let p = |n: u32, b: u64| Prediction {
+            devices: Vec::new(),
             n_gpu_layers: n,
             device_bytes: b,
             device_model_bytes: b,

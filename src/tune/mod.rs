@@ -374,7 +374,8 @@ fn executor(sh: &Shared<'_>, s: &Settings) -> Result<WorkerExecutor> {
         .with_busy_threshold(s.busy_threshold);
     let mut base = base_spec(&sh.opts.info, s, sh.op_offload);
     base.depth_cache.clone_from(&sh.depth_cache);
-    Ok(WorkerExecutor::new(runner, base))
+    let devices = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
+    Ok(WorkerExecutor::new(runner, base, devices))
 }
 
 /// The recommendation measured against llama.cpp's default, alternately;
@@ -407,6 +408,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         fit_margin_bytes: None,
         cases: Vec::new(),
         splits: Vec::new(),
+        split_devices: Vec::new(),
         rpc: s.rpc.clone(),
         fit_split_margins: Vec::new(),
         default_fit: false,
@@ -420,13 +422,15 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
 fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
     use crate::engine::predict::{predict_in_child, PredictSpec};
     let info = &sh.opts.info;
-    let spec = |splits: Vec<Vec<u32>>, fit_split_margins: Vec<u64>| PredictSpec {
-        splits,
+    let names: Vec<String> = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
+    let spec = |splits: &[plan::Split], fit_split_margins: Vec<u64>| PredictSpec {
+        splits: splits.iter().map(plan::Split::listed).collect(),
+        split_devices: splits.iter().map(|x| x.device_names(&names)).collect(),
         fit_split_margins,
         ..predict_spec(info, s, sh.op_offload)
     };
-    let mut predict = |splits: &[Vec<u32>]| {
-        predict_in_child(&sh.exe, &spec(splits.to_vec(), Vec::new())).map(|o| o.splits).unwrap_or_default()
+    let mut predict = |splits: &[plan::Split]| {
+        predict_in_child(&sh.exe, &spec(splits, Vec::new())).map(|o| o.splits).unwrap_or_default()
     };
     let inp = split::SplitInputs {
         devs: &sh.opts.caps,
@@ -448,7 +452,8 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     }
     let mut found = split::split_stage(search, &inp, &mut predict)?;
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
-    let fit = predict_in_child(&sh.exe, &spec(Vec::new(), margins)).ok().and_then(|o| o.llama_fit_split);
+    let fit = predict_in_child(&sh.exe, &spec(&[], margins)).ok().and_then(|o| o.llama_fit_split);
+    found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;
     found.report = split::report(&sh.opts.caps, &found, fit, &sh.hw.rpc_servers);
     Ok(found)
 }

@@ -756,6 +756,7 @@ mod tests {
             img_ms: None,
             ollama_server_env: Vec::new(),
             rpc: Vec::new(),
+            devices: Vec::new(),
             tensor_split: Vec::new(),
         }
     }
@@ -783,6 +784,7 @@ mod tests {
                 let all = bytes_at(cand, c.n_ctx);
                 let weights = bytes_at(Candidate { kv: KvType::F16, ..cand }, 0);
                 Prediction {
+                    devices: Vec::new(),
                     n_gpu_layers: c.ngl,
                     device_bytes: all,
                     device_model_bytes: weights,

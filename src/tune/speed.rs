@@ -1,23 +1,30 @@
-//! Several devices by speed, not only by memory. Each device's cost comes
-//! from trials with some layers on that device alone (the rest on the CPU)
-//! against the trial with every layer on the CPU: time per token is linear
-//! in the layers a device holds (the model the search fits for one
-//! device). llama.cpp offloads the output layer first (ngl 1 is the output
-//! alone) and runs it on the last device that holds layers, so a probe of
-//! k layers holds the output and k - 1 repeating layers: two probes of a
-//! device give its cost per repeating layer (their difference) and what
-//! the output costs there (the rest, with the crossing into the device and
-//! back). One probe alone takes the output as `output_layers` layers (its
-//! weights over a layer's). A split's time is the CPU's plus each device's
-//! layers times its cost, the output's cost on its last device in place of
-//! one of its layers.
+//! Several devices by speed, not only by memory. A split's time per token
+//! is linear in the layers each device holds (the model the search fits
+//! for one device): the CPU's time with every layer there, plus each
+//! device's cost per layer (negative: faster than the CPU) times its
+//! layers. llama.cpp offloads the output layer first (ngl 1 is the output
+//! alone) and runs it on the last device that holds layers, so that device
+//! holds the output and its other layers; the output does the work of
+//! `output_layers` repeating layers (its weights over a layer's). Each
+//! boundary between two devices with layers (activations crossing from
+//! one to the next: a PCIe hop, an RPC round trip) costs the crossing
+//! cost.
+//!
+//! The devices' costs are solved (least squares) from measured splits:
+//! llama.cpp's default split, which the search measured, and one probe
+//! per other device, that device with layers and the default's leading
+//! device with the output alone (so every measurement holds the output on
+//! the same device, whose cost follows its layers'). Without a default
+//! split, each device alone. What the devices' costs do not explain in
+//! splits measured later, per boundary, is the crossing cost.
 //!
 //! From those costs the fastest split under every device's capacity: for
-//! each choice of the last device (it holds the output), the cheapest
-//! device per layer first. A device slower than the CPU gets layers only
-//! where the layer count is fixed (`--ngl`) and the faster devices cannot
-//! hold them.
+//! each choice of the device that runs the output (the last in the
+//! `--device` order that holds layers), the cheapest device per layer
+//! first. A device slower than the CPU gets layers only where the layer
+//! count is fixed (`--ngl`) and the faster ones cannot hold them.
 
+use super::plan::Split;
 use crate::types::Objective;
 
 /// One device's change to the time per token against the CPU (negative:
@@ -31,12 +38,23 @@ pub struct DeviceSpeed {
     pub pp_ms_output: f64,
 }
 
-/// The CPU's time per token (every layer there) and each device's costs.
+/// The CPU's time per token (every layer there), each device's costs, and
+/// what one boundary between two devices costs (ms per token).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeedModel {
     pub cpu_tg_ms: f64,
     pub cpu_pp_ms: f64,
     pub devices: Vec<DeviceSpeed>,
+    pub crossing_tg_ms: f64,
+    pub crossing_pp_ms: f64,
+}
+
+/// A split as measured (tokens/s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    pub split: Split,
+    pub tg_ts: f64,
+    pub pp_ts: Option<f64>,
 }
 
 /// A rate (tokens/s) as milliseconds per token.
@@ -44,85 +62,145 @@ fn ms(ts: f64) -> f64 {
     1000.0 / ts
 }
 
-/// A probe: `layers` on one device alone (the output one of them),
-/// measured at these rates.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Probe {
-    pub layers: u32,
-    pub tg_ts: Option<f64>,
-    pub pp_ts: Option<f64>,
-}
-
-/// Per-layer and output cost from a device's probes (`t` in ms per token
-/// of each, against `t0` all on the CPU).
-fn costs_of(points: &[(u32, f64)], t0: f64, w: f64) -> (f64, f64) {
-    match points {
-        [] => (0.0, 0.0),
-        [(k, t)] => {
-            let per = (t - t0) / (f64::from(*k) - 1.0 + w).max(1e-9);
-            (per, per * w)
-        }
-        [(k1, t1), (k2, t2), ..] => {
-            let per = (t2 - t1) / (f64::from(*k2) - f64::from(*k1));
-            (per, t1 - t0 - (f64::from(*k1) - 1.0) * per)
+/// Least squares: `x` minimizing |A x - b| over the columns that are not
+/// all zero (the others 0), by the normal equations and Gaussian
+/// elimination with partial pivoting; `None` when they do not pin `x`.
+fn least_squares(rows: &[(Vec<f64>, f64)], n: usize) -> Option<Vec<f64>> {
+    let used: Vec<usize> = (0..n).filter(|j| rows.iter().any(|(a, _)| a[*j].abs() > 0.0)).collect();
+    let m = used.len();
+    if m == 0 || rows.len() < m {
+        return (m == 0).then(|| vec![0.0; n]);
+    }
+    // The normal equations A^T A x = A^T b, augmented.
+    let mut g = vec![vec![0.0; m + 1]; m];
+    for (a, b) in rows {
+        for (i, &ji) in used.iter().enumerate() {
+            for (k, &jk) in used.iter().enumerate() {
+                g[i][k] += a[ji] * a[jk];
+            }
+            g[i][m] += a[ji] * b;
         }
     }
+    for c in 0..m {
+        let p = (c..m).max_by(|x, y| g[*x][c].abs().total_cmp(&g[*y][c].abs()))?;
+        if g[p][c].abs() < 1e-9 {
+            return None;
+        }
+        g.swap(c, p);
+        let pivot = g[c].clone();
+        for (r, row) in g.iter_mut().enumerate() {
+            if r != c {
+                let f = row[c] / pivot[c];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    let mut x = vec![0.0; n];
+    for (i, &j) in used.iter().enumerate() {
+        x[j] = g[i][m] / g[i][i];
+    }
+    Some(x)
 }
 
 impl SpeedModel {
-    /// The model from the all-CPU rates and each device's probes (in the
-    /// devices' order; two of different layer counts, or one, or none for
-    /// a device that holds no layer), for a model whose output layer does
-    /// the work of `output_layers` repeating ones (used with one probe).
-    /// `None` when the CPU's tg rate or a probe's is missing.
+    /// Each device's cost per layer from measured splits (least squares),
+    /// against the all-CPU rates, the output counted as `output_layers` of
+    /// its device's layers. `None` without the CPU's tg rate, or where the
+    /// splits do not pin every device that holds layers in them (a device
+    /// in none of them costs nothing: it is never given layers by speed).
     #[must_use]
-    pub fn fit(
+    pub fn solve(
         cpu_tg_ts: Option<f64>,
         cpu_pp_ts: Option<f64>,
-        probes: &[Vec<Probe>],
+        measured: &[Measured],
+        n: usize,
         output_layers: f64,
     ) -> Option<SpeedModel> {
         let w = output_layers.max(0.0);
-        let (t0, p0) = (ms(cpu_tg_ts.filter(|v| *v > 0.0)?), cpu_pp_ts.filter(|v| *v > 0.0).map(ms));
-        let devices = probes
-            .iter()
-            .map(|ps| {
-                let mut ps: Vec<&Probe> = ps.iter().filter(|p| p.layers > 0).collect();
-                ps.sort_by_key(|p| p.layers);
-                ps.dedup_by_key(|p| p.layers);
-                let tg: Vec<(u32, f64)> =
-                    ps.iter().map(|p| Some((p.layers, ms(p.tg_ts.filter(|v| *v > 0.0)?)))).collect::<Option<_>>()?;
-                let pp: Vec<(u32, f64)> =
-                    ps.iter().filter_map(|p| Some((p.layers, ms(p.pp_ts.filter(|v| *v > 0.0)?)))).collect();
-                let (tg_ms_per_layer, tg_ms_output) = costs_of(&tg, t0, w);
-                let (pp_ms_per_layer, pp_ms_output) = match p0 {
-                    Some(p0) if pp.len() == tg.len() => costs_of(&pp, p0, w),
-                    _ => (0.0, 0.0),
-                };
-                Some(DeviceSpeed { tg_ms_per_layer, pp_ms_per_layer, tg_ms_output, pp_ms_output })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        Some(SpeedModel { cpu_tg_ms: t0, cpu_pp_ms: p0.unwrap_or(0.0), devices })
-    }
-
-    /// Where the output layer runs: llama.cpp offloads it first (ngl 1 is
-    /// the output alone), on the last device that holds layers.
-    fn output_on(split: &[u32]) -> Option<usize> {
-        split.iter().rposition(|k| *k > 0)
-    }
-
-    /// Predicted rates (tg, pp in tokens/s) of a split: layers per device.
-    #[must_use]
-    pub fn predict(&self, split: &[u32]) -> (f64, Option<f64>) {
-        let out = Self::output_on(split);
-        let sum = |per: fn(&DeviceSpeed) -> f64, output: fn(&DeviceSpeed) -> f64| -> f64 {
-            let layers: f64 = self.devices.iter().zip(split).map(|(d, k)| per(d) * f64::from(*k)).sum();
-            // The output, one of the last device's layers, costs its own there.
-            layers + out.map_or(0.0, |i| output(&self.devices[i]) - per(&self.devices[i]))
+        let t0 = ms(cpu_tg_ts.filter(|v| *v > 0.0)?);
+        let p0 = cpu_pp_ts.filter(|v| *v > 0.0).map(ms);
+        let coefs = |x: &Split| -> Vec<f64> {
+            let l = x.layers();
+            let out = x.output_device();
+            (0..n)
+                .map(|d| f64::from(l.get(d).copied().unwrap_or(0)) + if out == Some(d) { w - 1.0 } else { 0.0 })
+                .collect()
         };
-        let tg = self.cpu_tg_ms + sum(|d| d.tg_ms_per_layer, |d| d.tg_ms_output);
-        let pp = (self.cpu_pp_ms > 0.0).then(|| self.cpu_pp_ms + sum(|d| d.pp_ms_per_layer, |d| d.pp_ms_output));
+        let tg_rows: Vec<(Vec<f64>, f64)> = measured.iter().map(|m| (coefs(&m.split), ms(m.tg_ts) - t0)).collect();
+        let tg = least_squares(&tg_rows, n)?;
+        let pp = p0.and_then(|p0| {
+            let rows: Vec<(Vec<f64>, f64)> = measured
+                .iter()
+                .map(|m| Some((coefs(&m.split), ms(m.pp_ts.filter(|v| *v > 0.0)?) - p0)))
+                .collect::<Option<_>>()?;
+            least_squares(&rows, n)
+        });
+        let devices = (0..n)
+            .map(|d| {
+                let p = pp.as_ref().map_or(0.0, |v| v[d]);
+                DeviceSpeed { tg_ms_per_layer: tg[d], pp_ms_per_layer: p, tg_ms_output: tg[d] * w, pp_ms_output: p * w }
+            })
+            .collect();
+        Some(SpeedModel {
+            cpu_tg_ms: t0,
+            cpu_pp_ms: if pp.is_some() { p0.unwrap_or(0.0) } else { 0.0 },
+            devices,
+            crossing_tg_ms: 0.0,
+            crossing_pp_ms: 0.0,
+        })
+    }
+
+    /// Boundaries between devices in a split: devices with layers, less one.
+    fn crossings(split: &Split) -> f64 {
+        f64::from(u32::try_from(split.layers().iter().filter(|k| **k > 0).count()).unwrap_or(0).saturating_sub(1))
+    }
+
+    /// Predicted time per token (ms) of a split, tg or pp, without the crossings.
+    fn time_without(&self, split: &Split, pp: bool) -> f64 {
+        let layers = split.layers();
+        let out = split.output_device();
+        let mut t = if pp { self.cpu_pp_ms } else { self.cpu_tg_ms };
+        for (i, (d, k)) in self.devices.iter().zip(&layers).enumerate() {
+            let (c, o) = if pp { (d.pp_ms_per_layer, d.pp_ms_output) } else { (d.tg_ms_per_layer, d.tg_ms_output) };
+            // The output, one of its device's layers, costs its own there.
+            t += f64::from(*k) * c + if out == Some(i) { o - c } else { 0.0 };
+        }
+        t
+    }
+
+    /// Predicted rates (tg, pp in tokens/s) of a split.
+    #[must_use]
+    pub fn predict(&self, split: &Split) -> (f64, Option<f64>) {
+        let x = Self::crossings(split);
+        let tg = self.time_without(split, false) + x * self.crossing_tg_ms;
+        let pp = (self.cpu_pp_ms > 0.0).then(|| self.time_without(split, true) + x * self.crossing_pp_ms);
         (1000.0 / tg.max(1e-6), pp.map(|p| 1000.0 / p.max(1e-6)))
+    }
+
+    /// The crossing costs from measured splits: what the devices alone do
+    /// not explain, per boundary, averaged over the splits that cross one;
+    /// never below zero (a boundary does not save time).
+    pub fn fit_crossings(&mut self, measured: &[Measured]) {
+        let fit = |pp: bool| {
+            let v: Vec<f64> = measured
+                .iter()
+                .filter(|m| Self::crossings(&m.split) > 0.0)
+                .filter_map(|m| {
+                    let ts = if pp { m.pp_ts? } else { m.tg_ts };
+                    Some((1000.0 / ts - self.time_without(&m.split, pp)) / Self::crossings(&m.split))
+                })
+                .collect();
+            (!v.is_empty()).then(|| crate::stats::mean(&v).max(0.0))
+        };
+        let (tg, pp) = (fit(false), fit(true).filter(|_| self.cpu_pp_ms > 0.0));
+        if let Some(c) = tg {
+            self.crossing_tg_ms = c;
+        }
+        if let Some(c) = pp {
+            self.crossing_pp_ms = c;
+        }
     }
 
     /// What a layer on each device costs for the objective: ms per token
@@ -138,12 +216,14 @@ impl SpeedModel {
             .collect()
     }
 
-    /// The fastest layers per device under each device's `capacity`, by
-    /// the model's prediction over one fill per choice of the last device
-    /// (it runs the output): with `ngl` fixed, exactly that many layers on
-    /// the devices, cheapest first (`None` when they cannot hold them);
-    /// else the devices faster than the CPU filled, cheapest first, up to
-    /// `full` layers, or every layer on the CPU where that is fastest.
+    /// The fastest split under each device's `capacity`, by the model's
+    /// prediction over one fill per choice of the device that runs the
+    /// output (it goes last in the `--device` order; llama.cpp's order is
+    /// kept where it already puts that device last among those with
+    /// layers): with `ngl` fixed, exactly that many layers on the devices,
+    /// cheapest first (`None` when they cannot hold them); else the devices
+    /// faster than the CPU filled, cheapest first, up to `full` layers, or
+    /// every layer on the CPU where that is fastest.
     #[must_use]
     pub fn best(
         &self,
@@ -152,22 +232,20 @@ impl SpeedModel {
         ngl: Option<u32>,
         objective: Objective,
         workload: (u32, u32),
-    ) -> Option<Vec<u32>> {
+    ) -> Option<Split> {
         let cost = self.layer_cost(objective, workload.0, workload.1);
+        let n = cost.len();
         let cap = |i: usize| capacity.get(i).copied().unwrap_or(0);
-        // `target` layers, cheapest first among `allowed` (`first` given one
-        // layer before the rest); without `must`, only devices that beat the CPU.
-        let fill = |target: u32, allowed: &[usize], first: Option<usize>, must: bool| -> Option<Vec<u32>> {
-            let mut out = vec![0u32; cost.len()];
-            let mut left = target;
-            if let Some(f) = first {
-                if cap(f) == 0 || left == 0 {
-                    return None;
-                }
-                out[f] = 1;
-                left -= 1;
+        // `target` layers, `last` given one layer before the rest, then the
+        // cheapest first; without `must`, only devices that beat the CPU.
+        let fill = |target: u32, last: usize, must: bool| -> Option<Split> {
+            let mut out = vec![0u32; n];
+            if cap(last) == 0 || target == 0 {
+                return None;
             }
-            let mut order = allowed.to_vec();
+            out[last] = 1;
+            let mut left = target - 1;
+            let mut order: Vec<usize> = (0..n).collect();
             order.sort_by(|a, b| cost[*a].total_cmp(&cost[*b]));
             for i in order {
                 if left == 0 || (!must && cost[i] >= 0.0) {
@@ -177,22 +255,25 @@ impl SpeedModel {
                 out[i] += more;
                 left -= more;
             }
-            (!must || left == 0).then_some(out)
+            if must && left > 0 {
+                return None;
+            }
+            // `last` runs the output: the devices after it in llama.cpp's
+            // order that hold layers go before it.
+            let in_order = out[last + 1..].iter().all(|k| *k == 0);
+            let order: Vec<usize> =
+                if in_order { (0..n).collect() } else { (0..n).filter(|i| *i != last).chain([last]).collect() };
+            Some(Split::ordered(&out, &order))
         };
-        let score = |x: &[u32]| {
+        let score = |x: &Split| {
             let (tg, pp) = self.predict(x);
             crate::tune::choose::score(objective, workload.0, workload.1, Some(tg), pp).unwrap_or(0.0)
         };
-        // The output runs on the last device that holds layers: each choice
-        // of that device is its own fill; with the count free, every layer
-        // on the CPU is one more choice.
         let target = ngl.unwrap_or(full).min(full);
         let must = ngl.is_some();
-        let mut choices: Vec<Vec<u32>> = (0..cost.len())
-            .filter_map(|last| fill(target, &(0..=last).collect::<Vec<_>>(), Some(last), must))
-            .collect();
+        let mut choices: Vec<Split> = (0..n).filter_map(|last| fill(target, last, must)).collect();
         if !must || target == 0 {
-            choices.push(vec![0; cost.len()]);
+            choices.push(Split::new(&vec![0; n]));
         }
         choices.into_iter().max_by(|a, b| score(a).total_cmp(&score(b)))
     }
@@ -202,15 +283,22 @@ impl SpeedModel {
 mod tests {
     use super::*;
 
+    fn split(layers: &[u32]) -> Split {
+        Split::new(layers)
+    }
+
+    fn at(layers: &[u32], ms: f64) -> Measured {
+        Measured { split: split(layers), tg_ts: 1000.0 / ms, pp_ts: None }
+    }
+
     /// The fake world: the CPU at 20 t/s for a 20-layer model, a fast GPU
     /// (a layer there saves 2 ms a token), a slow one behind a slow link
     /// (each layer there costs 3 ms more than on the CPU).
     fn world() -> SpeedModel {
-        let cpu = Probe { layers: 0, tg_ts: Some(20.0), pp_ts: Some(200.0) };
-        // 10 layers on the fast GPU: 50 - 20 = 30 ms a token; on the slow one: 50 + 30 = 80 ms.
-        let fast = Probe { layers: 10, tg_ts: Some(1000.0 / 30.0), pp_ts: Some(1000.0 / 2.0) };
-        let slow = Probe { layers: 10, tg_ts: Some(1000.0 / 80.0), pp_ts: Some(1000.0 / 8.0) };
-        SpeedModel::fit(cpu.tg_ts, cpu.pp_ts, &[vec![slow], vec![fast]], 1.0).unwrap()
+        // 10 layers (the output one of them) on the fast GPU: 50 - 20 = 30 ms a token; on the slow one: 50 + 30 = 80 ms.
+        let fast = Measured { pp_ts: Some(1000.0 / 2.0), ..at(&[0, 10], 30.0) };
+        let slow = Measured { pp_ts: Some(1000.0 / 8.0), ..at(&[10, 0], 80.0) };
+        SpeedModel::solve(Some(20.0), Some(200.0), &[slow, fast], 2, 1.0).unwrap()
     }
 
     #[test]
@@ -218,73 +306,124 @@ mod tests {
         let w = world();
         assert!((w.devices[0].tg_ms_per_layer - 3.0).abs() < 1e-9 && (w.devices[1].tg_ms_per_layer + 2.0).abs() < 1e-9);
         // 20 layers on the fast GPU: 50 - 40 = 10 ms a token.
-        assert!((w.predict(&[0, 20]).0 - 100.0).abs() < 1e-6);
+        assert!((w.predict(&split(&[0, 20])).0 - 100.0).abs() < 1e-6);
         // 5 on the slow one, 15 on the fast one: 50 + 15 - 30 = 35 ms.
-        assert!((w.predict(&[5, 15]).0 - 1000.0 / 35.0).abs() < 1e-6);
+        assert!((w.predict(&split(&[5, 15])).0 - 1000.0 / 35.0).abs() < 1e-6);
+        assert!(SpeedModel::solve(None, None, &[at(&[0, 10], 30.0)], 2, 1.0).is_none(), "no CPU rate");
+        assert!(SpeedModel::solve(Some(20.0), None, &[], 2, 1.0)
+            .unwrap()
+            .devices
+            .iter()
+            .all(|d| d.tg_ms_per_layer == 0.0));
     }
 
     #[test]
     fn the_slow_device_is_left_out_when_that_is_faster() {
         let w = world();
         // The fast GPU holds everything: the slow one gets nothing, whatever its memory.
-        assert_eq!(w.best(&[20, 21], 21, None, Objective::Tg, (512, 128)), Some(vec![0, 21]));
+        assert_eq!(w.best(&[20, 21], 21, None, Objective::Tg, (512, 128)), Some(split(&[0, 21])));
         // The fast GPU holds 12: the rest stays on the CPU, not on the slower device.
-        assert_eq!(w.best(&[20, 12], 21, None, Objective::Tg, (512, 128)), Some(vec![0, 12]));
+        assert_eq!(w.best(&[20, 12], 21, None, Objective::Tg, (512, 128)), Some(split(&[0, 12])));
     }
 
     #[test]
     fn the_slow_device_is_kept_when_its_memory_is_needed() {
         let w = world();
         // Every layer must be offloaded (--ngl 21): the fast GPU takes 12, the slow one the other 9.
-        assert_eq!(w.best(&[20, 12], 21, Some(21), Objective::Tg, (512, 128)), Some(vec![9, 12]));
+        assert_eq!(w.best(&[20, 12], 21, Some(21), Objective::Tg, (512, 128)), Some(split(&[9, 12])));
         // More layers than both hold: no such split.
         assert_eq!(w.best(&[5, 12], 21, Some(21), Objective::Tg, (512, 128)), None);
     }
 
     #[test]
-    fn at_full_offload_the_output_lands_on_the_fast_device() {
+    fn the_order_puts_the_fast_device_where_the_output_runs() {
         // In llama.cpp's order the slow device comes last: any layer on it
         // brings the output layer (here the work of 40 layers) there too.
-        let cpu = (Some(20.0), Some(200.0));
-        let fast = Probe { layers: 10, tg_ts: Some(1000.0 / 30.0), pp_ts: None };
-        let slow = Probe { layers: 10, tg_ts: Some(1000.0 / 80.0), pp_ts: None };
-        let w = SpeedModel::fit(cpu.0, cpu.1, &[vec![fast], vec![slow]], 40.0).unwrap();
-        // The fast device holds every layer: the slow one gets none, the output stays fast.
-        assert_eq!(w.best(&[21, 21], 21, Some(21), Objective::Tg, (512, 128)), Some(vec![21, 0]));
-        // It holds 15: the slow one must take 6, and the output goes with them.
+        let w = SpeedModel::solve(Some(20.0), None, &[at(&[10, 0], 30.0), at(&[0, 10], 80.0)], 2, 40.0).unwrap();
+        // The fast device holds every layer: the slow one gets none, no order needed.
+        let all = w.best(&[21, 21], 21, Some(21), Objective::Tg, (512, 128)).unwrap();
+        assert_eq!((all.layers(), all.in_llama_order()), (vec![21, 0], true));
+        // It holds 15: the slow one must take 6; listed first (--device slow,fast), it
+        // takes the first layers and the fast device runs the output.
         let forced = w.best(&[15, 21], 21, Some(21), Objective::Tg, (512, 128)).unwrap();
-        assert_eq!(forced, [15, 6]);
+        assert_eq!((forced.layers(), forced.order(), forced.listed()), (vec![15, 6], vec![1, 0], vec![6, 15]));
+        assert_eq!(forced.output_device(), Some(0));
+        let names = ["FAST".to_string(), "SLOW".to_string()];
+        assert_eq!(forced.device_names(&names), ["SLOW", "FAST"]);
+        let llama_order = split(&[15, 6]);
+        assert_eq!(llama_order.output_device(), Some(1));
+        // The output (40 layers' work) on the slow device instead of the fast one:
+        // 39 layers' difference between the two devices more.
+        let (reordered, as_listed) = (w.predict(&forced).0, w.predict(&llama_order).0);
+        let per = |d: usize| w.devices[d].tg_ms_per_layer;
         assert!(
-            w.predict(&forced).0 < w.predict(&[15, 0]).0,
-            "the output on the slow device costs 39 layers' more there"
+            (1000.0 / as_listed - 1000.0 / reordered - 39.0 * (per(1) - per(0))).abs() < 1e-6,
+            "{reordered} {as_listed}"
         );
-        // Free to leave layers on the CPU: the 15 on the fast device and the rest (the output too) on the CPU
-        // beat sending the output to the slow device.
-        assert_eq!(w.best(&[15, 21], 21, None, Objective::Tg, (512, 128)), Some(vec![15, 0]));
+        assert!(reordered > 2.0 * as_listed);
+    }
+
+    /// CPU 50 ms a token; device 0 costs 3 ms a layer more and its output
+    /// `out0` ms (400: a large vocabulary on a slow device, not its
+    /// weight's share; 6: its share); device 1 saves 2 ms a layer, its
+    /// output counting as 2 layers; `boundary` ms per boundary between the two.
+    fn truth(l: &[u32], boundary: f64, out0: f64) -> f64 {
+        let both = l[0] > 0 && l[1] > 0;
+        let out = if l[1] > 0 {
+            -4.0 + 2.0
+        } else if l[0] > 0 {
+            out0 - 3.0
+        } else {
+            0.0
+        };
+        50.0 + 3.0 * f64::from(l[0]) - 2.0 * f64::from(l[1]) + out + if both { boundary } else { 0.0 }
+    }
+
+    fn measured(l: &[u32], boundary: f64) -> Measured {
+        at(l, truth(l, boundary, 400.0))
     }
 
     #[test]
-    fn two_probes_of_a_device_give_its_layers_and_its_output_apart() {
-        // A device whose output layer is dear (400 ms there), its layers cheap (2 ms):
-        // 10 layers (the output and 9) 20 + 18 + 400 = 438 ms; 5 layers 20 + 8 + 400 = 428 ms.
-        let p = |k, ms: f64| Probe { layers: k, tg_ts: Some(1000.0 / ms), pp_ts: None };
-        let w = SpeedModel::fit(Some(50.0), None, &[vec![p(10, 438.0), p(5, 428.0)]], 1.0).unwrap();
-        let d = w.devices[0];
-        assert!((d.tg_ms_per_layer - 2.0).abs() < 1e-9 && (d.tg_ms_output - 400.0).abs() < 1e-6, "{d:?}");
-        // 20 layers there: 20 + 19 * 2 + 400.
-        assert!((1000.0 / w.predict(&[20]).0 - 458.0).abs() < 1e-6);
+    fn a_probe_beside_the_defaults_output_device_gives_a_devices_layers_without_its_output() {
+        // llama.cpp's default split (8 and 12, the output on device 1) and a
+        // probe of device 0 with the output alone on device 1 (17 + 1).
+        let equations = [measured(&[8, 12], 0.0), measured(&[17, 1], 0.0)];
+        let w = SpeedModel::solve(Some(20.0), None, &equations, 2, 2.0).unwrap();
+        assert!((w.devices[0].tg_ms_per_layer - 3.0).abs() < 1e-9, "{w:?}");
+        assert!((w.devices[1].tg_ms_per_layer + 2.0).abs() < 1e-9, "{w:?}");
+        for l in [[10, 9], [3, 16], [0, 19]] {
+            assert!((1000.0 / w.predict(&split(&l)).0 - truth(&l, 0.0, 400.0)).abs() < 1e-6, "{l:?}");
+        }
+        // Device 0 probed alone holds its own dear output: its layers then look 20 times dearer.
+        let alone =
+            SpeedModel::solve(Some(20.0), None, &[measured(&[8, 12], 0.0), measured(&[18, 0], 0.0)], 2, 2.0).unwrap();
+        assert!(alone.devices[0].tg_ms_per_layer > 20.0, "{alone:?}");
+    }
+
+    #[test]
+    fn a_boundary_costs_what_the_devices_alone_do_not_explain() {
+        let m = |l: &[u32], boundary: f64| at(l, truth(l, boundary, 6.0));
+        let mut w = SpeedModel::solve(Some(20.0), None, &[m(&[10, 0], 4.0), m(&[0, 10], 4.0)], 2, 2.0).unwrap();
+        let other = split(&[4, 16]);
+        assert!((1000.0 / w.predict(&other).0 - (truth(&[4, 16], 4.0, 6.0) - 4.0)).abs() < 1e-6, "the devices alone");
+        w.fit_crossings(&[m(&[8, 12], 4.0), m(&[12, 8], 4.0)]);
+        assert!((w.crossing_tg_ms - 4.0).abs() < 1e-9, "{w:?}");
+        assert!((1000.0 / w.predict(&other).0 - truth(&[4, 16], 4.0, 6.0)).abs() < 1e-6);
+        assert!((1000.0 / w.predict(&split(&[0, 20])).0 - truth(&[0, 20], 4.0, 6.0)).abs() < 1e-6, "one device: none");
+        // A split faster than its devices explain does not make a boundary save time.
+        w.fit_crossings(&[m(&[8, 12], -3.0)]);
+        assert!(w.crossing_tg_ms.abs() < 1e-12);
     }
 
     #[test]
     fn the_objective_weighs_the_slopes() {
         // A device that speeds up the prompt but slows generation.
-        let cpu = (Some(20.0), Some(200.0));
-        let probe = Probe { layers: 10, tg_ts: Some(10.0), pp_ts: Some(250.0) };
-        let w = SpeedModel::fit(cpu.0, cpu.1, &[vec![probe]], 1.0).unwrap();
-        assert_eq!(w.best(&[20], 20, None, Objective::Tg, (512, 128)), Some(vec![0]));
-        assert_eq!(w.best(&[20], 20, None, Objective::Pp, (512, 128)), Some(vec![20]));
+        let probe = Measured { split: split(&[10]), tg_ts: 10.0, pp_ts: Some(250.0) };
+        let w = SpeedModel::solve(Some(20.0), Some(200.0), &[probe], 1, 1.0).unwrap();
+        assert_eq!(w.best(&[20], 20, None, Objective::Tg, (512, 128)), Some(split(&[0])));
+        assert_eq!(w.best(&[20], 20, None, Objective::Pp, (512, 128)), Some(split(&[20])));
         // A request of 4096 prompt tokens and 16 generated: the prompt's saving wins.
-        assert_eq!(w.best(&[20], 20, None, Objective::Mixed, (4096, 16)), Some(vec![20]));
-        assert_eq!(w.best(&[20], 20, None, Objective::Mixed, (16, 512)), Some(vec![0]));
+        assert_eq!(w.best(&[20], 20, None, Objective::Mixed, (4096, 16)), Some(split(&[20])));
+        assert_eq!(w.best(&[20], 20, None, Objective::Mixed, (16, 512)), Some(split(&[0])));
     }
 }

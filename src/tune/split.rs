@@ -23,7 +23,7 @@ use anyhow::Result;
 use super::memory::DeviceCap;
 use super::plan::{Candidate, Split};
 use super::search::Search;
-use super::speed::{Probe, SpeedModel};
+use super::speed::{Measured, SpeedModel};
 use crate::engine::predict::Prediction;
 use crate::profile::{DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
 use crate::types::{LlamaDevice, Role, TrialStatus};
@@ -189,30 +189,43 @@ pub struct SplitFound {
     pub notes: Vec<crate::types::Note>,
     /// What the profile keeps (filled by [`report`]).
     pub report: SplitReport,
+    /// What a boundary between two devices costs per generated token (ms), as fitted.
+    pub crossing_tg_ms: Option<f64>,
+    /// The recommendation paired with llama.cpp's splits ([`against_llama`]).
+    pub against: Vec<crate::profile::SplitComparison>,
 }
 
-fn flags(ngl: u32, split: &[u32], s: &Settings, threads: u32, rpc: &[String], op_offload: bool) -> String {
+/// The offload devices' names, in llama.cpp's order.
+fn names(devs: &[DeviceCap]) -> Vec<String> {
+    devs.iter().map(|d| d.device.clone()).collect()
+}
+
+fn flags(ngl: u32, split: &Split, s: &Settings, threads: u32, inp: &SplitInputs<'_>) -> String {
     crate::types::Placement::default()
         .with_layers(ngl, threads, Some(s.n_ctx))
-        .with_op_offload(op_offload)
-        .with_split(split, rpc)
+        .with_op_offload(inp.op_offload)
+        .with_split(&split.listed(), inp.rpc)
+        .with_devices(&split.device_names(&names(inp.devs)))
         .flags()
 }
+
+/// A split as `(label, layers and order)`.
+type Labelled = (String, Split);
 
 /// Priced exactly; a device over its cap gives up the layers its cost
 /// says it must (to the CPU), up to three times. What fits every cap.
 fn price_all(
-    mut todo: Vec<(String, Vec<u32>)>,
-    predict: &mut dyn FnMut(&[Vec<u32>]) -> Vec<Prediction>,
+    mut todo: Vec<Labelled>,
+    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
     devs: &[DeviceCap],
     cost: &[DeviceCost],
-) -> Vec<(String, Vec<u32>, Prediction)> {
-    let mut priced: Vec<(String, Vec<u32>, Prediction)> = Vec::new();
+) -> Vec<(String, Split, Prediction)> {
+    let mut priced: Vec<(String, Split, Prediction)> = Vec::new();
     for _round in 0..4 {
         if todo.is_empty() {
             break;
         }
-        let splits: Vec<Vec<u32>> = todo.iter().map(|(_, s)| s.clone()).collect();
+        let splits: Vec<Split> = todo.iter().map(|(_, s)| *s).collect();
         let answers = predict(&splits);
         let mut next = Vec::new();
         for ((label, split), p) in todo.into_iter().zip(answers) {
@@ -223,14 +236,14 @@ fn price_all(
                 }
                 continue;
             }
-            let mut trimmed = split.clone();
+            let mut trimmed = split.layers();
             for (d, b) in bytes.iter().enumerate() {
                 if *b > devs[d].cap_bytes {
                     trimmed[d] = trimmed[d].saturating_sub(cost[d].layers_for(*b - devs[d].cap_bytes));
                 }
             }
-            if trimmed != split && trimmed.iter().sum::<u32>() > 0 {
-                next.push((label, trimmed));
+            if trimmed != split.layers() && trimmed.iter().sum::<u32>() > 0 {
+                next.push((label, Split::ordered(&trimmed, &split.order())));
             }
         }
         todo = next;
@@ -238,7 +251,10 @@ fn price_all(
     priced
 }
 
-/// Splits the search measures at most, by their predicted speed.
+/// Splits the search measures at most, by their predicted speed: the
+/// fastest predicted where it is predicted faster than every split
+/// measured (probes, llama.cpp's default), then the next only where, with
+/// the boundary cost the first gives, it still is.
 pub const MEASURED_BY_SPEED: usize = 2;
 
 /// The rates of a trial (tg, pp), where it ran.
@@ -246,15 +262,64 @@ fn rates(t: &crate::profile::ProfileTrial) -> (Option<f64>, Option<f64>) {
     (t.result.test(false).map(|x| x.avg_ts), t.result.test(true).map(|x| x.avg_ts))
 }
 
-/// Each device's speed: every layer on the CPU (the search's trial, else
-/// one now), then each device alone with as many layers as its cap holds
-/// in a partial offload (one probe each, priced under every cap first).
-/// The probes are measured options of their own.
+/// Layers per device of a split llama.cpp chose itself (its default, by
+/// free memory), told by what each device allocated: its bytes less its
+/// fixed cost, over its cost per layer, rounded, the rounding put right
+/// on the device with the most.
+fn layers_by_bytes(acc: &[u64], cost: &[DeviceCost], ngl: u32, full: u32) -> Option<Vec<u32>> {
+    if acc.len() != cost.len() || cost.iter().any(|c| c.per_layer <= 0.0) {
+        return None;
+    }
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let mut layers: Vec<u32> = acc
+        .iter()
+        .zip(cost)
+        .map(|(b, c)| {
+            let fixed = if ngl >= full { c.fixed_full } else { c.fixed_partial };
+            if *b == 0 {
+                0
+            } else {
+                ((*b as f64 - fixed) / c.per_layer).round().clamp(0.0, f64::from(ngl)) as u32
+            }
+        })
+        .collect();
+    let most = (0..layers.len()).max_by_key(|i| layers[*i])?;
+    let sum: u32 = layers.iter().sum();
+    layers[most] = (layers[most] + ngl).saturating_sub(sum);
+    (layers.iter().sum::<u32>() == ngl).then_some(layers)
+}
+
+/// llama.cpp's default split at each ngl the search measured with layers
+/// on the devices, as measured splits (their layers by their bytes).
+fn default_splits(search: &Search<'_>, devs: &[DeviceCap], cost: &[DeviceCost], full: u32) -> Vec<Measured> {
+    search
+        .trials
+        .iter()
+        .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok)
+        .filter(|t| t.result.spec.placement.n_gpu_layers > 0 && t.result.spec.placement.tensor_split.is_empty())
+        .filter_map(|t| {
+            let ngl = t.result.spec.placement.n_gpu_layers;
+            let layers = layers_by_bytes(&accounted(&t.result, devs), cost, ngl, full)?;
+            let (tg, pp) = rates(t);
+            Some(Measured { split: Split::new(&layers), tg_ts: tg?, pp_ts: pp })
+        })
+        .collect()
+}
+
+/// Each device's speed ([`SpeedModel::solve`]): every layer on the CPU
+/// (the search's trial, else one now), llama.cpp's default split as the
+/// search measured it, and one probe per other device: that device with as
+/// many layers as its cap holds in a partial offload, the output alone on
+/// the device the default split gave most layers (the leader: last in the
+/// `--device` order). Without a default split (or a leader with a quarter
+/// of its layers), each device alone instead, its output on itself. Each
+/// probe is priced under every cap first, and is a measured option of its
+/// own. The default splits the solve did not use give the boundary cost.
 fn probe_speeds(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
     partial_cap: &[u32],
-    predict: &mut dyn FnMut(&[Vec<u32>]) -> Vec<Prediction>,
+    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
     cost: &[DeviceCost],
     found: &mut SplitFound,
 ) -> Result<Option<SpeedModel>> {
@@ -272,64 +337,98 @@ fn probe_speeds(
         Some(t) => rates(t),
         None => rates(search.measure(Role::Split, Candidate::layers(0, threads), None)?),
     };
-    let mut probes: Vec<Vec<Probe>> = vec![Vec::new(); devs.len()];
-    // Two layer counts per device: as many as its cap holds, and half that.
-    let mut todo: Vec<(String, Vec<u32>)> = Vec::new();
-    for d in (0..devs.len()).filter(|d| partial_cap[*d] > 0) {
-        let hi = partial_cap[d].min(full.saturating_sub(1)).max(1);
-        for k in
-            [hi, hi / 2].into_iter().filter(|k| *k > 0).collect::<std::collections::BTreeSet<u32>>().into_iter().rev()
-        {
-            let mut split = vec![0; devs.len()];
-            split[d] = k;
-            todo.push((format!("probe: {} alone, the rest on the CPU", devs[d].device), split));
+    let defaults = default_splits(search, devs, cost, full);
+    let leader = |m: &Measured| {
+        let l = m.split.layers();
+        let d = (0..l.len()).max_by_key(|i| l[*i])?;
+        (l[d] * 4 >= l.iter().sum::<u32>() && partial_cap[d] > 0).then_some((d, *m))
+    };
+    let lead = defaults.iter().filter_map(leader).max_by_key(|(_, m)| m.split.layers().iter().sum::<u32>());
+    let mut equations: Vec<Measured> = lead.iter().map(|(_, m)| *m).collect();
+    let mut todo: Vec<Labelled> = Vec::new();
+    for d in (0..devs.len()).filter(|d| partial_cap[*d] > 0 && lead.map(|(l, _)| l) != Some(*d)) {
+        let mut layers = vec![0; devs.len()];
+        let label = match lead {
+            Some((l, _)) => {
+                layers[d] = partial_cap[d].min(full.saturating_sub(2)).max(1);
+                layers[l] = 1;
+                let order: Vec<usize> = (0..devs.len()).filter(|i| *i != l).chain([l]).collect();
+                let in_order = layers[l + 1..].iter().all(|k| *k == 0);
+                todo.push((
+                    String::new(),
+                    if in_order { Split::new(&layers) } else { Split::ordered(&layers, &order) },
+                ));
+                format!("probe: {}, the output alone on {}, the rest on the CPU", devs[d].device, devs[l].device)
+            }
+            None => {
+                layers[d] = partial_cap[d].min(full.saturating_sub(1)).max(1);
+                todo.push((String::new(), Split::new(&layers)));
+                format!("probe: {} alone, the rest on the CPU", devs[d].device)
+            }
+        };
+        if let Some(last) = todo.last_mut() {
+            last.0 = label;
         }
     }
     let s = search.settings();
     for (label, split, p) in price_all(todo, predict, devs, cost) {
-        let Some(d) = split.iter().position(|l| *l > 0) else { continue };
-        let ngl: u32 = split.iter().sum();
-        let c = Candidate { split: Split::new(&split), ..Candidate::layers(ngl, threads) };
+        let ngl: u32 = split.layers().iter().sum();
+        let c = Candidate { split, ..Candidate::layers(ngl, threads) };
         let race = search.race();
-        let t = search.measure(Role::Split, c, Some(race))?;
-        // A probe that failed (its server crashed, say) says nothing of the device's speed.
-        if let (Some(tg), pp) = rates(t) {
-            probes[d].push(Probe { layers: ngl, tg_ts: Some(tg), pp_ts: pp });
+        let mut t = search.measure(Role::Split, c, Some(race))?;
+        if t.result.status == TrialStatus::Crashed && !inp.rpc.is_empty() {
+            // A server that crashed is back (rpc-server restarts it): once more.
+            t = search.measure(Role::Split, c, Some(race))?;
         }
-        found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), devs, s, inp, inp.op_offload));
+        // A probe that failed again says nothing of the device's speed.
+        if let (Some(tg), pp) = rates(t) {
+            if t.result.status == TrialStatus::Ok {
+                equations.push(Measured { split, tg_ts: tg, pp_ts: pp });
+            }
+        }
+        found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), s, inp));
     }
-    Ok(SpeedModel::fit(cpu.0, cpu.1, &probes, inp.output_layers))
+    let Some(mut model) = SpeedModel::solve(cpu.0, cpu.1, &equations, devs.len(), inp.output_layers) else {
+        return Ok(None);
+    };
+    let others: Vec<Measured> = defaults.into_iter().filter(|m| lead.is_none_or(|(_, s)| s.split != m.split)).collect();
+    model.fit_crossings(&others);
+    Ok(Some(model))
 }
 
 /// The fastest splits by each device's measured speed, under the
 /// capacities the costs give: every layer offloaded, and (unless `--ngl`
 /// fixes the count) only the devices that beat the CPU.
-fn speed_candidates(
-    m: &SpeedModel,
-    s: &Settings,
-    full: u32,
-    full_cap: &[u32],
-    partial_cap: &[u32],
-) -> Vec<(String, Vec<u32>)> {
+fn speed_candidates(m: &SpeedModel, s: &Settings, full: u32, full_cap: &[u32], partial_cap: &[u32]) -> Vec<Labelled> {
     let fixed = s.grid.as_ref().filter(|g| g.len() == 1).map(|g| g[0].min(full));
     let w = (s.n_prompt, s.n_gen);
     let mut out = Vec::new();
-    let label = "fastest by each device's measured speed";
     match fixed {
-        Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.objective, w).map(|b| (label, b))),
-        Some(_) => out.extend(m.best(full_cap, full, Some(full), s.objective, w).map(|b| (label, b))),
+        Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.objective, w)),
+        Some(_) => out.extend(m.best(full_cap, full, Some(full), s.objective, w)),
         None => {
-            out.extend(m.best(full_cap, full, Some(full), s.objective, w).map(|b| (label, b)));
-            out.extend(m.best(partial_cap, full, None, s.objective, w).map(|b| (label, b)));
+            out.extend(m.best(full_cap, full, Some(full), s.objective, w));
+            out.extend(m.best(partial_cap, full, None, s.objective, w));
         }
     }
-    let mut v: Vec<(String, Vec<u32>)> = Vec::new();
-    for (l, b) in out {
-        if b.iter().sum::<u32>() > 0 && !v.iter().any(|(_, x)| *x == b) {
-            v.push((l.to_string(), b));
+    let mut v: Vec<Labelled> = Vec::new();
+    for b in out {
+        if b.layers().iter().sum::<u32>() > 0 && !v.iter().any(|(_, x)| *x == b) {
+            let label = if b.in_llama_order() {
+                "fastest by each device's measured speed".to_string()
+            } else {
+                "fastest by each device's measured speed, the output's device last".to_string()
+            };
+            v.push((label, b));
         }
     }
     v
+}
+
+/// The objective's score of predicted rates.
+fn predicted_score(m: &SpeedModel, s: &Settings, x: &Split) -> f64 {
+    let (tg, pp) = m.predict(x);
+    crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, Some(tg), pp).unwrap_or(0.0)
 }
 
 /// Prices, trims and measures the candidate splits; the whole-layer
@@ -341,13 +440,13 @@ fn speed_candidates(
 pub fn split_stage(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
-    predict: &mut dyn FnMut(&[Vec<u32>]) -> Vec<Prediction>,
+    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
 ) -> Result<SplitFound> {
     let (devs, full) = (inp.devs, inp.full);
     let n = u32::try_from(devs.len()).unwrap_or(1);
     let even = proportional(full, &vec![full; devs.len()]);
     let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
-    let probes = predict(&[even.clone(), half.clone()]);
+    let probes = predict(&[Split::new(&even), Split::new(&half)]);
     let mut found = SplitFound::default();
     if probes.len() < 2 || probes.iter().any(|p| p.error.is_some()) {
         let why = probes.iter().find_map(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
@@ -361,63 +460,263 @@ pub fn split_stage(
         cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, full_offload, full)).collect()
     };
     let (full_cap, partial_cap) = (cap_at(true), cap_at(false));
-    let speed = probe_speeds(search, inp, &partial_cap, predict, &cost, &mut found)?;
+    let mut speed = probe_speeds(search, inp, &partial_cap, predict, &cost, &mut found)?;
     let s = search.settings();
-    let mut todo = candidates(&full_cap, &partial_cap, full);
+    let rules = candidates(&full_cap, &partial_cap, full).into_iter().map(|(l, x)| (l, Split::new(&x)));
+    let mut todo: Vec<Labelled> = rules.collect();
     if let Some(m) = &speed {
         let mut fast = speed_candidates(m, s, full, &full_cap, &partial_cap);
-        fast.extend(todo.into_iter().filter(|(_, x)| !found.options.iter().any(|o| o.tensor_split == *x)));
+        fast.extend(todo.into_iter().filter(|(_, x)| !found.options.iter().any(|o| split_of(o) == *x)));
         todo = fast;
     }
     let mut priced = price_all(todo, predict, devs, &cost);
-    priced.retain(|(_, x, _)| !found.options.iter().any(|o| o.tensor_split == *x));
+    priced.retain(|(_, x, _)| !found.options.iter().any(|o| split_of(o) == *x));
     search.predicted.extend(priced.iter().map(|(_, _, p)| p.clone()));
-    let score = |x: &[u32]| {
-        speed.as_ref().and_then(|m| {
-            let (tg, pp) = m.predict(x);
-            crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, Some(tg), pp)
+    let mut trials: Vec<Option<crate::profile::ProfileTrial>> = vec![None; priced.len()];
+    let defaults = default_splits(search, devs, &cost, full);
+    let mut measured: Vec<Measured> = defaults.clone();
+    // llama.cpp's default splits that stayed under every cap, by the objective.
+    let default_scores: Vec<f64> = search
+        .trials
+        .iter()
+        .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok)
+        .filter(|t| t.result.spec.placement.tensor_split.is_empty())
+        .filter(|t| eligible(s, full, t.result.spec.placement.n_gpu_layers))
+        .filter(|t| fits(&accounted(&t.result, devs), devs))
+        .filter_map(|t| {
+            let (tg, pp) = rates(t);
+            crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp)
         })
-    };
-    if speed.is_some() {
-        priced.sort_by(|a, b| score(&b.1).unwrap_or(0.0).total_cmp(&score(&a.1).unwrap_or(0.0)));
-    }
-    let op_offload = inp.op_offload;
-    for (i, (label, split, p)) in priced.iter().enumerate() {
-        let ngl: u32 = split.iter().sum();
-        let measure = speed.is_none() || i < MEASURED_BY_SPEED;
-        let t = if measure {
-            let c = Candidate { split: Split::new(split), ..Candidate::layers(ngl, inp.threads) };
-            let race = search.race();
-            Some(search.measure(Role::Split, c, Some(race))?)
-        } else {
-            None
+        .collect();
+    for round in 0..priced.len() {
+        let next = match &speed {
+            None => Some(round),
+            Some(m) if round < MEASURED_BY_SPEED => {
+                let score = |tg, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
+                let ok = |ngl: u32| eligible(s, full, ngl);
+                let best_measured = found
+                    .options
+                    .iter()
+                    .filter(|o| o.measured && o.fits && ok(o.n_gpu_layers))
+                    .filter_map(|o| score(o.tg_ts, o.pp_ts))
+                    .chain(
+                        measured[defaults.len()..]
+                            .iter()
+                            .filter(|x| ok(x.split.layers().iter().sum()))
+                            .filter_map(|x| score(Some(x.tg_ts), x.pp_ts)),
+                    )
+                    .chain(default_scores.iter().copied())
+                    .fold(0.0, f64::max);
+                (0..priced.len())
+                    .filter(|i| trials[*i].is_none())
+                    .max_by(|a, b| {
+                        predicted_score(m, s, &priced[*a].1).total_cmp(&predicted_score(m, s, &priced[*b].1))
+                    })
+                    .filter(|i| predicted_score(m, s, &priced[*i].1) > best_measured)
+            }
+            Some(_) => None,
         };
-        let mut o = option_of(label, split, per_device(p, devs), t, devs, s, inp, op_offload);
-        if !measure {
+        let Some(i) = next else { break };
+        let split = priced[i].1;
+        let ngl: u32 = split.layers().iter().sum();
+        let c = Candidate { split, ..Candidate::layers(ngl, inp.threads) };
+        let race = search.race();
+        let t = search.measure(Role::Split, c, Some(race))?.clone();
+        if let (Some(tg), pp) = rates(&t) {
+            if t.result.status == TrialStatus::Ok {
+                measured.push(Measured { split, tg_ts: tg, pp_ts: pp });
+                if let Some(m) = speed.as_mut() {
+                    m.fit_crossings(&measured);
+                }
+            }
+        }
+        trials[i] = Some(t);
+    }
+    for ((label, split, p), t) in priced.iter().zip(&trials) {
+        let mut o = option_of(label, split, per_device(p, devs), t.as_ref(), s, inp);
+        if t.is_none() {
             o.note = "not measured: predicted slower than the ones measured".into();
+        }
+        found.options.push(o);
+    }
+    // llama.cpp's default split at each ngl the search measured (ngl 0: every layer on the CPU).
+    let searched: Vec<_> =
+        search.trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok).cloned().collect();
+    for t in &searched {
+        let ngl = t.result.spec.placement.n_gpu_layers;
+        let by_bytes = layers_by_bytes(&accounted(&t.result, devs), &cost, ngl, full).filter(|_| ngl > 0);
+        let label = match &by_bytes {
+            _ if ngl == 0 => "every layer on the CPU".to_string(),
+            Some(l) => format!("llama.cpp's default split (by free memory: {} by its bytes)", split_list(l)),
+            None => "llama.cpp's default split (by free memory)".to_string(),
+        };
+        let mut o = option_of(&label, &Split::new(&[]), Vec::new(), Some(t), s, inp);
+        o.n_gpu_layers = ngl;
+        o.predicted_bytes.clone_from(&o.accounted_bytes);
+        o.llama_cpp_args = flags(ngl, &Split::new(&[]), s, t.result.spec.placement.n_threads, inp);
+        if let (Some(m), Some(l)) = (&speed, &by_bytes) {
+            let (tg, pp) = m.predict(&Split::new(l));
+            (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
         }
         found.options.push(o);
     }
     if let Some(m) = &speed {
         for o in found.options.iter_mut().filter(|o| !o.tensor_split.is_empty()) {
-            let (tg, pp) = m.predict(&o.tensor_split);
+            let (tg, pp) = m.predict(&split_of(o));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
         }
-    }
-    // llama.cpp's default split at each ngl the search measured (ngl 0: every layer on the CPU).
-    let defaults: Vec<_> =
-        search.trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok).cloned().collect();
-    for t in &defaults {
-        let ngl = t.result.spec.placement.n_gpu_layers;
-        let label = if ngl == 0 { "every layer on the CPU" } else { "llama.cpp's default split (by free memory)" };
-        let mut o = option_of(label, &[], Vec::new(), Some(t), devs, s, inp, op_offload);
-        o.n_gpu_layers = ngl;
-        o.predicted_bytes.clone_from(&o.accounted_bytes);
-        o.llama_cpp_args = flags(ngl, &[], s, t.result.spec.placement.n_threads, inp.rpc, op_offload);
-        found.options.push(o);
+        found.crossing_tg_ms = Some(m.crossing_tg_ms);
     }
     choose(&mut found, s);
     Ok(found)
+}
+
+/// An option's layers and order.
+#[must_use]
+pub fn split_of(o: &SplitOption) -> Split {
+    if o.order.is_empty() {
+        Split::new(&o.tensor_split)
+    } else {
+        Split::ordered(&o.tensor_split, &o.order.iter().map(|d| *d as usize).collect::<Vec<_>>())
+    }
+}
+
+fn split_list(l: &[u32]) -> String {
+    l.iter().map(u32::to_string).collect::<Vec<_>>().join(" + ")
+}
+
+/// llama.cpp's fit for the caps as a candidate split: its layers (-1:
+/// every layer) and its proportions as whole layers per device (none: its
+/// default split by free memory).
+fn fit_split(fit: &crate::engine::predict::LlamaFitSplit, full: u32, n_devices: usize) -> Option<Vec<u32>> {
+    let ngl = match fit.n_gpu_layers? {
+        n if n < 0 => full,
+        n => u32::try_from(n).ok()?.min(full),
+    };
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let weights: Vec<u32> = fit.tensor_split.iter().map(|v| v.max(0.0).round() as u32).collect();
+    if weights.iter().all(|w| *w == 0) || ngl == 0 {
+        // Its default split: no -ts, only the layer count.
+        return Some(vec![ngl]);
+    }
+    let mut weights = weights;
+    weights.resize(n_devices, 0);
+    if weights.iter().sum::<u32>() == ngl {
+        return Some(weights);
+    }
+    let total: u32 = weights.iter().sum();
+    Some(proportional(ngl, &weights.iter().map(|w| w * ngl.div_ceil(total.max(1)).max(1)).collect::<Vec<_>>()))
+}
+
+/// The recommended split measured alternately with llama.cpp's default
+/// split at the same layer count and with llama.cpp's fit for the same
+/// caps, at the search's depth. Where llama.cpp's default split is as fast
+/// (within the noise), or either is faster beyond it, and stays under
+/// every cap, it becomes the recommendation.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+pub fn against_llama(
+    search: &mut Search<'_>,
+    found: &mut SplitFound,
+    inp: &SplitInputs<'_>,
+    fit: Option<&crate::engine::predict::LlamaFitSplit>,
+) -> Result<Vec<crate::profile::SplitComparison>> {
+    use crate::profile::{DefaultComparison, SplitComparison, Verdict};
+    let Some(best) = found.best.map(|i| found.options[i].clone()) else { return Ok(Vec::new()) };
+    let s = search.settings();
+    let threads = inp.threads;
+    let candidate = |layers: &[u32]| match layers {
+        [ngl] if inp.devs.len() > 1 => Candidate::layers(*ngl, threads),
+        l => Candidate { split: Split::new(l), ..Candidate::layers(l.iter().sum(), threads) },
+    };
+    let mine = if best.tensor_split.is_empty() {
+        Candidate::layers(best.n_gpu_layers, threads)
+    } else {
+        Candidate { split: split_of(&best), ..Candidate::layers(best.n_gpu_layers, threads) }
+    };
+    let mut sides: Vec<(String, Vec<u32>)> =
+        vec![("llama.cpp's default split (by free memory)".into(), vec![best.n_gpu_layers])];
+    match fit.and_then(|f| fit_split(f, inp.full, inp.devs.len())) {
+        Some(l) if l == sides[0].1 => sides[0].0 += ", which llama.cpp's fit for the same caps chooses too",
+        Some(l) => sides.push(("llama.cpp's fit for the same caps".into(), l)),
+        None => {}
+    }
+    let mut out = Vec::new();
+    let mut switch: Option<(String, Candidate)> = None;
+    for (label, layers) in sides {
+        let theirs = candidate(&layers);
+        let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
+        let mut r = DefaultComparison {
+            n_gpu_layers: Some(theirs.ngl),
+            llama_cpp_args: flags(theirs.ngl, &split, s, threads, inp),
+            pairs: 0,
+            n_depth: s.depth_at(s.n_ctx),
+            tg_ratio: None,
+            tg_half_width: None,
+            pp_ratio: None,
+            pp_half_width: None,
+            verdict: Verdict::Same,
+            note: String::new(),
+        };
+        if theirs == mine {
+            r.note = "the recommendation is this split".into();
+        } else {
+            let cut = super::baseline::pair(search, mine, theirs, &mut r)?;
+            let default = label.starts_with("llama.cpp's default");
+            r.note = match r.verdict {
+                Verdict::Faster if cut => "theirs was cut short, far behind: its rate is of the tokens timed".into(),
+                Verdict::Tie if default => "within the noise: llama.cpp's default split is recommended".into(),
+                Verdict::Tie => "within the noise".into(),
+                Verdict::Slower => "theirs was faster beyond the noise: it is recommended".into(),
+                Verdict::NotMeasured => "a side of the pairs did not complete: not judged".into(),
+                _ => String::new(),
+            };
+            let wins = r.verdict == Verdict::Slower || (default && r.verdict == Verdict::Tie);
+            if wins && switch.is_none() {
+                switch = Some((label.clone(), theirs));
+            }
+        }
+        let tensor_split = if layers.len() > 1 || inp.devs.len() == 1 { layers } else { Vec::new() };
+        out.push(SplitComparison { against: label, tensor_split, result: r });
+    }
+    if let Some((label, theirs)) = switch {
+        recommend_paired(search, found, inp, &label, theirs);
+    }
+    Ok(out)
+}
+
+/// Makes the paired side `theirs` the recommended option, where its
+/// paired trials stay under every cap; else says why not.
+fn recommend_paired(
+    search: &Search<'_>,
+    found: &mut SplitFound,
+    inp: &SplitInputs<'_>,
+    label: &str,
+    theirs: Candidate,
+) {
+    let s = search.settings();
+    let Some(t) = search.trials.iter().rev().find(|t| t.role == Role::Paired && theirs.is(&t.result.spec)) else {
+        return;
+    };
+    let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
+    let acc = accounted(&t.result, inp.devs);
+    let mut o = option_of(&format!("{label}, paired"), &split, acc.clone(), Some(t), s, inp);
+    o.n_gpu_layers = theirs.ngl;
+    o.predicted_bytes = acc;
+    if !o.fits {
+        found.notes.push(crate::types::Note::split(format!(
+            "{label} was as fast or faster, but over a device's cap: the tuned split stays recommended"
+        )));
+        return;
+    }
+    for x in &mut found.options {
+        x.recommended = false;
+    }
+    o.recommended = true;
+    o.note = "paired with the tuned split: as fast or faster".into();
+    found.options.push(o);
+    found.best = Some(found.options.len() - 1);
 }
 
 /// What llama.cpp allocated on each device in a trial.
@@ -426,20 +725,19 @@ pub fn accounted(r: &crate::types::TrialResult, devs: &[DeviceCap]) -> Vec<u64> 
     in_device_order(&r.accounted_per_device(), devs)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn option_of(
     label: &str,
-    split: &[u32],
+    split: &Split,
     predicted: Vec<u64>,
     t: Option<&crate::profile::ProfileTrial>,
-    devs: &[DeviceCap],
     s: &Settings,
     inp: &SplitInputs<'_>,
-    op_offload: bool,
 ) -> SplitOption {
+    let devs = inp.devs;
     let ok = t.filter(|t| t.result.status == TrialStatus::Ok);
     let acc = ok.map(|t| accounted(&t.result, devs)).unwrap_or_default();
-    let ngl = split.iter().sum();
+    let layers = split.layers();
+    let ngl = layers.iter().sum();
     let fits = if acc.is_empty() { fits(&predicted, devs) } else { fits(&acc, devs) };
     let note = match t {
         Some(t) if t.result.status != TrialStatus::Ok => {
@@ -449,10 +747,16 @@ fn option_of(
         _ => String::new(),
     };
     let threads = t.map_or(inp.threads, |t| t.result.spec.placement.n_threads);
+    let order = if split.in_llama_order() {
+        Vec::new()
+    } else {
+        split.order().into_iter().map(|d| u32::try_from(d).unwrap_or(0)).collect()
+    };
     SplitOption {
         label: label.to_string(),
         n_gpu_layers: ngl,
-        tensor_split: split.to_vec(),
+        tensor_split: layers,
+        order,
         predicted_bytes: predicted,
         accounted_bytes: acc,
         measured: ok.is_some(),
@@ -461,21 +765,28 @@ fn option_of(
         fits,
         recommended: false,
         note,
-        llama_cpp_args: flags(ngl, split, s, threads, inp.rpc, op_offload),
+        llama_cpp_args: flags(ngl, split, s, threads, inp),
         predicted_tg_ts: None,
         predicted_pp_ts: None,
     }
+}
+
+/// Whether a split of `ngl` layers may be recommended: any, unless
+/// `--ngl` fixes the count (`most`: full offload's, as the options have it).
+fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
+    s.grid.as_ref().filter(|g| g.len() == 1).is_none_or(|g| g[0].min(most) == ngl)
 }
 
 /// Marks the fastest measured option under every cap (by the objective)
 /// and says how the others compare.
 pub fn choose(found: &mut SplitFound, s: &Settings) {
     let score = |o: &SplitOption| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts);
+    let most = found.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
     let best = found
         .options
         .iter()
         .enumerate()
-        .filter(|(_, o)| o.measured && o.fits)
+        .filter(|(_, o)| o.measured && o.fits && eligible(s, most, o.n_gpu_layers))
         .filter_map(|(i, o)| score(o).map(|v| (i, v)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     found.best = best.map(|(i, _)| i);
@@ -532,6 +843,7 @@ pub fn report(
         label: String::new(),
         n_gpu_layers: 0,
         tensor_split: Vec::new(),
+        order: Vec::new(),
         predicted_bytes: Vec::new(),
         accounted_bytes: Vec::new(),
         measured: false,
@@ -561,6 +873,8 @@ pub fn report(
                 rtt_ms: r.rtt_ms,
             })
             .collect(),
+        crossing_tg_ms: found.crossing_tg_ms,
+        against: found.against.clone(),
     }
 }
 
@@ -574,7 +888,9 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     r.n_cpu_moe = 0;
     r.n_cpu_ffn = 0;
     r.kv_type = crate::types::KvType::F16;
-    r.tensor_split.clone_from(&o.tensor_split);
+    let split = split_of(o);
+    r.tensor_split = split.listed();
+    r.devices = split.device_names(&names(devs));
     // Every layer on the CPU needs no server.
     r.rpc = if o.n_gpu_layers == 0 { Vec::new() } else { rpc.to_vec() };
     r.tg_ts = o.tg_ts;
@@ -699,6 +1015,7 @@ mod tests {
     fn the_fastest_split_under_every_cap_is_recommended() {
         let s = crate::tune::worlds::settings();
         let o = |tg: f64, fits: bool, measured: bool| SplitOption {
+            order: Vec::new(),
             label: "x".into(),
             n_gpu_layers: 41,
             tensor_split: vec![20, 21],
@@ -754,6 +1071,7 @@ mod tests {
             error: None,
             case: None,
             split: split.to_vec(),
+            devices: Vec::new(),
         }
     }
 
@@ -767,11 +1085,13 @@ mod tests {
     impl crate::tune::executor::TrialExecutor for SplitWorld {
         fn measure(&mut self, c: Candidate, race: Option<crate::types::Race>) -> Result<crate::types::TrialResult> {
             use crate::types::{BufferLine, TestResult, TrialResult};
-            let split = c.split.layers();
-            self.measured.push(split.clone());
-            // Every layer on the CPU (no -ts): nothing on either device.
-            let split = if split.is_empty() { vec![0, 0] } else { split };
-            let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), c, race);
+            let listed = c.split.layers();
+            // llama.cpp's default split (no -ts) is recorded as its layer count alone.
+            self.measured.push(if listed.is_empty() && c.ngl > 0 { vec![c.ngl] } else { listed.clone() });
+            // Without -ts, llama.cpp's default split: by free memory, as much on each.
+            let split = if listed.is_empty() { proportional(c.ngl, &[c.ngl, c.ngl]) } else { listed };
+            let names: Vec<String> = (0..split.len()).map(|i| format!("D{i}")).collect();
+            let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, race);
             let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
             r.reason = None;
             for b in split_prediction(&split, self.extra_d1).buffers {
@@ -799,9 +1119,9 @@ mod tests {
         let devs = caps(&[105 * mb, 150 * mb]);
         let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
         let mut priced = Vec::new();
-        let mut predict = |splits: &[Vec<u32>]| {
-            priced.extend(splits.iter().cloned());
-            splits.iter().map(|s| split_prediction(s, extra_d1)).collect()
+        let mut predict = |splits: &[Split]| {
+            priced.extend(splits.iter().map(Split::layers));
+            splits.iter().map(|s| split_prediction(&s.layers(), extra_d1)).collect()
         };
         let found = split_stage(&mut search, &inp, &mut predict).unwrap();
         drop(search);
@@ -815,21 +1135,25 @@ mod tests {
         let (found, measured) = split_world(0);
         assert_eq!(
             measured,
-            [vec![], vec![10, 0], vec![5, 0], vec![0, 13], vec![0, 6], vec![9, 12], vec![10, 11]],
-            "every layer on the CPU, each device alone at two layer counts, then the two fastest predicted"
+            [vec![], vec![10, 0], vec![0, 13]],
+            "every layer on the CPU, each device alone; no split is predicted faster than D1 alone"
         );
         let best = &found.options[found.best.unwrap()];
         assert_eq!(best.tensor_split, [0, 13], "the slow device left out, the rest on the CPU");
-        assert!(found.options.iter().all(|o| o.fits && o.measured));
+        assert!(found.options.iter().all(|o| o.fits));
+        let listed: Vec<(Vec<u32>, bool)> =
+            found.options.iter().map(|o| (o.tensor_split.clone(), o.measured)).collect();
+        assert!(listed.contains(&(vec![9, 12], false)), "priced, not measured: {listed:?}");
         assert_eq!(best.accounted_bytes, best.predicted_bytes);
-        for o in found.options.iter().filter(|o| !o.tensor_split.is_empty()) {
+        for o in found.options.iter().filter(|o| !o.tensor_split.is_empty() && o.measured) {
             let (p, m) = (o.predicted_tg_ts.unwrap(), o.tg_ts.unwrap());
             assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
         }
         // D1 costs 25 MB more at 12 layers than the probes said: [9, 12]
-        // is over its cap, loses the layers that covers, and is measured as [9, 9].
-        let (found, measured) = split_world(25_000_000);
-        assert!(!measured.contains(&vec![9, 12]) && measured.contains(&vec![9, 9]), "trimmed: {measured:?}");
+        // is over its cap, loses the layers that covers, and is priced as [9, 9].
+        let (found, _) = split_world(25_000_000);
+        let splits: Vec<Vec<u32>> = found.options.iter().map(|o| o.tensor_split.clone()).collect();
+        assert!(!splits.contains(&vec![9, 12]) && splits.contains(&vec![9, 9]), "trimmed: {splits:?}");
         assert!(found.options.iter().all(|o| o.fits));
     }
 
@@ -844,7 +1168,7 @@ mod tests {
         let mb = 1_000_000u64;
         let devs = caps(&[105 * mb, 150 * mb]);
         let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
-        let mut predict = |splits: &[Vec<u32>]| splits.iter().map(|s| split_prediction(s, 0)).collect();
+        let mut predict = |splits: &[Split]| splits.iter().map(|s| split_prediction(&s.layers(), 0)).collect();
         let found = split_stage(&mut search, &inp, &mut predict).unwrap();
         drop(search);
         let best = &found.options[found.best.unwrap()];
@@ -854,5 +1178,59 @@ mod tests {
             "D1 filled to its 12, D0 the other 9"
         );
         assert!(best.measured && best.fits);
+    }
+
+    #[test]
+    fn beside_llama_cpps_default_split_one_probe_a_device_and_the_answer_is_paired_with_llama_cpps() {
+        // --ngl 21; the search measured llama.cpp's default split (11 + 10, over D0's cap).
+        let mut s = crate::tune::worlds::settings();
+        s.grid = Some(vec![21]);
+        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new() };
+        let policy = crate::tune::worlds::policy(255e6);
+        let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
+        search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
+        let mb = 1_000_000u64;
+        let devs = caps(&[105 * mb, 150 * mb]);
+        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
+        let mut predict = |splits: &[Split]| splits.iter().map(|s| split_prediction(&s.layers(), 0)).collect();
+        let mut found = split_stage(&mut search, &inp, &mut predict).unwrap();
+        let fit = crate::engine::predict::LlamaFitSplit {
+            margins: Vec::new(),
+            n_gpu_layers: Some(21),
+            tensor_split: vec![10.0, 11.0],
+            error: None,
+        };
+        found.against = against_llama(&mut search, &mut found, &inp, Some(&fit)).unwrap();
+        drop(search);
+        // D0 (11 layers in the default) is the leader: D1 is probed with the output alone on D0
+        // (listed last: --device D1,D0), then the fastest predicted with every layer offloaded.
+        let stage: Vec<Vec<u32>> = world.measured[..4].to_vec();
+        assert_eq!(
+            stage,
+            [vec![21], vec![], vec![1, 13], vec![9, 12]],
+            "3 trials beside the search's: CPU, a probe, the answer"
+        );
+        let probe = found.options.iter().find(|o| o.label.starts_with("probe")).unwrap();
+        assert_eq!(probe.order, [1, 0]);
+        assert!(
+            probe.llama_cpp_args.contains("--device D1,D0") && probe.llama_cpp_args.contains("-ts 13,1"),
+            "{}",
+            probe.llama_cpp_args
+        );
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!((best.tensor_split.clone(), best.n_gpu_layers), (vec![9, 12], 21));
+        // Every measured split was predicted: 20 ms a token on the CPU, +1 ms a layer on D0, -0.5 on D1.
+        for o in found.options.iter().filter(|o| o.measured && o.n_gpu_layers > 0) {
+            let (p, m) = (o.predicted_tg_ts.unwrap(), o.tg_ts.unwrap());
+            assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
+        }
+        // Paired with the default split (26 ms a token) and llama.cpp's fit for the caps (10 + 11: 24.5 ms).
+        assert_eq!(world.measured.len(), 4 + 8, "two pairs of two trials against each");
+        let a = &found.against;
+        assert_eq!(a.len(), 2);
+        assert!(a.iter().all(|c| c.result.verdict == crate::profile::Verdict::Faster && c.result.pairs == 2));
+        assert!((a[0].result.tg_ratio.unwrap() - 26.0 / 23.0).abs() < 1e-3, "{:?}", a[0]);
+        assert!((a[1].result.tg_ratio.unwrap() - 24.5 / 23.0).abs() < 1e-3, "{:?}", a[1]);
+        assert_eq!(a[1].tensor_split, [10, 11]);
     }
 }

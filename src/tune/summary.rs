@@ -186,6 +186,7 @@ pub fn recommendation(
         n_cpu_ffn: 0,
         ollama_server_env: Vec::new(),
         rpc: Vec::new(),
+        devices: Vec::new(),
         tensor_split: Vec::new(),
         n_batch: s.n_batch,
         n_ubatch: s.n_ubatch,

@@ -139,8 +139,11 @@ pub enum SplitMode {
     /// Whole layers per device, by `-ts` (llama.cpp's default).
     #[default]
     Layer,
-    /// Rows of each matrix across devices (CUDA).
+    /// Rows of each matrix across devices (backends with a split buffer type: CUDA, SYCL).
     Row,
+    /// Every weight and the KV cache across the devices, computed in
+    /// parallel (llama.cpp's experimental meta device; needs flash attention).
+    Tensor,
 }
 
 impl SplitMode {
@@ -151,6 +154,7 @@ impl SplitMode {
             SplitMode::None => "none",
             SplitMode::Layer => "layer",
             SplitMode::Row => "row",
+            SplitMode::Tensor => "tensor",
         }
     }
 
@@ -161,6 +165,7 @@ impl SplitMode {
             SplitMode::None => 0,
             SplitMode::Layer => 1,
             SplitMode::Row => 2,
+            SplitMode::Tensor => 3,
         }
     }
 }
@@ -204,7 +209,7 @@ pub fn cpu_ffn_layers(pattern: &str) -> Option<u32> {
 /// A word for a POSIX shell: as it is when plain, else single-quoted.
 #[must_use]
 pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:=@%".contains(c)) {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:=@%,".contains(c)) {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
@@ -258,7 +263,13 @@ pub struct Placement {
     /// `-sm`: llama.cpp's default, layer.
     #[serde(default, skip_serializing_if = "is_layer")]
     pub split_mode: SplitMode,
-    /// Layers per offload device, in llama.cpp's device order (llama.cpp's
+    /// The offload devices in the order they take layers (llama.cpp's
+    /// `--device A,B`, names as `--list-devices` gives them): the first
+    /// holds the first offloaded layers, the last the output layer. Empty:
+    /// every device, in llama.cpp's order (RPC servers first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Layers per offload device, in the order of `devices` (llama.cpp's
     /// `-ts` with split mode layer); empty: llama.cpp's default split, by
     /// free memory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -321,6 +332,7 @@ impl Default for Placement {
             op_offload: OpOffload::On,
             rpc: Vec::new(),
             split_mode: SplitMode::Layer,
+            devices: Vec::new(),
             tensor_split: Vec::new(),
             main_gpu: 0,
             n_parallel: 1,
@@ -374,6 +386,13 @@ impl Placement {
         self
     }
 
+    /// The devices in the order they take layers (`--device`); `tensor_split` follows it.
+    #[must_use]
+    pub fn with_devices(mut self, devices: &[String]) -> Self {
+        self.devices = devices.to_vec();
+        self
+    }
+
     /// Every `-ot` pattern whose tensors stay on the CPU: the dense FFN of
     /// the first `n_cpu_ffn` layers, then the others.
     #[must_use]
@@ -396,6 +415,11 @@ impl Placement {
         !self.tensor_split.is_empty() || self.split_mode != SplitMode::Layer || self.main_gpu != 0
     }
 
+    /// The `--device` value, where the order is not llama.cpp's.
+    fn device_value(&self) -> Option<String> {
+        (!self.devices.is_empty()).then(|| self.devices.join(","))
+    }
+
     /// llama.cpp's flags, shell-quoted: `-ngl N -t T` always, every other
     /// setting where it is not llama.cpp's default.
     #[must_use]
@@ -403,6 +427,9 @@ impl Placement {
         let mut f = Vec::new();
         if !self.rpc.is_empty() {
             f.push(format!("--rpc {}", self.rpc.join(",")));
+        }
+        if let Some(d) = self.device_value() {
+            f.push(format!("--device {}", shell_quote(&d)));
         }
         f.push(format!("-ngl {} -t {}", self.n_gpu_layers, self.n_threads));
         if let Some(c) = self.n_ctx {
@@ -486,6 +513,9 @@ impl Placement {
         }
         if !self.rpc.is_empty() {
             v.push(("LLAMA_ARG_RPC", self.rpc.join(",")));
+        }
+        if let Some(d) = self.device_value() {
+            v.push(("LLAMA_ARG_DEVICE", d));
         }
         if self.states_split() {
             v.push(("LLAMA_ARG_SPLIT_MODE", self.split_mode.as_str().to_string()));
