@@ -794,6 +794,12 @@ pub struct SplitComparison {
     /// Its layers per device, in llama.cpp's order (empty: by free memory).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_split: Vec<u32>,
+    /// Its tg rate as the devices' speeds predicted it (a split with proportions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_tg_ts: Option<f64>,
+    /// Its tg rate in the pairs (of the tokens timed, where cut short).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tg_ts: Option<f64>,
     #[serde(flatten)]
     pub result: DefaultComparison,
 }

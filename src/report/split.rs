@@ -114,11 +114,17 @@ fn against_lines(r: &SplitReport) -> String {
             .into_iter()
             .flatten()
             .collect();
-        let verdict = match c.verdict {
+        let mut verdict = match c.verdict {
             Verdict::Faster if c.note.is_empty() => "faster beyond the noise".to_string(),
             Verdict::Faster => format!("faster beyond the noise; {}", c.note),
             _ => c.note.clone(),
         };
+        if let Some(m) = a.tg_ts {
+            verdict += &format!("; theirs tg {m:.2} t/s");
+            if let Some(p) = a.predicted_tg_ts {
+                verdict += &format!(", predicted {}", predicted(Some(p), Some(m)));
+            }
+        }
         let _ = match c.verdict {
             Verdict::Same | Verdict::NotMeasured => {
                 writeln!(s, "against {} ({}): {verdict}", a.against, c.llama_cpp_args)

@@ -102,6 +102,13 @@ fn samples(trials: &[ProfileTrial], c: Candidate, pp: bool) -> Vec<f64> {
         .collect()
 }
 
+/// The mean rate (t/s) of a candidate's paired trials, pp or tg, where measured.
+#[must_use]
+pub fn paired_mean(trials: &[ProfileTrial], c: Candidate, pp: bool) -> Option<f64> {
+    let v = samples(trials, c, pp);
+    (!v.is_empty()).then(|| crate::stats::mean(&v))
+}
+
 /// Mean milliseconds per image of a candidate's paired trials, where measured.
 fn image_ms(trials: &[ProfileTrial], c: Candidate) -> Option<f64> {
     let v: Vec<f64> = trials

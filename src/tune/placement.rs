@@ -731,34 +731,7 @@ mod tests {
     }
 
     fn layer_split() -> Recommendation {
-        Recommendation {
-            n_gpu_layers: 7,
-            n_cpu_moe: 0,
-            ollama_num_gpu: None,
-            llama_default: false,
-            n_threads: 2,
-            n_ctx: 32768,
-            measured: true,
-            confidence: crate::profile::Confidence::High,
-            op_offload: true,
-            tg_ts: Some(3.0),
-            pp_ts: Some(30.0),
-            mem_bytes: Some(100.0),
-            modelfile: crate::types::Placement::default().with_layers(7, 2, Some(32768)).modelfile_lines(),
-            llama_cpp_args: crate::types::Placement::default().with_layers(7, 2, Some(32768)).flags(),
-            kv_type: KvType::F16,
-            n_cpu_ffn: 0,
-            n_batch: 2048,
-            n_ubatch: 512,
-            flash_attn: crate::types::FlashAttn::Auto,
-            n_parallel: 1,
-            mmproj: None,
-            img_ms: None,
-            ollama_server_env: Vec::new(),
-            rpc: Vec::new(),
-            devices: Vec::new(),
-            tensor_split: Vec::new(),
-        }
+        crate::tune::worlds::recommendation()
     }
 
     /// A model of 10 layers + output: each layer 100 bytes of weights, 60

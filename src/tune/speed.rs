@@ -42,9 +42,16 @@ pub struct DeviceSpeed {
 /// what one boundary between two devices costs (ms per token).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeedModel {
+    /// The time per token with every layer on the CPU; 0 where the costs
+    /// are absolute (every split compared offloads every layer).
     pub cpu_tg_ms: f64,
     pub cpu_pp_ms: f64,
+    /// Whether the prompt's rates were measured on every side.
+    pub has_pp: bool,
     pub devices: Vec<DeviceSpeed>,
+    /// Whether a device's costs rest on a measurement (none: it held no
+    /// layers in any; it is given none by [`SpeedModel::best`]).
+    pub known: Vec<bool>,
     pub crossing_tg_ms: f64,
     pub crossing_pp_ms: f64,
 }
@@ -108,8 +115,7 @@ impl SpeedModel {
     /// Each device's cost per layer from measured splits (least squares),
     /// against the all-CPU rates, the output counted as `output_layers` of
     /// its device's layers. `None` without the CPU's tg rate, or where the
-    /// splits do not pin every device that holds layers in them (a device
-    /// in none of them costs nothing: it is never given layers by speed).
+    /// splits do not pin every device that holds layers in them.
     #[must_use]
     pub fn solve(
         cpu_tg_ts: Option<f64>,
@@ -118,9 +124,22 @@ impl SpeedModel {
         n: usize,
         output_layers: f64,
     ) -> Option<SpeedModel> {
-        let w = output_layers.max(0.0);
         let t0 = ms(cpu_tg_ts.filter(|v| *v > 0.0)?);
-        let p0 = cpu_pp_ts.filter(|v| *v > 0.0).map(ms);
+        Self::solve_from(t0, cpu_pp_ts.filter(|v| *v > 0.0).map(ms), measured, n, output_layers)
+    }
+
+    /// As [`SpeedModel::solve`], from the all-CPU times per token (ms; 0:
+    /// absolute costs, for splits that all offload every layer, where the
+    /// CPU's share is the same in each).
+    #[must_use]
+    pub fn solve_from(
+        t0: f64,
+        p0: Option<f64>,
+        measured: &[Measured],
+        n: usize,
+        output_layers: f64,
+    ) -> Option<SpeedModel> {
+        let w = output_layers.max(0.0);
         let coefs = |x: &Split| -> Vec<f64> {
             let l = x.layers();
             let out = x.output_device();
@@ -143,10 +162,13 @@ impl SpeedModel {
                 DeviceSpeed { tg_ms_per_layer: tg[d], pp_ms_per_layer: p, tg_ms_output: tg[d] * w, pp_ms_output: p * w }
             })
             .collect();
+        let known = (0..n).map(|d| tg_rows.iter().any(|(a, _)| a[d] > 0.0)).collect();
         Some(SpeedModel {
             cpu_tg_ms: t0,
-            cpu_pp_ms: if pp.is_some() { p0.unwrap_or(0.0) } else { 0.0 },
+            cpu_pp_ms: p0.filter(|_| pp.is_some()).unwrap_or(0.0),
+            has_pp: pp.is_some(),
             devices,
+            known,
             crossing_tg_ms: 0.0,
             crossing_pp_ms: 0.0,
         })
@@ -175,7 +197,7 @@ impl SpeedModel {
     pub fn predict(&self, split: &Split) -> (f64, Option<f64>) {
         let x = Self::crossings(split);
         let tg = self.time_without(split, false) + x * self.crossing_tg_ms;
-        let pp = (self.cpu_pp_ms > 0.0).then(|| self.time_without(split, true) + x * self.crossing_pp_ms);
+        let pp = self.has_pp.then(|| self.time_without(split, true) + x * self.crossing_pp_ms);
         (1000.0 / tg.max(1e-6), pp.map(|p| 1000.0 / p.max(1e-6)))
     }
 
@@ -194,7 +216,7 @@ impl SpeedModel {
                 .collect();
             (!v.is_empty()).then(|| crate::stats::mean(&v).max(0.0))
         };
-        let (tg, pp) = (fit(false), fit(true).filter(|_| self.cpu_pp_ms > 0.0));
+        let (tg, pp) = (fit(false), fit(true).filter(|_| self.has_pp));
         if let Some(c) = tg {
             self.crossing_tg_ms = c;
         }
@@ -235,7 +257,7 @@ impl SpeedModel {
     ) -> Option<Split> {
         let cost = self.layer_cost(objective, workload.0, workload.1);
         let n = cost.len();
-        let cap = |i: usize| capacity.get(i).copied().unwrap_or(0);
+        let cap = |i: usize| if self.known[i] { capacity.get(i).copied().unwrap_or(0) } else { 0 };
         // `target` layers, `last` given one layer before the rest, then the
         // cheapest first; without `must`, only devices that beat the CPU.
         let fill = |target: u32, last: usize, must: bool| -> Option<Split> {

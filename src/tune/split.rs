@@ -193,6 +193,8 @@ pub struct SplitFound {
     pub crossing_tg_ms: Option<f64>,
     /// The recommendation paired with llama.cpp's splits ([`against_llama`]).
     pub against: Vec<crate::profile::SplitComparison>,
+    /// Each device's speed, as the stage solved it.
+    pub speed: Option<SpeedModel>,
 }
 
 /// The offload devices' names, in llama.cpp's order.
@@ -306,71 +308,75 @@ fn default_splits(search: &Search<'_>, devs: &[DeviceCap], cost: &[DeviceCost], 
         .collect()
 }
 
-/// Each device's speed ([`SpeedModel::solve`]): every layer on the CPU
-/// (the search's trial, else one now), llama.cpp's default split as the
-/// search measured it, and one probe per other device: that device with as
-/// many layers as its cap holds in a partial offload, the output alone on
-/// the device the default split gave most layers (the leader: last in the
-/// `--device` order). Without a default split (or a leader with a quarter
-/// of its layers), each device alone instead, its output on itself. Each
-/// probe is priced under every cap first, and is a measured option of its
-/// own. The default splits the solve did not use give the boundary cost.
+/// Each device's speed ([`SpeedModel::solve_from`]): one probe per device,
+/// that device alone with as many layers as its cap holds (priced under
+/// every cap first; a measured option of its own), except the one solved
+/// from llama.cpp's default split as the search measured it: the device
+/// that split gave most layers after its leader (the device it gave most,
+/// a quarter or more). Where `--ngl` offloads every layer and each probed
+/// device holds them all, the probes are full offloads (candidates
+/// themselves) and the costs absolute: no trial with every layer on the
+/// CPU. Else the probes leave the rest on the CPU, and every layer on the
+/// CPU is the reference (the search's trial, else one now). The default
+/// splits the solve did not use give the boundary cost.
 fn probe_speeds(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
-    partial_cap: &[u32],
+    (full_cap, partial_cap): (&[u32], &[u32]),
     predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
     cost: &[DeviceCost],
     found: &mut SplitFound,
-) -> Result<Option<SpeedModel>> {
+) -> Result<Option<(SpeedModel, Vec<Split>)>> {
     let (devs, full, threads) = (inp.devs, inp.full, inp.threads);
-    let cpu_ref = |t: &&crate::profile::ProfileTrial| {
-        let p = &t.result.spec.placement;
-        t.result.status == TrialStatus::Ok
-            && p.n_gpu_layers == 0
-            && p.n_threads == threads
-            && p.n_cpu_moe == 0
-            && p.n_cpu_ffn == 0
-            && t.result.test(false).is_some_and(|x| !x.stopped_early)
-    };
-    let cpu = match search.trials.iter().find(cpu_ref) {
-        Some(t) => rates(t),
-        None => rates(search.measure(Role::Split, Candidate::layers(0, threads), None)?),
-    };
+    let n = devs.len();
+    let s = search.settings();
+    let fixed_full = s.grid.as_ref().filter(|g| g.len() == 1).is_some_and(|g| g[0] >= full);
     let defaults = default_splits(search, devs, cost, full);
     let leader = |m: &Measured| {
         let l = m.split.layers();
         let d = (0..l.len()).max_by_key(|i| l[*i])?;
-        (l[d] * 4 >= l.iter().sum::<u32>() && partial_cap[d] > 0).then_some((d, *m))
+        (l[d] * 4 >= l.iter().sum::<u32>()).then_some((d, *m))
     };
     let lead = defaults.iter().filter_map(leader).max_by_key(|(_, m)| m.split.layers().iter().sum::<u32>());
-    let mut equations: Vec<Measured> = lead.iter().map(|(_, m)| *m).collect();
-    let mut todo: Vec<Labelled> = Vec::new();
-    for d in (0..devs.len()).filter(|d| partial_cap[*d] > 0 && lead.map(|(l, _)| l) != Some(*d)) {
-        let mut layers = vec![0; devs.len()];
-        let label = match lead {
-            Some((l, _)) => {
-                layers[d] = partial_cap[d].min(full.saturating_sub(2)).max(1);
-                layers[l] = 1;
-                let order: Vec<usize> = (0..devs.len()).filter(|i| *i != l).chain([l]).collect();
-                let in_order = layers[l + 1..].iter().all(|k| *k == 0);
-                todo.push((
-                    String::new(),
-                    if in_order { Split::new(&layers) } else { Split::ordered(&layers, &order) },
-                ));
-                format!("probe: {}, the output alone on {}, the rest on the CPU", devs[d].device, devs[l].device)
-            }
-            None => {
-                layers[d] = partial_cap[d].min(full.saturating_sub(1)).max(1);
-                todo.push((String::new(), Split::new(&layers)));
-                format!("probe: {} alone, the rest on the CPU", devs[d].device)
-            }
+    let solved = lead.and_then(|(l, m)| {
+        let x = m.split.layers();
+        (0..n).filter(|d| *d != l && x[*d] > 0 && partial_cap[*d] > 0).max_by_key(|d| x[*d]).map(|d| (d, m))
+    });
+    let probed: Vec<usize> = (0..n).filter(|d| partial_cap[*d] > 0 && solved.map(|(u, _)| u) != Some(*d)).collect();
+    let absolute = fixed_full && probed.iter().all(|d| full_cap[*d] >= full);
+    let (t0, p0) = if absolute {
+        (0.0, Some(0.0))
+    } else {
+        let cpu_ref = |t: &&crate::profile::ProfileTrial| {
+            let p = &t.result.spec.placement;
+            t.result.status == TrialStatus::Ok
+                && p.n_gpu_layers == 0
+                && p.n_threads == threads
+                && p.n_cpu_moe == 0
+                && p.n_cpu_ffn == 0
+                && t.result.test(false).is_some_and(|x| !x.stopped_early)
         };
-        if let Some(last) = todo.last_mut() {
-            last.0 = label;
-        }
-    }
-    let s = search.settings();
+        let cpu = match search.trials.iter().find(cpu_ref) {
+            Some(t) => rates(t),
+            None => rates(search.measure(Role::Split, Candidate::layers(0, threads), None)?),
+        };
+        let Some(tg) = cpu.0.filter(|v| *v > 0.0) else { return Ok(None) };
+        (1000.0 / tg, cpu.1.filter(|v| *v > 0.0).map(|p| 1000.0 / p))
+    };
+    let mut equations: Vec<Measured> = solved.iter().map(|(_, m)| *m).collect();
+    let todo: Vec<Labelled> = probed
+        .iter()
+        .map(|&d| {
+            let mut layers = vec![0; n];
+            if absolute {
+                layers[d] = full;
+                (format!("probe: {} alone", devs[d].device), Split::new(&layers))
+            } else {
+                layers[d] = partial_cap[d].min(full.saturating_sub(1)).max(1);
+                (format!("probe: {} alone, the rest on the CPU", devs[d].device), Split::new(&layers))
+            }
+        })
+        .collect();
     for (label, split, p) in price_all(todo, predict, devs, cost) {
         let ngl: u32 = split.layers().iter().sum();
         let c = Candidate { split, ..Candidate::layers(ngl, threads) };
@@ -388,12 +394,13 @@ fn probe_speeds(
         }
         found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), s, inp));
     }
-    let Some(mut model) = SpeedModel::solve(cpu.0, cpu.1, &equations, devs.len(), inp.output_layers) else {
+    let Some(mut model) = SpeedModel::solve_from(t0, p0, &equations, n, inp.output_layers) else {
         return Ok(None);
     };
-    let others: Vec<Measured> = defaults.into_iter().filter(|m| lead.is_none_or(|(_, s)| s.split != m.split)).collect();
+    let others: Vec<Measured> =
+        defaults.into_iter().filter(|m| solved.is_none_or(|(_, s)| s.split != m.split)).collect();
     model.fit_crossings(&others);
-    Ok(Some(model))
+    Ok(Some((model, equations.iter().map(|m| m.split).collect())))
 }
 
 /// The fastest splits by each device's measured speed, under the
@@ -460,7 +467,10 @@ pub fn split_stage(
         cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, full_offload, full)).collect()
     };
     let (full_cap, partial_cap) = (cap_at(true), cap_at(false));
-    let mut speed = probe_speeds(search, inp, &partial_cap, predict, &cost, &mut found)?;
+    let probed = probe_speeds(search, inp, (&full_cap, &partial_cap), predict, &cost, &mut found)?;
+    // The splits the model was solved from: their predictions are their measurements.
+    let inputs: Vec<Split> = probed.as_ref().map(|(_, x)| x.clone()).unwrap_or_default();
+    let mut speed = probed.map(|(m, _)| m);
     let s = search.settings();
     let rules = candidates(&full_cap, &partial_cap, full).into_iter().map(|(l, x)| (l, Split::new(&x)));
     let mut todo: Vec<Labelled> = rules.collect();
@@ -554,19 +564,20 @@ pub fn split_stage(
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
         o.llama_cpp_args = flags(ngl, &Split::new(&[]), s, t.result.spec.placement.n_threads, inp);
-        if let (Some(m), Some(l)) = (&speed, &by_bytes) {
+        if let (Some(m), Some(l)) = (&speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
         }
         found.options.push(o);
     }
     if let Some(m) = &speed {
-        for o in found.options.iter_mut().filter(|o| !o.tensor_split.is_empty()) {
+        for o in found.options.iter_mut().filter(|o| !o.tensor_split.is_empty() && !inputs.contains(&split_of(o))) {
             let (tg, pp) = m.predict(&split_of(o));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
         }
         found.crossing_tg_ms = Some(m.crossing_tg_ms);
     }
+    found.speed = speed;
     choose(&mut found, s);
     Ok(found)
 }
@@ -678,7 +689,11 @@ pub fn against_llama(
             }
         }
         let tensor_split = if layers.len() > 1 || inp.devs.len() == 1 { layers } else { Vec::new() };
-        out.push(SplitComparison { against: label, tensor_split, result: r });
+        // What the devices' speeds said of a split of llama.cpp's with proportions, before it ran.
+        let predicted_tg_ts =
+            found.speed.as_ref().filter(|_| !tensor_split.is_empty()).map(|m| m.predict(&Split::new(&tensor_split)).0);
+        let tg_ts = super::baseline::paired_mean(&search.trials, theirs, false);
+        out.push(SplitComparison { against: label, tensor_split, predicted_tg_ts, tg_ts, result: r });
     }
     if let Some((label, theirs)) = switch {
         recommend_paired(search, found, inp, &label, theirs);
@@ -1145,10 +1160,8 @@ mod tests {
             found.options.iter().map(|o| (o.tensor_split.clone(), o.measured)).collect();
         assert!(listed.contains(&(vec![9, 12], false)), "priced, not measured: {listed:?}");
         assert_eq!(best.accounted_bytes, best.predicted_bytes);
-        for o in found.options.iter().filter(|o| !o.tensor_split.is_empty() && o.measured) {
-            let (p, m) = (o.predicted_tg_ts.unwrap(), o.tg_ts.unwrap());
-            assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
-        }
+        // The probes are the model's inputs: no prediction of their own.
+        assert!(found.options.iter().filter(|o| o.label.starts_with("probe")).all(|o| o.predicted_tg_ts.is_none()));
         // D1 costs 25 MB more at 12 layers than the probes said: [9, 12]
         // is over its cap, loses the layers that covers, and is priced as [9, 9].
         let (found, _) = split_world(25_000_000);
@@ -1202,25 +1215,19 @@ mod tests {
         };
         found.against = against_llama(&mut search, &mut found, &inp, Some(&fit)).unwrap();
         drop(search);
-        // D0 (11 layers in the default) is the leader: D1 is probed with the output alone on D0
-        // (listed last: --device D1,D0), then the fastest predicted with every layer offloaded.
+        // D0 (11 layers in the default) leads, D1 (10) is solved from it: only D0 is probed (it cannot
+        // hold all 21 layers: alone with the rest on the CPU, beside every layer on the CPU), then the
+        // fastest predicted with every layer offloaded.
         let stage: Vec<Vec<u32>> = world.measured[..4].to_vec();
-        assert_eq!(
-            stage,
-            [vec![21], vec![], vec![1, 13], vec![9, 12]],
-            "3 trials beside the search's: CPU, a probe, the answer"
-        );
-        let probe = found.options.iter().find(|o| o.label.starts_with("probe")).unwrap();
-        assert_eq!(probe.order, [1, 0]);
-        assert!(
-            probe.llama_cpp_args.contains("--device D1,D0") && probe.llama_cpp_args.contains("-ts 13,1"),
-            "{}",
-            probe.llama_cpp_args
-        );
+        assert_eq!(stage, [vec![21], vec![], vec![10, 0], vec![9, 12]], "3 trials beside the search's");
         let best = &found.options[found.best.unwrap()];
         assert_eq!((best.tensor_split.clone(), best.n_gpu_layers), (vec![9, 12], 21));
-        // Every measured split was predicted: 20 ms a token on the CPU, +1 ms a layer on D0, -0.5 on D1.
-        for o in found.options.iter().filter(|o| o.measured && o.n_gpu_layers > 0) {
+        // Every measured split beyond the model's inputs (the probe, the default) was predicted:
+        // 20 ms a token on the CPU, +1 ms a layer on D0, -0.5 on D1.
+        let predicted: Vec<&SplitOption> =
+            found.options.iter().filter(|o| o.measured && o.predicted_tg_ts.is_some()).collect();
+        assert_eq!(predicted.iter().map(|o| o.tensor_split.clone()).collect::<Vec<_>>(), [vec![9, 12]]);
+        for o in predicted {
             let (p, m) = (o.predicted_tg_ts.unwrap(), o.tg_ts.unwrap());
             assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
         }
@@ -1232,5 +1239,41 @@ mod tests {
         assert!((a[0].result.tg_ratio.unwrap() - 26.0 / 23.0).abs() < 1e-3, "{:?}", a[0]);
         assert!((a[1].result.tg_ratio.unwrap() - 24.5 / 23.0).abs() < 1e-3, "{:?}", a[1]);
         assert_eq!(a[1].tensor_split, [10, 11]);
+    }
+
+    #[test]
+    fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
+        let s = crate::tune::worlds::settings();
+        let devs = caps(&[1, 1]);
+        let rpc = ["10.0.0.2:50052".to_string()];
+        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &rpc, op_offload: true, output_layers: 1.0 };
+        // 13 layers on D1 first, the output's layer on D0 last.
+        let split = Split::ordered(&[1, 13], &[1, 0]);
+        let o = option_of("x", &split, vec![0, 0], None, &s, &inp);
+        assert_eq!((o.tensor_split.clone(), o.order.clone()), (vec![1, 13], vec![1, 0]));
+        assert!(
+            o.llama_cpp_args.contains("--device D1,D0") && o.llama_cpp_args.contains("-ts 13,1"),
+            "{}",
+            o.llama_cpp_args
+        );
+        assert_eq!(split_of(&o), split);
+        let back = crate::llama_args::parse_placement(&o.llama_cpp_args).unwrap();
+        assert_eq!((back.devices, back.tensor_split), (vec!["D1".to_string(), "D0".to_string()], vec![13, 1]));
+        let c = Candidate { split, ..Candidate::layers(14, 2) };
+        let names = ["D0".to_string(), "D1".to_string()];
+        let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, None);
+        assert_eq!(
+            (spec.placement.devices.clone(), spec.placement.tensor_split.clone()),
+            (names.iter().rev().cloned().collect(), vec![13, 1])
+        );
+        assert!(c.is(&spec));
+        let base = crate::tune::worlds::recommendation();
+        let r = recommendation(&base, &o, &devs, &rpc);
+        assert_eq!(
+            (r.devices.clone(), r.tensor_split.clone()),
+            (vec!["D1".to_string(), "D0".to_string()], vec![13, 1])
+        );
+        assert!(r.llama_cpp_args.contains("--device D1,D0"), "{}", r.llama_cpp_args);
+        assert!(r.placement().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
     }
 }
