@@ -129,6 +129,8 @@ pub struct Row {
     pub split_mode: &'static str,
     pub main_gpu: u32,
     pub tensor_split: String,
+    /// llama-bench's `devices`: the offload devices in order ("auto": llama.cpp's own).
+    pub devices: String,
     /// llama-bench's `--rpc` servers ("": none).
     pub rpc: String,
     pub flash_attn: i8,
@@ -256,6 +258,7 @@ fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -
         split_mode: s.placement.split_mode.as_str(),
         main_gpu: s.placement.main_gpu,
         tensor_split: tensor_split_field(&s.placement.tensor_split),
+        devices: if s.placement.devices.is_empty() { "auto".into() } else { s.placement.devices.join("/") },
         rpc: s.placement.rpc.join(","),
         flash_attn: r.flash_attn.value(),
         use_mmap: true,
