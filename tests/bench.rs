@@ -178,6 +178,11 @@ fn bad_workload_options_exit_2() {
     assert_bad_input(&run(&["bench", m, "-ngl", "10-"]), "has no end");
     assert_bad_input(&run(&["bench", m, "-ngl", "5-1"]), "ends before it starts");
     assert_bad_input(&run(&["bench", m, "-ngl", "a"]), "not a number");
+    // A device llama.cpp does not have here: named, with the ones it has.
+    assert_bad_input(
+        &run(&["bench", m, "--llama-args", "--device Nope7 -ngl 3", "-p", "0", "-n", "1"]),
+        "Nope7 is not one",
+    );
     let usage = run(&["bench", m, "-o", "xml"]);
     assert_eq!(usage.status.code(), Some(2));
 }

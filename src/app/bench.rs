@@ -74,6 +74,21 @@ fn first_trial_says(info: &ModelInfo, r: &crate::types::TrialResult) -> Result<(
     if r.status != crate::types::TrialStatus::Failed || !why.starts_with("model load failed") {
         return Ok(());
     }
+    let p = &r.spec.placement;
+    let offload: Vec<&str> = r.devices.iter().filter(|d| d.is_offload_target()).map(|d| d.name.as_str()).collect();
+    if let Some(d) = p.devices.iter().find(|d| !offload.contains(&d.as_str())) {
+        let here = if offload.is_empty() { "none".to_string() } else { offload.join(", ") };
+        return Err(crate::error::bad(format!(
+            "--device {}: {d} is not one of llama.cpp's offload devices here ({here}); name them as `ngl-tune hw` lists them",
+            p.devices.join(",")
+        )));
+    }
+    if let Some(dev) = why.split("device ").nth(1).and_then(|x| x.strip_suffix(" does not support split buffers")) {
+        return Err(crate::error::bad(format!(
+            "-sm {}: {dev} does not support split buffers (row splits need CUDA or SYCL); use -sm layer",
+            p.split_mode.as_str()
+        )));
+    }
     let arch = why.contains("unknown model architecture");
     Err(crate::engine::child::cannot_load(info, why, arch))
 }

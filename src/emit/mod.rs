@@ -434,6 +434,8 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let option = |split: Vec<u32>, tg: f64| SplitOption {
+            kv_type: crate::types::KvType::F16,
+            quality: None,
             order: Vec::new(),
             label: String::new(),
             n_gpu_layers: 19,

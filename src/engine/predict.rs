@@ -161,6 +161,9 @@ pub struct PredictSpec {
     /// once and added to every prediction on the device it loads on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<PathBuf>,
+    /// The split mode of `splits` (`-sm`): llama.cpp's default, layer.
+    #[serde(default)]
+    pub split_mode: crate::types::SplitMode,
 }
 
 /// What a projector adds, as mtmd's dry run reports it: per buffer type,
@@ -289,6 +292,7 @@ fn predict_one(
         n_cpu_moe: c.n_cpu_moe,
         tensor_split: split.to_vec(),
         devices: devices.to_vec(),
+        split_mode: if split.is_empty() { crate::types::SplitMode::Layer } else { spec.split_mode },
         ..crate::types::Placement::default()
     };
     let params = super::placement::ModelParams::of(&placement);
@@ -314,7 +318,7 @@ fn predict_one(
     let log = super::logs::take();
     let error = match rc {
         0 => None,
-        1 => Some(format!("dry-run model load failed: {}", last_line(&log))),
+        1 => Some(format!("dry-run model load failed: {}", load_error(&log))),
         _ => Some(format!("dry-run context creation failed: {}", last_line(&log))),
     };
     if error.is_none() {
@@ -333,6 +337,15 @@ fn predict_one(
         split: split.to_vec(),
         devices: devices.to_vec(),
     }
+}
+
+/// Why llama.cpp could not load the model: its "error loading model" line
+/// where it wrote one (the last line is a generic "failed to load model").
+fn load_error(log: &str) -> String {
+    log.lines()
+        .rev()
+        .find_map(|l| l.split("error loading model: ").nth(1))
+        .map_or_else(|| last_line(log), |e| e.trim().to_string())
 }
 
 fn last_line(log: &str) -> String {

@@ -756,6 +756,13 @@ pub struct SplitOption {
     pub recommended: bool,
     pub note: String,
     pub llama_cpp_args: String,
+    /// The KV cache type of both caches (a q8_0 cache where it lets more
+    /// layers onto the faster devices); absent: f16.
+    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
+    pub kv_type: KvType,
+    /// A quantized cache's quality against f16, where measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<crate::types::Quality>,
     /// The rates each device's measured speed predicts for this split
     /// (`tune::speed`), where the probes ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -784,6 +791,10 @@ pub struct SplitReport {
     /// default split and with its fit for the same caps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub against: Vec<SplitComparison>,
+    /// What llama.cpp's dry run says of split modes row and tensor for the
+    /// recommended split (priced, not measured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split_modes: Vec<String>,
 }
 
 /// The recommended split paired with one of llama.cpp's.

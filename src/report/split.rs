@@ -100,6 +100,9 @@ pub fn split_lines(c: &ContextPlacement, r: &SplitReport) -> String {
 fn against_lines(r: &SplitReport) -> String {
     use crate::profile::Verdict;
     let mut s = String::new();
+    for m in &r.split_modes {
+        let _ = writeln!(s, "{m}");
+    }
     if let Some(c) = r.crossing_tg_ms {
         let _ = writeln!(
             s,

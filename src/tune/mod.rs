@@ -414,6 +414,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         default_fit: false,
         kv_type: s.kv_type,
         mmproj: s.mmproj.clone(),
+        split_mode: crate::types::SplitMode::Layer,
     }
 }
 
@@ -429,8 +430,13 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         fit_split_margins,
         ..predict_spec(info, s, sh.op_offload)
     };
-    let mut predict = |splits: &[plan::Split]| {
-        predict_in_child(&sh.exe, &spec(splits, Vec::new())).map(|o| o.splits).unwrap_or_default()
+    let mut predict_kv = |splits: &[plan::Split], kv: crate::types::KvType| {
+        let spec = PredictSpec { kv_type: kv, ..spec(splits, Vec::new()) };
+        predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_default()
+    };
+    let mut predict_mode = |splits: &[plan::Split], split_mode: crate::types::SplitMode| {
+        let spec = PredictSpec { split_mode, ..spec(splits, Vec::new()) };
+        predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_default()
     };
     let inp = split::SplitInputs {
         devs: &sh.opts.caps,
@@ -450,7 +456,13 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
             ..split::SplitFound::default()
         });
     }
-    let mut found = split::split_stage(search, &inp, &mut predict)?;
+    let kv = s.kv_type;
+    let mut found = split::split_stage(search, &inp, &mut |x: &[plan::Split]| predict_kv(x, kv))?;
+    // A quantized cache's quality does not depend on where the layers run:
+    // scored with every layer on this CPU (the scoring child has no RPC servers).
+    let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload);
+    split::kv_hatch(search, &inp, &mut found, &mut predict_kv, &mut assess)?;
+    found.split_modes = split::split_modes(&found, &sh.opts.caps, &mut predict_mode);
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
     let fit = predict_in_child(&sh.exe, &spec(&[], margins)).ok().and_then(|o| o.llama_fit_split);
     found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;

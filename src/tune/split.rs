@@ -195,6 +195,8 @@ pub struct SplitFound {
     pub against: Vec<crate::profile::SplitComparison>,
     /// Each device's speed, as the stage solved it.
     pub speed: Option<SpeedModel>,
+    /// What llama.cpp's dry run says of the other split modes ([`split_modes`]).
+    pub split_modes: Vec<String>,
 }
 
 /// The offload devices' names, in llama.cpp's order.
@@ -596,6 +598,136 @@ fn split_list(l: &[u32]) -> String {
     l.iter().map(u32::to_string).collect::<Vec<_>>().join(" + ")
 }
 
+/// Prices splits with a KV cache type.
+pub type KvPricer<'a> = dyn FnMut(&[Split], crate::types::KvType) -> Vec<Prediction> + 'a;
+
+/// The escape hatch with several devices: a q8_0 KV cache (half an f16
+/// cache's bytes per token) where it lets more layers onto the faster
+/// devices. Each device's capacity is priced again with that cache (two dry
+/// runs), the fastest split by each device's speed under those capacities
+/// is priced exactly and, where it differs from every split measured and is
+/// predicted faster than the recommendation, measured once, and the
+/// cache's quality against f16 measured (`assess`, as for one device: it
+/// does not depend on where the layers run). It is recommended only where
+/// its quality passes the gate and it is faster than the best lossless
+/// split by [`LOSSY_MARGIN`]. Not where the consumer's server fixes the
+/// cache type.
+///
+/// # Errors
+/// What the executor or `assess` returns (an interrupt).
+pub fn kv_hatch(
+    search: &mut Search<'_>,
+    inp: &SplitInputs<'_>,
+    found: &mut SplitFound,
+    predict: &mut KvPricer<'_>,
+    assess: &mut dyn FnMut(crate::types::KvType) -> Result<Option<crate::types::Quality>>,
+) -> Result<()> {
+    use crate::types::KvType;
+    let s = search.settings();
+    let (Some(m), Some(best)) = (found.speed.clone(), found.best.map(|i| found.options[i].clone())) else {
+        return Ok(());
+    };
+    if s.kv_type.is_quantized() {
+        return Ok(());
+    }
+    let (devs, full) = (inp.devs, inp.full);
+    let even = proportional(full, &vec![full; devs.len()]);
+    let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
+    let q8 = KvType::Q8_0;
+    let dry = predict(&[Split::new(&even), Split::new(&half)], q8);
+    if dry.len() < 2 || dry.iter().any(|p| p.error.is_some()) {
+        return Ok(());
+    }
+    let cost = costs((&even, &parts(&dry[0], devs)), (&half, &parts(&dry[1], devs)));
+    let cap_at =
+        |f: bool| -> Vec<u32> { cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, f, full)).collect() };
+    let best_score =
+        crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, best.tg_ts, best.pp_ts).unwrap_or(0.0);
+    let todo: Vec<Labelled> = speed_candidates(&m, s, full, &cap_at(true), &cap_at(false))
+        .into_iter()
+        .filter(|(_, x)| !found.options.iter().any(|o| o.measured && split_of(o).layers() == x.layers()))
+        .filter(|(_, x)| predicted_score(&m, s, x) > best_score)
+        .map(|(_, x)| ("q8_0 KV cache: more layers on the faster devices".to_string(), x))
+        .collect();
+    let Some((label, split, p)) = price_all(todo, &mut |x: &[Split]| predict(x, q8), devs, &cost).into_iter().next()
+    else {
+        return Ok(());
+    };
+    let ngl: u32 = split.layers().iter().sum();
+    let c = Candidate { split, kv: q8, ..Candidate::layers(ngl, inp.threads) };
+    let race = search.race();
+    let t = search.measure(Role::Hatch, c, Some(race))?.clone();
+    let quality = if t.result.status == TrialStatus::Ok { assess(q8)? } else { None };
+    let mut o = option_of(&label, &split, per_device(&p, devs), Some(&t), s, inp);
+    o.kv_type = q8;
+    o.quality = quality;
+    o.llama_cpp_args = crate::types::Placement::default()
+        .with_layers(ngl, t.result.spec.placement.n_threads, Some(s.n_ctx))
+        .with_op_offload(inp.op_offload)
+        .with_kv(q8)
+        .with_split(&split.listed(), inp.rpc)
+        .with_devices(&split.device_names(&names(devs)))
+        .flags();
+    let (tg, pp) = m.predict(&split);
+    (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
+    found.options.push(o);
+    // Chosen again: the notes that compared with the last recommendation go.
+    for x in &mut found.options {
+        if x.note.ends_with("against the recommendation") {
+            x.note.clear();
+        }
+    }
+    choose(found, s);
+    Ok(())
+}
+
+/// The split modes beside layer for the recommended split, in words: row
+/// (each matrix's rows across the devices; llama.cpp needs a backend with
+/// split buffers, CUDA or SYCL) and tensor (every weight and the KV cache
+/// across the devices, llama.cpp's experimental meta device), each priced
+/// by llama.cpp's dry run with the recommended proportions: what it says
+/// (it refuses, or what it would allocate against the caps). Priced, not
+/// measured. Where the answer holds layers on one device, there is nothing
+/// to split.
+pub fn split_modes(
+    found: &SplitFound,
+    devs: &[DeviceCap],
+    predict: &mut dyn FnMut(&[Split], crate::types::SplitMode) -> Vec<Prediction>,
+) -> Vec<String> {
+    use crate::types::SplitMode;
+    let Some(best) = found.best.map(|i| &found.options[i]) else { return Vec::new() };
+    let used = best.tensor_split.iter().filter(|l| **l > 0).count();
+    if used < 2 {
+        return vec!["split modes row and tensor: not priced, the answer holds layers on one device".into()];
+    }
+    [SplitMode::Row, SplitMode::Tensor]
+        .into_iter()
+        .map(|mode| {
+            let p = predict(&[split_of(best)], mode).into_iter().next();
+            let said = match p {
+                None => "no answer from llama.cpp's dry run".to_string(),
+                Some(p) => match &p.error {
+                    Some(e) => format!("llama.cpp refuses it: {}", e.split(": ").last().unwrap_or(e)),
+                    None if p.buffers.iter().any(|b| b.buffer_type.starts_with("Meta")) => {
+                        let total: u64 = p.per_device().iter().map(|(_, b)| *b).sum();
+                        format!(
+                            "priced {} on llama.cpp's meta device (not told per device); not measured",
+                            crate::model::human_bytes(total)
+                        )
+                    }
+                    None => {
+                        let bytes = per_device(&p, devs);
+                        let mem: Vec<String> = bytes.iter().map(|b| crate::model::human_bytes(*b)).collect();
+                        let under = if fits(&bytes, devs) { "under every cap" } else { "over a device's cap" };
+                        format!("priced {} ({under}); not measured", mem.join(" / "))
+                    }
+                },
+            };
+            format!("split mode {} with these proportions: {said}", mode.as_str())
+        })
+        .collect()
+}
+
 /// llama.cpp's fit for the caps as a candidate split: its layers (-1:
 /// every layer) and its proportions as whole layers per device (none: its
 /// default split by free memory).
@@ -644,7 +776,7 @@ pub fn against_llama(
     let mine = if best.tensor_split.is_empty() {
         Candidate::layers(best.n_gpu_layers, threads)
     } else {
-        Candidate { split: split_of(&best), ..Candidate::layers(best.n_gpu_layers, threads) }
+        Candidate { split: split_of(&best), kv: best.kv_type, ..Candidate::layers(best.n_gpu_layers, threads) }
     };
     let mut sides: Vec<(String, Vec<u32>)> =
         vec![("llama.cpp's default split (by free memory)".into(), vec![best.n_gpu_layers])];
@@ -781,6 +913,8 @@ fn option_of(
         recommended: false,
         note,
         llama_cpp_args: flags(ngl, split, s, threads, inp),
+        kv_type: crate::types::KvType::F16,
+        quality: None,
         predicted_tg_ts: None,
         predicted_pp_ts: None,
     }
@@ -797,13 +931,27 @@ fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
 pub fn choose(found: &mut SplitFound, s: &Settings) {
     let score = |o: &SplitOption| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts);
     let most = found.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
-    let best = found
-        .options
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| o.measured && o.fits && eligible(s, most, o.n_gpu_layers))
-        .filter_map(|(i, o)| score(o).map(|v| (i, v)))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let lossy = |o: &SplitOption| o.kv_type.is_quantized();
+    let gate = |o: &SplitOption| match &o.quality {
+        None => Some("quality not measured: not recommended blind".to_string()),
+        Some(q) => q.fails(s.max_kl, s.min_top1),
+    };
+    let ok =
+        |o: &SplitOption| o.measured && o.fits && eligible(s, most, o.n_gpu_layers) && (!lossy(o) || gate(o).is_none());
+    let best_of = |lossless: bool| {
+        found
+            .options
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| ok(o) && !(lossless && lossy(o)))
+            .filter_map(|(i, o)| score(o).map(|v| (i, v)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    };
+    // A lossy cache only where it pays: faster than the best lossless split by LOSSY_MARGIN.
+    let best = match (best_of(false), best_of(true)) {
+        (Some((i, v)), Some(l)) if lossy(&found.options[i]) && v < l.1 * (1.0 + LOSSY_MARGIN) => Some(l),
+        (b, _) => b,
+    };
     found.best = best.map(|(i, _)| i);
     let Some((bi, bv)) = best else {
         found.notes.push(crate::types::Note::over_cap("no measured split stays under every device's cap"));
@@ -811,13 +959,21 @@ pub fn choose(found: &mut SplitFound, s: &Settings) {
     };
     for (i, o) in found.options.iter_mut().enumerate() {
         o.recommended = i == bi;
-        if i != bi && o.note.is_empty() {
-            if let Some(v) = score(o) {
-                o.note = format!("{:+.0}% against the recommendation", (v / bv - 1.0) * 100.0);
-            }
+        if i == bi || !o.note.is_empty() {
+            continue;
+        }
+        let failed = if lossy(o) && o.measured { gate(o) } else { None };
+        if let Some(why) = failed {
+            o.note = why;
+        } else if let Some(v) = score(o) {
+            o.note = format!("{:+.0}% against the recommendation", (v / bv - 1.0) * 100.0);
         }
     }
 }
+
+/// How much faster than the best lossless split a quantized KV cache's
+/// must measure to be recommended.
+pub const LOSSY_MARGIN: f64 = 0.05;
 
 /// Each device's share of the recommended option.
 #[must_use]
@@ -868,6 +1024,8 @@ pub fn report(
         recommended: false,
         note: String::new(),
         llama_cpp_args: String::new(),
+        kv_type: crate::types::KvType::F16,
+        quality: None,
         predicted_tg_ts: None,
         predicted_pp_ts: None,
     };
@@ -890,6 +1048,7 @@ pub fn report(
             .collect(),
         crossing_tg_ms: found.crossing_tg_ms,
         against: found.against.clone(),
+        split_modes: found.split_modes.clone(),
     }
 }
 
@@ -902,7 +1061,7 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     r.n_gpu_layers = o.n_gpu_layers;
     r.n_cpu_moe = 0;
     r.n_cpu_ffn = 0;
-    r.kv_type = crate::types::KvType::F16;
+    r.kv_type = o.kv_type;
     let split = split_of(o);
     r.tensor_split = split.listed();
     r.devices = split.device_names(&names(devs));
@@ -1030,6 +1189,8 @@ mod tests {
     fn the_fastest_split_under_every_cap_is_recommended() {
         let s = crate::tune::worlds::settings();
         let o = |tg: f64, fits: bool, measured: bool| SplitOption {
+            kv_type: crate::types::KvType::F16,
+            quality: None,
             order: Vec::new(),
             label: "x".into(),
             n_gpu_layers: 41,
@@ -1065,7 +1226,13 @@ mod tests {
     /// 20 MB at full offload, 8 MB at partial. `extra_d1` is what the dry
     /// run adds on D1 beyond that line (a cost the two probes missed).
     fn split_prediction(split: &[u32], extra_d1: u64) -> Prediction {
+        split_prediction_kv(split, extra_d1, crate::types::KvType::F16)
+    }
+
+    /// As [`split_prediction`], a layer 8 MB with a q8_0 KV cache (its cache half the size).
+    fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::types::KvType) -> Prediction {
         let mb = 1_000_000u64;
+        let per = if kv.is_quantized() { 8 } else { 10 };
         let full = split.iter().sum::<u32>() == 21;
         let buf = |name: &str, model: u64, compute: u64| crate::engine::predict::PredictedBuffer {
             buffer_type: name.into(),
@@ -1080,8 +1247,8 @@ mod tests {
             device_bytes: 0,
             device_model_bytes: 0,
             buffers: vec![
-                buf("D0", u64::from(split[0]) * 10 * mb, 5 * mb),
-                buf("D1", u64::from(split[1]) * 10 * mb + 10 * mb + d1_extra, if full { 20 * mb } else { 8 * mb }),
+                buf("D0", u64::from(split[0]) * per * mb, 5 * mb),
+                buf("D1", u64::from(split[1]) * per * mb + 10 * mb + d1_extra, if full { 20 * mb } else { 8 * mb }),
             ],
             error: None,
             case: None,
@@ -1109,7 +1276,7 @@ mod tests {
             let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, race);
             let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
             r.reason = None;
-            for b in split_prediction(&split, self.extra_d1).buffers {
+            for b in split_prediction_kv(&split, self.extra_d1, c.kv).buffers {
                 let bytes = b.model + b.compute;
                 r.model_buffers.push(BufferLine { buffer_type: b.buffer_type, kind: "model".into(), bytes });
             }
@@ -1275,5 +1442,98 @@ mod tests {
         );
         assert!(r.llama_cpp_args.contains("--device D1,D0"), "{}", r.llama_cpp_args);
         assert!(r.placement().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
+    }
+
+    /// The fixed world of the test above, then the q8_0 hatch with a cache
+    /// of this quality (KL divergence 0.002 passes the default gate, 0.5 not).
+    fn with_kv_hatch(kl: f64) -> (SplitFound, Vec<Vec<u32>>) {
+        let mut s = crate::tune::worlds::settings();
+        s.grid = Some(vec![21]);
+        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new() };
+        let policy = crate::tune::worlds::policy(255e6);
+        let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
+        search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
+        let mb = 1_000_000u64;
+        let devs = caps(&[105 * mb, 150 * mb]);
+        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
+        let mut predict = |x: &[Split], kv: crate::types::KvType| -> Vec<Prediction> {
+            x.iter().map(|s| split_prediction_kv(&s.layers(), 0, kv)).collect()
+        };
+        let mut found =
+            split_stage(&mut search, &inp, &mut |x: &[Split]| predict(x, crate::types::KvType::F16)).unwrap();
+        let quality = crate::types::Quality {
+            kl_mean: kl,
+            kl_p99: kl * 5.0,
+            top1_agree: 0.99,
+            tokens: 512,
+            reference: "f16 KV cache".into(),
+            non_finite: 0,
+            depth: 0,
+        };
+        let mut assess = |_| Ok(Some(quality.clone()));
+        kv_hatch(&mut search, &inp, &mut found, &mut predict, &mut assess).unwrap();
+        drop(search);
+        (found, world.measured)
+    }
+
+    #[test]
+    fn a_q8_0_cache_is_measured_where_it_lets_more_layers_onto_the_fast_device() {
+        // With a q8_0 cache a layer takes 8 MB: D1 holds 15 at full offload, 3 more than with f16.
+        let (found, measured) = with_kv_hatch(0.002);
+        assert_eq!(measured.last(), Some(&vec![6, 15]), "{measured:?}");
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![6, 15], crate::types::KvType::Q8_0));
+        // 20 + 6 - 7.5 = 18.5 ms a token, as predicted, against 23 for the f16 split.
+        let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
+        assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 18.5).abs() < 0.5, "{p} {m}");
+        assert!(best.fits && best.llama_cpp_args.contains("-ctk q8_0 -ctv q8_0 -fa on"), "{}", best.llama_cpp_args);
+        let devs = caps(&[105_000_000, 150_000_000]);
+        let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
+        assert_eq!(r.kv_type, crate::types::KvType::Q8_0);
+        // A cache whose quality fails the gate is measured, not recommended.
+        let (found, _) = with_kv_hatch(0.5);
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![9, 12], crate::types::KvType::F16));
+        let q8 = found.options.iter().find(|o| o.kv_type.is_quantized()).unwrap();
+        assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
+    }
+
+    #[test]
+    fn split_modes_row_and_tensor_are_priced_and_said_in_llama_cpps_words() {
+        use crate::types::SplitMode;
+        let (mut found, _) = with_kv_hatch(0.5);
+        let devs = caps(&[105_000_000, 150_000_000]);
+        let mut asked = Vec::new();
+        let mut predict = |x: &[Split], mode: SplitMode| {
+            asked.push((x[0].layers(), mode));
+            let mut p = split_prediction(&x[0].layers(), 0);
+            match mode {
+                SplitMode::Row => {
+                    p.error = Some("dry-run model load failed: device D0 does not support split buffers".into())
+                }
+                _ => {
+                    p.buffers = vec![crate::engine::predict::PredictedBuffer {
+                        buffer_type: "Meta()".into(),
+                        is_host: false,
+                        model: 200 << 20,
+                        context: 0,
+                        compute: 0,
+                    }]
+                }
+            }
+            vec![p]
+        };
+        let said = split_modes(&found, &devs, &mut predict);
+        assert_eq!(asked, [(vec![9, 12], SplitMode::Row), (vec![9, 12], SplitMode::Tensor)]);
+        assert!(said[0].contains("row") && said[0].contains("does not support split buffers"), "{said:?}");
+        assert!(said[1].contains("tensor") && said[1].contains("200.00 MiB on llama.cpp's meta device"), "{said:?}");
+        // One device holds the answer: nothing to split.
+        let one = found
+            .options
+            .iter()
+            .position(|o| o.measured && o.tensor_split.iter().filter(|l| **l > 0).count() == 1)
+            .unwrap();
+        found.best = Some(one);
+        assert!(split_modes(&found, &devs, &mut |_, _| unreachable!())[0].contains("one device"));
     }
 }
