@@ -160,6 +160,34 @@ pub fn from_env(vars: &[(String, String)]) -> Result<LlamaArgs, String> {
     })
 }
 
+/// `--device A,B`: names as llama.cpp's `--list-devices` gives them.
+fn device_list(flag: &str, v: &str) -> Result<Vec<String>, String> {
+    let names: Vec<String> = v.split(',').map(|d| d.trim().to_string()).collect();
+    if names.iter().any(String::is_empty) {
+        return Err(format!("{flag} needs device names like Vulkan0,RPC0 (llama.cpp --list-devices)"));
+    }
+    if names == ["none"] {
+        return Err(format!("{flag} none: ngl-tune runs every layer on the CPU with -ngl 0"));
+    }
+    Ok(names)
+}
+
+/// `-ts a,b` (or `a/b`) as whole layers per device.
+fn layer_split(flag: &str, v: &str) -> Result<Vec<u32>, String> {
+    let split: Vec<u32> = v
+        .split([',', '/'])
+        .map(|p| {
+            p.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{flag} '{p}': ngl-tune runs whole layers per device (like 20,21)"))
+        })
+        .collect::<Result<_, _>>()?;
+    if split.len() > 15 {
+        return Err(format!("{flag}: llama.cpp takes at most 15 proportions"));
+    }
+    Ok(split)
+}
+
 fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
     let mut a = LlamaArgs::default();
     let (mut k, mut v) = (None, None);
@@ -211,31 +239,9 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
                 a.rpc = Some(crate::rpc::parse_list(value()?).map_err(|e| e.to_string())?);
             }
             // common/arg.cpp's parse_device_list: names split at ','; "none" offloads nothing.
-            "-dev" | "--device" => {
-                let names: Vec<String> = value()?.split(',').map(|d| d.trim().to_string()).collect();
-                if names.iter().any(String::is_empty) {
-                    return Err(format!("{flag} needs device names like Vulkan0,RPC0 (llama.cpp --list-devices)"));
-                }
-                if names == ["none"] {
-                    return Err(format!("{flag} none: ngl-tune runs every layer on the CPU with -ngl 0"));
-                }
-                a.devices = Some(names);
-            }
+            "-dev" | "--device" => a.devices = Some(device_list(flag, value()?)?),
             // common/arg.cpp splits -ts at ',' or '/'; ngl-tune measures whole layers per device.
-            "-ts" | "--tensor-split" => {
-                let split: Vec<u32> = value()?
-                    .split([',', '/'])
-                    .map(|p| {
-                        p.trim()
-                            .parse::<u32>()
-                            .map_err(|_| format!("{flag} '{p}': ngl-tune runs whole layers per device (like 20,21)"))
-                    })
-                    .collect::<Result<_, _>>()?;
-                if split.len() > 15 {
-                    return Err(format!("{flag}: llama.cpp takes at most 15 proportions"));
-                }
-                a.tensor_split = Some(split);
-            }
+            "-ts" | "--tensor-split" => a.tensor_split = Some(layer_split(flag, value()?)?),
             "-sm" | "--split-mode" => {
                 a.split_mode = Some(match value()?.as_str() {
                     "none" => SplitMode::None,

@@ -200,12 +200,19 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     search.progress.plan(u64::from(2 * PAIRS));
     // This comparison's trials only (the same side may be paired with another before).
     let start = search.trials.len();
+    // A side that crashed (an RPC server that died and came back, say) runs once more.
+    let measure = |search: &mut Search<'_>, c: Candidate, race: Option<crate::types::Race>| -> Result<()> {
+        if search.measure(Role::Paired, c, race)?.result.status == TrialStatus::Crashed {
+            search.measure(Role::Paired, c, race)?;
+        }
+        Ok(())
+    };
     for _ in 0..PAIRS {
-        search.measure(Role::Paired, mine, None)?;
+        measure(search, mine, None)?;
         // The other side far behind is cut short inside its first
         // repetition, as the search races: its verdict is clear at once.
         let race = race_against(&search.trials[start..], mine, s);
-        search.measure(Role::Paired, theirs, race)?;
+        measure(search, theirs, race)?;
     }
     out.pairs = PAIRS;
     let trials = &search.trials[start..];

@@ -484,52 +484,90 @@ pub fn split_stage(
     let mut priced = price_all(todo, predict, devs, &cost);
     priced.retain(|(_, x, _)| !found.options.iter().any(|o| split_of(o) == *x));
     search.predicted.extend(priced.iter().map(|(_, _, p)| p.clone()));
-    let mut trials: Vec<Option<crate::profile::ProfileTrial>> = vec![None; priced.len()];
-    let defaults = default_splits(search, devs, &cost, full);
-    let mut measured: Vec<Measured> = defaults.clone();
-    // llama.cpp's default splits that stayed under every cap, by the objective.
-    let default_scores: Vec<f64> = search
-        .trials
-        .iter()
-        .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok)
-        .filter(|t| t.result.spec.placement.tensor_split.is_empty())
-        .filter(|t| eligible(s, full, t.result.spec.placement.n_gpu_layers))
-        .filter(|t| fits(&accounted(&t.result, devs), devs))
-        .filter_map(|t| {
-            let (tg, pp) = rates(t);
-            crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp)
-        })
-        .collect();
-    for round in 0..priced.len() {
-        let next = match &speed {
-            None => Some(round),
-            Some(m) if round < MEASURED_BY_SPEED => {
-                let score = |tg, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
-                let ok = |ngl: u32| eligible(s, full, ngl);
-                let best_measured = found
-                    .options
-                    .iter()
-                    .filter(|o| o.measured && o.fits && ok(o.n_gpu_layers))
-                    .filter_map(|o| score(o.tg_ts, o.pp_ts))
-                    .chain(
-                        measured[defaults.len()..]
-                            .iter()
-                            .filter(|x| ok(x.split.layers().iter().sum()))
-                            .filter_map(|x| score(Some(x.tg_ts), x.pp_ts)),
-                    )
-                    .chain(default_scores.iter().copied())
-                    .fold(0.0, f64::max);
-                (0..priced.len())
-                    .filter(|i| trials[*i].is_none())
-                    .max_by(|a, b| {
-                        predicted_score(m, s, &priced[*a].1).total_cmp(&predicted_score(m, s, &priced[*b].1))
-                    })
-                    .filter(|i| predicted_score(m, s, &priced[*i].1) > best_measured)
+    let trials = measure_by_speed(search, inp, &priced, &cost, speed.as_mut(), &found)?;
+    for ((label, split, p), t) in priced.iter().zip(&trials) {
+        let mut o = option_of(label, split, per_device(p, devs), t.as_ref().map(|(t, _)| t), s, inp);
+        // A measured split's prediction is the one made before it ran.
+        (o.predicted_tg_ts, o.predicted_pp_ts) = match (t, &speed) {
+            (Some((_, before)), _) => (before.map(|b| b.0), before.and_then(|b| b.1)),
+            (None, Some(m)) => {
+                let (tg, pp) = m.predict(split);
+                (Some(tg), pp)
             }
+            (None, None) => (None, None),
+        };
+        if t.is_none() {
+            o.note = "not measured: predicted slower than the ones measured".into();
+        }
+        found.options.push(o);
+    }
+    default_options(search, inp, &cost, speed.as_ref(), &inputs, &mut found);
+    if let Some(m) = &speed {
+        let probes =
+            found.options.iter_mut().filter(|o| o.label.starts_with("probe") && !inputs.contains(&split_of(o)));
+        for o in probes {
+            let (tg, pp) = m.predict(&split_of(o));
+            (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
+        }
+        found.crossing_tg_ms = Some(m.crossing_tg_ms);
+    }
+    found.speed = speed;
+    choose(&mut found, s);
+    Ok(found)
+}
+
+/// A measured split and what was predicted of it (tg, pp) before it ran.
+type MeasuredSplit = (crate::profile::ProfileTrial, Option<(f64, Option<f64>)>);
+
+/// Measures the priced splits: without a speed model, every one; with
+/// it, the fastest predicted while it is predicted faster than every split
+/// measured (of the layer count `--ngl` fixes), at most
+/// [`MEASURED_BY_SPEED`], the boundary cost fitted again after each.
+fn measure_by_speed(
+    search: &mut Search<'_>,
+    inp: &SplitInputs<'_>,
+    priced: &[(String, Split, Prediction)],
+    cost: &[DeviceCost],
+    mut speed: Option<&mut SpeedModel>,
+    found: &SplitFound,
+) -> Result<Vec<Option<MeasuredSplit>>> {
+    let (devs, full) = (inp.devs, inp.full);
+    let s = search.settings();
+    let score = |tg, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
+    let ok = |ngl: u32| eligible(s, full, ngl);
+    let mut trials: Vec<Option<MeasuredSplit>> = vec![None; priced.len()];
+    let mut measured: Vec<Measured> = default_splits(search, devs, cost, full);
+    // What is measured already, under every cap: the probes and llama.cpp's default splits.
+    let mut best = found
+        .options
+        .iter()
+        .filter(|o| o.measured && o.fits && ok(o.n_gpu_layers))
+        .filter_map(|o| score(o.tg_ts, o.pp_ts))
+        .chain(
+            search
+                .trials
+                .iter()
+                .filter(|t| t.is_search() && t.result.status == TrialStatus::Ok)
+                .filter(|t| t.result.spec.placement.tensor_split.is_empty() && ok(t.result.spec.placement.n_gpu_layers))
+                .filter(|t| fits(&accounted(&t.result, devs), devs))
+                .filter_map(|t| {
+                    let (tg, pp) = rates(t);
+                    score(tg, pp)
+                }),
+        )
+        .fold(0.0, f64::max);
+    for round in 0..priced.len() {
+        let next = match speed.as_deref() {
+            None => Some(round),
+            Some(m) if round < MEASURED_BY_SPEED => (0..priced.len())
+                .filter(|i| trials[*i].is_none())
+                .max_by(|a, b| predicted_score(m, s, &priced[*a].1).total_cmp(&predicted_score(m, s, &priced[*b].1)))
+                .filter(|i| predicted_score(m, s, &priced[*i].1) > best),
             Some(_) => None,
         };
         let Some(i) = next else { break };
         let split = priced[i].1;
+        let before = speed.as_deref().map(|m| m.predict(&split));
         let ngl: u32 = split.layers().iter().sum();
         let c = Candidate { split, ..Candidate::layers(ngl, inp.threads) };
         let race = search.race();
@@ -537,26 +575,35 @@ pub fn split_stage(
         if let (Some(tg), pp) = rates(&t) {
             if t.result.status == TrialStatus::Ok {
                 measured.push(Measured { split, tg_ts: tg, pp_ts: pp });
-                if let Some(m) = speed.as_mut() {
+                if ok(ngl) && fits(&accounted(&t.result, devs), devs) {
+                    best = best.max(score(Some(tg), pp).unwrap_or(0.0));
+                }
+                if let Some(m) = speed.as_deref_mut() {
                     m.fit_crossings(&measured);
                 }
             }
         }
-        trials[i] = Some(t);
+        trials[i] = Some((t, before));
     }
-    for ((label, split, p), t) in priced.iter().zip(&trials) {
-        let mut o = option_of(label, split, per_device(p, devs), t.as_ref(), s, inp);
-        if t.is_none() {
-            o.note = "not measured: predicted slower than the ones measured".into();
-        }
-        found.options.push(o);
-    }
-    // llama.cpp's default split at each ngl the search measured (ngl 0: every layer on the CPU).
-    let searched: Vec<_> =
-        search.trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok).cloned().collect();
-    for t in &searched {
+    Ok(trials)
+}
+
+/// llama.cpp's default split at each ngl the search measured (ngl 0:
+/// every layer on the CPU) as options, predicted where the model was not
+/// solved from them.
+fn default_options(
+    search: &Search<'_>,
+    inp: &SplitInputs<'_>,
+    cost: &[DeviceCost],
+    speed: Option<&SpeedModel>,
+    inputs: &[Split],
+    found: &mut SplitFound,
+) {
+    let (devs, full, s) = (inp.devs, inp.full, search.settings());
+    let searched = search.trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok);
+    for t in searched {
         let ngl = t.result.spec.placement.n_gpu_layers;
-        let by_bytes = layers_by_bytes(&accounted(&t.result, devs), &cost, ngl, full).filter(|_| ngl > 0);
+        let by_bytes = layers_by_bytes(&accounted(&t.result, devs), cost, ngl, full).filter(|_| ngl > 0);
         let label = match &by_bytes {
             _ if ngl == 0 => "every layer on the CPU".to_string(),
             Some(l) => format!("llama.cpp's default split (by free memory: {} by its bytes)", split_list(l)),
@@ -566,22 +613,12 @@ pub fn split_stage(
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
         o.llama_cpp_args = flags(ngl, &Split::new(&[]), s, t.result.spec.placement.n_threads, inp);
-        if let (Some(m), Some(l)) = (&speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
+        if let (Some(m), Some(l)) = (speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
         }
         found.options.push(o);
     }
-    if let Some(m) = &speed {
-        for o in found.options.iter_mut().filter(|o| !o.tensor_split.is_empty() && !inputs.contains(&split_of(o))) {
-            let (tg, pp) = m.predict(&split_of(o));
-            (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
-        }
-        found.crossing_tg_ms = Some(m.crossing_tg_ms);
-    }
-    found.speed = speed;
-    choose(&mut found, s);
-    Ok(found)
 }
 
 /// An option's layers and order.
