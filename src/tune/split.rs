@@ -1400,29 +1400,19 @@ mod tests {
     #[test]
     fn beside_llama_cpps_default_split_one_probe_a_device_and_the_answer_is_paired_with_llama_cpps() {
         // --ngl 21; the search measured llama.cpp's default split (11 + 10, over D0's cap).
-        let mut s = crate::tune::worlds::settings();
-        s.grid = Some(vec![21]);
-        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new() };
-        let policy = crate::tune::worlds::policy(255e6);
-        let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
-        search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
-        let mb = 1_000_000u64;
-        let devs = caps(&[105 * mb, 150 * mb]);
-        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
-        let mut predict = |splits: &[Split]| splits.iter().map(|s| split_prediction(&s.layers(), 0)).collect();
-        let mut found = split_stage(&mut search, &inp, &mut predict).unwrap();
         let fit = crate::engine::predict::LlamaFitSplit {
             margins: Vec::new(),
             n_gpu_layers: Some(21),
             tensor_split: vec![10.0, 11.0],
             error: None,
         };
-        found.against = against_llama(&mut search, &mut found, &inp, Some(&fit)).unwrap();
-        drop(search);
+        let (found, measured) = fixed_world(|search, inp, found, _| {
+            found.against = against_llama(search, found, inp, Some(&fit)).unwrap();
+        });
         // D0 (11 layers in the default) leads, D1 (10) is solved from it: only D0 is probed (it cannot
         // hold all 21 layers: alone with the rest on the CPU, beside every layer on the CPU), then the
         // fastest predicted with every layer offloaded.
-        let stage: Vec<Vec<u32>> = world.measured[..4].to_vec();
+        let stage: Vec<Vec<u32>> = measured[..4].to_vec();
         assert_eq!(stage, [vec![21], vec![], vec![10, 0], vec![9, 12]], "3 trials beside the search's");
         let best = &found.options[found.best.unwrap()];
         assert_eq!((best.tensor_split.clone(), best.n_gpu_layers), (vec![9, 12], 21));
@@ -1436,7 +1426,7 @@ mod tests {
             assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
         }
         // Paired with the default split (26 ms a token) and llama.cpp's fit for the caps (10 + 11: 24.5 ms).
-        assert_eq!(world.measured.len(), 4 + 8, "two pairs of two trials against each");
+        assert_eq!(measured.len(), 4 + 8, "two pairs of two trials against each");
         let a = &found.against;
         assert_eq!(a.len(), 2);
         assert!(a.iter().all(|c| c.result.verdict == crate::profile::Verdict::Faster && c.result.pairs == 2));
@@ -1481,9 +1471,12 @@ mod tests {
         assert!(r.placement().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
     }
 
-    /// The fixed world of the test above, then the q8_0 hatch with a cache
-    /// of this quality (KL divergence 0.002 passes the default gate, 0.5 not).
-    fn with_kv_hatch(kl: f64) -> (SplitFound, Vec<Vec<u32>>) {
+    /// --ngl 21 and llama.cpp's default split measured by the search, the
+    /// split stage, then `then` (the search, the inputs, what the stage
+    /// found, a pricer by KV type); what was found and measured.
+    fn fixed_world(
+        then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut KvPricer<'_>),
+    ) -> (SplitFound, Vec<Vec<u32>>) {
         let mut s = crate::tune::worlds::settings();
         s.grid = Some(vec![21]);
         let mut world = SplitWorld { extra_d1: 0, measured: Vec::new() };
@@ -1498,6 +1491,14 @@ mod tests {
         };
         let mut found =
             split_stage(&mut search, &inp, &mut |x: &[Split]| predict(x, crate::types::KvType::F16)).unwrap();
+        then(&mut search, &inp, &mut found, &mut predict);
+        drop(search);
+        (found, world.measured)
+    }
+
+    /// The fixed world, then the q8_0 hatch with a cache of this quality
+    /// (KL divergence 0.002 passes the default gate, 0.5 not).
+    fn with_kv_hatch(kl: f64) -> (SplitFound, Vec<Vec<u32>>) {
         let quality = crate::types::Quality {
             kl_mean: kl,
             kl_p99: kl * 5.0,
@@ -1507,10 +1508,10 @@ mod tests {
             non_finite: 0,
             depth: 0,
         };
-        let mut assess = |_| Ok(Some(quality.clone()));
-        kv_hatch(&mut search, &inp, &mut found, &mut predict, &mut assess).unwrap();
-        drop(search);
-        (found, world.measured)
+        fixed_world(|search, inp, found, predict| {
+            let mut assess = |_| Ok(Some(quality.clone()));
+            kv_hatch(search, inp, found, predict, &mut assess).unwrap();
+        })
     }
 
     #[test]
