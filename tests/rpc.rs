@@ -157,6 +157,15 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
     assert_eq!(r["n_gpu_layers"], best[0]["n_gpu_layers"]);
     assert!(split["llama_fit"]["n_gpu_layers"].is_i64(), "llama.cpp's fit is shown beside: {split}");
     assert_eq!(split["rpc_links"].as_array().unwrap().len(), 2);
+    // The answer is measured alternately with llama.cpp's default split (and its fit for the same
+    // caps where that differs), each side's flags as llama.cpp runs them.
+    let against = split["against"].as_array().expect("paired with llama.cpp's splits");
+    assert!(!against.is_empty() && against.len() <= 2, "{split}");
+    for a in against {
+        assert!(a["against"].as_str().unwrap().starts_with("llama.cpp's"), "{a}");
+        assert!(a["llama_cpp_args"].as_str().unwrap().starts_with(&format!("--rpc {rpc} ")), "{a}");
+        assert!(a["pairs"] == 2 || a["verdict"] == "same", "alternated pairs, or the answer is that split: {a}");
+    }
     // llama.cpp's default split at a measured ngl, where it breaks a cap, is not recommended.
     for o in options.iter().filter(|o| o["fits"] == false) {
         assert_eq!(o["recommended"], false, "{o}");
