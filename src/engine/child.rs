@@ -265,7 +265,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
 }
 
 /// The line of a child's last words that best says what went wrong: one
-/// about memory, else one naming an error, else the last.
+/// about memory, else ggml's assertion, else one naming an error, else the last.
 #[must_use]
 pub fn telling_line(tail: &[String]) -> String {
     let lines: Vec<&str> = tail.iter().map(|l| l.trim()).filter(|l| !l.is_empty()).collect();
@@ -273,6 +273,8 @@ pub fn telling_line(tail: &[String]) -> String {
         .iter()
         .rev()
         .find(|l| mentions_oom(l))
+        // ggml's own abort (an assertion in a backend), before the backtrace that follows it.
+        .or_else(|| lines.iter().rev().find(|l| l.contains("GGML_ASSERT") || l.contains("GGML_ABORT")))
         .or_else(|| lines.iter().rev().find(|l| l.to_ascii_lowercase().contains("error")))
         .or_else(|| lines.last())
         .map_or_else(String::new, |l| (*l).to_string())
@@ -296,4 +298,22 @@ pub fn mentions_oom(text: &str) -> bool {
     ]
     .iter()
     .any(|p| l.contains(p))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_telling_line_is_ggmls_assertion_not_the_backtrace_after_it() {
+        let tail: Vec<String> = [
+            "sched_reserve: graph: nodes = 730, splits = 2",
+            "/src/ggml/src/ggml-backend-meta.cpp:547: GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0) failed",
+            "30\t../sysdeps/unix/sysv/linux/wait4.c: No such file or directory.",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert!(super::telling_line(&tail).contains("GGML_ASSERT(src_ss[0].axis"), "{}", super::telling_line(&tail));
+        let oom =
+            ["GGML_ASSERT(x) failed".to_string(), "ggml_vulkan: Device memory allocation of size 9 failed".to_string()];
+        assert!(super::telling_line(&oom).contains("allocation"), "memory first");
+    }
 }
