@@ -437,6 +437,7 @@ mod tests {
             kv_type: crate::types::KvType::F16,
             quality: None,
             order: Vec::new(),
+            split_mode: crate::types::SplitMode::Layer,
             label: String::new(),
             n_gpu_layers: 19,
             tensor_split: split,

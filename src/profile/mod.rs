@@ -486,6 +486,9 @@ pub struct Recommendation {
     /// empty: llama.cpp's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
+    /// `-sm` of a split: layer (llama.cpp's default), row or tensor.
+    #[serde(default, skip_serializing_if = "crate::types::is_layer")]
+    pub split_mode: crate::types::SplitMode,
     /// Layers per offload device, in the order of `devices` (`-sm layer
     /// -ts a,b,.. -mg 0`); empty: one device, or llama.cpp's default split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -538,6 +541,7 @@ impl Recommendation {
         .with_op_offload(self.op_offload)
         .with_split(&self.tensor_split, &self.rpc)
         .with_devices(&self.devices)
+        .with_split_mode(self.split_mode)
         .with_mmproj(self.mmproj.as_deref())
     }
 
@@ -743,6 +747,9 @@ pub struct SplitOption {
     /// llama.cpp's order; empty: llama.cpp's order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub order: Vec<u32>,
+    /// `-sm`: layer (llama.cpp's default), or row or tensor with the same proportions.
+    #[serde(default, skip_serializing_if = "crate::types::is_layer")]
+    pub split_mode: crate::types::SplitMode,
     /// Bytes per device by the dry run, in the devices' order.
     pub predicted_bytes: Vec<u64>,
     /// Bytes per device llama.cpp allocated in the trial.

@@ -254,6 +254,7 @@ pub fn default_recommendation(
         llama_default: true,
         ollama_server_env: Vec::new(),
         devices: Vec::new(),
+        split_mode: crate::types::SplitMode::Layer,
         tensor_split: Vec::new(),
         tg_ts: mean(false),
         pp_ts: mean(true),

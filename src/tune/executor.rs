@@ -46,6 +46,7 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
     }
     spec.placement.tensor_split = c.split.listed();
     spec.placement.devices = c.split.device_names(devices);
+    spec.placement.split_mode = c.split.mode();
     if c.ngl == 0 {
         // Every layer on the CPU: measured as recommended, without the
         // servers (with them, llama.cpp's op offload could ship the

@@ -462,7 +462,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     // scored with every layer on this CPU (the scoring child has no RPC servers).
     let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload);
     split::kv_hatch(search, &inp, &mut found, &mut predict_kv, &mut assess)?;
-    found.split_modes = split::split_modes(&found, &sh.opts.caps, &mut predict_mode);
+    split::split_modes(search, &inp, &mut found, &mut predict_mode)?;
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
     let fit = predict_in_child(&sh.exe, &spec(&[], margins)).ok().and_then(|o| o.llama_fit_split);
     found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;

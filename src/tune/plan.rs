@@ -51,7 +51,17 @@ pub struct Split {
     /// Device indices (llama.cpp's order) in the order they take layers;
     /// all zero: llama.cpp's order.
     order: [u8; 16],
+    /// Its split mode, as an index into [`MODES`] (0: layer, llama.cpp's default).
+    mode: u8,
 }
+
+/// The split modes a [`Split`] can be in, llama.cpp's default first.
+const MODES: [crate::types::SplitMode; 4] = [
+    crate::types::SplitMode::Layer,
+    crate::types::SplitMode::None,
+    crate::types::SplitMode::Row,
+    crate::types::SplitMode::Tensor,
+];
 
 impl Split {
     /// Layers per device in llama.cpp's order, the devices in that order.
@@ -61,7 +71,7 @@ impl Split {
     #[must_use]
     pub fn new(layers: &[u32]) -> Split {
         assert!(layers.len() <= 16, "llama.cpp takes at most 16 devices");
-        let mut s = Split { n: u8::try_from(layers.len()).unwrap_or(16), layers: [0; 16], order: [0; 16] };
+        let mut s = Split { n: u8::try_from(layers.len()).unwrap_or(16), layers: [0; 16], order: [0; 16], mode: 0 };
         for (i, l) in layers.iter().enumerate() {
             s.layers[i] = u16::try_from(*l).expect("layers per device fit in u16");
         }
@@ -86,6 +96,19 @@ impl Split {
             }
         }
         s
+    }
+
+    /// The same split in another split mode (`-sm row`, `-sm tensor`).
+    #[must_use]
+    pub fn with_mode(mut self, mode: crate::types::SplitMode) -> Split {
+        self.mode = u8::try_from(MODES.iter().position(|m| *m == mode).unwrap_or(0)).unwrap_or(0);
+        self
+    }
+
+    /// Its split mode (`-sm`).
+    #[must_use]
+    pub fn mode(&self) -> crate::types::SplitMode {
+        MODES.get(usize::from(self.mode)).copied().unwrap_or_default()
     }
 
     /// Layers per device, in llama.cpp's order.
@@ -162,6 +185,7 @@ impl Candidate {
             && spec.placement.n_threads == self.threads
             && spec.placement.tensor_split == self.split.listed()
             && spec.placement.devices.is_empty() == self.split.in_llama_order()
+            && spec.placement.split_mode == self.split.mode()
     }
 }
 

@@ -210,6 +210,7 @@ fn flags(ngl: u32, split: &Split, s: &Settings, threads: u32, inp: &SplitInputs<
         .with_op_offload(inp.op_offload)
         .with_split(&split.listed(), inp.rpc)
         .with_devices(&split.device_names(&names(inp.devs)))
+        .with_split_mode(split.mode())
         .flags()
 }
 
@@ -624,11 +625,12 @@ fn default_options(
 /// An option's layers and order.
 #[must_use]
 pub fn split_of(o: &SplitOption) -> Split {
-    if o.order.is_empty() {
+    let split = if o.order.is_empty() {
         Split::new(&o.tensor_split)
     } else {
         Split::ordered(&o.tensor_split, &o.order.iter().map(|d| *d as usize).collect::<Vec<_>>())
-    }
+    };
+    split.with_mode(o.split_mode)
 }
 
 fn split_list(l: &[u32]) -> String {
@@ -708,61 +710,77 @@ pub fn kv_hatch(
     let (tg, pp) = m.predict(&split);
     (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
     found.options.push(o);
-    // Chosen again: the notes that compared with the last recommendation go.
-    for x in &mut found.options {
-        if x.note.ends_with("against the recommendation") {
-            x.note.clear();
-        }
-    }
-    choose(found, s);
+    choose_again(found, s);
     Ok(())
 }
 
-/// The split modes beside layer for the recommended split, in words: row
-/// (each matrix's rows across the devices; llama.cpp needs a backend with
-/// split buffers, CUDA or SYCL) and tensor (every weight and the KV cache
-/// across the devices, llama.cpp's experimental meta device), each priced
-/// by llama.cpp's dry run with the recommended proportions: what it says
-/// (it refuses, or what it would allocate against the caps). Priced, not
-/// measured. Where the answer holds layers on one device, there is nothing
-/// to split.
+/// The split modes beside layer for the recommended split: row (each
+/// matrix's rows across the devices; llama.cpp needs a backend with split
+/// buffers, CUDA or SYCL) and tensor (every weight and the KV cache across
+/// the devices, llama.cpp's experimental meta device), each priced by
+/// llama.cpp's dry run with the recommended proportions and, where it
+/// answers and stays under the caps (tensor: its whole under the caps of
+/// the devices it uses, as the meta device does not say its bytes per
+/// device), measured once and chosen with the rest. What each came to, in
+/// words, goes to `found.split_modes`. Where the answer holds layers on one
+/// device, there is nothing to split.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
 pub fn split_modes(
-    found: &SplitFound,
-    devs: &[DeviceCap],
+    search: &mut Search<'_>,
+    inp: &SplitInputs<'_>,
+    found: &mut SplitFound,
     predict: &mut dyn FnMut(&[Split], crate::types::SplitMode) -> Vec<Prediction>,
-) -> Vec<String> {
+) -> Result<()> {
     use crate::types::SplitMode;
-    let Some(best) = found.best.map(|i| &found.options[i]) else { return Vec::new() };
-    let used = best.tensor_split.iter().filter(|l| **l > 0).count();
-    if used < 2 {
-        return vec!["split modes row and tensor: not priced, the answer holds layers on one device".into()];
+    let devs = inp.devs;
+    let Some(best) = found.best.map(|i| found.options[i].clone()) else { return Ok(()) };
+    let layers = &best.tensor_split;
+    if layers.iter().filter(|l| **l > 0).count() < 2 {
+        found.split_modes = vec!["split modes row and tensor: not tried, the answer holds layers on one device".into()];
+        return Ok(());
     }
-    [SplitMode::Row, SplitMode::Tensor]
-        .into_iter()
-        .map(|mode| {
-            let p = predict(&[split_of(best)], mode).into_iter().next();
-            let said = match p {
-                None => "no answer from llama.cpp's dry run".to_string(),
-                Some(p) => match &p.error {
-                    Some(e) => format!("llama.cpp refuses it: {}", e.split(": ").last().unwrap_or(e)),
-                    None if p.buffers.iter().any(|b| b.buffer_type.starts_with("Meta")) => {
-                        let total: u64 = p.per_device().iter().map(|(_, b)| *b).sum();
+    let room: u64 = layers.iter().zip(devs).filter(|(l, _)| **l > 0).map(|(_, d)| d.cap_bytes).sum();
+    let mut measured = false;
+    for mode in [SplitMode::Row, SplitMode::Tensor] {
+        let split = split_of(&best).with_mode(mode);
+        let said = match predict(&[split], mode).into_iter().next() {
+            None => "no answer from llama.cpp's dry run".to_string(),
+            Some(p) => match &p.error {
+                Some(e) => format!("llama.cpp refuses it: {}", e.split(": ").last().unwrap_or(e)),
+                None => {
+                    let meta = p.buffers.iter().any(|b| b.buffer_type.starts_with("Meta"));
+                    let total: u64 = p.per_device().iter().map(|(_, b)| *b).sum();
+                    if (meta && total > room) || (!meta && !fits(&per_device(&p, devs), devs)) {
+                        format!("priced {} in all: over the caps", crate::model::human_bytes(total))
+                    } else {
+                        let ngl: u32 = layers.iter().sum();
+                        let c = Candidate { split, kv: best.kv_type, ..Candidate::layers(ngl, inp.threads) };
+                        let race = search.race();
+                        let t = search.measure(Role::Split, c, Some(race))?.clone();
+                        let s = search.settings();
+                        let label = format!("the same proportions, -sm {}", mode.as_str());
+                        let mut o = option_of(&label, &split, per_device(&p, devs), Some(&t), s, inp);
+                        o.kv_type = best.kv_type;
+                        o.quality.clone_from(&best.quality);
+                        found.options.push(o);
+                        measured = true;
                         format!(
-                            "priced {} on llama.cpp's meta device (not told per device); not measured",
-                            crate::model::human_bytes(total)
+                            "priced {} in all, measured: {}",
+                            crate::model::human_bytes(total),
+                            t.result.status.as_str()
                         )
                     }
-                    None => {
-                        let bytes = per_device(&p, devs);
-                        let mem: Vec<String> = bytes.iter().map(|b| crate::model::human_bytes(*b)).collect();
-                        let under = if fits(&bytes, devs) { "under every cap" } else { "over a device's cap" };
-                        format!("priced {} ({under}); not measured", mem.join(" / "))
-                    }
-                },
-            };
-            format!("split mode {} with these proportions: {said}", mode.as_str())
-        })
-        .collect()
+                }
+            },
+        };
+        found.split_modes.push(format!("split mode {} with the answer's proportions: {said}", mode.as_str()));
+    }
+    if measured {
+        choose_again(found, search.settings());
+    }
+    Ok(())
 }
 
 /// llama.cpp's fit for the caps as a candidate split: its layers (-1:
@@ -922,7 +940,16 @@ fn option_of(
     let acc = ok.map(|t| accounted(&t.result, devs)).unwrap_or_default();
     let layers = split.layers();
     let ngl = layers.iter().sum();
-    let fits = if acc.is_empty() { fits(&predicted, devs) } else { fits(&acc, devs) };
+    let fits = if split.mode() == crate::types::SplitMode::Tensor {
+        // llama.cpp's meta device does not say its bytes per device: the whole against the caps of those used.
+        let total = t.map_or(0, |t| t.result.accounted_per_device().iter().map(|(_, b)| *b).sum::<u64>());
+        let room: u64 = layers.iter().zip(devs).filter(|(l, _)| **l > 0).map(|(_, d)| d.cap_bytes).sum();
+        total <= room
+    } else if acc.is_empty() {
+        fits(&predicted, devs)
+    } else {
+        fits(&acc, devs)
+    };
     let note = match t {
         Some(t) if t.result.status != TrialStatus::Ok => {
             format!("{}: {}", t.result.status.as_str(), t.result.reason.clone().unwrap_or_default())
@@ -941,6 +968,7 @@ fn option_of(
         n_gpu_layers: ngl,
         tensor_split: layers,
         order,
+        split_mode: split.mode(),
         predicted_bytes: predicted,
         accounted_bytes: acc,
         measured: ok.is_some(),
@@ -955,6 +983,17 @@ fn option_of(
         predicted_tg_ts: None,
         predicted_pp_ts: None,
     }
+}
+
+/// [`choose`] again after more options: the notes that compared with the
+/// last recommendation go first.
+fn choose_again(found: &mut SplitFound, s: &Settings) {
+    for x in &mut found.options {
+        if x.note.ends_with("against the recommendation") {
+            x.note.clear();
+        }
+    }
+    choose(found, s);
 }
 
 /// Whether a split of `ngl` layers may be recommended: any, unless
@@ -1052,6 +1091,7 @@ pub fn report(
         n_gpu_layers: 0,
         tensor_split: Vec::new(),
         order: Vec::new(),
+        split_mode: crate::types::SplitMode::Layer,
         predicted_bytes: Vec::new(),
         accounted_bytes: Vec::new(),
         measured: false,
@@ -1102,6 +1142,7 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     let split = split_of(o);
     r.tensor_split = split.listed();
     r.devices = split.device_names(&names(devs));
+    r.split_mode = split.mode();
     // Every layer on the CPU needs no server.
     r.rpc = if o.n_gpu_layers == 0 { Vec::new() } else { rpc.to_vec() };
     r.tg_ts = o.tg_ts;
@@ -1229,6 +1270,7 @@ mod tests {
             kv_type: crate::types::KvType::F16,
             quality: None,
             order: Vec::new(),
+            split_mode: crate::types::SplitMode::Layer,
             label: "x".into(),
             n_gpu_layers: 41,
             tensor_split: vec![20, 21],
@@ -1299,6 +1341,8 @@ mod tests {
     struct SplitWorld {
         extra_d1: u64,
         measured: Vec<Vec<u32>>,
+        /// What `-sm tensor` adds to a token (ms; negative: saves).
+        tensor_ms: f64,
     }
 
     impl crate::tune::executor::TrialExecutor for SplitWorld {
@@ -1319,7 +1363,8 @@ mod tests {
             }
             // 20 ms a token on the CPU; a layer on D0 adds 1 ms (slower
             // than the CPU), a layer on D1 saves 0.5 ms.
-            let ms = 20.0 + f64::from(split[0]) - 0.5 * f64::from(split[1]);
+            let tensor = if c.split.mode() == crate::types::SplitMode::Tensor { self.tensor_ms } else { 0.0 };
+            let ms = 20.0 + f64::from(split[0]) - 0.5 * f64::from(split[1]) + tensor;
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let ns = (16.0 * ms * 1e6) as u64;
             r.tests.push(TestResult::from_samples(0, 16, 256, vec![ns; 2]));
@@ -1330,7 +1375,7 @@ mod tests {
 
     fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
         let s = crate::tune::worlds::settings();
-        let mut world = SplitWorld { extra_d1, measured: Vec::new() };
+        let mut world = SplitWorld { extra_d1, measured: Vec::new(), tensor_ms: 0.0 };
         let progress = crate::progress::Progress::hidden();
         let policy = crate::tune::worlds::policy(255e6);
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
@@ -1379,7 +1424,7 @@ mod tests {
         // --ngl 21: all layers on the devices, so the slow one must take some.
         let mut s = crate::tune::worlds::settings();
         s.grid = Some(vec![21]);
-        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new() };
+        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms: 0.0 };
         let policy = crate::tune::worlds::policy(255e6);
         let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
         let mb = 1_000_000u64;
@@ -1477,9 +1522,17 @@ mod tests {
     fn fixed_world(
         then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut KvPricer<'_>),
     ) -> (SplitFound, Vec<Vec<u32>>) {
+        fixed_world_with(0.0, then)
+    }
+
+    /// As [`fixed_world`], `-sm tensor` adding `tensor_ms` to a token.
+    fn fixed_world_with(
+        tensor_ms: f64,
+        then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut KvPricer<'_>),
+    ) -> (SplitFound, Vec<Vec<u32>>) {
         let mut s = crate::tune::worlds::settings();
         s.grid = Some(vec![21]);
-        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new() };
+        let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms };
         let policy = crate::tune::worlds::policy(255e6);
         let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
         search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
@@ -1536,42 +1589,57 @@ mod tests {
         assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
     }
 
-    #[test]
-    fn split_modes_row_and_tensor_are_priced_and_said_in_llama_cpps_words() {
-        use crate::types::SplitMode;
-        let (mut found, _) = with_kv_hatch(0.5);
-        let devs = caps(&[105_000_000, 150_000_000]);
-        let mut asked = Vec::new();
-        let mut predict = |x: &[Split], mode: SplitMode| {
-            asked.push((x[0].layers(), mode));
-            let mut p = split_prediction(&x[0].layers(), 0);
-            match mode {
-                SplitMode::Row => {
-                    p.error = Some("dry-run model load failed: device D0 does not support split buffers".into())
-                }
-                _ => {
-                    p.buffers = vec![crate::engine::predict::PredictedBuffer {
-                        buffer_type: "Meta()".into(),
-                        is_host: false,
-                        model: 200 << 20,
-                        context: 0,
-                        compute: 0,
-                    }]
-                }
+    /// Row refused by the dry run, tensor priced on llama.cpp's meta device (200 MiB).
+    fn modes_dry_run(x: &[Split], mode: crate::types::SplitMode) -> Vec<Prediction> {
+        let mut p = split_prediction(&x[0].layers(), 0);
+        match mode {
+            crate::types::SplitMode::Row => {
+                p.error = Some("dry-run model load failed: device D0 does not support split buffers".into());
             }
-            vec![p]
-        };
-        let said = split_modes(&found, &devs, &mut predict);
-        assert_eq!(asked, [(vec![9, 12], SplitMode::Row), (vec![9, 12], SplitMode::Tensor)]);
-        assert!(said[0].contains("row") && said[0].contains("does not support split buffers"), "{said:?}");
-        assert!(said[1].contains("tensor") && said[1].contains("200.00 MiB on llama.cpp's meta device"), "{said:?}");
-        // One device holds the answer: nothing to split.
-        let one = found
-            .options
-            .iter()
-            .position(|o| o.measured && o.tensor_split.iter().filter(|l| **l > 0).count() == 1)
-            .unwrap();
-        found.best = Some(one);
-        assert!(split_modes(&found, &devs, &mut |_, _| unreachable!())[0].contains("one device"));
+            _ => {
+                let meta = crate::engine::predict::PredictedBuffer {
+                    buffer_type: "Meta()".into(),
+                    is_host: false,
+                    model: 200 << 20,
+                    context: 0,
+                    compute: 0,
+                };
+                p.buffers = vec![meta];
+            }
+        }
+        vec![p]
+    }
+
+    #[test]
+    fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen_on_speed() {
+        use crate::types::SplitMode;
+        // Tensor 2 ms a token slower than the layer split [9, 12]: measured, not recommended.
+        let (found, measured) = fixed_world_with(2.0, |search, inp, found, _| {
+            split_modes(search, inp, found, &mut modes_dry_run).unwrap();
+        });
+        assert_eq!(measured.last(), Some(&vec![9, 12]), "the tensor trial, the answer's proportions");
+        let modes = &found.split_modes;
+        assert!(modes[0].contains("row") && modes[0].contains("does not support split buffers"), "{modes:?}");
+        assert!(modes[1].contains("tensor") && modes[1].contains("200.00 MiB in all, measured: ok"), "{modes:?}");
+        let tensor = found.options.iter().find(|o| o.split_mode == SplitMode::Tensor).unwrap();
+        assert!(tensor.measured && tensor.fits && tensor.llama_cpp_args.contains("-sm tensor -ts 9,12"), "{tensor:?}");
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!((best.split_mode, best.tensor_split.clone()), (SplitMode::Layer, vec![9, 12]));
+        // Tensor 5 ms a token faster: recommended, emitted as such.
+        let (found, _) = fixed_world_with(-5.0, |search, inp, found, _| {
+            split_modes(search, inp, found, &mut modes_dry_run).unwrap();
+        });
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!(best.split_mode, SplitMode::Tensor);
+        let devs = caps(&[105_000_000, 150_000_000]);
+        let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
+        assert!(r.split_mode == SplitMode::Tensor && r.llama_cpp_args.contains("-sm tensor"), "{}", r.llama_cpp_args);
+        // One device holds the answer: nothing to split, nothing measured.
+        let (found, _) = fixed_world(|search, inp, found, _| {
+            let one = found.options.iter().position(|o| o.measured && o.tensor_split == [10, 0]).unwrap();
+            found.best = Some(one);
+            split_modes(search, inp, found, &mut |_, _| unreachable!()).unwrap();
+        });
+        assert!(found.split_modes[0].contains("one device"), "{:?}", found.split_modes);
     }
 }

@@ -187,6 +187,7 @@ pub fn recommendation(
         ollama_server_env: Vec::new(),
         rpc: Vec::new(),
         devices: Vec::new(),
+        split_mode: crate::types::SplitMode::Layer,
         tensor_split: Vec::new(),
         n_batch: s.n_batch,
         n_ubatch: s.n_ubatch,

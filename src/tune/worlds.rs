@@ -115,6 +115,7 @@ pub fn recommendation() -> crate::profile::Recommendation {
         ollama_server_env: Vec::new(),
         rpc: Vec::new(),
         devices: Vec::new(),
+        split_mode: crate::types::SplitMode::Layer,
         tensor_split: Vec::new(),
     }
 }

@@ -299,7 +299,8 @@ fn is_op_on(o: &OpOffload) -> bool {
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_layer(m: &SplitMode) -> bool {
+#[must_use]
+pub fn is_layer(m: &SplitMode) -> bool {
     *m == SplitMode::Layer
 }
 
@@ -383,6 +384,13 @@ impl Placement {
     pub fn with_split(mut self, tensor_split: &[u32], rpc: &[String]) -> Self {
         self.tensor_split = tensor_split.to_vec();
         self.rpc = rpc.to_vec();
+        self
+    }
+
+    /// How the layers' weights are split (`-sm`).
+    #[must_use]
+    pub fn with_split_mode(mut self, mode: SplitMode) -> Self {
+        self.split_mode = mode;
         self
     }
 
