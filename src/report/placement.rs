@@ -71,6 +71,14 @@ fn hatch_lines(s: &mut String, p: &Profile, c: &ContextPlacement) {
     }
 }
 
+/// A paired comparison's ratios with their 95% half widths: "tg x1.20 ± 0.05".
+#[must_use]
+pub fn ratios(d: &crate::profile::DefaultComparison) -> Vec<String> {
+    let ratio =
+        |name: &str, r: Option<f64>, h: Option<f64>| r.map(|r| format!("{name} x{r:.2} ± {:.2}", h.unwrap_or(0.0)));
+    [ratio("tg", d.tg_ratio, d.tg_half_width), ratio("pp", d.pp_ratio, d.pp_half_width)].into_iter().flatten().collect()
+}
+
 /// The recommendation against llama.cpp's default at one context.
 #[must_use]
 pub fn default_line(c: &ContextPlacement) -> Option<String> {
@@ -81,12 +89,7 @@ pub fn default_line(c: &ContextPlacement) -> Option<String> {
     } else {
         format!("llama.cpp's default ({}: what it does without flags here)", d.llama_cpp_args)
     };
-    let ratio =
-        |name: &str, r: Option<f64>, h: Option<f64>| r.map(|r| format!("{name} x{r:.2} ± {:.2}", h.unwrap_or(0.0)));
-    let figures: Vec<String> = [ratio("tg", d.tg_ratio, d.tg_half_width), ratio("pp", d.pp_ratio, d.pp_half_width)]
-        .into_iter()
-        .flatten()
-        .collect();
+    let figures = ratios(d);
     let line = match d.verdict {
         Verdict::Same | Verdict::NotMeasured => format!("against {what} at {} context: {}", c.n_ctx, d.note),
         v => {

@@ -111,12 +111,7 @@ fn against_lines(r: &SplitReport) -> String {
     }
     for a in &r.against {
         let c = &a.result;
-        let ratio =
-            |name: &str, v: Option<f64>, h: Option<f64>| v.map(|v| format!("{name} x{v:.2} ± {:.2}", h.unwrap_or(0.0)));
-        let figures: Vec<String> = [ratio("tg", c.tg_ratio, c.tg_half_width), ratio("pp", c.pp_ratio, c.pp_half_width)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let figures = super::placement::ratios(c);
         let mut verdict = match c.verdict {
             Verdict::Faster if c.note.is_empty() => "faster beyond the noise".to_string(),
             Verdict::Faster => format!("faster beyond the noise; {}", c.note),
