@@ -161,9 +161,10 @@ pub struct PredictSpec {
     /// once and added to every prediction on the device it loads on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<PathBuf>,
-    /// The split mode of `splits` (`-sm`): llama.cpp's default, layer.
-    #[serde(default)]
-    pub split_mode: crate::types::SplitMode,
+    /// The split mode of each split (`-sm`), by position; missing:
+    /// llama.cpp's default, layer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split_modes: Vec<crate::types::SplitMode>,
 }
 
 /// What a projector adds, as mtmd's dry run reports it: per buffer type,
@@ -277,7 +278,7 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 fn predict_one(
     spec: &PredictSpec,
     case: PredictCase,
-    (split, devices): (&[u32], &[String]),
+    (split, devices, split_mode): (&[u32], &[String], crate::types::SplitMode),
     extra: &[PredictedBuffer],
 ) -> Prediction {
     let mut c = case;
@@ -292,7 +293,7 @@ fn predict_one(
         n_cpu_moe: c.n_cpu_moe,
         tensor_split: split.to_vec(),
         devices: devices.to_vec(),
-        split_mode: if split.is_empty() { crate::types::SplitMode::Layer } else { spec.split_mode },
+        split_mode,
         ..crate::types::Placement::default()
     };
     let params = super::placement::ModelParams::of(&placement);
@@ -358,6 +359,7 @@ fn last_line(log: &str) -> String {
 /// # Errors
 /// When stdin does not hold a spec.
 pub fn predict_main() -> Result<()> {
+    use crate::types::SplitMode::Layer;
     use std::io::Read;
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
@@ -368,17 +370,24 @@ pub fn predict_main() -> Result<()> {
     super::placement::add_rpc_servers(&spec.rpc)?;
     let mmproj = spec.mmproj.as_deref().map(|m| predict_projector(m, spec.flash_attn));
     let extra = mmproj.as_ref().map_or(&[][..], |m| &m.buffers[..]);
-    let predictions: Vec<Prediction> =
-        spec.ngl.iter().map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), (&[], &[]), extra)).collect();
-    let cases =
-        spec.cases.iter().map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, (&[], &[]), extra) }).collect();
+    let predictions: Vec<Prediction> = spec
+        .ngl
+        .iter()
+        .map(|n| predict_one(&spec, PredictCase::layers(*n, spec.n_ctx), (&[], &[], Layer), extra))
+        .collect();
+    let cases = spec
+        .cases
+        .iter()
+        .map(|c| Prediction { case: Some(*c), ..predict_one(&spec, *c, (&[], &[], Layer), extra) })
+        .collect();
     let splits = spec
         .splits
         .iter()
         .enumerate()
         .map(|(i, split)| {
             let devices = spec.split_devices.get(i).map_or(&[][..], |d| &d[..]);
-            predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), (split, devices), extra)
+            let mode = spec.split_modes.get(i).copied().unwrap_or(Layer);
+            predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), (split, devices, mode), extra)
         })
         .collect();
     let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, spec.n_ctx));

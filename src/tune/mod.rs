@@ -414,7 +414,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         default_fit: false,
         kv_type: s.kv_type,
         mmproj: s.mmproj.clone(),
-        split_mode: crate::types::SplitMode::Layer,
+        split_modes: Vec::new(),
     }
 }
 
@@ -427,15 +427,12 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     let spec = |splits: &[plan::Split], fit_split_margins: Vec<u64>| PredictSpec {
         splits: splits.iter().map(plan::Split::listed).collect(),
         split_devices: splits.iter().map(|x| x.device_names(&names)).collect(),
+        split_modes: splits.iter().map(plan::Split::mode).collect(),
         fit_split_margins,
         ..predict_spec(info, s, sh.op_offload)
     };
     let mut predict_kv = |splits: &[plan::Split], kv: crate::types::KvType| {
         let spec = PredictSpec { kv_type: kv, ..spec(splits, Vec::new()) };
-        predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_default()
-    };
-    let mut predict_mode = |splits: &[plan::Split], split_mode: crate::types::SplitMode| {
-        let spec = PredictSpec { split_mode, ..spec(splits, Vec::new()) };
         predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_default()
     };
     let inp = split::SplitInputs {
@@ -462,7 +459,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     // scored with every layer on this CPU (the scoring child has no RPC servers).
     let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload);
     split::kv_hatch(search, &inp, &mut found, &mut predict_kv, &mut assess)?;
-    split::split_modes(search, &inp, &mut found, &mut predict_mode)?;
+    split::split_modes(search, &inp, &mut found, &mut |x: &[plan::Split]| predict_kv(x, kv))?;
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
     let fit = predict_in_child(&sh.exe, &spec(&[], margins)).ok().and_then(|o| o.llama_fit_split);
     found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;

@@ -10,13 +10,11 @@
 //! one to the next: a PCIe hop, an RPC round trip) costs the crossing
 //! cost.
 //!
-//! The devices' costs are solved (least squares) from measured splits:
-//! llama.cpp's default split, which the search measured, and one probe
-//! per other device, that device with layers and the default's leading
-//! device with the output alone (so every measurement holds the output on
-//! the same device, whose cost follows its layers'). Without a default
-//! split, each device alone. What the devices' costs do not explain in
-//! splits measured later, per boundary, is the crossing cost.
+//! The devices' costs are solved (least squares) from measured splits
+//! (`tune::split` chooses them: one probe per device, that device alone,
+//! and llama.cpp's default split, which the search measured, for one
+//! device more). What the devices' costs do not explain in multi-device
+//! splits measured besides, per boundary, is the crossing cost.
 //!
 //! From those costs the fastest split under every device's capacity: for
 //! each choice of the device that runs the output (the last in the

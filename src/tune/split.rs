@@ -7,16 +7,19 @@
 //! default split at each ngl): two dry runs give each device's cost per
 //! layer and its fixed cost (compute buffer, the output layer on the last
 //! device), from which each device's capacity under its cap follows. Then
-//! each device's speed is probed (`super::speed`: two trials with layers on
-//! that device alone), and the fastest split by those speeds is a
+//! each device's speed (`super::speed`: one probe per device, that device
+//! alone, one device solved from llama.cpp's default split), and the
+//! fastest split by those speeds, in its own `--device` order, is a
 //! candidate beside the splits a user would try: layers in proportion to
 //! what each device can hold, and the devices filled in llama.cpp's order
 //! and in reverse; or, when the layers do not all fit, every device at its
 //! capacity and the rest on the CPU. Each is priced exactly, trimmed a
-//! layer at a time while over a cap; the two fastest predicted are
-//! measured, raced against the best so far (without probes, every one).
-//! The recommendation is the fastest measured split under every device's
-//! cap.
+//! layer at a time while over a cap; only what is predicted faster than
+//! every split measured is measured (without probes, every one). Then a
+//! q8_0 KV cache where it lets more layers onto the faster devices, split
+//! modes row and tensor, and the answer paired with llama.cpp's default and
+//! fit splits. The recommendation is the fastest measured split under
+//! every device's cap.
 
 use anyhow::Result;
 
@@ -26,7 +29,7 @@ use super::search::Search;
 use super::speed::{Measured, SpeedModel};
 use crate::engine::predict::Prediction;
 use crate::profile::{DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
-use crate::types::{LlamaDevice, Role, TrialStatus};
+use crate::types::{KvType, LlamaDevice, Role, TrialStatus};
 
 /// Bytes per buffer type, in the devices' order (0 where a device has none).
 fn in_device_order(by: &[(String, u64)], devs: &[DeviceCap]) -> Vec<u64> {
@@ -41,6 +44,19 @@ pub fn per_device(p: &Prediction, devs: &[DeviceCap]) -> Vec<u64> {
 
 fn fits(bytes: &[u64], devs: &[DeviceCap]) -> bool {
     bytes.iter().zip(devs).all(|(b, d)| *b <= d.cap_bytes)
+}
+
+/// Whether bytes by buffer type stay under every cap: per device, or on
+/// llama.cpp's meta device (split mode tensor, which does not say its bytes
+/// per device) the whole under the caps of the devices `split` uses.
+fn under_caps(by_type: &[(String, u64)], split: &Split, devs: &[DeviceCap]) -> bool {
+    if by_type.iter().any(|(n, _)| n.starts_with("Meta")) {
+        let total: u64 = by_type.iter().map(|(_, b)| *b).sum();
+        let used = split.layers().into_iter().zip(devs).filter(|(l, _)| *l > 0);
+        total <= used.map(|(_, d)| d.cap_bytes).sum::<u64>()
+    } else {
+        fits(&in_device_order(by_type, devs), devs)
+    }
 }
 
 /// `total` layers spread over `weights` (largest remainder), each at most its weight.
@@ -168,6 +184,30 @@ pub fn candidates(full_cap: &[u32], partial_cap: &[u32], full: u32) -> Vec<(Stri
     out
 }
 
+/// Each device's cost, and its capacity at full and at partial offload.
+type Capacities = (Vec<DeviceCost>, Vec<u32>, Vec<u32>);
+
+/// Each device's cost and its capacity in layers under its cap, at full
+/// and at partial offload, from two dry runs (every device an even share,
+/// and half that); `Err` says why the dry run gave no answer.
+fn capacities(
+    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
+    devs: &[DeviceCap],
+    full: u32,
+) -> Result<Capacities, String> {
+    let even = proportional(full, &vec![full; devs.len()]);
+    let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
+    let dry = predict(&[Split::new(&even), Split::new(&half)]);
+    if dry.len() < 2 || dry.iter().any(|p| p.error.is_some()) {
+        return Err(dry.iter().find_map(|p| p.error.clone()).unwrap_or_else(|| "no answer".into()));
+    }
+    let cost = costs((&even, &parts(&dry[0], devs)), (&half, &parts(&dry[1], devs)));
+    let cap_at =
+        |f: bool| -> Vec<u32> { cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, f, full)).collect() };
+    let (full_cap, partial_cap) = (cap_at(true), cap_at(false));
+    Ok((cost, full_cap, partial_cap))
+}
+
 /// What the stage needs from the tuner.
 pub struct SplitInputs<'a> {
     pub devs: &'a [DeviceCap],
@@ -204,10 +244,12 @@ fn names(devs: &[DeviceCap]) -> Vec<String> {
     devs.iter().map(|d| d.device.clone()).collect()
 }
 
-fn flags(ngl: u32, split: &Split, s: &Settings, threads: u32, inp: &SplitInputs<'_>) -> String {
+/// llama.cpp's flags of a split with a KV cache type (f16: the tune's base).
+fn flags(ngl: u32, split: &Split, kv: KvType, s: &Settings, threads: u32, inp: &SplitInputs<'_>) -> String {
     crate::types::Placement::default()
         .with_layers(ngl, threads, Some(s.n_ctx))
         .with_op_offload(inp.op_offload)
+        .with_kv(kv)
         .with_split(&split.listed(), inp.rpc)
         .with_devices(&split.device_names(&names(inp.devs)))
         .with_split_mode(split.mode())
@@ -311,7 +353,7 @@ fn default_splits(search: &Search<'_>, devs: &[DeviceCap], cost: &[DeviceCost], 
         .collect()
 }
 
-/// Each device's speed ([`SpeedModel::solve_from`]): one probe per device,
+/// Each device's speed ([`SpeedModel::solve`]): one probe per device,
 /// that device alone with as many layers as its cap holds (priced under
 /// every cap first; a measured option of its own), except the one solved
 /// from llama.cpp's default split as the search measured it: the device
@@ -327,14 +369,13 @@ fn probe_speeds(
     inp: &SplitInputs<'_>,
     (full_cap, partial_cap): (&[u32], &[u32]),
     predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
-    cost: &[DeviceCost],
+    (cost, defaults): (&[DeviceCost], &[Measured]),
     found: &mut SplitFound,
 ) -> Result<Option<(SpeedModel, Vec<Split>)>> {
     let (devs, full, threads) = (inp.devs, inp.full, inp.threads);
     let n = devs.len();
     let s = search.settings();
     let fixed_full = s.grid.as_ref().filter(|g| g.len() == 1).is_some_and(|g| g[0] >= full);
-    let defaults = default_splits(search, devs, cost, full);
     let leader = |m: &Measured| {
         let l = m.split.layers();
         let d = (0..l.len()).max_by_key(|i| l[*i])?;
@@ -347,8 +388,9 @@ fn probe_speeds(
     });
     let probed: Vec<usize> = (0..n).filter(|d| partial_cap[*d] > 0 && solved.map(|(u, _)| u) != Some(*d)).collect();
     let absolute = fixed_full && probed.iter().all(|d| full_cap[*d] >= full);
-    let (t0, p0) = if absolute {
-        (0.0, Some(0.0))
+    // The all-CPU rates (tg, pp) the costs are relative to; none: absolute.
+    let cpu = if absolute {
+        None
     } else {
         let cpu_ref = |t: &&crate::profile::ProfileTrial| {
             let p = &t.result.spec.placement;
@@ -363,8 +405,10 @@ fn probe_speeds(
             Some(t) => rates(t),
             None => rates(search.measure(Role::Split, Candidate::layers(0, threads), None)?),
         };
-        let Some(tg) = cpu.0.filter(|v| *v > 0.0) else { return Ok(None) };
-        (1000.0 / tg, cpu.1.filter(|v| *v > 0.0).map(|p| 1000.0 / p))
+        if cpu.0.is_none_or(|v| v <= 0.0) {
+            return Ok(None);
+        }
+        Some(cpu)
     };
     let mut equations: Vec<Measured> = solved.iter().map(|(_, m)| *m).collect();
     let todo: Vec<Labelled> = probed
@@ -397,11 +441,14 @@ fn probe_speeds(
         }
         found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), s, inp));
     }
-    let Some(mut model) = SpeedModel::solve_from(t0, p0, &equations, n, inp.output_layers) else {
-        return Ok(None);
+    let w = inp.output_layers;
+    let solved_model = match cpu {
+        Some((tg, pp)) => SpeedModel::solve(tg, pp, &equations, n, w),
+        None => SpeedModel::solve_from(0.0, Some(0.0), &equations, n, w),
     };
+    let Some(mut model) = solved_model else { return Ok(None) };
     let others: Vec<Measured> =
-        defaults.into_iter().filter(|m| solved.is_none_or(|(_, s)| s.split != m.split)).collect();
+        defaults.iter().filter(|m| solved.is_none_or(|(_, s)| s.split != m.split)).copied().collect();
     model.fit_crossings(&others);
     Ok(Some((model, equations.iter().map(|m| m.split).collect())))
 }
@@ -453,24 +500,20 @@ pub fn split_stage(
     predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
 ) -> Result<SplitFound> {
     let (devs, full) = (inp.devs, inp.full);
-    let n = u32::try_from(devs.len()).unwrap_or(1);
-    let even = proportional(full, &vec![full; devs.len()]);
-    let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
-    let probes = predict(&[Split::new(&even), Split::new(&half)]);
     let mut found = SplitFound::default();
-    if probes.len() < 2 || probes.iter().any(|p| p.error.is_some()) {
-        let why = probes.iter().find_map(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
-        found.notes.push(crate::types::Note::split(format!(
-            "the split across {n} devices was not tuned: llama.cpp's dry run failed ({why})"
-        )));
-        return Ok(found);
-    }
-    let cost = costs((&even, &parts(&probes[0], devs)), (&half, &parts(&probes[1], devs)));
-    let cap_at = |full_offload: bool| -> Vec<u32> {
-        cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, full_offload, full)).collect()
+    let (cost, full_cap, partial_cap) = match capacities(predict, devs, full) {
+        Ok(c) => c,
+        Err(why) => {
+            found.notes.push(crate::types::Note::split(format!(
+                "the split across {} devices was not tuned: llama.cpp's dry run failed ({why})",
+                devs.len()
+            )));
+            return Ok(found);
+        }
     };
-    let (full_cap, partial_cap) = (cap_at(true), cap_at(false));
-    let probed = probe_speeds(search, inp, (&full_cap, &partial_cap), predict, &cost, &mut found)?;
+    // llama.cpp's default splits as the search measured them (layers per device by their bytes).
+    let defaults = default_splits(search, devs, &cost, full);
+    let probed = probe_speeds(search, inp, (&full_cap, &partial_cap), predict, (&cost, &defaults), &mut found)?;
     // The splits the model was solved from: their predictions are their measurements.
     let inputs: Vec<Split> = probed.as_ref().map(|(_, x)| x.clone()).unwrap_or_default();
     let mut speed = probed.map(|(m, _)| m);
@@ -485,7 +528,7 @@ pub fn split_stage(
     let mut priced = price_all(todo, predict, devs, &cost);
     priced.retain(|(_, x, _)| !found.options.iter().any(|o| split_of(o) == *x));
     search.predicted.extend(priced.iter().map(|(_, _, p)| p.clone()));
-    let trials = measure_by_speed(search, inp, &priced, &cost, speed.as_mut(), &found)?;
+    let trials = measure_by_speed(search, inp, &priced, &defaults, speed.as_mut(), &found)?;
     for ((label, split, p), t) in priced.iter().zip(&trials) {
         let mut o = option_of(label, split, per_device(p, devs), t.as_ref().map(|(t, _)| t), s, inp);
         // A measured split's prediction is the one made before it ran.
@@ -504,9 +547,12 @@ pub fn split_stage(
     }
     default_options(search, inp, &cost, speed.as_ref(), &inputs, &mut found);
     if let Some(m) = &speed {
-        let probes =
-            found.options.iter_mut().filter(|o| o.label.starts_with("probe") && !inputs.contains(&split_of(o)));
-        for o in probes {
+        // The probes that failed: what their devices' costs say of them.
+        let unsolved = found
+            .options
+            .iter_mut()
+            .filter(|o| !o.tensor_split.is_empty() && o.predicted_tg_ts.is_none() && !inputs.contains(&split_of(o)));
+        for o in unsolved {
             let (tg, pp) = m.predict(&split_of(o));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
         }
@@ -528,7 +574,7 @@ fn measure_by_speed(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
     priced: &[(String, Split, Prediction)],
-    cost: &[DeviceCost],
+    defaults: &[Measured],
     mut speed: Option<&mut SpeedModel>,
     found: &SplitFound,
 ) -> Result<Vec<Option<MeasuredSplit>>> {
@@ -537,7 +583,7 @@ fn measure_by_speed(
     let score = |tg, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
     let ok = |ngl: u32| eligible(s, full, ngl);
     let mut trials: Vec<Option<MeasuredSplit>> = vec![None; priced.len()];
-    let mut measured: Vec<Measured> = default_splits(search, devs, cost, full);
+    let mut measured: Vec<Measured> = defaults.to_vec();
     // What is measured already, under every cap: the probes and llama.cpp's default splits.
     let mut best = found
         .options
@@ -613,7 +659,7 @@ fn default_options(
         let mut o = option_of(&label, &Split::new(&[]), Vec::new(), Some(t), s, inp);
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
-        o.llama_cpp_args = flags(ngl, &Split::new(&[]), s, t.result.spec.placement.n_threads, inp);
+        o.llama_cpp_args = flags(ngl, &Split::new(&[]), KvType::F16, s, t.result.spec.placement.n_threads, inp);
         if let (Some(m), Some(l)) = (speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
@@ -661,7 +707,6 @@ pub fn kv_hatch(
     predict: &mut KvPricer<'_>,
     assess: &mut dyn FnMut(crate::types::KvType) -> Result<Option<crate::types::Quality>>,
 ) -> Result<()> {
-    use crate::types::KvType;
     let s = search.settings();
     let (Some(m), Some(best)) = (found.speed.clone(), found.best.map(|i| found.options[i].clone())) else {
         return Ok(());
@@ -670,19 +715,13 @@ pub fn kv_hatch(
         return Ok(());
     }
     let (devs, full) = (inp.devs, inp.full);
-    let even = proportional(full, &vec![full; devs.len()]);
-    let half: Vec<u32> = even.iter().map(|l| l / 2).collect();
     let q8 = KvType::Q8_0;
-    let dry = predict(&[Split::new(&even), Split::new(&half)], q8);
-    if dry.len() < 2 || dry.iter().any(|p| p.error.is_some()) {
+    let Ok((cost, full_cap, partial_cap)) = capacities(&mut |x: &[Split]| predict(x, q8), devs, full) else {
         return Ok(());
-    }
-    let cost = costs((&even, &parts(&dry[0], devs)), (&half, &parts(&dry[1], devs)));
-    let cap_at =
-        |f: bool| -> Vec<u32> { cost.iter().zip(devs).map(|(c, d)| c.capacity(d.cap_bytes, f, full)).collect() };
+    };
     let best_score =
         crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, best.tg_ts, best.pp_ts).unwrap_or(0.0);
-    let todo: Vec<Labelled> = speed_candidates(&m, s, full, &cap_at(true), &cap_at(false))
+    let todo: Vec<Labelled> = speed_candidates(&m, s, full, &full_cap, &partial_cap)
         .into_iter()
         .filter(|(_, x)| !found.options.iter().any(|o| o.measured && split_of(o).layers() == x.layers()))
         .filter(|(_, x)| predicted_score(&m, s, x) > best_score)
@@ -698,15 +737,7 @@ pub fn kv_hatch(
     let t = search.measure(Role::Hatch, c, Some(race))?.clone();
     let quality = if t.result.status == TrialStatus::Ok { assess(q8)? } else { None };
     let mut o = option_of(&label, &split, per_device(&p, devs), Some(&t), s, inp);
-    o.kv_type = q8;
     o.quality = quality;
-    o.llama_cpp_args = crate::types::Placement::default()
-        .with_layers(ngl, t.result.spec.placement.n_threads, Some(s.n_ctx))
-        .with_op_offload(inp.op_offload)
-        .with_kv(q8)
-        .with_split(&split.listed(), inp.rpc)
-        .with_devices(&split.device_names(&names(devs)))
-        .flags();
     let (tg, pp) = m.predict(&split);
     (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
     found.options.push(o);
@@ -731,7 +762,7 @@ pub fn split_modes(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
     found: &mut SplitFound,
-    predict: &mut dyn FnMut(&[Split], crate::types::SplitMode) -> Vec<Prediction>,
+    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
 ) -> Result<()> {
     use crate::types::SplitMode;
     let devs = inp.devs;
@@ -741,18 +772,16 @@ pub fn split_modes(
         found.split_modes = vec!["split modes row and tensor: not tried, the answer holds layers on one device".into()];
         return Ok(());
     }
-    let room: u64 = layers.iter().zip(devs).filter(|(l, _)| **l > 0).map(|(_, d)| d.cap_bytes).sum();
     let mut measured = false;
     for mode in [SplitMode::Row, SplitMode::Tensor] {
         let split = split_of(&best).with_mode(mode);
-        let said = match predict(&[split], mode).into_iter().next() {
+        let said = match predict(&[split]).into_iter().next() {
             None => "no answer from llama.cpp's dry run".to_string(),
             Some(p) => match &p.error {
                 Some(e) => format!("llama.cpp refuses it: {}", e.split(": ").last().unwrap_or(e)),
                 None => {
-                    let meta = p.buffers.iter().any(|b| b.buffer_type.starts_with("Meta"));
                     let total: u64 = p.per_device().iter().map(|(_, b)| *b).sum();
-                    if (meta && total > room) || (!meta && !fits(&per_device(&p, devs), devs)) {
+                    if !under_caps(&p.per_device(), &split, devs) {
                         format!("priced {} in all: over the caps", crate::model::human_bytes(total))
                     } else {
                         let ngl: u32 = layers.iter().sum();
@@ -762,7 +791,6 @@ pub fn split_modes(
                         let s = search.settings();
                         let label = format!("the same proportions, -sm {}", mode.as_str());
                         let mut o = option_of(&label, &split, per_device(&p, devs), Some(&t), s, inp);
-                        o.kv_type = best.kv_type;
                         o.quality.clone_from(&best.quality);
                         found.options.push(o);
                         measured = true;
@@ -847,7 +875,7 @@ pub fn against_llama(
         let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
         let mut r = DefaultComparison {
             n_gpu_layers: Some(theirs.ngl),
-            llama_cpp_args: flags(theirs.ngl, &split, s, threads, inp),
+            llama_cpp_args: flags(theirs.ngl, &split, KvType::F16, s, threads, inp),
             pairs: 0,
             n_depth: s.depth_at(s.n_ctx),
             tg_ratio: None,
@@ -940,15 +968,9 @@ fn option_of(
     let acc = ok.map(|t| accounted(&t.result, devs)).unwrap_or_default();
     let layers = split.layers();
     let ngl = layers.iter().sum();
-    let fits = if split.mode() == crate::types::SplitMode::Tensor {
-        // llama.cpp's meta device does not say its bytes per device: the whole against the caps of those used.
-        let total = t.map_or(0, |t| t.result.accounted_per_device().iter().map(|(_, b)| *b).sum::<u64>());
-        let room: u64 = layers.iter().zip(devs).filter(|(l, _)| **l > 0).map(|(_, d)| d.cap_bytes).sum();
-        total <= room
-    } else if acc.is_empty() {
-        fits(&predicted, devs)
-    } else {
-        fits(&acc, devs)
+    let fits = match ok {
+        Some(t) => under_caps(&t.result.accounted_per_device(), split, devs),
+        None => fits(&predicted, devs),
     };
     let note = match t {
         Some(t) if t.result.status != TrialStatus::Ok => {
@@ -958,6 +980,11 @@ fn option_of(
         _ => String::new(),
     };
     let threads = t.map_or(inp.threads, |t| t.result.spec.placement.n_threads);
+    // A cache type other than the tune's base is the q8_0 hatch's.
+    let kv = t
+        .map(|t| &t.result.spec)
+        .filter(|x| x.placement.kv_type != x.kv_base)
+        .map_or(KvType::F16, |x| x.placement.kv_type);
     let order = if split.in_llama_order() {
         Vec::new()
     } else {
@@ -977,8 +1004,8 @@ fn option_of(
         fits,
         recommended: false,
         note,
-        llama_cpp_args: flags(ngl, split, s, threads, inp),
-        kv_type: crate::types::KvType::F16,
+        llama_cpp_args: flags(ngl, split, kv, s, threads, inp),
+        kv_type: kv,
         quality: None,
         predicted_tg_ts: None,
         predicted_pp_ts: None,
@@ -1590,9 +1617,9 @@ mod tests {
     }
 
     /// Row refused by the dry run, tensor priced on llama.cpp's meta device (200 MiB).
-    fn modes_dry_run(x: &[Split], mode: crate::types::SplitMode) -> Vec<Prediction> {
+    fn modes_dry_run(x: &[Split]) -> Vec<Prediction> {
         let mut p = split_prediction(&x[0].layers(), 0);
-        match mode {
+        match x[0].mode() {
             crate::types::SplitMode::Row => {
                 p.error = Some("dry-run model load failed: device D0 does not support split buffers".into());
             }
@@ -1638,7 +1665,7 @@ mod tests {
         let (found, _) = fixed_world(|search, inp, found, _| {
             let one = found.options.iter().position(|o| o.measured && o.tensor_split == [10, 0]).unwrap();
             found.best = Some(one);
-            split_modes(search, inp, found, &mut |_, _| unreachable!()).unwrap();
+            split_modes(search, inp, found, &mut |_| unreachable!()).unwrap();
         });
         assert!(found.split_modes[0].contains("one device"), "{:?}", found.split_modes);
     }

@@ -153,8 +153,8 @@ impl SplitMode {
         match self {
             SplitMode::None => "none",
             SplitMode::Layer => "layer",
-            SplitMode::Row => "row",
             SplitMode::Tensor => "tensor",
+            SplitMode::Row => "row",
         }
     }
 
