@@ -19,6 +19,11 @@ use anyhow::Result;
 use crate::error::bad;
 use crate::types::{RpcDevice, RpcServer};
 
+const CMD_ALLOC_BUFFER: u8 = 0;
+const CMD_BUFFER_GET_BASE: u8 = 3;
+const CMD_FREE_BUFFER: u8 = 4;
+const CMD_SET_TENSOR: u8 = 6;
+const CMD_GET_TENSOR: u8 = 8;
 const CMD_GET_DEVICE_MEMORY: u8 = 11;
 const CMD_HELLO: u8 = 14;
 const CMD_DEVICE_COUNT: u8 = 15;
@@ -28,6 +33,14 @@ const CONN_CAPS: usize = 24;
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Round trips timed per server.
 const PINGS: usize = 9;
+/// Bytes copied each way to time a link's bandwidth, and how many times.
+const COPY_BYTES: usize = 4 << 20;
+const COPIES: usize = 3;
+/// `sizeof(rpc_tensor)` (ggml-rpc.cpp, packed): id, type, buffer, ne[4],
+/// nb[4], op, op_params[16], flags, src[10], view_src, view_offs, data,
+/// name[64], use_count.
+const RPC_TENSOR: usize = 296;
+const GGML_TYPE_F32: u32 = 0;
 
 extern "C" {
     fn ngl_tune_rpc_protocol() -> u32;
@@ -103,6 +116,76 @@ fn call(s: &mut TcpStream, cmd: u8, input: &[u8], out_len: usize) -> std::io::Re
     Ok(out)
 }
 
+/// A command that has no answer (ggml-rpc's `send` without a response).
+fn send(s: &mut TcpStream, cmd: u8, input: &[&[u8]]) -> std::io::Result<()> {
+    let len: usize = input.iter().map(|b| b.len()).sum();
+    let mut head = Vec::with_capacity(9);
+    head.push(cmd);
+    head.extend_from_slice(&(len as u64).to_le_bytes());
+    s.write_all(&head)?;
+    for b in input {
+        s.write_all(b)?;
+    }
+    Ok(())
+}
+
+/// ggml-rpc's `rpc_tensor` for `n` f32 values at `data` in a buffer.
+fn f32_tensor(buffer: u64, data: u64, n: u64) -> Vec<u8> {
+    let mut t = vec![0u8; RPC_TENSOR];
+    t[8..12].copy_from_slice(&GGML_TYPE_F32.to_le_bytes());
+    t[12..20].copy_from_slice(&buffer.to_le_bytes());
+    let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+    let bytes = n32.saturating_mul(4);
+    for (i, v) in [n32, 1, 1, 1].iter().enumerate() {
+        t[20 + 4 * i..24 + 4 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    for (i, v) in [4, bytes, bytes, bytes].iter().enumerate() {
+        t[36 + 4 * i..40 + 4 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    // data: after id..name's offsets (8+4+8+16+16+4+64+4+80+8+8).
+    t[220..228].copy_from_slice(&data.to_le_bytes());
+    t
+}
+
+/// The link's bandwidth: a 4 MiB buffer on the server's first device,
+/// copied to it and back [`COPIES`] times (ggml-rpc's `set_tensor` has no
+/// answer: a round trip after it says when it landed), the fastest of
+/// each way, less the round trip; the buffer freed. `None` where the
+/// device would not hold the buffer.
+fn bandwidth(s: &mut TcpStream, rtt_ms: f64) -> std::io::Result<Option<crate::types::Bandwidth>> {
+    let size = COPY_BYTES as u64;
+    let mut req = 0u32.to_le_bytes().to_vec();
+    req.extend_from_slice(&size.to_le_bytes());
+    let alloc = call(s, CMD_ALLOC_BUFFER, &req, 16)?;
+    let buffer = u64_at(&alloc, 0);
+    if buffer == 0 || u64_at(&alloc, 8) < size {
+        if buffer != 0 {
+            send(s, CMD_FREE_BUFFER, &[&buffer.to_le_bytes()])?;
+        }
+        return Ok(None);
+    }
+    let base = u64_at(&call(s, CMD_BUFFER_GET_BASE, &buffer.to_le_bytes(), 8)?, 0);
+    let tensor = f32_tensor(buffer, base, size / 4);
+    let data = vec![0u8; COPY_BYTES];
+    let (mut up, mut down) = (f64::MAX, f64::MAX);
+    for _ in 0..COPIES {
+        let t = Instant::now();
+        send(s, CMD_SET_TENSOR, &[&tensor, &[0u8], &0u64.to_le_bytes(), &data])?;
+        call(s, CMD_DEVICE_COUNT, &[], 4)?;
+        up = up.min(t.elapsed().as_secs_f64() * 1e3 - rtt_ms);
+        let mut get = tensor.clone();
+        get.extend_from_slice(&0u64.to_le_bytes());
+        get.extend_from_slice(&size.to_le_bytes());
+        let t = Instant::now();
+        call(s, CMD_GET_TENSOR, &get, COPY_BYTES)?;
+        down = down.min(t.elapsed().as_secs_f64() * 1e3);
+    }
+    send(s, CMD_FREE_BUFFER, &[&buffer.to_le_bytes()])?;
+    #[allow(clippy::cast_precision_loss)]
+    let rate = |ms: f64| size as f64 / (ms.max(1e-3) * 1e3);
+    Ok(Some(crate::types::Bandwidth { up_mb_s: rate(up), down_mb_s: rate(down) }))
+}
+
 fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
@@ -117,6 +200,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// `BadInput` naming the endpoint: not reachable, not an RPC server, or
 /// another protocol version than this build's (both named).
 pub fn probe(endpoint: &str) -> Result<RpcServer> {
+    probe_with(endpoint, false)
+}
+
+/// [`probe`], and with `bandwidth` the link's bandwidth timed too.
+fn probe_with(endpoint: &str, with_bandwidth: bool) -> Result<RpcServer> {
     let (host, port) = parse_endpoint(endpoint)?;
     let unreachable = |why: String| {
         bad(format!(
@@ -163,15 +251,22 @@ pub fn probe(endpoint: &str) -> Result<RpcServer> {
         devices.push(RpcDevice { index, memory_free: u64_at(&b, 0), memory_total: u64_at(&b, 8) });
     }
     rtts.sort_by(f64::total_cmp);
-    Ok(RpcServer { endpoint: endpoint.to_string(), protocol: version(theirs), devices, rtt_ms: rtts[PINGS / 2] })
+    let rtt_ms = rtts[PINGS / 2];
+    let bandwidth = if with_bandwidth && !devices.is_empty() {
+        s.set_read_timeout(Some(TIMEOUT * 4))?;
+        bandwidth(&mut s, rtt_ms).map_err(not_rpc)?
+    } else {
+        None
+    };
+    Ok(RpcServer { endpoint: endpoint.to_string(), protocol: version(theirs), devices, rtt_ms, bandwidth })
 }
 
-/// Probes every endpoint, in order.
+/// Probes every endpoint, in order, each link's bandwidth timed too.
 ///
 /// # Errors
 /// The first endpoint that fails [`probe`].
 pub fn probe_all(endpoints: &[String]) -> Result<Vec<RpcServer>> {
-    endpoints.iter().map(|e| probe(e)).collect()
+    endpoints.iter().map(|e| probe_with(e, true)).collect()
 }
 
 /// Why a trial that used RPC servers failed, where a server is to blame:

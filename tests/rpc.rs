@@ -157,6 +157,16 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
     assert_eq!(r["n_gpu_layers"], best[0]["n_gpu_layers"]);
     assert!(split["llama_fit"]["n_gpu_layers"].is_i64(), "llama.cpp's fit is shown beside: {split}");
     assert_eq!(split["rpc_links"].as_array().unwrap().len(), 2);
+    // Each link's bandwidth timed both ways through ggml-rpc's own tensor copies.
+    for l in split["rpc_links"].as_array().unwrap() {
+        let bw = &l["bandwidth"];
+        assert!(bw["up_mb_s"].as_f64().unwrap() > 0.0 && bw["down_mb_s"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    // FFN spill with several devices was weighed: measured, or a note says why not.
+    let notes = p["notes"].as_array().unwrap();
+    let spill_noted = notes.iter().any(|n| n["text"].as_str().unwrap_or("").starts_with("FFN spill across devices"));
+    let spill_measured = options.iter().any(|o| o["label"].as_str().unwrap().starts_with("FFN spill"));
+    assert!(spill_noted || spill_measured, "{notes:?}");
     // The answer is measured alternately with llama.cpp's default split (and its fit for the same
     // caps where that differs), each side's flags as llama.cpp runs them.
     let against = split["against"].as_array().expect("paired with llama.cpp's splits");

@@ -434,24 +434,12 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let option = |split: Vec<u32>, tg: f64| SplitOption {
-            kv_type: crate::types::KvType::F16,
-            quality: None,
-            order: Vec::new(),
-            split_mode: crate::types::SplitMode::Layer,
-            label: String::new(),
             n_gpu_layers: 19,
             tensor_split: split,
-            predicted_bytes: Vec::new(),
-            accounted_bytes: Vec::new(),
             measured: true,
             tg_ts: Some(tg),
-            pp_ts: None,
             fits: true,
-            recommended: false,
-            note: String::new(),
-            llama_cpp_args: String::new(),
-            predicted_tg_ts: None,
-            predicted_pp_ts: None,
+            ..SplitOption::default()
         };
         let report =
             SplitReport { options: vec![option(vec![4, 15], 30.0), option(vec![], 12.0)], ..SplitReport::default() };

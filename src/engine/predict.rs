@@ -165,6 +165,10 @@ pub struct PredictSpec {
     /// llama.cpp's default, layer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split_modes: Vec<crate::types::SplitMode>,
+    /// The FFN layers each split keeps on the CPU (`-ot`, the first K), by
+    /// position; missing: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split_cpu_ffn: Vec<u32>,
 }
 
 /// What a projector adds, as mtmd's dry run reports it: per buffer type,
@@ -387,7 +391,9 @@ pub fn predict_main() -> Result<()> {
         .map(|(i, split)| {
             let devices = spec.split_devices.get(i).map_or(&[][..], |d| &d[..]);
             let mode = spec.split_modes.get(i).copied().unwrap_or(Layer);
-            predict_one(&spec, PredictCase::layers(split.iter().sum(), spec.n_ctx), (split, devices, mode), extra)
+            let n_cpu_ffn = spec.split_cpu_ffn.get(i).copied().unwrap_or(0);
+            let case = PredictCase { n_cpu_ffn, ..PredictCase::layers(split.iter().sum(), spec.n_ctx) };
+            predict_one(&spec, case, (split, devices, mode), extra)
         })
         .collect();
     let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, spec.n_ctx));

@@ -456,13 +456,15 @@ mod tests {
             protocol: "7.0.0".into(),
             devices: vec![dev],
             rtt_ms: 0.2,
+            bandwidth: None,
         };
         remote.rpc_servers.push(server);
         let with_rpc = fingerprint(&remote);
         assert_ne!(with_rpc, base);
         remote.rpc_servers[0].devices[0].memory_free = 2;
         remote.rpc_servers[0].rtt_ms = 3.0;
-        assert_eq!(fingerprint(&remote), with_rpc, "free memory and the round trip do not change it");
+        remote.rpc_servers[0].bandwidth = Some(crate::types::Bandwidth { up_mb_s: 100.0, down_mb_s: 90.0 });
+        assert_eq!(fingerprint(&remote), with_rpc, "free memory, the round trip and the bandwidth do not change it");
         remote.rpc_servers[0].devices[0].memory_total = 16 << 30;
         assert_ne!(fingerprint(&remote), with_rpc, "a changed remote device does");
     }

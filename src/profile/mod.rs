@@ -735,7 +735,7 @@ pub struct DeviceShare {
 }
 
 /// One split: priced by the dry run, measured where it could win.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SplitOption {
     /// How it was made: "by capacity", "fill in device order", "llama.cpp's default split", ...
     pub label: String,
@@ -767,6 +767,10 @@ pub struct SplitOption {
     /// layers onto the faster devices); absent: f16.
     #[serde(default, skip_serializing_if = "crate::types::is_f16")]
     pub kv_type: KvType,
+    /// Layers (from the first) whose dense FFN weights stay on the CPU
+    /// (`-ot`): FFN spill, where it lets the fastest device hold every layer.
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
+    pub n_cpu_ffn: u32,
     /// A quantized cache's quality against f16, where measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quality: Option<crate::types::Quality>,
@@ -834,6 +838,9 @@ pub struct RpcLink {
     pub endpoint: String,
     pub protocol: String,
     pub rtt_ms: f64,
+    /// The link's bandwidth both ways, where measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<crate::types::Bandwidth>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

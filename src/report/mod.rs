@@ -462,12 +462,13 @@ pub fn render_hw(hw: &crate::types::Hardware) -> String {
     for r in &hw.rpc_servers {
         let devs: Vec<String> = r.devices.iter().map(|d| human_bytes(d.memory_total)).collect();
         s += &format!(
-            "rpc          {} protocol {}, {} device(s) ({}), round trip {:.3} ms\n",
+            "rpc          {} protocol {}, {} device(s) ({}), round trip {:.3} ms{}\n",
             r.endpoint,
             r.protocol,
             r.devices.len(),
             devs.join(", "),
-            r.rtt_ms
+            r.rtt_ms,
+            r.bandwidth.map_or(String::new(), |b| format!(", {}", bandwidth(&b)))
         );
     }
     if hw.gpus.is_empty() {
@@ -498,6 +499,12 @@ pub fn render_hw(hw: &crate::types::Hardware) -> String {
         s += &format!("note: {n}\n");
     }
     s
+}
+
+/// A link's bandwidth in words: "bandwidth 1234 MB/s up, 987 MB/s down".
+#[must_use]
+pub fn bandwidth(b: &crate::types::Bandwidth) -> String {
+    format!("bandwidth {:.0} MB/s up, {:.0} MB/s down", b.up_mb_s, b.down_mb_s)
 }
 
 #[cfg(test)]

@@ -415,6 +415,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         kv_type: s.kv_type,
         mmproj: s.mmproj.clone(),
         split_modes: Vec::new(),
+        split_cpu_ffn: Vec::new(),
     }
 }
 
@@ -431,8 +432,9 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         fit_split_margins,
         ..predict_spec(info, s, sh.op_offload)
     };
-    let mut predict_kv = |splits: &[plan::Split], kv: crate::types::KvType| {
-        let spec = PredictSpec { kv_type: kv, ..spec(splits, Vec::new()) };
+    // Splits priced with a KV cache type and FFN layers kept on the CPU.
+    let mut price = |splits: &[plan::Split], kv: crate::types::KvType, cpu_ffn: u32| {
+        let spec = PredictSpec { kv_type: kv, split_cpu_ffn: vec![cpu_ffn; splits.len()], ..spec(splits, Vec::new()) };
         predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_default()
     };
     let inp = split::SplitInputs {
@@ -442,6 +444,10 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         rpc: &s.rpc,
         op_offload: sh.op_offload,
         output_layers: info.output_work_layers(),
+        is_moe: info.is_moe(),
+        #[allow(clippy::cast_precision_loss)]
+        layer_bytes: info.total_layer_bytes() as f64 / f64::from(info.n_layer.max(1)),
+        links: split::links(&sh.opts.caps, &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), s.n_ubatch),
     };
     // A kept trial worker holds its connection to each server, and a
     // server serves one client at a time: end it before asking them.
@@ -454,12 +460,13 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         });
     }
     let kv = s.kv_type;
-    let mut found = split::split_stage(search, &inp, &mut |x: &[plan::Split]| predict_kv(x, kv))?;
+    let mut found = split::split_stage(search, &inp, &mut |x: &[plan::Split]| price(x, kv, 0))?;
     // A quantized cache's quality does not depend on where the layers run:
     // scored with every layer on this CPU (the scoring child has no RPC servers).
     let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload);
-    split::kv_hatch(search, &inp, &mut found, &mut predict_kv, &mut assess)?;
-    split::split_modes(search, &inp, &mut found, &mut |x: &[plan::Split]| predict_kv(x, kv))?;
+    split::kv_hatch(search, &inp, &mut found, &mut price, &mut assess)?;
+    split::ffn_hatch(search, &inp, &mut found, &mut price)?;
+    split::split_modes(search, &inp, &mut found, &mut |x: &[plan::Split]| price(x, kv, 0))?;
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
     let fit = predict_in_child(&sh.exe, &spec(&[], margins)).ok().and_then(|o| o.llama_fit_split);
     found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;

@@ -50,8 +50,23 @@ pub struct SpeedModel {
     /// Whether a device's costs rest on a measurement (none: it held no
     /// layers in any; it is given none by [`SpeedModel::best`]).
     pub known: Vec<bool>,
+    /// What a boundary between two devices costs beyond their links.
     pub crossing_tg_ms: f64,
     pub crossing_pp_ms: f64,
+    /// Each device's link, where it has one (empty: local devices).
+    pub links: Vec<Link>,
+}
+
+/// What a device's link adds to a token wherever the device holds layers
+/// (an RPC server's: round trips and bandwidth; zero for a local device):
+/// the activations there and back (ms per generated token, per prompt
+/// token), and the logits back where it runs the output (ms per generated
+/// token).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Link {
+    pub tg_ms: f64,
+    pub pp_ms: f64,
+    pub logits_ms: f64,
 }
 
 /// A split as measured (tokens/s).
@@ -123,21 +138,25 @@ impl SpeedModel {
         output_layers: f64,
     ) -> Option<SpeedModel> {
         let t0 = ms(cpu_tg_ts.filter(|v| *v > 0.0)?);
-        Self::solve_from(t0, cpu_pp_ts.filter(|v| *v > 0.0).map(ms), measured, n, output_layers)
+        Self::solve_from(t0, cpu_pp_ts.filter(|v| *v > 0.0).map(ms), measured, (n, output_layers), &[])
     }
 
     /// As [`SpeedModel::solve`], from the all-CPU times per token (ms; 0:
     /// absolute costs, for splits that all offload every layer, where the
-    /// CPU's share is the same in each).
+    /// CPU's share is the same in each), for `n` devices, the output's work
+    /// `output_layers`, each device's link (none: local devices): what the
+    /// links add to each measured split is taken off before the solve and
+    /// added to each prediction.
     #[must_use]
     pub fn solve_from(
         t0: f64,
         p0: Option<f64>,
         measured: &[Measured],
-        n: usize,
-        output_layers: f64,
+        (n, output_layers): (usize, f64),
+        links: &[Link],
     ) -> Option<SpeedModel> {
         let w = output_layers.max(0.0);
+        let linked = |x: &Split, pp: bool| Self::link_time(links, x, pp);
         let coefs = |x: &Split| -> Vec<f64> {
             let l = x.layers();
             let out = x.output_device();
@@ -145,12 +164,13 @@ impl SpeedModel {
                 .map(|d| f64::from(l.get(d).copied().unwrap_or(0)) + if out == Some(d) { w - 1.0 } else { 0.0 })
                 .collect()
         };
-        let tg_rows: Vec<(Vec<f64>, f64)> = measured.iter().map(|m| (coefs(&m.split), ms(m.tg_ts) - t0)).collect();
+        let tg_rows: Vec<(Vec<f64>, f64)> =
+            measured.iter().map(|m| (coefs(&m.split), ms(m.tg_ts) - t0 - linked(&m.split, false))).collect();
         let tg = least_squares(&tg_rows, n)?;
         let pp = p0.and_then(|p0| {
             let rows: Vec<(Vec<f64>, f64)> = measured
                 .iter()
-                .map(|m| Some((coefs(&m.split), ms(m.pp_ts.filter(|v| *v > 0.0)?) - p0)))
+                .map(|m| Some((coefs(&m.split), ms(m.pp_ts.filter(|v| *v > 0.0)?) - p0 - linked(&m.split, true))))
                 .collect::<Option<_>>()?;
             least_squares(&rows, n)
         });
@@ -169,7 +189,21 @@ impl SpeedModel {
             known,
             crossing_tg_ms: 0.0,
             crossing_pp_ms: 0.0,
+            links: links.to_vec(),
         })
+    }
+
+    /// What the links add to a split's token: each device with layers its
+    /// activations' way there and back, the output's device its logits.
+    fn link_time(links: &[Link], split: &Split, pp: bool) -> f64 {
+        let out = split.output_device();
+        let layers = split.layers();
+        links
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| layers.get(*d).is_some_and(|k| *k > 0))
+            .map(|(d, l)| if pp { l.pp_ms } else { l.tg_ms + if out == Some(d) { l.logits_ms } else { 0.0 } })
+            .sum()
     }
 
     /// Boundaries between devices in a split: devices with layers, less one.
@@ -181,7 +215,7 @@ impl SpeedModel {
     fn time_without(&self, split: &Split, pp: bool) -> f64 {
         let layers = split.layers();
         let out = split.output_device();
-        let mut t = if pp { self.cpu_pp_ms } else { self.cpu_tg_ms };
+        let mut t = if pp { self.cpu_pp_ms } else { self.cpu_tg_ms } + Self::link_time(&self.links, split, pp);
         for (i, (d, k)) in self.devices.iter().zip(&layers).enumerate() {
             let (c, o) = if pp { (d.pp_ms_per_layer, d.pp_ms_output) } else { (d.tg_ms_per_layer, d.tg_ms_output) };
             // The output, one of its device's layers, costs its own there.
@@ -221,6 +255,43 @@ impl SpeedModel {
         if let Some(c) = pp {
             self.crossing_pp_ms = c;
         }
+    }
+
+    /// The known device whose layers cost least for the objective.
+    #[must_use]
+    pub fn fastest(&self, objective: Objective, workload: (u32, u32)) -> Option<usize> {
+        let cost = self.layer_cost(objective, workload.0, workload.1);
+        (0..cost.len()).filter(|d| self.known[*d]).min_by(|a, b| cost[*a].total_cmp(&cost[*b]))
+    }
+
+    /// Predicted rates (tg, pp) of a split whose device `d` keeps the FFN
+    /// weights of `k` of its layers on the CPU (`-ot`): each such layer
+    /// gives up the FFN's `share` of what the device saves against the CPU
+    /// (`cpu_layer_ms`: the CPU's own time per layer, tg and pp, where the
+    /// costs are absolute; 0 where they are relative to the CPU) and sends
+    /// its activations to the CPU and back: two boundaries, each at least
+    /// what a crossing of the device's link costs (`link`: ms per generated
+    /// token, per prompt token).
+    #[must_use]
+    pub fn predict_spilled(
+        &self,
+        split: &Split,
+        (d, k, share): (usize, u32, f64),
+        cpu_layer_ms: (f64, f64),
+        link: Link,
+    ) -> (f64, Option<f64>) {
+        let x = Self::crossings(split);
+        let dev = self.devices[d];
+        let k = f64::from(k);
+        let tg = self.time_without(split, false)
+            + x * self.crossing_tg_ms
+            + k * (share * (cpu_layer_ms.0 - dev.tg_ms_per_layer) + (2.0 * self.crossing_tg_ms).max(link.tg_ms));
+        let pp = self.has_pp.then(|| {
+            self.time_without(split, true)
+                + x * self.crossing_pp_ms
+                + k * (share * (cpu_layer_ms.1 - dev.pp_ms_per_layer) + (2.0 * self.crossing_pp_ms).max(link.pp_ms))
+        });
+        (1000.0 / tg.max(1e-6), pp.map(|p| 1000.0 / p.max(1e-6)))
     }
 
     /// What a layer on each device costs for the objective: ms per token
@@ -335,6 +406,26 @@ mod tests {
             .devices
             .iter()
             .all(|d| d.tg_ms_per_layer == 0.0));
+    }
+
+    #[test]
+    fn a_links_cost_per_token_is_taken_off_before_the_solve_and_added_to_each_prediction() {
+        // D0 behind a link: 4 ms a token for the activations, 1 ms for the
+        // logits (it runs the output); a layer there saves 2 ms. Its probe,
+        // 10 layers: 50 - 20 + 5 = 35 ms a token.
+        let link = Link { tg_ms: 4.0, pp_ms: 0.0, logits_ms: 1.0 };
+        let probe = at(&[10, 0], 35.0);
+        let w = SpeedModel::solve_from(50.0, None, &[probe], (2, 1.0), &[link, Link::default()]).unwrap();
+        assert!((w.devices[0].tg_ms_per_layer + 2.0).abs() < 1e-9, "{:?}", w.devices);
+        // 20 layers there: 50 - 40 + 5 = 15 ms, where a model blind to the
+        // link (its 5 ms spread over the probe's 10 layers) says 20.
+        assert!((w.predict(&split(&[20, 0])).0 - 1000.0 / 15.0).abs() < 1e-6);
+        let blind = SpeedModel::solve_from(50.0, None, &[probe], (2, 1.0), &[]).unwrap();
+        assert!((blind.predict(&split(&[20, 0])).0 - 1000.0 / 20.0).abs() < 1e-6);
+        // FFN spill there: each spilled layer gives 0.6 of its 2 ms back and
+        // crosses the link twice more (4 ms): 15 + 4 x 5.2 = 35.8 ms.
+        let spilled = w.predict_spilled(&split(&[20, 0]), (0, 4, 0.6), (0.0, 0.0), link);
+        assert!((spilled.0 - 1000.0 / 35.8).abs() < 1e-6, "{spilled:?}");
     }
 
     #[test]

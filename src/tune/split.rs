@@ -26,7 +26,7 @@ use anyhow::Result;
 use super::memory::DeviceCap;
 use super::plan::{Candidate, Split};
 use super::search::Search;
-use super::speed::{Measured, SpeedModel};
+use super::speed::{Link, Measured, SpeedModel};
 use crate::engine::predict::Prediction;
 use crate::profile::{DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
 use crate::types::{KvType, LlamaDevice, Role, TrialStatus};
@@ -218,6 +218,43 @@ pub struct SplitInputs<'a> {
     pub op_offload: bool,
     /// The output layer's work in layers ([`crate::model::ModelInfo::output_work_layers`]).
     pub output_layers: f64,
+    /// Whether the model's FFN is experts (its spill is `--n-cpu-moe`,
+    /// not tried across devices).
+    pub is_moe: bool,
+    /// A repeating layer's weights, mean bytes (what an FFN's share is of).
+    pub layer_bytes: f64,
+    /// What each device's link adds to a token ([`links`]); zero for a local device.
+    pub links: Vec<Link>,
+}
+
+/// Each device's link, from its RPC server's round trip and bandwidth (its
+/// buffer type names the endpoint): a token's activations (`n_embd` f32
+/// values) there and back with a round trip each way per generated token,
+/// or per batch of `n_ubatch` prompt tokens; the logits (`n_vocab` f32
+/// values) back from the device that runs the output. Zero for a local
+/// device, and for the bytes where the bandwidth was not measured.
+#[must_use]
+pub fn links(
+    devs: &[DeviceCap],
+    servers: &[crate::types::RpcServer],
+    (n_embd, n_vocab): (u64, u64),
+    n_ubatch: u32,
+) -> Vec<Link> {
+    #[allow(clippy::cast_precision_loss)]
+    let (act, logits) = ((n_embd * 4) as f64, (n_vocab * 4) as f64);
+    devs.iter()
+        .map(|d| {
+            let served = |r: &&crate::types::RpcServer| d.buffer_type.ends_with(&format!("[{}]", r.endpoint));
+            servers.iter().find(served).map_or(Link::default(), |r| {
+                let carry = r.bandwidth.map_or(0.0, |b| b.there_and_back_ms(act));
+                Link {
+                    tg_ms: 2.0 * r.rtt_ms + carry,
+                    pp_ms: carry + 2.0 * r.rtt_ms / f64::from(n_ubatch.max(1)),
+                    logits_ms: r.bandwidth.map_or(0.0, |b| logits / (b.down_mb_s * 1e3)),
+                }
+            })
+        })
+        .collect()
 }
 
 /// What the stage found.
@@ -244,9 +281,17 @@ fn names(devs: &[DeviceCap]) -> Vec<String> {
     devs.iter().map(|d| d.device.clone()).collect()
 }
 
-/// llama.cpp's flags of a split with a KV cache type (f16: the tune's base).
-fn flags(ngl: u32, split: &Split, kv: KvType, s: &Settings, threads: u32, inp: &SplitInputs<'_>) -> String {
-    crate::types::Placement::default()
+/// llama.cpp's flags of a split with a KV cache type (f16: the tune's
+/// base) and the FFN of its first `cpu_ffn` layers on the CPU.
+fn flags(
+    ngl: u32,
+    split: &Split,
+    (kv, cpu_ffn): (KvType, u32),
+    s: &Settings,
+    threads: u32,
+    inp: &SplitInputs<'_>,
+) -> String {
+    crate::types::Placement { n_cpu_ffn: cpu_ffn, ..crate::types::Placement::default() }
         .with_layers(ngl, threads, Some(s.n_ctx))
         .with_op_offload(inp.op_offload)
         .with_kv(kv)
@@ -443,8 +488,12 @@ fn probe_speeds(
     }
     let w = inp.output_layers;
     let solved_model = match cpu {
-        Some((tg, pp)) => SpeedModel::solve(tg, pp, &equations, n, w),
-        None => SpeedModel::solve_from(0.0, Some(0.0), &equations, n, w),
+        Some((Some(tg), pp)) => {
+            let pp = pp.filter(|v| *v > 0.0).map(|v| 1000.0 / v);
+            SpeedModel::solve_from(1000.0 / tg, pp, &equations, (n, w), &inp.links)
+        }
+        Some((None, _)) => None,
+        None => SpeedModel::solve_from(0.0, Some(0.0), &equations, (n, w), &inp.links),
     };
     let Some(mut model) = solved_model else { return Ok(None) };
     let others: Vec<Measured> =
@@ -659,7 +708,7 @@ fn default_options(
         let mut o = option_of(&label, &Split::new(&[]), Vec::new(), Some(t), s, inp);
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
-        o.llama_cpp_args = flags(ngl, &Split::new(&[]), KvType::F16, s, t.result.spec.placement.n_threads, inp);
+        o.llama_cpp_args = flags(ngl, &Split::new(&[]), (KvType::F16, 0), s, t.result.spec.placement.n_threads, inp);
         if let (Some(m), Some(l)) = (speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
@@ -683,8 +732,9 @@ fn split_list(l: &[u32]) -> String {
     l.iter().map(u32::to_string).collect::<Vec<_>>().join(" + ")
 }
 
-/// Prices splits with a KV cache type.
-pub type KvPricer<'a> = dyn FnMut(&[Split], crate::types::KvType) -> Vec<Prediction> + 'a;
+/// Prices splits with a KV cache type and the FFN of the first K layers
+/// on the CPU.
+pub type HatchPricer<'a> = dyn FnMut(&[Split], crate::types::KvType, u32) -> Vec<Prediction> + 'a;
 
 /// The escape hatch with several devices: a q8_0 KV cache (half an f16
 /// cache's bytes per token) where it lets more layers onto the faster
@@ -704,7 +754,7 @@ pub fn kv_hatch(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
     found: &mut SplitFound,
-    predict: &mut KvPricer<'_>,
+    predict: &mut HatchPricer<'_>,
     assess: &mut dyn FnMut(crate::types::KvType) -> Result<Option<crate::types::Quality>>,
 ) -> Result<()> {
     let s = search.settings();
@@ -716,7 +766,7 @@ pub fn kv_hatch(
     }
     let (devs, full) = (inp.devs, inp.full);
     let q8 = KvType::Q8_0;
-    let Ok((cost, full_cap, partial_cap)) = capacities(&mut |x: &[Split]| predict(x, q8), devs, full) else {
+    let Ok((cost, full_cap, partial_cap)) = capacities(&mut |x: &[Split]| predict(x, q8, 0), devs, full) else {
         return Ok(());
     };
     let best_score =
@@ -727,7 +777,7 @@ pub fn kv_hatch(
         .filter(|(_, x)| predicted_score(&m, s, x) > best_score)
         .map(|(_, x)| ("q8_0 KV cache: more layers on the faster devices".to_string(), x))
         .collect();
-    let Some((label, split, p)) = price_all(todo, &mut |x: &[Split]| predict(x, q8), devs, &cost).into_iter().next()
+    let Some((label, split, p)) = price_all(todo, &mut |x: &[Split]| predict(x, q8, 0), devs, &cost).into_iter().next()
     else {
         return Ok(());
     };
@@ -740,6 +790,112 @@ pub fn kv_hatch(
     o.quality = quality;
     let (tg, pp) = m.predict(&split);
     (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
+    found.options.push(o);
+    choose_again(found, s);
+    Ok(())
+}
+
+/// The CPU's own time per layer (tg, pp in ms) for a spill's prediction:
+/// 0 where the costs are relative to the CPU, else from the search's
+/// trial with every layer on the CPU (its time over the layers and the
+/// output's work); `None` without one.
+fn cpu_layer_ms(search: &Search<'_>, m: &SpeedModel, inp: &SplitInputs<'_>) -> Option<(f64, f64)> {
+    if m.cpu_tg_ms > 0.0 {
+        return Some((0.0, 0.0));
+    }
+    let t = search.trials.iter().find(|t| {
+        let p = &t.result.spec.placement;
+        t.result.status == TrialStatus::Ok && p.n_gpu_layers == 0 && p.n_cpu_ffn == 0 && p.n_cpu_moe == 0
+    })?;
+    let work = f64::from(inp.full.saturating_sub(1)) + inp.output_layers;
+    let per = |ts: Option<f64>| ts.filter(|v| *v > 0.0).map_or(0.0, |v| 1000.0 / v / work);
+    let (tg, pp) = rates(t);
+    tg.is_some().then(|| (per(tg), per(pp)))
+}
+
+/// FFN spill with several devices: the fastest device alone with every
+/// layer, the dense FFN weights of its first K layers on the CPU (`-ot`),
+/// where the answer leaves it layers short. K is the fewest that fit its
+/// cap, solved from two dry runs (K = 1 and every layer) and priced
+/// exactly (one more while over, three times at most). The split is
+/// measured once where each device's speed predicts it faster than the
+/// recommendation (a spilled layer gives the CPU back its FFN's share of
+/// the layer and crosses to it and back), or where the costs cannot
+/// predict it (absolute, without a trial on the CPU); it is lossless and
+/// chosen with the rest. Only where every layer may be offloaded (the
+/// spilled layers are the first ones) and the model is dense.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+pub fn ffn_hatch(
+    search: &mut Search<'_>,
+    inp: &SplitInputs<'_>,
+    found: &mut SplitFound,
+    predict: &mut HatchPricer<'_>,
+) -> Result<()> {
+    let s = search.settings();
+    let (Some(m), Some(best)) = (found.speed.clone(), found.best.map(|i| found.options[i].clone())) else {
+        return Ok(());
+    };
+    let (devs, full, n_layer) = (inp.devs, inp.full, inp.full.saturating_sub(1));
+    let Some(d) = m.fastest(s.objective, (s.n_prompt, s.n_gen)) else { return Ok(()) };
+    if inp.is_moe || n_layer < 2 || !eligible(s, full, full) || best.tensor_split.get(d).is_some_and(|l| *l >= full) {
+        return Ok(());
+    }
+    let mut layers = vec![0; devs.len()];
+    layers[d] = full;
+    let alone = Split::new(&layers);
+    let (kv, cap) = (s.kv_type, devs[d].cap_bytes);
+    let mut at = |k: u32| predict(&[alone], kv, k).into_iter().next().filter(|p| p.error.is_none());
+    let (Some(one), Some(all)) = (at(1), at(n_layer)) else { return Ok(()) };
+    let bytes = |p: &Prediction| parts(p, devs)[d].0;
+    let dev = &devs[d].device;
+    if per_device(&all, devs)[d] > cap {
+        found.notes.push(crate::types::Note::split(format!(
+            "FFN spill across devices not tried: {dev} does not hold every layer even with every FFN on the CPU"
+        )));
+        return Ok(());
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let ffn = bytes(&one).saturating_sub(bytes(&all)) as f64 / f64::from(n_layer - 1);
+    if ffn <= 0.0 {
+        return Ok(());
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let over = per_device(&one, devs)[d].saturating_sub(cap) as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let mut k = (1 + (over / ffn).ceil() as u32).min(n_layer);
+    let mut priced = (all, n_layer);
+    for _ in 0..3 {
+        match at(k) {
+            Some(p) if per_device(&p, devs)[d] <= cap => {
+                priced = (p, k);
+                break;
+            }
+            _ if k < n_layer => k += 1,
+            _ => break,
+        }
+    }
+    let (p, k) = priced;
+    let share = (ffn / inp.layer_bytes.max(1.0)).clamp(0.0, 1.0);
+    let link = inp.links.get(d).copied().unwrap_or_default();
+    let predicted = cpu_layer_ms(search, &m, inp).map(|cpu| m.predict_spilled(&alone, (d, k, share), cpu, link));
+    let score = |tg: Option<f64>, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
+    let best_score = score(best.tg_ts, best.pp_ts).unwrap_or(0.0);
+    if let Some((tg, pp)) = predicted.filter(|(tg, pp)| score(Some(*tg), *pp).unwrap_or(0.0) <= best_score) {
+        let pp = pp.map_or(String::new(), |v| format!(", pp {v:.2}"));
+        found.notes.push(crate::types::Note::split(format!(
+            "FFN spill across devices not measured: {dev} alone with the FFN of {k} layers on the CPU is predicted slower (tg {tg:.2}{pp} t/s) than the recommendation"
+        )));
+        return Ok(());
+    }
+    search.predicted.push(p.clone());
+    let c = Candidate { split: alone, n_cpu_ffn: k, ..Candidate::layers(full, inp.threads) };
+    let race = search.race();
+    let t = search.measure(Role::Hatch, c, Some(race))?.clone();
+    let label = format!("FFN spill: {dev} alone, the FFN of its first {k} layers on the CPU");
+    let mut o = option_of(&label, &alone, per_device(&p, devs), Some(&t), s, inp);
+    (o.predicted_tg_ts, o.predicted_pp_ts) = predicted.map_or((None, None), |(tg, pp)| (Some(tg), pp));
     found.options.push(o);
     choose_again(found, s);
     Ok(())
@@ -875,7 +1031,7 @@ pub fn against_llama(
         let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
         let mut r = DefaultComparison {
             n_gpu_layers: Some(theirs.ngl),
-            llama_cpp_args: flags(theirs.ngl, &split, KvType::F16, s, threads, inp),
+            llama_cpp_args: flags(theirs.ngl, &split, (KvType::F16, 0), s, threads, inp),
             pairs: 0,
             n_depth: s.depth_at(s.n_ctx),
             tg_ratio: None,
@@ -985,6 +1141,7 @@ fn option_of(
         .map(|t| &t.result.spec)
         .filter(|x| x.placement.kv_type != x.kv_base)
         .map_or(KvType::F16, |x| x.placement.kv_type);
+    let cpu_ffn = t.map_or(0, |t| t.result.spec.placement.n_cpu_ffn);
     let order = if split.in_llama_order() {
         Vec::new()
     } else {
@@ -1004,8 +1161,9 @@ fn option_of(
         fits,
         recommended: false,
         note,
-        llama_cpp_args: flags(ngl, split, kv, s, threads, inp),
+        llama_cpp_args: flags(ngl, split, (kv, cpu_ffn), s, threads, inp),
         kv_type: kv,
+        n_cpu_ffn: cpu_ffn,
         quality: None,
         predicted_tg_ts: None,
         predicted_pp_ts: None,
@@ -1113,26 +1271,7 @@ pub fn report(
     fit: Option<crate::engine::predict::LlamaFitSplit>,
     servers: &[crate::types::RpcServer],
 ) -> SplitReport {
-    let empty = SplitOption {
-        label: String::new(),
-        n_gpu_layers: 0,
-        tensor_split: Vec::new(),
-        order: Vec::new(),
-        split_mode: crate::types::SplitMode::Layer,
-        predicted_bytes: Vec::new(),
-        accounted_bytes: Vec::new(),
-        measured: false,
-        tg_ts: None,
-        pp_ts: None,
-        fits: false,
-        recommended: false,
-        note: String::new(),
-        llama_cpp_args: String::new(),
-        kv_type: crate::types::KvType::F16,
-        quality: None,
-        predicted_tg_ts: None,
-        predicted_pp_ts: None,
-    };
+    let empty = SplitOption::default();
     let best = found.best.map_or(&empty, |i| &found.options[i]);
     SplitReport {
         devices: shares(devs, best),
@@ -1148,6 +1287,7 @@ pub fn report(
                 endpoint: r.endpoint.clone(),
                 protocol: r.protocol.clone(),
                 rtt_ms: r.rtt_ms,
+                bandwidth: r.bandwidth,
             })
             .collect(),
         crossing_tg_ms: found.crossing_tg_ms,
@@ -1164,7 +1304,7 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     let mut r = base.clone();
     r.n_gpu_layers = o.n_gpu_layers;
     r.n_cpu_moe = 0;
-    r.n_cpu_ffn = 0;
+    r.n_cpu_ffn = o.n_cpu_ffn;
     r.kv_type = o.kv_type;
     let split = split_of(o);
     r.tensor_split = split.listed();
@@ -1294,24 +1434,15 @@ mod tests {
     fn the_fastest_split_under_every_cap_is_recommended() {
         let s = crate::tune::worlds::settings();
         let o = |tg: f64, fits: bool, measured: bool| SplitOption {
-            kv_type: crate::types::KvType::F16,
-            quality: None,
-            order: Vec::new(),
-            split_mode: crate::types::SplitMode::Layer,
             label: "x".into(),
             n_gpu_layers: 41,
             tensor_split: vec![20, 21],
             predicted_bytes: vec![1, 1],
-            accounted_bytes: vec![],
             measured,
             tg_ts: Some(tg),
             pp_ts: Some(tg * 10.0),
             fits,
-            recommended: false,
-            note: String::new(),
-            llama_cpp_args: String::new(),
-            predicted_tg_ts: None,
-            predicted_pp_ts: None,
+            ..SplitOption::default()
         };
         let mut f = SplitFound {
             options: vec![o(9.0, true, true), o(12.0, false, true), o(10.0, true, true)],
@@ -1332,13 +1463,17 @@ mod tests {
     /// 20 MB at full offload, 8 MB at partial. `extra_d1` is what the dry
     /// run adds on D1 beyond that line (a cost the two probes missed).
     fn split_prediction(split: &[u32], extra_d1: u64) -> Prediction {
-        split_prediction_kv(split, extra_d1, crate::types::KvType::F16)
+        split_prediction_kv(split, extra_d1, crate::types::KvType::F16, 0)
     }
 
-    /// As [`split_prediction`], a layer 8 MB with a q8_0 KV cache (its cache half the size).
-    fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::types::KvType) -> Prediction {
+    /// As [`split_prediction`], a layer 8 MB with a q8_0 KV cache (its
+    /// cache half the size), the FFN (6 MB of a layer) of the first
+    /// `cpu_ffn` layers on the CPU (they are on the first device with layers).
+    fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::types::KvType, cpu_ffn: u32) -> Prediction {
         let mb = 1_000_000u64;
         let per = if kv.is_quantized() { 8 } else { 10 };
+        let first = usize::from(split[0] == 0);
+        let spilled = |d: usize| if d == first { u64::from(cpu_ffn.min(split[d])) * 6 * mb } else { 0 };
         let full = split.iter().sum::<u32>() == 21;
         let buf = |name: &str, model: u64, compute: u64| crate::engine::predict::PredictedBuffer {
             buffer_type: name.into(),
@@ -1353,13 +1488,33 @@ mod tests {
             device_bytes: 0,
             device_model_bytes: 0,
             buffers: vec![
-                buf("D0", u64::from(split[0]) * per * mb, 5 * mb),
-                buf("D1", u64::from(split[1]) * per * mb + 10 * mb + d1_extra, if full { 20 * mb } else { 8 * mb }),
+                buf("D0", u64::from(split[0]) * per * mb - spilled(0), 5 * mb),
+                buf(
+                    "D1",
+                    u64::from(split[1]) * per * mb + 10 * mb + d1_extra - spilled(1),
+                    if full { 20 * mb } else { 8 * mb },
+                ),
             ],
             error: None,
             case: None,
             split: split.to_vec(),
             devices: Vec::new(),
+        }
+    }
+
+    /// The fake world's inputs: 21 layers (the output one of them), local
+    /// devices (no link), a layer 10 MB.
+    fn inputs<'a>(devs: &'a [DeviceCap], rpc: &'a [String]) -> SplitInputs<'a> {
+        SplitInputs {
+            devs,
+            full: 21,
+            threads: 2,
+            rpc,
+            op_offload: true,
+            output_layers: 1.0,
+            is_moe: false,
+            layer_bytes: 10e6,
+            links: vec![Link::default(); devs.len()],
         }
     }
 
@@ -1384,14 +1539,18 @@ mod tests {
             let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, race);
             let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
             r.reason = None;
-            for b in split_prediction_kv(&split, self.extra_d1, c.kv).buffers {
+            for b in split_prediction_kv(&split, self.extra_d1, c.kv, c.n_cpu_ffn).buffers {
                 let bytes = b.model + b.compute;
                 r.model_buffers.push(BufferLine { buffer_type: b.buffer_type, kind: "model".into(), bytes });
             }
             // 20 ms a token on the CPU; a layer on D0 adds 1 ms (slower
             // than the CPU), a layer on D1 saves 0.5 ms.
             let tensor = if c.split.mode() == crate::types::SplitMode::Tensor { self.tensor_ms } else { 0.0 };
-            let ms = 20.0 + f64::from(split[0]) - 0.5 * f64::from(split[1]) + tensor;
+            // A layer whose FFN (0.6 of its work) runs on the CPU gives that share back.
+            let gain = [1.0, -0.5];
+            let first = usize::from(split[0] == 0);
+            let spill = -0.6 * gain[first] * f64::from(c.n_cpu_ffn.min(split[first]));
+            let ms = 20.0 + gain[0] * f64::from(split[0]) + gain[1] * f64::from(split[1]) + tensor + spill;
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let ns = (16.0 * ms * 1e6) as u64;
             r.tests.push(TestResult::from_samples(0, 16, 256, vec![ns; 2]));
@@ -1408,7 +1567,7 @@ mod tests {
         let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
         let mb = 1_000_000u64;
         let devs = caps(&[105 * mb, 150 * mb]);
-        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
+        let inp = inputs(&devs, &[]);
         let mut priced = Vec::new();
         let mut predict = |splits: &[Split]| {
             priced.extend(splits.iter().map(Split::layers));
@@ -1456,7 +1615,7 @@ mod tests {
         let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
         let mb = 1_000_000u64;
         let devs = caps(&[105 * mb, 150 * mb]);
-        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
+        let inp = inputs(&devs, &[]);
         let mut predict = |splits: &[Split]| splits.iter().map(|s| split_prediction(&s.layers(), 0)).collect();
         let found = split_stage(&mut search, &inp, &mut predict).unwrap();
         drop(search);
@@ -1512,7 +1671,7 @@ mod tests {
         let s = crate::tune::worlds::settings();
         let devs = caps(&[1, 1]);
         let rpc = ["10.0.0.2:50052".to_string()];
-        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &rpc, op_offload: true, output_layers: 1.0 };
+        let inp = inputs(&devs, &rpc);
         // 13 layers on D1 first, the output's layer on D0 last.
         let split = Split::ordered(&[1, 13], &[1, 0]);
         let o = option_of("x", &split, vec![0, 0], None, &s, &inp);
@@ -1547,15 +1706,17 @@ mod tests {
     /// split stage, then `then` (the search, the inputs, what the stage
     /// found, a pricer by KV type); what was found and measured.
     fn fixed_world(
-        then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut KvPricer<'_>),
+        then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut HatchPricer<'_>),
     ) -> (SplitFound, Vec<Vec<u32>>) {
-        fixed_world_with(0.0, then)
+        fixed_world_with(0.0, &[0.0, 0.0], then)
     }
 
-    /// As [`fixed_world`], `-sm tensor` adding `tensor_ms` to a token.
+    /// As [`fixed_world`], `-sm tensor` adding `tensor_ms` to a token, each
+    /// device's link round trip `link_ms`.
     fn fixed_world_with(
         tensor_ms: f64,
-        then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut KvPricer<'_>),
+        link_ms: &[f64],
+        then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut HatchPricer<'_>),
     ) -> (SplitFound, Vec<Vec<u32>>) {
         let mut s = crate::tune::worlds::settings();
         s.grid = Some(vec![21]);
@@ -1565,12 +1726,13 @@ mod tests {
         search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
         let mb = 1_000_000u64;
         let devs = caps(&[105 * mb, 150 * mb]);
-        let inp = SplitInputs { devs: &devs, full: 21, threads: 2, rpc: &[], op_offload: true, output_layers: 1.0 };
-        let mut predict = |x: &[Split], kv: crate::types::KvType| -> Vec<Prediction> {
-            x.iter().map(|s| split_prediction_kv(&s.layers(), 0, kv)).collect()
+        let mut inp = inputs(&devs, &[]);
+        inp.links = link_ms.iter().map(|l| Link { tg_ms: *l, ..Link::default() }).collect();
+        let mut predict = |x: &[Split], kv: crate::types::KvType, k: u32| -> Vec<Prediction> {
+            x.iter().map(|s| split_prediction_kv(&s.layers(), 0, kv, k)).collect()
         };
         let mut found =
-            split_stage(&mut search, &inp, &mut |x: &[Split]| predict(x, crate::types::KvType::F16)).unwrap();
+            split_stage(&mut search, &inp, &mut |x: &[Split]| predict(x, crate::types::KvType::F16, 0)).unwrap();
         then(&mut search, &inp, &mut found, &mut predict);
         drop(search);
         (found, world.measured)
@@ -1616,6 +1778,44 @@ mod tests {
         assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
     }
 
+    /// The fixed world, then FFN spill with these link round trips.
+    fn with_ffn_hatch(link_ms: &[f64]) -> (SplitFound, Vec<Vec<u32>>) {
+        fixed_world_with(0.0, link_ms, |search, inp, found, predict| {
+            ffn_hatch(search, inp, found, predict).unwrap();
+        })
+    }
+
+    #[test]
+    fn ffn_spill_lets_the_fast_device_hold_every_layer_where_it_is_predicted_faster() {
+        // D1 (fast) holds 12 of 21 layers in f16; alone with all 21 it is 90 MB
+        // over its 150 MB cap; the FFN (6 MB) of 15 layers on the CPU fits.
+        let (found, measured) = with_ffn_hatch(&[0.0, 0.0]);
+        assert_eq!(measured.last(), Some(&vec![0, 21]), "{measured:?}");
+        let best = &found.options[found.best.unwrap()];
+        assert_eq!((best.tensor_split.clone(), best.n_cpu_ffn), (vec![0, 21], 15), "{:?}", found.options);
+        assert!(best.fits && best.accounted_bytes[1] <= 150_000_000, "{:?}", best.accounted_bytes);
+        // 20 - 10.5 + 15 x 0.6 x 0.5 = 14 ms a token, as predicted, against 23 for 9 + 12.
+        let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
+        assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 14.0).abs() < 0.5, "{p} {m}");
+        assert!(
+            best.llama_cpp_args
+                .contains("-ot 'blk\\.(0|1|2|3|4|5|6|7|8|9|10|11|12|13|14)\\.ffn_(up|down|gate)\\.weight=CPU'"),
+            "{}",
+            best.llama_cpp_args
+        );
+        assert!(best.llama_cpp_args.contains("-ts 0,21"), "{}", best.llama_cpp_args);
+        let devs = caps(&[105_000_000, 150_000_000]);
+        let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
+        assert_eq!((r.n_cpu_ffn, r.tensor_split.clone()), (15, vec![0, 21]));
+        // Behind a link that costs 1 ms a token there and back, each spilled
+        // layer crosses it again: 9.5 + 1 + 15 x 1.3 = 30 ms predicted,
+        // slower than 23: not measured.
+        let (found, measured) = with_ffn_hatch(&[0.0, 1.0]);
+        assert!(!measured.contains(&vec![0, 21]), "{measured:?}");
+        assert_eq!(found.options[found.best.unwrap()].tensor_split, vec![9, 12]);
+        assert!(found.notes.iter().any(|n| n.to_string().contains("predicted slower")), "{:?}", found.notes);
+    }
+
     /// Row refused by the dry run, tensor priced on llama.cpp's meta device (200 MiB).
     fn modes_dry_run(x: &[Split]) -> Vec<Prediction> {
         let mut p = split_prediction(&x[0].layers(), 0);
@@ -1641,7 +1841,7 @@ mod tests {
     fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen_on_speed() {
         use crate::types::SplitMode;
         // Tensor 2 ms a token slower than the layer split [9, 12]: measured, not recommended.
-        let (found, measured) = fixed_world_with(2.0, |search, inp, found, _| {
+        let (found, measured) = fixed_world_with(2.0, &[0.0, 0.0], |search, inp, found, _| {
             split_modes(search, inp, found, &mut modes_dry_run).unwrap();
         });
         assert_eq!(measured.last(), Some(&vec![9, 12]), "the tensor trial, the answer's proportions");
@@ -1653,7 +1853,7 @@ mod tests {
         let best = &found.options[found.best.unwrap()];
         assert_eq!((best.split_mode, best.tensor_split.clone()), (SplitMode::Layer, vec![9, 12]));
         // Tensor 5 ms a token faster: recommended, emitted as such.
-        let (found, _) = fixed_world_with(-5.0, |search, inp, found, _| {
+        let (found, _) = fixed_world_with(-5.0, &[0.0, 0.0], |search, inp, found, _| {
             split_modes(search, inp, found, &mut modes_dry_run).unwrap();
         });
         let best = &found.options[found.best.unwrap()];

@@ -207,4 +207,25 @@ pub struct RpcServer {
     pub devices: Vec<RpcDevice>,
     /// Median round trip of a small request, in milliseconds.
     pub rtt_ms: f64,
+    /// The link's bandwidth (MB/s) to the server and back, the best of a
+    /// few 4 MiB tensor copies to its first device and from it; absent
+    /// where not measured (a device that would not hold the buffer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<Bandwidth>,
+}
+
+/// A link's bandwidth both ways (MB/s, 10^6 bytes a second).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Bandwidth {
+    pub up_mb_s: f64,
+    pub down_mb_s: f64,
+}
+
+impl Bandwidth {
+    /// Milliseconds to send `bytes` one way and back (there at the upload
+    /// rate, back at the download rate).
+    #[must_use]
+    pub fn there_and_back_ms(&self, bytes: f64) -> f64 {
+        bytes / (self.up_mb_s * 1e3) + bytes / (self.down_mb_s * 1e3)
+    }
 }
