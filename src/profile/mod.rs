@@ -826,6 +826,10 @@ pub struct SplitComparison {
     pub result: DefaultComparison,
 }
 
+/// The note of a paired split of llama.cpp's that was raced out: its rate
+/// is of the tokens timed, not one to set a prediction against.
+pub const CUT_SHORT: &str = "theirs was cut short, far behind: its rate is of the tokens timed";
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlamaFitChoice {
     pub n_gpu_layers: Option<i32>,

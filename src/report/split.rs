@@ -119,8 +119,12 @@ fn against_lines(r: &SplitReport) -> String {
         };
         if let Some(m) = a.tg_ts {
             verdict += &format!("; theirs tg {m:.2} t/s");
-            if let Some(p) = a.predicted_tg_ts {
-                verdict += &format!(", predicted {}", predicted(Some(p), Some(m)));
+            match a.predicted_tg_ts {
+                Some(p) if c.note == crate::profile::CUT_SHORT => {
+                    verdict += &format!(", predicted {p:.2} (not set against a rate cut short)");
+                }
+                Some(p) => verdict += &format!(", predicted {}", predicted(Some(p), Some(m))),
+                None => {}
             }
         }
         let _ = match c.verdict {

@@ -437,16 +437,7 @@ fn probe_speeds(
     let cpu = if absolute {
         None
     } else {
-        let cpu_ref = |t: &&crate::profile::ProfileTrial| {
-            let p = &t.result.spec.placement;
-            t.result.status == TrialStatus::Ok
-                && p.n_gpu_layers == 0
-                && p.n_threads == threads
-                && p.n_cpu_moe == 0
-                && p.n_cpu_ffn == 0
-                && t.result.test(false).is_some_and(|x| !x.stopped_early)
-        };
-        let cpu = match search.trials.iter().find(cpu_ref) {
+        let cpu = match all_cpu(&search.trials, threads) {
             Some(t) => rates(t),
             None => rates(search.measure(Role::Split, Candidate::layers(0, threads), None)?),
         };
@@ -486,20 +477,39 @@ fn probe_speeds(
         }
         found.options.push(option_of(&label, &split, per_device(&p, devs), Some(t), s, inp));
     }
-    let w = inp.output_layers;
-    let solved_model = match cpu {
-        Some((Some(tg), pp)) => {
-            let pp = pp.filter(|v| *v > 0.0).map(|v| 1000.0 / v);
-            SpeedModel::solve_from(1000.0 / tg, pp, &equations, (n, w), &inp.links)
-        }
-        Some((None, _)) => None,
-        None => SpeedModel::solve_from(0.0, Some(0.0), &equations, (n, w), &inp.links),
-    };
+    let solved_model = solve(cpu, &equations, inp);
     let Some(mut model) = solved_model else { return Ok(None) };
     let others: Vec<Measured> =
         defaults.iter().filter(|m| solved.is_none_or(|(_, s)| s.split != m.split)).copied().collect();
     model.fit_crossings(&others);
     Ok(Some((model, equations.iter().map(|m| m.split).collect())))
+}
+
+/// The search's trial with every layer on the CPU with `threads` threads,
+/// measured to the end.
+fn all_cpu(trials: &[crate::profile::ProfileTrial], threads: u32) -> Option<&crate::profile::ProfileTrial> {
+    trials.iter().find(|t| {
+        let p = &t.result.spec.placement;
+        t.result.status == TrialStatus::Ok
+            && p.n_gpu_layers == 0
+            && p.n_threads == threads
+            && p.n_cpu_moe == 0
+            && p.n_cpu_ffn == 0
+            && t.result.test(false).is_some_and(|x| !x.stopped_early)
+    })
+}
+
+/// Each device's speed from the measured splits, against the all-CPU
+/// rates (tg, pp) where given, else absolute; each link's cost taken off.
+fn solve(cpu: Option<(Option<f64>, Option<f64>)>, equations: &[Measured], inp: &SplitInputs<'_>) -> Option<SpeedModel> {
+    let shape = (inp.devs.len(), inp.output_layers);
+    match cpu {
+        Some((tg, pp)) => {
+            let pp = pp.filter(|v| *v > 0.0).map(|v| 1000.0 / v);
+            SpeedModel::solve_from(1000.0 / tg.filter(|v| *v > 0.0)?, pp, equations, shape, &inp.links)
+        }
+        None => SpeedModel::solve_from(0.0, Some(0.0), equations, shape, &inp.links),
+    }
 }
 
 /// The fastest splits by each device's measured speed, under the
@@ -803,10 +813,7 @@ fn cpu_layer_ms(search: &Search<'_>, m: &SpeedModel, inp: &SplitInputs<'_>) -> O
     if m.cpu_tg_ms > 0.0 {
         return Some((0.0, 0.0));
     }
-    let t = search.trials.iter().find(|t| {
-        let p = &t.result.spec.placement;
-        t.result.status == TrialStatus::Ok && p.n_gpu_layers == 0 && p.n_cpu_ffn == 0 && p.n_cpu_moe == 0
-    })?;
+    let t = all_cpu(&search.trials, inp.threads)?;
     let work = f64::from(inp.full.saturating_sub(1)) + inp.output_layers;
     let per = |ts: Option<f64>| ts.filter(|v| *v > 0.0).map_or(0.0, |v| 1000.0 / v / work);
     let (tg, pp) = rates(t);
@@ -1047,7 +1054,7 @@ pub fn against_llama(
             let cut = super::baseline::pair(search, mine, theirs, &mut r)?;
             let default = label.starts_with("llama.cpp's default");
             r.note = match r.verdict {
-                Verdict::Faster if cut => "theirs was cut short, far behind: its rate is of the tokens timed".into(),
+                Verdict::Faster if cut => crate::profile::CUT_SHORT.into(),
                 Verdict::Tie if default => "within the noise: llama.cpp's default split is recommended".into(),
                 Verdict::Tie => "within the noise".into(),
                 Verdict::Slower => "theirs was faster beyond the noise: it is recommended".into(),
