@@ -1022,7 +1022,8 @@ pub fn against_llama(
     let mine = if best.tensor_split.is_empty() {
         Candidate::layers(best.n_gpu_layers, threads)
     } else {
-        Candidate { split: split_of(&best), kv: best.kv_type, ..Candidate::layers(best.n_gpu_layers, threads) }
+        let c = Candidate::layers(best.n_gpu_layers, threads);
+        Candidate { split: split_of(&best), kv: best.kv_type, n_cpu_ffn: best.n_cpu_ffn, ..c }
     };
     let mut sides: Vec<(String, Vec<u32>)> =
         vec![("llama.cpp's default split (by free memory)".into(), vec![best.n_gpu_layers])];
@@ -1785,19 +1786,28 @@ mod tests {
         assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
     }
 
-    /// The fixed world, then FFN spill with these link round trips.
-    fn with_ffn_hatch(link_ms: &[f64]) -> (SplitFound, Vec<Vec<u32>>) {
-        fixed_world_with(0.0, link_ms, |search, inp, found, predict| {
+    /// The fixed world, then FFN spill with these link costs, then the
+    /// pairing with llama.cpp's default split; what was found, measured
+    /// (layers), and the FFN layers on the CPU in each paired trial.
+    fn with_ffn_hatch(link_ms: &[f64]) -> (SplitFound, Vec<Vec<u32>>, Vec<u32>) {
+        let mut paired = Vec::new();
+        let (found, measured) = fixed_world_with(0.0, link_ms, |search, inp, found, predict| {
             ffn_hatch(search, inp, found, predict).unwrap();
-        })
+            found.against = against_llama(search, found, inp, None).unwrap();
+            let trials = search.trials.iter().filter(|t| t.role == Role::Paired);
+            paired = trials.map(|t| t.result.spec.placement.n_cpu_ffn).collect();
+        });
+        (found, measured, paired)
     }
 
     #[test]
     fn ffn_spill_lets_the_fast_device_hold_every_layer_where_it_is_predicted_faster() {
         // D1 (fast) holds 12 of 21 layers in f16; alone with all 21 it is 90 MB
         // over its 150 MB cap; the FFN (6 MB) of 15 layers on the CPU fits.
-        let (found, measured) = with_ffn_hatch(&[0.0, 0.0]);
-        assert_eq!(measured.last(), Some(&vec![0, 21]), "{measured:?}");
+        let (found, measured, paired) = with_ffn_hatch(&[0.0, 0.0]);
+        assert!(measured.contains(&vec![0, 21]), "{measured:?}");
+        // Paired with llama.cpp's default split as it is emitted: the spill kept.
+        assert_eq!(paired, vec![15, 0, 15, 0], "{measured:?}");
         let best = &found.options[found.best.unwrap()];
         assert_eq!((best.tensor_split.clone(), best.n_cpu_ffn), (vec![0, 21], 15), "{:?}", found.options);
         assert!(best.fits && best.accounted_bytes[1] <= 150_000_000, "{:?}", best.accounted_bytes);
@@ -1817,7 +1827,7 @@ mod tests {
         // Behind a link that costs 1 ms a token there and back, each spilled
         // layer crosses it again: 9.5 + 1 + 15 x 1.3 = 30 ms predicted,
         // slower than 23: not measured.
-        let (found, measured) = with_ffn_hatch(&[0.0, 1.0]);
+        let (found, measured, _) = with_ffn_hatch(&[0.0, 1.0]);
         assert!(!measured.contains(&vec![0, 21]), "{measured:?}");
         assert_eq!(found.options[found.best.unwrap()].tensor_split, vec![9, 12]);
         assert!(found.notes.iter().any(|n| n.to_string().contains("predicted slower")), "{:?}", found.notes);
