@@ -202,11 +202,17 @@ fn real_model_bench_json() {
 #[test]
 fn the_kv_cache_holds_d_tokens_before_each_test_as_llama_bench_does() {
     let _heavy = heavy();
-    let m = real_model();
-    let m = m.to_str().unwrap();
-    // tg at 8192 tokens of cache against an empty one (CPU, gemma-3-270m): about a third
-    // slower on these machines, far beyond the spread of two repetitions.
-    let o = run(&["bench", m, "-ngl", "0", "-p", "0", "-n", "32", "-r", "2", "-t", "2", "-d", "0,8192", "-o", "json"]);
+    // tg at 8192 tokens of cache against an empty one, on a small llama
+    // model without sliding-window attention (its attention over the cache
+    // then dwarfs its weights): 25-45 times slower on these machines, far
+    // beyond any noise. (gemma-3-270m attends to a 512-token window in five
+    // layers of six: 5% to a third slower, by the CPU.)
+    let dir = tempfile::tempdir().unwrap();
+    let small_llama = dir.path().join("llama-4L-ctx16k.gguf");
+    let spec = ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_dims(256, 512, 4).with_ctx_train(16384);
+    ngl_tune::synth::write_model(&small_llama, &spec).unwrap();
+    let d = small_llama.to_str().unwrap();
+    let o = run(&["bench", d, "-ngl", "0", "-p", "0", "-n", "32", "-r", "2", "-t", "2", "-d", "0,8192", "-o", "json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = json_rows(&o);
     let tg = |d: u64| {
@@ -217,8 +223,10 @@ fn the_kv_cache_holds_d_tokens_before_each_test_as_llama_bench_does() {
         r["avg_ts"].as_f64().unwrap()
     };
     let (empty, deep) = (tg(0), tg(8192));
-    assert!(deep < 0.9 * empty, "tg at depth 8192 ({deep:.2}) is not slower than at 0 ({empty:.2})");
+    assert!(deep < 0.5 * empty, "tg at depth 8192 ({deep:.2}) is not slower than at 0 ({empty:.2})");
     // n_depth in every format.
+    let m = real_model();
+    let m = m.to_str().unwrap();
     let small = ["bench", m, "-ngl", "0", "-p", "8", "-n", "4", "-r", "1", "-t", "2", "-d", "64"];
     let md = run(&[&small[..], &["-o", "md"]].concat());
     assert!(stdout(&md).contains("tg4 @ d64") && stdout(&md).contains("pp8 @ d64"), "{}", stdout(&md));
