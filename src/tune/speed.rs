@@ -126,19 +126,19 @@ fn least_squares(rows: &[(Vec<f64>, f64)], n: usize) -> Option<Vec<f64>> {
 
 impl SpeedModel {
     /// Each device's cost per layer from measured splits (least squares),
-    /// against the all-CPU rates, the output counted as `output_layers` of
-    /// its device's layers. `None` without the CPU's tg rate, or where the
-    /// splits do not pin every device that holds layers in them.
+    /// against the all-CPU rates, for `n` devices, the output counted as
+    /// `output_layers` of its device's layers, each device's link taken off
+    /// first ([`SpeedModel::solve_from`]). `None` without the CPU's tg rate,
+    /// or where the splits do not pin every device that holds layers in them.
     #[must_use]
     pub fn solve(
-        cpu_tg_ts: Option<f64>,
-        cpu_pp_ts: Option<f64>,
+        (cpu_tg_ts, cpu_pp_ts): (Option<f64>, Option<f64>),
         measured: &[Measured],
-        n: usize,
-        output_layers: f64,
+        shape: (usize, f64),
+        links: &[Link],
     ) -> Option<SpeedModel> {
         let t0 = ms(cpu_tg_ts.filter(|v| *v > 0.0)?);
-        Self::solve_from(t0, cpu_pp_ts.filter(|v| *v > 0.0).map(ms), measured, (n, output_layers), &[])
+        Self::solve_from(t0, cpu_pp_ts.filter(|v| *v > 0.0).map(ms), measured, shape, links)
     }
 
     /// As [`SpeedModel::solve`], from the all-CPU times per token (ms; 0:
@@ -227,9 +227,15 @@ impl SpeedModel {
     /// Predicted rates (tg, pp in tokens/s) of a split.
     #[must_use]
     pub fn predict(&self, split: &Split) -> (f64, Option<f64>) {
+        self.rates_with(split, (0.0, 0.0))
+    }
+
+    /// The rates of a split whose token takes `extra` ms (tg, pp) more than
+    /// its devices, links and boundaries say.
+    fn rates_with(&self, split: &Split, extra: (f64, f64)) -> (f64, Option<f64>) {
         let x = Self::crossings(split);
-        let tg = self.time_without(split, false) + x * self.crossing_tg_ms;
-        let pp = self.has_pp.then(|| self.time_without(split, true) + x * self.crossing_pp_ms);
+        let tg = self.time_without(split, false) + x * self.crossing_tg_ms + extra.0;
+        let pp = self.has_pp.then(|| self.time_without(split, true) + x * self.crossing_pp_ms + extra.1);
         (1000.0 / tg.max(1e-6), pp.map(|p| 1000.0 / p.max(1e-6)))
     }
 
@@ -270,28 +276,20 @@ impl SpeedModel {
     /// (`cpu_layer_ms`: the CPU's own time per layer, tg and pp, where the
     /// costs are absolute; 0 where they are relative to the CPU) and sends
     /// its activations to the CPU and back: two boundaries, each at least
-    /// what a crossing of the device's link costs (`link`: ms per generated
-    /// token, per prompt token).
+    /// what a crossing of the device's link costs.
     #[must_use]
     pub fn predict_spilled(
         &self,
         split: &Split,
         (d, k, share): (usize, u32, f64),
         cpu_layer_ms: (f64, f64),
-        link: Link,
     ) -> (f64, Option<f64>) {
-        let x = Self::crossings(split);
         let dev = self.devices[d];
+        let link = self.links.get(d).copied().unwrap_or_default();
         let k = f64::from(k);
-        let tg = self.time_without(split, false)
-            + x * self.crossing_tg_ms
-            + k * (share * (cpu_layer_ms.0 - dev.tg_ms_per_layer) + (2.0 * self.crossing_tg_ms).max(link.tg_ms));
-        let pp = self.has_pp.then(|| {
-            self.time_without(split, true)
-                + x * self.crossing_pp_ms
-                + k * (share * (cpu_layer_ms.1 - dev.pp_ms_per_layer) + (2.0 * self.crossing_pp_ms).max(link.pp_ms))
-        });
-        (1000.0 / tg.max(1e-6), pp.map(|p| 1000.0 / p.max(1e-6)))
+        let tg = k * (share * (cpu_layer_ms.0 - dev.tg_ms_per_layer) + (2.0 * self.crossing_tg_ms).max(link.tg_ms));
+        let pp = k * (share * (cpu_layer_ms.1 - dev.pp_ms_per_layer) + (2.0 * self.crossing_pp_ms).max(link.pp_ms));
+        self.rates_with(split, (tg, pp))
     }
 
     /// What a layer on each device costs for the objective: ms per token
@@ -389,7 +387,7 @@ mod tests {
         // 10 layers (the output one of them) on the fast GPU: 50 - 20 = 30 ms a token; on the slow one: 50 + 30 = 80 ms.
         let fast = Measured { pp_ts: Some(1000.0 / 2.0), ..at(&[0, 10], 30.0) };
         let slow = Measured { pp_ts: Some(1000.0 / 8.0), ..at(&[10, 0], 80.0) };
-        SpeedModel::solve(Some(20.0), Some(200.0), &[slow, fast], 2, 1.0).unwrap()
+        SpeedModel::solve((Some(20.0), Some(200.0)), &[slow, fast], (2, 1.0), &[]).unwrap()
     }
 
     #[test]
@@ -400,8 +398,8 @@ mod tests {
         assert!((w.predict(&split(&[0, 20])).0 - 100.0).abs() < 1e-6);
         // 5 on the slow one, 15 on the fast one: 50 + 15 - 30 = 35 ms.
         assert!((w.predict(&split(&[5, 15])).0 - 1000.0 / 35.0).abs() < 1e-6);
-        assert!(SpeedModel::solve(None, None, &[at(&[0, 10], 30.0)], 2, 1.0).is_none(), "no CPU rate");
-        assert!(SpeedModel::solve(Some(20.0), None, &[], 2, 1.0)
+        assert!(SpeedModel::solve((None, None), &[at(&[0, 10], 30.0)], (2, 1.0), &[]).is_none(), "no CPU rate");
+        assert!(SpeedModel::solve((Some(20.0), None), &[], (2, 1.0), &[])
             .unwrap()
             .devices
             .iter()
@@ -424,7 +422,7 @@ mod tests {
         assert!((blind.predict(&split(&[20, 0])).0 - 1000.0 / 20.0).abs() < 1e-6);
         // FFN spill there: each spilled layer gives 0.6 of its 2 ms back and
         // crosses the link twice more (4 ms): 15 + 4 x 5.2 = 35.8 ms.
-        let spilled = w.predict_spilled(&split(&[20, 0]), (0, 4, 0.6), (0.0, 0.0), link);
+        let spilled = w.predict_spilled(&split(&[20, 0]), (0, 4, 0.6), (0.0, 0.0));
         assert!((spilled.0 - 1000.0 / 35.8).abs() < 1e-6, "{spilled:?}");
     }
 
@@ -450,7 +448,8 @@ mod tests {
     fn the_order_puts_the_fast_device_where_the_output_runs() {
         // In llama.cpp's order the slow device comes last: any layer on it
         // brings the output layer (here the work of 40 layers) there too.
-        let w = SpeedModel::solve(Some(20.0), None, &[at(&[10, 0], 30.0), at(&[0, 10], 80.0)], 2, 40.0).unwrap();
+        let w =
+            SpeedModel::solve((Some(20.0), None), &[at(&[10, 0], 30.0), at(&[0, 10], 80.0)], (2, 40.0), &[]).unwrap();
         // The fast device holds every layer: the slow one gets none, no order needed.
         let all = w.best(&[21, 21], 21, Some(21), Objective::Tg, (512, 128)).unwrap();
         assert_eq!((all.layers(), all.in_llama_order()), (vec![21, 0], true));
@@ -499,7 +498,7 @@ mod tests {
         // llama.cpp's default split (8 and 12, the output on device 1) and a
         // probe of device 0 with the output alone on device 1 (17 + 1).
         let equations = [measured(&[8, 12], 0.0), measured(&[17, 1], 0.0)];
-        let w = SpeedModel::solve(Some(20.0), None, &equations, 2, 2.0).unwrap();
+        let w = SpeedModel::solve((Some(20.0), None), &equations, (2, 2.0), &[]).unwrap();
         assert!((w.devices[0].tg_ms_per_layer - 3.0).abs() < 1e-9, "{w:?}");
         assert!((w.devices[1].tg_ms_per_layer + 2.0).abs() < 1e-9, "{w:?}");
         for l in [[10, 9], [3, 16], [0, 19]] {
@@ -507,14 +506,16 @@ mod tests {
         }
         // Device 0 probed alone holds its own dear output: its layers then look 20 times dearer.
         let alone =
-            SpeedModel::solve(Some(20.0), None, &[measured(&[8, 12], 0.0), measured(&[18, 0], 0.0)], 2, 2.0).unwrap();
+            SpeedModel::solve((Some(20.0), None), &[measured(&[8, 12], 0.0), measured(&[18, 0], 0.0)], (2, 2.0), &[])
+                .unwrap();
         assert!(alone.devices[0].tg_ms_per_layer > 20.0, "{alone:?}");
     }
 
     #[test]
     fn a_boundary_costs_what_the_devices_alone_do_not_explain() {
         let m = |l: &[u32], boundary: f64| at(l, truth(l, boundary, 6.0));
-        let mut w = SpeedModel::solve(Some(20.0), None, &[m(&[10, 0], 4.0), m(&[0, 10], 4.0)], 2, 2.0).unwrap();
+        let mut w =
+            SpeedModel::solve((Some(20.0), None), &[m(&[10, 0], 4.0), m(&[0, 10], 4.0)], (2, 2.0), &[]).unwrap();
         let other = split(&[4, 16]);
         assert!((1000.0 / w.predict(&other).0 - (truth(&[4, 16], 4.0, 6.0) - 4.0)).abs() < 1e-6, "the devices alone");
         w.fit_crossings(&[m(&[8, 12], 4.0), m(&[12, 8], 4.0)]);
@@ -530,7 +531,7 @@ mod tests {
     fn the_objective_weighs_the_slopes() {
         // A device that speeds up the prompt but slows generation.
         let probe = Measured { split: split(&[10]), tg_ts: 10.0, pp_ts: Some(250.0) };
-        let w = SpeedModel::solve(Some(20.0), Some(200.0), &[probe], 1, 1.0).unwrap();
+        let w = SpeedModel::solve((Some(20.0), Some(200.0)), &[probe], (1, 1.0), &[]).unwrap();
         assert_eq!(w.best(&[20], 20, None, Objective::Tg, (512, 128)), Some(split(&[0])));
         assert_eq!(w.best(&[20], 20, None, Objective::Pp, (512, 128)), Some(split(&[20])));
         // A request of 4096 prompt tokens and 16 generated: the prompt's saving wins.

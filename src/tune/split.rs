@@ -504,10 +504,7 @@ fn all_cpu(trials: &[crate::profile::ProfileTrial], threads: u32) -> Option<&cra
 fn solve(cpu: Option<(Option<f64>, Option<f64>)>, equations: &[Measured], inp: &SplitInputs<'_>) -> Option<SpeedModel> {
     let shape = (inp.devs.len(), inp.output_layers);
     match cpu {
-        Some((tg, pp)) => {
-            let pp = pp.filter(|v| *v > 0.0).map(|v| 1000.0 / v);
-            SpeedModel::solve_from(1000.0 / tg.filter(|v| *v > 0.0)?, pp, equations, shape, &inp.links)
-        }
+        Some(rates) => SpeedModel::solve(rates, equations, shape, &inp.links),
         None => SpeedModel::solve_from(0.0, Some(0.0), equations, shape, &inp.links),
     }
 }
@@ -885,8 +882,7 @@ pub fn ffn_hatch(
     }
     let (p, k) = priced;
     let share = (ffn / inp.layer_bytes.max(1.0)).clamp(0.0, 1.0);
-    let link = inp.links.get(d).copied().unwrap_or_default();
-    let predicted = cpu_layer_ms(search, &m, inp).map(|cpu| m.predict_spilled(&alone, (d, k, share), cpu, link));
+    let predicted = cpu_layer_ms(search, &m, inp).map(|cpu| m.predict_spilled(&alone, (d, k, share), cpu));
     let score = |tg: Option<f64>, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
     let best_score = score(best.tg_ts, best.pp_ts).unwrap_or(0.0);
     if let Some((tg, pp)) = predicted.filter(|(tg, pp)| score(Some(*tg), *pp).unwrap_or(0.0) <= best_score) {
