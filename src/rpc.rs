@@ -167,15 +167,16 @@ fn bandwidth(s: &mut TcpStream, rtt_ms: f64) -> std::io::Result<Option<crate::ty
     let base = u64_at(&call(s, CMD_BUFFER_GET_BASE, &buffer.to_le_bytes(), 8)?, 0);
     let tensor = f32_tensor(buffer, base, size / 4);
     let data = vec![0u8; COPY_BYTES];
+    // get_tensor's request: the tensor, the offset, the size.
+    let mut get = tensor.clone();
+    get.extend_from_slice(&0u64.to_le_bytes());
+    get.extend_from_slice(&size.to_le_bytes());
     let (mut up, mut down) = (f64::MAX, f64::MAX);
     for _ in 0..COPIES {
         let t = Instant::now();
         send(s, CMD_SET_TENSOR, &[&tensor, &[0u8], &0u64.to_le_bytes(), &data])?;
         call(s, CMD_DEVICE_COUNT, &[], 4)?;
         up = up.min(t.elapsed().as_secs_f64() * 1e3 - rtt_ms);
-        let mut get = tensor.clone();
-        get.extend_from_slice(&0u64.to_le_bytes());
-        get.extend_from_slice(&size.to_le_bytes());
         let t = Instant::now();
         call(s, CMD_GET_TENSOR, &get, COPY_BYTES)?;
         down = down.min(t.elapsed().as_secs_f64() * 1e3);

@@ -462,13 +462,12 @@ pub fn render_hw(hw: &crate::types::Hardware) -> String {
     for r in &hw.rpc_servers {
         let devs: Vec<String> = r.devices.iter().map(|d| human_bytes(d.memory_total)).collect();
         s += &format!(
-            "rpc          {} protocol {}, {} device(s) ({}), round trip {:.3} ms{}\n",
+            "rpc          {} protocol {}, {} device(s) ({}), {}\n",
             r.endpoint,
             r.protocol,
             r.devices.len(),
             devs.join(", "),
-            r.rtt_ms,
-            r.bandwidth.map_or(String::new(), |b| format!(", {}", bandwidth(&b)))
+            link(r.rtt_ms, r.bandwidth)
         );
     }
     if hw.gpus.is_empty() {
@@ -501,10 +500,13 @@ pub fn render_hw(hw: &crate::types::Hardware) -> String {
     s
 }
 
-/// A link's bandwidth in words: "bandwidth 1234 MB/s up, 987 MB/s down".
+/// An RPC link in words: "round trip 0.045 ms, bandwidth 1234 MB/s up,
+/// 987 MB/s down" (the bandwidth where measured).
 #[must_use]
-pub fn bandwidth(b: &crate::types::Bandwidth) -> String {
-    format!("bandwidth {:.0} MB/s up, {:.0} MB/s down", b.up_mb_s, b.down_mb_s)
+pub fn link(rtt_ms: f64, bandwidth: Option<crate::types::Bandwidth>) -> String {
+    let bw = bandwidth
+        .map_or(String::new(), |b| format!(", bandwidth {:.0} MB/s up, {:.0} MB/s down", b.up_mb_s, b.down_mb_s));
+    format!("round trip {rtt_ms:.3} ms{bw}")
 }
 
 #[cfg(test)]

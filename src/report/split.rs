@@ -171,11 +171,10 @@ fn fit_and_links(r: &SplitReport) -> String {
     for l in &r.rpc_links {
         let _ = writeln!(
             s,
-            "RPC server {} (protocol {}): round trip {:.3} ms{}; a device boundary costs at least this per token",
+            "RPC server {} (protocol {}): {}; a device boundary costs at least this per token",
             l.endpoint,
             l.protocol,
-            l.rtt_ms,
-            l.bandwidth.map_or(String::new(), |b| format!(", {}", crate::report::bandwidth(&b)))
+            crate::report::link(l.rtt_ms, l.bandwidth)
         );
     }
     s

@@ -36,6 +36,12 @@ pub fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Opt
     }
 }
 
+/// [`score`] by a tune's objective and workload.
+#[must_use]
+pub fn score_for(s: &crate::profile::Settings, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
+    score(s.objective, s.n_prompt, s.n_gen, tg, pp)
+}
+
 /// The models of one decision and what follows from them for any ngl.
 struct Model<'a> {
     inp: &'a Inputs,

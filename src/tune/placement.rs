@@ -488,7 +488,7 @@ fn standard_error(t: &crate::types::TestResult) -> Option<f64> {
 /// The objective's score of an option and its standard error (the larger
 /// relative error of the speeds it is made of).
 fn score_with_noise(o: &PlacementOption, s: &Settings) -> Option<(f64, f64)> {
-    let v = crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts)?;
+    let v = crate::tune::choose::score_for(s, o.tg_ts, o.pp_ts)?;
     let rel = |se: Option<f64>, ts: Option<f64>| match (se, ts) {
         (Some(se), Some(ts)) if ts > 0.0 => se / ts,
         _ => 0.0,

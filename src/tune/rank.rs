@@ -106,7 +106,7 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64, mi
         .map(|(i, (p, q))| {
             let rec = &p.recommendation;
             let s = &p.settings;
-            let score = crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, rec.tg_ts, rec.pp_ts);
+            let score = crate::tune::choose::score_for(s, rec.tg_ts, rec.pp_ts);
             let excluded = match q {
                 _ if i == r => None,
                 None => Some("quality not measured".to_string()),

@@ -521,7 +521,7 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
 #[must_use]
 pub fn trial_score(t: &ProfileTrial, s: &Settings) -> Option<f64> {
     let speed = |pp: bool| t.result.test(pp).map(|x| x.avg_ts);
-    choose::score(s.objective, s.n_prompt, s.n_gen, speed(false), speed(true))
+    choose::score_for(s, speed(false), speed(true))
 }
 
 /// The memory fit against each measured grid point (partial offload and

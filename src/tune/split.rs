@@ -541,7 +541,7 @@ fn speed_candidates(m: &SpeedModel, s: &Settings, full: u32, full_cap: &[u32], p
 /// The objective's score of predicted rates.
 fn predicted_score(m: &SpeedModel, s: &Settings, x: &Split) -> f64 {
     let (tg, pp) = m.predict(x);
-    crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, Some(tg), pp).unwrap_or(0.0)
+    crate::tune::choose::score_for(s, Some(tg), pp).unwrap_or(0.0)
 }
 
 /// Prices, trims and measures the candidate splits; the whole-layer
@@ -636,7 +636,7 @@ fn measure_by_speed(
 ) -> Result<Vec<Option<MeasuredSplit>>> {
     let (devs, full) = (inp.devs, inp.full);
     let s = search.settings();
-    let score = |tg, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
+    let score = |tg, pp| crate::tune::choose::score_for(s, tg, pp);
     let ok = |ngl: u32| eligible(s, full, ngl);
     let mut trials: Vec<Option<MeasuredSplit>> = vec![None; priced.len()];
     let mut measured: Vec<Measured> = defaults.to_vec();
@@ -776,8 +776,7 @@ pub fn kv_hatch(
     let Ok((cost, full_cap, partial_cap)) = capacities(&mut |x: &[Split]| predict(x, q8, 0), devs, full) else {
         return Ok(());
     };
-    let best_score =
-        crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, best.tg_ts, best.pp_ts).unwrap_or(0.0);
+    let best_score = crate::tune::choose::score_for(s, best.tg_ts, best.pp_ts).unwrap_or(0.0);
     let todo: Vec<Labelled> = speed_candidates(&m, s, full, &full_cap, &partial_cap)
         .into_iter()
         .filter(|(_, x)| !found.options.iter().any(|o| o.measured && split_of(o).layers() == x.layers()))
@@ -883,7 +882,7 @@ pub fn ffn_hatch(
     let (p, k) = priced;
     let share = (ffn / inp.layer_bytes.max(1.0)).clamp(0.0, 1.0);
     let predicted = cpu_layer_ms(search, &m, inp).map(|cpu| m.predict_spilled(&alone, (d, k, share), cpu));
-    let score = |tg: Option<f64>, pp| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, tg, pp);
+    let score = |tg: Option<f64>, pp| crate::tune::choose::score_for(s, tg, pp);
     let best_score = score(best.tg_ts, best.pp_ts).unwrap_or(0.0);
     if let Some((tg, pp)) = predicted.filter(|(tg, pp)| score(Some(*tg), *pp).unwrap_or(0.0) <= best_score) {
         let pp = pp.map_or(String::new(), |v| format!(", pp {v:.2}"));
@@ -1194,7 +1193,7 @@ fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
 /// Marks the fastest measured option under every cap (by the objective)
 /// and says how the others compare.
 pub fn choose(found: &mut SplitFound, s: &Settings) {
-    let score = |o: &SplitOption| crate::tune::choose::score(s.objective, s.n_prompt, s.n_gen, o.tg_ts, o.pp_ts);
+    let score = |o: &SplitOption| crate::tune::choose::score_for(s, o.tg_ts, o.pp_ts);
     let most = found.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
     let lossy = |o: &SplitOption| o.kv_type.is_quantized();
     let gate = |o: &SplitOption| match &o.quality {
