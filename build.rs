@@ -36,6 +36,8 @@ fn main() {
         .include(sys.join("src"))
         .include(sys.join("include"))
         .include(sys.join("ggml/include"))
+        // ggml-backend-impl.h: the device interface `rpc-server --mem` wraps.
+        .include(sys.join("ggml/src"))
         .include(sys.join("tools/mtmd"))
         .warnings(false)
         .compile("ngl_tune_shim");

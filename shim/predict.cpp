@@ -10,6 +10,7 @@
 // common/arg.cpp's add_rpc_devices does, and serving this machine's devices.
 #include "llama-ext.h"
 #include "ggml-backend.h"
+#include "ggml-backend-impl.h"
 #include "ggml-rpc.h"
 #include "mtmd.h"
 
@@ -17,8 +18,146 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
+
+// A served device with a memory size of its own (`rpc-server --mem`): the
+// device ggml-rpc's server is given reports the size as its total and the
+// size less what its clients hold as free, and an allocation past it fails
+// as a card's does (the client's load then fails with llama.cpp's "failed
+// to allocate" line). Everything else is the real device's: the wrapper
+// shares its context, so the real device's functions serve it unchanged.
+// ggml-rpc's server allocates every buffer through the default buffer
+// type of the backend it created (rpc_server::alloc_buffer), reads memory
+// through that backend's device (rpc_server::get_device_memory), and frees
+// buffers through ggml_backend_buffer_free, so those three are wrapped.
+namespace {
+
+struct limited_device {
+    ggml_backend_device        dev;   // first: a ggml_backend_dev_t is a pointer to it
+    ggml_backend_dev_t         real;
+    ggml_backend_buffer_type   buft;
+    ggml_backend_buffer_type_t real_buft;
+    size_t                     limit;
+    size_t                     held;
+};
+
+struct held_buffer {
+    limited_device * owner;
+    size_t           size;
+    void (*free_buffer)(ggml_backend_buffer_t);
+};
+
+std::mutex                                  g_mutex;
+std::vector<limited_device *>               g_devices;
+std::map<ggml_backend_buffer_t, held_buffer> g_buffers;
+
+limited_device * owner_of_buft(ggml_backend_buffer_type_t buft) {
+    for (auto * d : g_devices) {
+        if (&d->buft == buft) {
+            return d;
+        }
+    }
+    return nullptr;
+}
+
+void limited_memory(ggml_backend_dev_t dev, size_t * free, size_t * total) {
+    auto * d = reinterpret_cast<limited_device *>(dev);
+    size_t real_free = 0, real_total = 0;
+    d->real->iface.get_memory(d->real, &real_free, &real_total);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    size_t left = d->held < d->limit ? d->limit - d->held : 0;
+    *free  = left < real_free ? left : real_free;
+    *total = d->limit;
+}
+
+void limited_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props * props) {
+    auto * d = reinterpret_cast<limited_device *>(dev);
+    d->real->iface.get_props(d->real, props);
+    limited_memory(dev, &props->memory_free, &props->memory_total);
+}
+
+ggml_backend_t limited_init(ggml_backend_dev_t dev, const char * params) {
+    auto * d = reinterpret_cast<limited_device *>(dev);
+    ggml_backend_t backend = d->real->iface.init_backend(d->real, params);
+    if (backend != nullptr) {
+        // The server reads memory and the default buffer type through this.
+        backend->device = dev;
+    }
+    return backend;
+}
+
+ggml_backend_buffer_type_t limited_buffer_type(ggml_backend_dev_t dev) {
+    return &reinterpret_cast<limited_device *>(dev)->buft;
+}
+
+bool limited_supports_buft(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
+    auto * d = reinterpret_cast<limited_device *>(dev);
+    return d->real->iface.supports_buft(d->real, buft == &d->buft ? d->real_buft : buft);
+}
+
+void limited_free(ggml_backend_buffer_t buffer) {
+    held_buffer h{};
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        auto it = g_buffers.find(buffer);
+        if (it == g_buffers.end()) {
+            return;
+        }
+        h = it->second;
+        g_buffers.erase(it);
+        h.owner->held -= h.size < h.owner->held ? h.size : h.owner->held;
+    }
+    h.free_buffer(buffer);
+}
+
+ggml_backend_buffer_t limited_alloc(ggml_backend_buffer_type_t buft, size_t size) {
+    limited_device * d = owner_of_buft(buft);
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        if (d->held + size > d->limit) {
+            fprintf(stderr,
+                    "ngl-tune rpc-server: %s: allocating %.2f MiB failed: out of memory (%.2f of %.2f MiB held)\n",
+                    d->real->iface.get_name(d->real), size / 1048576.0, d->held / 1048576.0, d->limit / 1048576.0);
+            return nullptr;
+        }
+        d->held += size;
+    }
+    ggml_backend_buffer_t buffer = d->real_buft->iface.alloc_buffer(d->real_buft, size);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (buffer == nullptr) {
+        d->held -= size;
+        return nullptr;
+    }
+    g_buffers[buffer] = held_buffer{ d, size, buffer->iface.free_buffer };
+    buffer->iface.free_buffer = limited_free;
+    return buffer;
+}
+
+// `real` with `limit` bytes of memory; lives as long as the process.
+ggml_backend_dev_t limited(ggml_backend_dev_t real, size_t limit) {
+    auto * d      = new limited_device{};
+    d->real       = real;
+    d->limit      = limit;
+    d->dev        = *real;
+    d->dev.iface.get_memory      = limited_memory;
+    d->dev.iface.get_props       = limited_props;
+    d->dev.iface.init_backend    = limited_init;
+    d->dev.iface.get_buffer_type = limited_buffer_type;
+    d->dev.iface.supports_buft   = limited_supports_buft;
+    d->real_buft                 = real->iface.get_buffer_type(real);
+    d->buft                      = *d->real_buft;
+    d->buft.iface.alloc_buffer   = limited_alloc;
+    d->buft.iface.alloc_buffer_n = nullptr;
+    d->buft.device               = &d->dev;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_devices.push_back(d);
+    return &d->dev;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -202,10 +341,11 @@ int ngl_tune_add_rpc(const char * endpoint) {
 
 // Serves the named devices (llama.cpp's device names; with none, as
 // llama.cpp's rpc-server: every local GPU, else the CPU) over llama.cpp's RPC protocol on host:port until the
-// process ends. Returns -1 when a name is not a device; otherwise returns
-// only when the server could not start (its reason on stderr).
+// process ends. `mem_limit` (bytes; 0: none) is each served device's
+// memory size, as above. Returns -1 when a name is not a device; otherwise
+// returns only when the server could not start (its reason on stderr).
 int ngl_tune_rpc_serve(const char * endpoint, const char * cache_dir, uint32_t n_threads, const char * const * names,
-                       uint32_t n_names) {
+                       uint32_t n_names, uint64_t mem_limit) {
     std::vector<ggml_backend_dev_t> devices;
     for (uint32_t i = 0; i < n_names; i++) {
         ggml_backend_dev_t dev = ggml_backend_dev_by_name(names[i]);
@@ -223,6 +363,9 @@ int ngl_tune_rpc_serve(const char * endpoint, const char * cache_dir, uint32_t n
     }
     if (devices.empty()) {
         devices.push_back(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+    }
+    for (size_t i = 0; mem_limit > 0 && i < devices.size(); i++) {
+        devices[i] = limited(devices[i], (size_t) mem_limit);
     }
     ggml_backend_rpc_start_server(endpoint, cache_dir, n_threads, devices.size(), devices.data());
     return 1;

@@ -41,12 +41,20 @@ pub fn parse_budgets(s: &str) -> Result<(Option<u64>, Vec<crate::profile::Device
 /// # Errors
 /// `BadInput` naming the value and the accepted forms.
 pub fn parse_size(s: &str) -> Result<u64> {
+    parse_size_for("--vram-budget", s)
+}
+
+/// [`parse_size`] for the flag `flag`, named in its errors.
+///
+/// # Errors
+/// `BadInput` naming the flag, the value and the accepted forms.
+pub fn parse_size_for(flag: &str, s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| {
-        crate::error::bad(format!("--vram-budget '{s}' is not a size; write it like 8GiB, 512MiB or 6G"))
-    })?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| crate::error::bad(format!("{flag} '{s}' is not a size; write it like 8GiB, 512MiB or 6G")))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -59,13 +67,13 @@ pub fn parse_size(s: &str) -> Result<u64> {
         "tb" => 1e12,
         _ => {
             return Err(crate::error::bad(format!(
-                "--vram-budget '{s}' has an unknown unit '{unit}'; use B, KiB, MiB, GiB or TiB (8GiB)"
+                "{flag} '{s}' has an unknown unit '{unit}'; use B, KiB, MiB, GiB or TiB (8GiB)"
             )))
         }
     };
     let bytes = n * mult;
     if !bytes.is_finite() || bytes < 1.0 {
-        return Err(crate::error::bad(format!("--vram-budget '{s}' is zero; give a positive size like 8GiB")));
+        return Err(crate::error::bad(format!("{flag} '{s}' is zero; give a positive size like 8GiB")));
     }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     Ok(bytes as u64)

@@ -50,6 +50,7 @@ extern "C" {
         n_threads: u32,
         names: *const *const c_char,
         n_names: u32,
+        mem_limit: u64,
     ) -> i32;
 }
 
@@ -341,12 +342,14 @@ pub fn check_devices(asked: &[String], known: &[String]) -> Result<()> {
 /// The line the server prints once it serves.
 pub const SERVING: &str = "ngl-tune rpc-server: serving ";
 
-/// Serves this machine's devices until the process ends.
+/// Serves this machine's devices until the process ends; with `mem`, each
+/// served device has that many bytes of memory (its total to clients, less
+/// what they hold as free; an allocation past it fails as a card's does).
 ///
 /// # Errors
 /// `BadInput` for a bad host, port or device name; an error when the
 /// server could not start (the port is taken, ...).
-pub fn serve(host: &str, port: u16, devices: &[String], threads: u32) -> Result<()> {
+pub fn serve(host: &str, port: u16, devices: &[String], threads: u32, mem: Option<u64>) -> Result<()> {
     let endpoint = format!("{host}:{port}");
     // The server goes with its supervisor, however that ends.
     // SAFETY: prctl with PR_SET_PDEATHSIG only sets this process's parent-death signal.
@@ -360,7 +363,10 @@ pub fn serve(host: &str, port: u16, devices: &[String], threads: u32) -> Result<
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
     let known: Vec<String> = crate::probe::ggml::devices().into_iter().map(|d| d.name).collect();
     check_devices(devices, &known)?;
-    let served = if devices.is_empty() { "every GPU, else the CPU".to_string() } else { devices.join(", ") };
+    let mut served = if devices.is_empty() { "every GPU, else the CPU".to_string() } else { devices.join(", ") };
+    if let Some(m) = mem {
+        served += &format!(" with {} of memory each", crate::model::human_bytes(m));
+    }
     eprintln!(
         "{SERVING}{served} on {endpoint} (llama.cpp RPC protocol {}, llama.cpp {}); stop with Ctrl-C",
         version(protocol()),
@@ -377,6 +383,7 @@ pub fn serve(host: &str, port: u16, devices: &[String], threads: u32) -> Result<
             threads,
             pointers.as_ptr(),
             u32::try_from(pointers.len()).unwrap_or(0),
+            mem.unwrap_or(0),
         )
     };
     anyhow::bail!("the RPC server on {endpoint} could not start (rc {rc}; llama.cpp's reason is above)")

@@ -42,11 +42,11 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Hw(a) => hw::cmd_hw(&a),
         Command::RpcServer(a) => {
             let threads = a.threads.unwrap_or_else(|| crate::probe::hardware(Vec::new()).cpu.physical_cores.max(1));
-            rpc_server::supervise(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
+            rpc_server::supervise(&a.host, a.port, &a.device, threads, a.mem).map(|()| exit::OK)
         }
         Command::RpcServe(a) => {
             let threads = a.threads.unwrap_or(1);
-            crate::rpc::serve(&a.host, a.port, &a.device, threads).map(|()| exit::OK)
+            crate::rpc::serve(&a.host, a.port, &a.device, threads, a.mem).map(|()| exit::OK)
         }
         Command::Emit(a) => emit::cmd_emit(&a),
         Command::Reprofile(a) => reprofile::cmd_reprofile(&a),

@@ -15,7 +15,7 @@ use crate::error::bad;
 ///
 /// # Errors
 /// As [`crate::rpc::serve`], for a server that never started.
-pub fn supervise(host: &str, port: u16, devices: &[String], threads: u32) -> Result<()> {
+pub fn supervise(host: &str, port: u16, devices: &[String], threads: u32, mem: Option<u64>) -> Result<()> {
     use std::ffi::OsString;
     let endpoint = format!("{host}:{port}");
     crate::rpc::listenable(host, port)?;
@@ -37,6 +37,9 @@ pub fn supervise(host: &str, port: u16, devices: &[String], threads: u32) -> Res
     ];
     if !devices.is_empty() {
         args.extend(["--device".into(), devices.join(",").into()]);
+    }
+    if let Some(m) = mem {
+        args.extend(["--mem".into(), m.to_string().into()]);
     }
     crate::interrupt::install();
     let mut restarts = 0u32;

@@ -479,6 +479,8 @@ mod tests {
             pp_half_width: None,
             verdict: Verdict::Tie,
             note: String::new(),
+            n_threads: Some(p.recommendation.n_threads),
+            over_cap: false,
         };
         p.recommendation = crate::tune::baseline::default_recommendation(&p.recommendation, &cmp, &p.trials);
         assert!(p.recommendation.llama_default);

@@ -714,6 +714,13 @@ pub struct DefaultComparison {
     pub pp_half_width: Option<f64>,
     pub verdict: Verdict,
     pub note: String,
+    /// The threads the default ran with (what a winning default emits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_threads: Option<u32>,
+    /// The default took more than the user's cap (measured, or llama.cpp's
+    /// dry run where it could not run): reported, never recommended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub over_cap: bool,
 }
 
 /// One offload device's cap and its share of a placement.

@@ -94,7 +94,10 @@ pub fn default_line(c: &ContextPlacement) -> Option<String> {
         Verdict::Same | Verdict::NotMeasured => format!("against {what} at {} context: {}", c.n_ctx, d.note),
         v => {
             let verdict = match v {
+                Verdict::Faster if d.over_cap => format!("faster beyond the noise; {}", d.note),
                 Verdict::Faster => "faster beyond the noise".to_string(),
+                Verdict::Tie if d.over_cap => format!("within the noise; {}", d.note),
+                Verdict::Slower if d.over_cap => format!("slower beyond the noise; {}", d.note),
                 _ => d.note.clone(),
             };
             format!(

@@ -92,6 +92,28 @@ pub fn default_candidate(fit: Option<&LlamaFit>, s: &Settings, full: u32) -> Res
     Ok(Candidate::layers(ngl, s.n_threads))
 }
 
+/// Why `theirs` is over the user's cap in these paired trials (more
+/// memory than the cap, or out of memory on the device), if it is: such a
+/// default is measured and reported, never recommended.
+#[must_use]
+pub fn over_cap(trials: &[ProfileTrial], theirs: Candidate, cap: Option<f64>) -> Option<String> {
+    let mine: Vec<&ProfileTrial> =
+        trials.iter().filter(|t| t.role == Role::Paired && theirs.is(&t.result.spec)).collect();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let bytes = |b: f64| crate::model::human_bytes(b.max(0.0) as u64);
+    let over = mine.iter().filter(|t| t.over_cap).filter_map(|t| t.mem_bytes).reduce(f64::max);
+    let cap = cap.map_or(String::new(), |c| format!(" of {}", bytes(c)));
+    if let Some(b) = over {
+        return Some(format!(
+            "llama.cpp's default takes {}, over the cap{cap}: measured and reported, never recommended",
+            bytes(b)
+        ));
+    }
+    mine.iter()
+        .any(|t| t.result.status == TrialStatus::Oom)
+        .then(|| "llama.cpp's default ran out of device memory here: reported, never recommended".to_string())
+}
+
 /// The samples (t/s) of one side's paired trials, for pp or tg.
 fn samples(trials: &[ProfileTrial], c: Candidate, pp: bool) -> Vec<f64> {
     trials
@@ -159,6 +181,8 @@ pub fn compare(
         pp_half_width: None,
         verdict: Verdict::NotMeasured,
         note: String::new(),
+        n_threads: None,
+        over_cap: false,
     };
     let theirs = match default_candidate(fit, s, full) {
         Ok(c) => c,
@@ -168,14 +192,19 @@ pub fn compare(
         }
     };
     out.n_gpu_layers = Some(theirs.ngl);
+    out.n_threads = Some(theirs.threads);
     out.llama_cpp_args = Placement::default().with_layers(theirs.ngl, theirs.threads, Some(s.n_ctx)).flags();
     if theirs == mine {
         out.verdict = Verdict::Same;
         out.note = "the recommendation is what llama.cpp does without flags here".into();
         return Ok(out);
     }
+    let start = search.trials.len();
     let cut = pair(search, mine, theirs, &mut out)?;
-    if out.verdict != Verdict::NotMeasured {
+    if let Some(why) = over_cap(&search.trials[start..], theirs, search.cap_bytes()) {
+        out.over_cap = true;
+        out.note = why;
+    } else if out.verdict != Verdict::NotMeasured {
         out.note = match out.verdict {
             Verdict::Faster if cut => "the default was cut short, far behind: its rate is of the tokens timed".into(),
             Verdict::Faster => String::new(),
@@ -240,7 +269,11 @@ pub fn default_recommendation(
     trials: &[ProfileTrial],
 ) -> Recommendation {
     let Some(ngl) = cmp.n_gpu_layers else { return rec.clone() };
-    let theirs = Candidate::layers(ngl, rec.n_threads);
+    if cmp.over_cap {
+        return rec.clone();
+    }
+    // Its settings as they ran: the threads it was measured with.
+    let theirs = Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.n_threads));
     let mean = |pp: bool| {
         let v = samples(trials, theirs, pp);
         (!v.is_empty()).then(|| crate::stats::mean(&v))
@@ -260,6 +293,7 @@ pub fn default_recommendation(
         pp_ts: mean(true),
         img_ms: image_ms(trials, theirs),
         measured: true,
+        n_threads: theirs.threads,
         ..rec.clone()
     };
     r.render_forms(ngl);
@@ -280,6 +314,57 @@ mod tests {
         let slower = Ratio::of(&[8.0, 8.1, 7.9, 8.0], &[10.0, 10.1, 9.9, 10.0]).unwrap();
         assert_eq!(slower.verdict(), Verdict::Slower);
         assert_eq!(Ratio::of(&[1.0], &[1.0, 2.0]), None, "one sample has no spread");
+    }
+
+    /// The rig's first tune: llama.cpp's fit offloads every layer (its
+    /// margin is of the device's free memory, not the user's cap), which
+    /// is faster and over the cap; the tuned answer under the cap stays.
+    #[test]
+    fn a_default_over_the_cap_is_measured_and_never_recommended() {
+        use crate::tune::executor::fake::{Outcome, World};
+        use crate::tune::worlds::{policy, recommendation, settings};
+        let s = settings();
+        let cap = 200.0 * 1024.0 * 1024.0;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let mut world = World::new(move |c| Outcome::Ok {
+            tg: 10.0 + f64::from(c.ngl),
+            pp: 100.0,
+            mem: (f64::from(c.ngl) * 12.0 * 1024.0 * 1024.0) as u64,
+        });
+        let mut search = Search::new(&s, &mut world, Some(policy(cap)), crate::progress::Progress::hidden(), None);
+        let fit = LlamaFit { margin_bytes: 1 << 30, n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), error: None };
+        let mut rec = recommendation();
+        let cmp = crate::tune::against_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
+        assert_eq!(cmp.n_gpu_layers, Some(31));
+        assert_eq!(cmp.verdict, Verdict::Slower, "the default is faster: {cmp:?}");
+        assert!(cmp.over_cap, "{cmp:?}");
+        assert!(cmp.note.contains("over the cap of 200.00 MiB"), "{}", cmp.note);
+        assert_eq!(rec.n_gpu_layers, 7, "the answer under the cap stays");
+        assert!(!rec.llama_default);
+        assert!(search.trials.iter().any(|t| t.over_cap && t.result.spec.placement.n_gpu_layers == 31), "measured");
+        assert_eq!(default_recommendation(&rec, &cmp, &search.trials), rec, "never rebuilt as the answer");
+    }
+
+    /// A default that wins emits exactly what ran: its own thread count,
+    /// not the tuned one.
+    #[test]
+    fn a_winning_default_emits_the_threads_it_ran_with() {
+        use crate::tune::executor::fake::{Outcome, World};
+        use crate::tune::worlds::{policy, recommendation, settings};
+        let mut s = settings();
+        s.n_threads = 1;
+        let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
+        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let fit = LlamaFit { margin_bytes: 1 << 30, n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), error: None };
+        let mut rec = recommendation();
+        assert_eq!(rec.n_threads, 2);
+        let cmp = crate::tune::against_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
+        assert!(!cmp.over_cap);
+        assert!(rec.llama_default, "{cmp:?}");
+        assert_eq!(rec.n_gpu_layers, 31);
+        assert_eq!(rec.n_threads, 1, "the threads the default ran with");
+        assert!(rec.llama_cpp_args.contains("-t 1"), "{}", rec.llama_cpp_args);
+        assert!(rec.llama_cpp_args.contains(&cmp.llama_cpp_args), "{} vs {}", rec.llama_cpp_args, cmp.llama_cpp_args);
     }
 
     #[test]

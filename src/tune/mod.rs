@@ -381,7 +381,7 @@ fn executor(sh: &Shared<'_>, s: &Settings) -> Result<WorkerExecutor> {
 /// The recommendation measured against llama.cpp's default, alternately;
 /// when the default is as fast (within the noise) or faster, it becomes
 /// the recommendation.
-fn against_default(
+pub(crate) fn against_default(
     search: &mut Search<'_>,
     recommendation: &mut crate::profile::Recommendation,
     fit: Option<&crate::engine::predict::LlamaFit>,
@@ -389,7 +389,7 @@ fn against_default(
 ) -> Result<crate::profile::DefaultComparison> {
     use crate::profile::Verdict;
     let cmp = baseline::compare(search, recommendation, fit, full)?;
-    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower) {
+    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower) && !cmp.over_cap {
         *recommendation = baseline::default_recommendation(recommendation, &cmp, &search.trials);
     }
     Ok(cmp)

@@ -110,6 +110,12 @@ impl<'a> Search<'a> {
         self.settings
     }
 
+    /// What a setting may cost on the capped device, where there is a cap.
+    #[must_use]
+    pub fn cap_bytes(&self) -> Option<f64> {
+        self.policy.as_ref().map(|p| p.cap_bytes)
+    }
+
     fn candidate(&self, ngl: u32) -> Candidate {
         Candidate::layers(ngl, self.settings.n_threads)
     }

@@ -1043,6 +1043,8 @@ pub fn against_llama(
             pp_half_width: None,
             verdict: Verdict::Same,
             note: String::new(),
+            n_threads: Some(threads),
+            over_cap: false,
         };
         if theirs == mine {
             r.note = "the recommendation is this split".into();
