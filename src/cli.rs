@@ -465,12 +465,8 @@ pub struct RpcServerArgs {
     /// Give each served device this much memory (512MiB, 8GiB): its total to clients, less what they
     /// hold as free; an allocation past it fails as on a full card. Lends part of a shared GPU, or
     /// makes the CPU a card of that size [default: the device's own]
-    #[arg(long, value_name = "SIZE", value_parser = parse_mem)]
-    pub mem: Option<u64>,
-}
-
-fn parse_mem(s: &str) -> Result<u64, String> {
-    crate::request::parse_size_for("--mem", s).map_err(|e| e.to_string())
+    #[arg(long, value_name = "SIZE")]
+    pub mem: Option<String>,
 }
 
 #[derive(Debug, Args)]

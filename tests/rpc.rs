@@ -26,9 +26,15 @@ fn free_port() -> u16 {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// A server with more options (`--mem 64MiB`).
+    fn start_with(more: &[&str]) -> Server {
         let port = free_port();
         let child = Command::new(BIN)
             .args(["rpc-server", "--port", &port.to_string(), "-t", "1"])
+            .args(more)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -180,6 +186,110 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
     for o in options.iter().filter(|o| o["fits"] == false) {
         assert_eq!(o["recommended"], false, "{o}");
     }
+}
+
+/// `rpc-server --mem`: a served device of a size of its own, as a card of
+/// that size. Its total and free memory are what clients see, a trial that
+/// needs more is a recorded out-of-memory, and the sweep goes on.
+#[test]
+fn a_served_device_with_a_memory_size_is_a_card_of_that_size() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let server = Server::start_with(&["--mem", "64MiB"]);
+    let hw: serde_json::Value =
+        serde_json::from_str(&stdout(&run(&["hw", "--rpc", &server.endpoint, "--json"]))).unwrap();
+    let dev = &hw["rpc_servers"][0]["devices"][0];
+    assert_eq!(dev["memory_total"].as_u64(), Some(64 * MIB), "{hw}");
+    assert_eq!(dev["memory_free"].as_u64(), Some(64 * MIB), "nothing held yet: {hw}");
+    // 41 layers need about 112 MiB at a 1k context: full offload is out of memory, 10 layers are not.
+    let o = run(&[
+        "bench",
+        m.to_str().unwrap(),
+        "--rpc",
+        &server.endpoint,
+        "-ngl",
+        "10,41,0",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-c",
+        "1024",
+        "-o",
+        "json",
+        "-q",
+    ]);
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let status = |ngl: u64| {
+        let r: Vec<&serde_json::Value> =
+            rows.as_array().unwrap().iter().filter(|r| r["n_gpu_layers"].as_u64() == Some(ngl)).collect();
+        assert!(!r.is_empty(), "ngl {ngl} measured: {rows}");
+        r[0]["status"].as_str().unwrap().to_string()
+    };
+    assert_eq!(status(41), "oom", "an allocation past the device's size fails as on a card: {rows}");
+    assert_eq!(status(10), "ok", "{rows}");
+    assert_eq!(status(0), "ok", "the sweep goes on after the out-of-memory: {rows}");
+    // The server's memory is given back when the client goes: all free again.
+    let hw: serde_json::Value =
+        serde_json::from_str(&stdout(&run(&["hw", "--rpc", &server.endpoint, "--json"]))).unwrap();
+    assert_eq!(hw["rpc_servers"][0]["devices"][0]["memory_free"].as_u64(), Some(64 * MIB), "{hw}");
+    assert_bad_input(&run(&["rpc-server", "--mem", "lots"]), "--mem 'lots' is not a size");
+}
+
+/// The rig's first tune: llama.cpp's default (its fit sees the server's
+/// whole free memory, the host's RAM) offloads every layer, over the user's
+/// cap; whatever the speeds, the answer is under the cap, and the default
+/// is reported as over it.
+#[test]
+fn a_default_over_the_users_cap_is_never_the_answer() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let server = Server::start();
+    let store = dir.path().join("store");
+    let cap = 40 * MIB;
+    let budget = format!("RPC0={}MiB", cap / MIB);
+    let o = run(&[
+        m.to_str().unwrap(),
+        "--rpc",
+        &server.endpoint,
+        "--vram-budget",
+        &budget,
+        "-c",
+        "1024",
+        "--depth",
+        "0",
+        "-p",
+        "16",
+        "-n",
+        "8",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--profiles",
+        store.to_str().unwrap(),
+        "-q",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    let r = &p["recommendation"];
+    let ngl = r["n_gpu_layers"].as_u64().unwrap();
+    assert!(ngl < 41, "full offload needs about 112 MiB, over the 40 MiB cap: {r}");
+    #[allow(clippy::cast_precision_loss)]
+    let cap_f = cap as f64;
+    assert!(r["mem_bytes"].as_f64().is_some_and(|b| b <= cap_f), "{r}");
+    assert!(r["llama_cpp_args"].as_str().unwrap().contains(&format!("-ngl {ngl} ")), "{r}");
+    let d = &p["placements"].as_array().unwrap().last().unwrap()["default"];
+    assert_eq!(d["n_gpu_layers"].as_u64(), Some(41), "llama.cpp's fit offloads every layer here: {d}");
+    assert_eq!(d["over_cap"], true, "{d}");
+    assert!(d["note"].as_str().unwrap().contains("over the cap"), "{d}");
+    assert_ne!(r["llama_default"], true, "{r}");
 }
 
 /// Lines of a child's stderr, read on a thread, with a way to wait for one.

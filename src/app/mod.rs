@@ -42,11 +42,13 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Hw(a) => hw::cmd_hw(&a),
         Command::RpcServer(a) => {
             let threads = a.threads.unwrap_or_else(|| crate::probe::hardware(Vec::new()).cpu.physical_cores.max(1));
-            rpc_server::supervise(&a.host, a.port, &a.device, threads, a.mem).map(|()| exit::OK)
+            let mem = a.mem.as_deref().map(|m| crate::request::parse_size_for("--mem", m)).transpose()?;
+            rpc_server::supervise(&a.host, a.port, &a.device, threads, mem).map(|()| exit::OK)
         }
         Command::RpcServe(a) => {
             let threads = a.threads.unwrap_or(1);
-            crate::rpc::serve(&a.host, a.port, &a.device, threads, a.mem).map(|()| exit::OK)
+            let mem = a.mem.as_deref().map(|m| crate::request::parse_size_for("--mem", m)).transpose()?;
+            crate::rpc::serve(&a.host, a.port, &a.device, threads, mem).map(|()| exit::OK)
         }
         Command::Emit(a) => emit::cmd_emit(&a),
         Command::Reprofile(a) => reprofile::cmd_reprofile(&a),
