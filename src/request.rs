@@ -118,7 +118,7 @@ pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
     let threads = match w.threads {
         Some(0) => return Err(bad("-t 0 runs no threads; use -t 1 or more (default: physical cores)")),
         Some(t) => t,
-        None => crate::bench::default_threads(),
+        None => crate::bench::tune_threads(),
     };
     if let Some(c) = w.ctx_size {
         if c == 0 {

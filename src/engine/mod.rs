@@ -35,6 +35,38 @@ pub(crate) fn test_spec() -> TrialSpec {
     }
 }
 
+/// A directory for KV caches filled to depth, shared by one tune's trials
+/// (the first trial at a context fills it, the others load it) and removed
+/// when the tune ends, however it ends.
+pub struct DepthCache(pub std::path::PathBuf);
+
+impl DepthCache {
+    /// A new empty folder under the temporary directory; `None` where none can be made.
+    #[must_use]
+    pub fn new() -> Option<DepthCache> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ngl-tune-depth-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).ok().map(|()| DepthCache(dir))
+    }
+
+    /// [`DepthCache::new`], unless `NGL_TUNE_NO_DEPTH_CACHE` is set (every trial then fills its own).
+    #[must_use]
+    pub fn unless_disabled() -> Option<DepthCache> {
+        if std::env::var_os("NGL_TUNE_NO_DEPTH_CACHE").is_some() {
+            None
+        } else {
+            DepthCache::new()
+        }
+    }
+}
+
+impl Drop for DepthCache {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

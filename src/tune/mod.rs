@@ -134,26 +134,6 @@ struct Shared<'a> {
     depth_cache: Option<PathBuf>,
 }
 
-/// A directory for KV caches filled to depth, shared by one tune's trials
-/// (the first trial at a context fills it, the others load it) and removed
-/// when the tune ends, however it ends.
-struct DepthCache(PathBuf);
-
-impl DepthCache {
-    fn new() -> Option<DepthCache> {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("ngl-tune-depth-{}-{n}", std::process::id()));
-        std::fs::create_dir(&dir).ok().map(|()| DepthCache(dir))
-    }
-}
-
-impl Drop for DepthCache {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Runs the whole tuning (each context size, smallest first) and writes the profile.
 ///
 /// # Errors
@@ -176,7 +156,7 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     }
     let exe = crate::engine::child::current_exe()?;
     // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
-    let depth_cache = if std::env::var_os("NGL_TUNE_NO_DEPTH_CACHE").is_some() { None } else { DepthCache::new() };
+    let depth_cache = crate::engine::DepthCache::unless_disabled();
     let shared = Shared {
         opts,
         hw: &hw,

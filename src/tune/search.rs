@@ -454,12 +454,17 @@ impl<'a> Search<'a> {
     }
 
     /// Measures thread counts (physical cores, logical cores, half the
-    /// physical ones, and the configured count) at `ngl`, raced like search
+    /// physical ones, the cores of a CPU quota where one is set, and the
+    /// configured count) at `ngl`, raced like search
     /// trials, reusing trials already run there; returns the fastest for the
     /// objective with what was tried, in words.
     fn threads(&mut self, cpu: &CpuInfo, ngl: u32) -> Result<(u32, f64, Vec<String>)> {
         let mut counts = vec![cpu.physical_cores.max(1), cpu.logical_cores.max(1), (cpu.physical_cores / 2).max(1)];
         counts.push(self.settings.n_threads);
+        if crate::probe::cpu::cpu_quota_cores().is_some() {
+            // What a CPU quota gives this process, where that is fewer cores.
+            counts.push(crate::bench::tune_threads());
+        }
         counts.sort_unstable();
         counts.dedup();
         let base = Candidate::layers(ngl, 0);
