@@ -76,6 +76,10 @@ pub struct KlSpec {
     /// placement is tuned at); 0: the fixed prompts, continued.
     #[serde(default)]
     pub depth: u32,
+    /// RPC servers (host:port) whose devices take the offloaded layers, as
+    /// in the trials: scored where the placement runs, not on this host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
 }
 
 /// Each alternative's score, or why it has none.
@@ -269,6 +273,7 @@ fn reference_name(c: &KlConfig) -> String {
 
 fn run(spec: &KlSpec) -> Result<Vec<KlScore>, String> {
     let backend = LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?;
+    crate::engine::placement::add_rpc_servers(&spec.rpc).map_err(|e| format!("{e:#}"))?;
     let (seqs, reference, n_vocab) = {
         let m = load(&backend, &spec.reference)?;
         let mut ctx = context(&backend, &m, &spec.reference, spec)?;

@@ -1,9 +1,12 @@
 //! The answer against what users get without flags: llama.cpp's default
 //! placement (its fit, with its own 1 GiB margin per device) measured at
 //! the same depth, alternated with the recommendation (A/B/A/B, as
-//! hyperfine compares commands) so the machine's drift cancels. The
-//! recommendation is kept only when it is faster beyond the noise of the
-//! pairs; otherwise llama.cpp's default is recommended.
+//! hyperfine compares commands) so the machine's drift cancels. The unit
+//! of the statistic is the trial (one load): each pair gives one log ratio
+//! of the two trials' speeds, and a Student t interval over the pairs says
+//! faster, slower or a tie. The recommendation is kept only when it is
+//! faster beyond that interval; otherwise llama.cpp's default is
+//! recommended (unless it is over the user's cap).
 
 use anyhow::Result;
 
@@ -13,8 +16,11 @@ use crate::engine::predict::LlamaFit;
 use crate::profile::{DefaultComparison, ProfileTrial, Recommendation, Settings, Verdict};
 use crate::types::{KvType, Placement, Role, TrialStatus};
 
-/// Alternated pairs (A, B) measured: each side runs its repetitions twice.
-pub const PAIRS: u32 = 2;
+/// Alternated pairs (A, B) measured: each side loads and runs its
+/// repetitions this many times. Three pairs is the fewest whose t interval
+/// (2 degrees of freedom, t = 4.30) can call a 10% difference under 2%
+/// trial-to-trial noise; two (t = 12.7) almost never could.
+pub const PAIRS: u32 = 3;
 
 /// A ratio of two mean speeds and the half width of its 95% interval.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,6 +30,25 @@ pub struct Ratio {
 }
 
 impl Ratio {
+    /// The ratio of `a` over `b` from paired measurements `(a_i, b_i)`
+    /// (each a trial's mean speed or score): the geometric mean of the
+    /// per-pair ratios and the half width of its 95% Student t interval
+    /// (on the log ratios, mapped back). `None` without two complete pairs.
+    #[must_use]
+    pub fn paired(pairs: &[(f64, f64)]) -> Option<Ratio> {
+        use statrs::distribution::{ContinuousCDF, StudentsT};
+        let logs: Vec<f64> = pairs.iter().filter(|(a, b)| *a > 0.0 && *b > 0.0).map(|(a, b)| (a / b).ln()).collect();
+        if logs.len() < 2 {
+            return None;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let n = logs.len() as f64;
+        let (m, sd) = (crate::stats::mean(&logs), crate::stats::stddev(&logs));
+        let t = StudentsT::new(0.0, 1.0, n - 1.0).ok()?.inverse_cdf(0.975);
+        let h = t * sd / n.sqrt();
+        Some(Ratio { ratio: m.exp(), half_width: ((m + h).exp() - (m - h).exp()) / 2.0 })
+    }
+
     /// Mean of `a` over mean of `b`, with its standard error by the delta
     /// method (two standard errors: the 95% half width). `None` without
     /// at least two samples on each side.
@@ -245,14 +270,28 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     }
     out.pairs = PAIRS;
     let trials = &search.trials[start..];
-    let ratio = |pp: bool| Ratio::of(&samples(trials, mine, pp), &samples(trials, theirs, pp));
-    let (tg, pp) = (ratio(false), ratio(true));
+    // The i-th complete trial of each side, in the order they ran.
+    let side = |c: Candidate| -> Vec<&ProfileTrial> {
+        trials
+            .iter()
+            .filter(|t| t.role == Role::Paired && t.result.status == TrialStatus::Ok && c.is(&t.result.spec))
+            .collect()
+    };
+    let (a, b) = (side(mine), side(theirs));
+    let ratio = |f: &dyn Fn(&ProfileTrial) -> Option<f64>| {
+        let pairs: Vec<(f64, f64)> = a.iter().zip(&b).filter_map(|(x, y)| Some((f(x)?, f(y)?))).collect();
+        Ratio::paired(&pairs)
+    };
+    let (tg, pp) =
+        (ratio(&|t| t.result.test(false).map(|x| x.avg_ts)), ratio(&|t| t.result.test(true).map(|x| x.avg_ts)));
     (out.tg_ratio, out.tg_half_width) = (tg.map(|r| r.ratio), tg.map(|r| r.half_width));
     (out.pp_ratio, out.pp_half_width) = (pp.map(|r| r.ratio), pp.map(|r| r.half_width));
-    let judged = match s.objective {
+    // Judged on the objective's score; a side raced out far behind has no
+    // pp, so the tg it was raced on judges it.
+    let judged = ratio(&|t| super::search::trial_score(t, s)).or(match s.objective {
         crate::types::Objective::Pp => pp,
         _ => tg,
-    };
+    });
     out.verdict = judged.map_or(Verdict::NotMeasured, Ratio::verdict);
     Ok(trials
         .iter()
@@ -303,6 +342,35 @@ pub fn default_recommendation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pairing's statistic: the trial is the unit. Arms 1% apart under
+    /// 2% trial-to-trial noise are a tie; 10% apart under the same noise,
+    /// faster; and the order of the pairs does not matter.
+    #[test]
+    fn paired_trials_call_a_tie_within_their_noise_and_a_difference_beyond_it() {
+        // 2% noise between loads: each trial's mean off by up to ±2%.
+        let (a_noise, b_noise) = ([1.02, 0.99, 1.00], [0.99, 1.01, 1.02]);
+        let arms =
+            |by: f64| -> Vec<(f64, f64)> { (0..3).map(|i| (10.0 * by * a_noise[i], 10.0 * b_noise[i])).collect() };
+        let close = Ratio::paired(&arms(1.01)).unwrap();
+        assert_eq!(close.verdict(), Verdict::Tie, "1% under 2% noise: {close:?}");
+        let apart = Ratio::paired(&arms(1.10)).unwrap();
+        assert_eq!(apart.verdict(), Verdict::Faster, "10% under 2% noise: {apart:?}");
+        assert!((apart.ratio - 1.10).abs() < 0.01, "{apart:?}");
+        let slower = Ratio::paired(&arms(0.90)).unwrap();
+        assert_eq!(slower.verdict(), Verdict::Slower, "{slower:?}");
+        // Pooling the six repetitions of each side as independent samples (the old statistic)
+        // called the 1% arms faster: two trials x three repetitions, each repetition within 0.2%.
+        let reps = |m: f64| [m * 0.998, m, m * 1.002];
+        let (mine, theirs): (Vec<f64>, Vec<f64>) = (
+            [10.1 * 1.005, 10.1 * 1.002].iter().flat_map(|m| reps(*m)).collect(),
+            [10.0 * 0.999, 10.0 * 1.001].iter().flat_map(|m| reps(*m)).collect(),
+        );
+        assert_eq!(Ratio::of(&mine, &theirs).unwrap().verdict(), Verdict::Faster, "the old, eager statistic");
+        let pairs = [(10.1 * 1.005, 10.0 * 0.999), (10.1 * 1.002, 10.0 * 1.001)];
+        assert_eq!(Ratio::paired(&pairs).unwrap().verdict(), Verdict::Tie, "two pairs: t = 12.7");
+        assert_eq!(Ratio::paired(&pairs[..1]), None, "one pair has no spread");
+    }
 
     #[test]
     fn a_ratio_is_judged_against_its_noise() {

@@ -13,7 +13,9 @@ use crate::types::Quality;
 /// Tokens the reference generates from each fixed prompt.
 pub const KL_TOKENS: u32 = 128;
 
-/// A quantized KV cache against f16, both at `ngl` layers on the GPU.
+/// A quantized KV cache against f16, both at `ngl` layers on the GPU
+/// (the settings' RPC devices among them: scored where the trials run, so a
+/// slow host does not read the text twice at its own speed).
 /// `None` when it could not be measured (the reason goes to stderr: the
 /// hatch is then not recommended).
 ///
@@ -34,7 +36,12 @@ pub fn kv_quality(
         n_gen: KL_TOKENS,
         n_threads: s.n_threads,
         depth: s.depth_at(s.n_ctx),
+        rpc: if ngl > 0 { s.rpc.clone() } else { Vec::new() },
     };
+    if !spec.rpc.is_empty() {
+        // A server serves one client at a time: the kept trial worker lets go first.
+        crate::engine::live::release();
+    }
     Ok(score(exe, &spec)?.into_iter().next().flatten())
 }
 

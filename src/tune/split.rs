@@ -1662,10 +1662,13 @@ mod tests {
             assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
         }
         // Paired with the default split (26 ms a token) and llama.cpp's fit for the caps (10 + 11: 24.5 ms).
-        assert_eq!(measured.len(), 4 + 8, "two pairs of two trials against each");
+        assert_eq!(measured.len(), 4 + 12, "three pairs of two trials against each");
         let a = &found.against;
         assert_eq!(a.len(), 2);
-        assert!(a.iter().all(|c| c.result.verdict == crate::profile::Verdict::Faster && c.result.pairs == 2));
+        assert!(a
+            .iter()
+            .all(|c| c.result.verdict == crate::profile::Verdict::Faster
+                && c.result.pairs == super::super::baseline::PAIRS));
         assert!((a[0].result.tg_ratio.unwrap() - 26.0 / 23.0).abs() < 1e-3, "{:?}", a[0]);
         assert!((a[1].result.tg_ratio.unwrap() - 24.5 / 23.0).abs() < 1e-3, "{:?}", a[1]);
         assert_eq!(a[1].tensor_split, [10, 11]);
@@ -1804,7 +1807,7 @@ mod tests {
         let (found, measured, paired) = with_ffn_hatch(&[0.0, 0.0]);
         assert!(measured.contains(&vec![0, 21]), "{measured:?}");
         // Paired with llama.cpp's default split as it is emitted: the spill kept.
-        assert_eq!(paired, vec![15, 0, 15, 0], "{measured:?}");
+        assert_eq!(paired, vec![15, 0, 15, 0, 15, 0], "{measured:?}");
         let best = &found.options[found.best.unwrap()];
         assert_eq!((best.tensor_split.clone(), best.n_cpu_ffn), (vec![0, 21], 15), "{:?}", found.options);
         assert!(best.fits && best.accounted_bytes[1] <= 150_000_000, "{:?}", best.accounted_bytes);
