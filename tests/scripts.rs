@@ -111,3 +111,44 @@ fn gpu_check_runs_in_local_mode_and_reports_regret() {
     let files: Vec<_> = std::fs::read_dir(out.path()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(files.len() <= 8, "few files travel back from a GPU machine: {files:?}");
 }
+
+/// The truth table's CI cell: a tiny model on the GPU-like rig (an
+/// rpc-server of a memory size as the device, the host in a CPU quota) at
+/// an ample and a tight device. What no noise can flip: the tune's answer
+/// is measured by the brute force and under the cap in both cells; a
+/// default over the cap is reported as such and never the answer.
+#[test]
+fn the_truth_tables_ci_cell_answers_under_the_cap() {
+    let _heavy = heavy();
+    let out = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/truth"))
+        .args(["--cells", "ci", "--out", out.path().to_str().unwrap(), "--bin", env!("CARGO_BIN_EXE_ngl-tune")])
+        .args(["-p", "16", "-n", "8", "-r", "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("truth.json")).unwrap()).unwrap();
+    let cells = t["table"].as_array().unwrap();
+    assert_eq!(cells.len(), 2, "{t}");
+    assert!(t["regime"]["speedup"].as_f64().is_some(), "the regime is measured: {}", t["regime"]);
+    for c in cells {
+        assert!(c["best"].is_object(), "something fits: {c}");
+        let tune = &c["answers"][0];
+        assert_eq!(tune["label"], "tune");
+        assert_eq!(tune["measured"], true, "{c}");
+        assert_eq!(tune["under_cap"], true, "the answer is under the cap: {c}");
+        if let Some(d) = c["answers"].get(1).filter(|d| d["under_cap"] == false) {
+            assert_eq!(d["over_cap_reported"], true, "a default over the cap is reported as such: {d}");
+        }
+        let brute = c["brute"].as_array().unwrap();
+        assert_eq!(brute.len() as u64, c["n_layer_full"].as_u64().unwrap() + 1, "every ngl: {c}");
+        assert!(c["cost_ratio"].as_f64().is_some_and(|r| r > 0.0), "{c}");
+    }
+    assert_eq!(cells[0]["cell"], "ample");
+    assert_eq!(cells[1]["cell"], "tight");
+    assert!(cells[0]["device_bytes"].as_u64() > cells[1]["device_bytes"].as_u64());
+    let md = std::fs::read_to_string(out.path().join("truth.md")).unwrap();
+    assert!(md.contains("# The truth table") && md.contains("| tiny | ample |") && md.contains("| tiny | tight |"), "{md}");
+}
