@@ -116,8 +116,11 @@ fn unquote(v: &str) -> String {
 /// # Errors
 /// `BadInput` naming the file and the line.
 pub fn read_env_file(path: &Path, flag: &str) -> anyhow::Result<ServerEnv> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        crate::error::bad(format!("{flag} {}: cannot read it ({e}); give a file of KEY=VALUE lines", path.display()))
+    // A FIFO or a device would wait for ever: a regular file only, of an env file's size.
+    let bytes = crate::fsio::read_regular(path, 1 << 20, "give a file of KEY=VALUE lines")
+        .map_err(|e| crate::error::bad(format!("{flag} {e:#}")))?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        crate::error::bad(format!("{flag} {}: not UTF-8 text; give a file of KEY=VALUE lines", path.display()))
     })?;
     let vars = parse_env_file(&text).map_err(|e| {
         crate::error::bad(format!("{flag} {}: {e}; write one KEY=VALUE a line, as docker's --env-file", path.display()))

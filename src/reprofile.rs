@@ -792,14 +792,26 @@ pub fn wait_for_idle(limit: Duration, cores: f64, say: &mut dyn FnMut(&str)) -> 
 fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
     let info = crate::model::inspect(&old.model.path)?;
     let mut settings = old.settings.clone();
-    // Thread counts follow the machine (a new CPU has other cores).
-    if settings.n_threads == 0 {
-        settings.n_threads = crate::bench::default_threads();
-    }
+    // Thread counts follow the machine (a new CPU has other cores): the
+    // drift report says where the tuned count changed.
+    settings.n_threads = threads_now(&old.settings, &old.hardware.cpu, crate::bench::tune_threads());
     // The same checks as the command line's: a model this llama.cpp cannot load is no re-tune.
     let req =
         crate::tune::TuneRequest::new(info, settings, opts.store.clone())?.with_output(opts.verbose, opts.progress);
     Ok(crate::tune::tune(&req)?.profile)
+}
+
+/// The thread count a re-tune starts from: the machine's default now where
+/// the stored count was the machine's default then (its physical cores:
+/// what a tune without `-t` starts from), so a new CPU's cores are tuned
+/// for; a count the user chose otherwise is kept.
+#[must_use]
+pub fn threads_now(s: &crate::profile::Settings, then: &crate::types::CpuInfo, default_now: u32) -> u32 {
+    if s.n_threads == 0 || s.n_threads == then.physical_cores.max(1) {
+        default_now
+    } else {
+        s.n_threads
+    }
 }
 
 /// Holm's step-down correction: which of `ps` stay significant at `alpha`
@@ -823,6 +835,18 @@ pub fn holm(ps: &[f64], alpha: f64) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retune_on_another_cpu_starts_from_its_cores_unless_the_user_chose() {
+        let mut s = crate::tune::worlds::settings();
+        let then = crate::types::CpuInfo { brand: "old".into(), physical_cores: 2, logical_cores: 4 };
+        s.n_threads = 2;
+        assert_eq!(threads_now(&s, &then, 16), 16, "the old default (its 2 cores) follows the new machine");
+        s.n_threads = 0;
+        assert_eq!(threads_now(&s, &then, 16), 16);
+        s.n_threads = 3;
+        assert_eq!(threads_now(&s, &then, 16), 3, "-t 3 was the user's");
+    }
 
     #[test]
     fn durations() {

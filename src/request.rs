@@ -217,6 +217,8 @@ pub fn tune_settings(
 /// `BadInput` naming the file, what it is, and the fix.
 pub fn check_projector(path: &std::path::Path) -> Result<std::path::PathBuf> {
     let fix = "give the projector file (mmproj-*.gguf) that goes with the model";
+    // A FIFO or a device would wait for ever: a regular file only.
+    crate::fsio::open_regular(path, fix).map_err(|e| bad(format!("--mmproj {e:#}")))?;
     let g = crate::gguf::Gguf::read(path)
         .map_err(|e| bad(format!("--mmproj {}: cannot read it as GGUF ({e}); {fix}", path.display())))?;
     match g.get_str("general.architecture") {
@@ -294,6 +296,29 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
     cpu_overrides.append(&mut p.cpu_overrides);
     p.cpu_overrides = cpu_overrides;
     Ok((p, ngl, moe))
+}
+
+/// A `--depth` every context (each parallel slot of it) can hold with room
+/// for its tests, as `bench -c 512 -d 4096` is refused: never a depth
+/// silently trimmed to what fits.
+///
+/// # Errors
+/// `BadInput` naming the depth, the context and the fix.
+pub fn check_depth(s: &crate::profile::Settings) -> Result<()> {
+    let Some(d) = s.n_depth else { return Ok(()) };
+    let tests = s.n_prompt.max(s.n_gen);
+    for c in s.contexts() {
+        let slot = c / s.n_parallel.max(1);
+        if d + tests > slot {
+            let per = if s.n_parallel > 1 { format!(" ({} slots of {slot})", s.n_parallel) } else { String::new() };
+            return Err(bad(format!(
+                "--depth {d} leaves no room in the {c}-token context{per} for a {tests}-token test; give --depth {} or less, or a context of {} or more",
+                slot.saturating_sub(tests),
+                (d + tests) * s.n_parallel.max(1)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Bench's depths (`-d`), each with room for its tests in the context

@@ -150,3 +150,21 @@ fn store_arguments_and_store_contents_never_hang() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim(), "[]");
 }
+
+/// A tune's settings files (`--ollama-env`, `--server-env`, `--mmproj`) on a
+/// FIFO or a device are refused at once, and so is a depth the context
+/// cannot hold (never measured silently at a smaller one).
+#[test]
+fn a_tunes_settings_files_never_hang_and_a_depth_must_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = classes(tmp.path());
+    let m = synth(tmp.path(), 2);
+    let m = m.to_str().unwrap();
+    for flag in ["--ollama-env", "--server-env", "--mmproj"] {
+        quick(&[m, flag, c.fifo.to_str().unwrap()], "is a FIFO (named pipe), not a regular file");
+        quick(&[m, flag, "/dev/zero"], "is a character device, not a regular file");
+        quick(&[m, flag, c.dangling.to_str().unwrap()], "no such file");
+    }
+    quick(&[m, "-c", "1024", "--depth", "5000"], "--depth 5000 leaves no room in the 1024-token context");
+    quick(&[m, "--ctx", "512,4096", "--depth", "1000", "-p", "64", "-n", "16"], "give --depth 448 or less");
+}

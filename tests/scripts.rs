@@ -150,5 +150,8 @@ fn the_truth_tables_ci_cell_answers_under_the_cap() {
     assert_eq!(cells[1]["cell"], "tight");
     assert!(cells[0]["device_bytes"].as_u64() > cells[1]["device_bytes"].as_u64());
     let md = std::fs::read_to_string(out.path().join("truth.md")).unwrap();
-    assert!(md.contains("# The truth table") && md.contains("| tiny | ample |") && md.contains("| tiny | tight |"), "{md}");
+    assert!(
+        md.contains("# The truth table") && md.contains("| tiny | ample |") && md.contains("| tiny | tight |"),
+        "{md}"
+    );
 }

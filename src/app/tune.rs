@@ -93,6 +93,7 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         choose_contexts(a, &mut req.settings, &req.info, &req.devices, &consumer)?;
         let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
         consumer.apply(&mut req.settings, &req.info.architecture, user_ctx);
+        crate::request::check_depth(&req.settings)?;
         reqs.push(req);
     }
     crate::interrupt::install();
