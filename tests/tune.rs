@@ -806,7 +806,7 @@ fn a_projector_that_is_not_one_or_not_this_models_is_bad_input() {
         ])
     };
     assert_bad_input(&tune(m.to_str().unwrap()), "is a model of architecture 'llama', not a projector");
-    assert_bad_input(&tune("/nonexistent/mmproj.gguf"), "cannot read it as GGUF");
+    assert_bad_input(&tune("/nonexistent/mmproj.gguf"), "--mmproj /nonexistent/mmproj.gguf: no such file");
     assert_bad_input(
         &tune(other.to_str().unwrap()),
         "does not go with synth-8L.gguf: mismatch between text model (n_embd = 128) and mmproj (n_embd = 640)",

@@ -882,7 +882,8 @@ pub struct Profile {
     /// Wall time of the whole tuning, seconds.
     pub wall_s: f64,
     /// The answer per context size, with the escape hatches measured or
-    /// predicted (schema 2; version-1 profiles: empty, `recommendation` only).
+    /// predicted (since schema version 2, today [`SCHEMA_VERSION`]; version-1
+    /// profiles: empty, `recommendation` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placements: Vec<ContextPlacement>,
     /// Tuned beside other models: this one's quality against the largest
