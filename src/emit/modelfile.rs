@@ -72,7 +72,7 @@ pub fn render(p: &Profile) -> String {
     }
     if p.recommendation.n_cpu_moe > 0 {
         s.push_str(&format!(
-            "# llama.cpp is faster with -ngl {} --n-cpu-moe {}; Ollama has no expert offload, so num_gpu is the best whole-layer split\n",
+            "# llama.cpp is faster with -ngl {} --n-cpu-moe {}; a Modelfile cannot say that, so num_gpu is the best whole-layer split. A set num_gpu also stops llama.cpp's fit, which moves experts to the CPU itself when num_gpu is unset; LLAMA_ARG_N_CPU_MOE on the Ollama server gives every model it runs the overrides\n",
             p.recommendation.n_gpu_layers, p.recommendation.n_cpu_moe
         ));
     }
@@ -84,7 +84,7 @@ pub fn render(p: &Profile) -> String {
         ));
     } else if !r.tensor_split.is_empty() {
         s.push_str(&format!(
-            "# llama.cpp splits the layers {} (-ts); Ollama splits GPUs itself by free memory and takes no proportions, only num_gpu{}\n",
+            "# llama.cpp splits the layers {} (-ts); Ollama takes no proportions per model, only num_gpu: it runs a model on the one GPU that holds it, else llama.cpp's split by free memory{}\n",
             crate::types::split_list(&r.tensor_split),
             split_gain(p)
         ));

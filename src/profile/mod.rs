@@ -444,7 +444,9 @@ pub struct Recommendation {
     /// Layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe); 0 for none.
     #[serde(default)]
     pub n_cpu_moe: u32,
-    /// Ollama has no expert offload: the best whole-layer split, when it differs from `n_gpu_layers`.
+    /// A Modelfile cannot give expert or FFN overrides: the best whole-layer
+    /// split, when it differs from `n_gpu_layers` (a set `num_gpu` also
+    /// stops llama.cpp's fit, which spills experts itself when it is unset).
     #[serde(default)]
     pub ollama_num_gpu: Option<u32>,
     /// The recommendation is llama.cpp's default placement (as fast as the
