@@ -203,25 +203,8 @@ fn a_served_device_with_a_memory_size_is_a_card_of_that_size() {
     assert_eq!(dev["memory_total"].as_u64(), Some(64 * MIB), "{hw}");
     assert_eq!(dev["memory_free"].as_u64(), Some(64 * MIB), "nothing held yet: {hw}");
     // 41 layers need about 112 MiB at a 1k context: full offload is out of memory, 10 layers are not.
-    let o = run(&[
-        "bench",
-        m.to_str().unwrap(),
-        "--rpc",
-        &server.endpoint,
-        "-ngl",
-        "10,41,0",
-        "-p",
-        "8",
-        "-n",
-        "4",
-        "-r",
-        "1",
-        "-c",
-        "1024",
-        "-o",
-        "json",
-        "-q",
-    ]);
+    let tail: Vec<&str> = "-ngl 10,41,0 -p 8 -n 4 -r 1 -c 1024 -o json -q".split_whitespace().collect();
+    let o = run(&[&["bench", m.to_str().unwrap(), "--rpc", &server.endpoint], &tail[..]].concat());
     let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let status = |ngl: u64| {
         let r: Vec<&serde_json::Value> =
@@ -252,29 +235,9 @@ fn a_default_over_the_users_cap_is_never_the_answer() {
     let store = dir.path().join("store");
     let cap = 40 * MIB;
     let budget = format!("RPC0={}MiB", cap / MIB);
-    let o = run(&[
-        m.to_str().unwrap(),
-        "--rpc",
-        &server.endpoint,
-        "--vram-budget",
-        &budget,
-        "-c",
-        "1024",
-        "--depth",
-        "0",
-        "-p",
-        "16",
-        "-n",
-        "8",
-        "-r",
-        "2",
-        "-t",
-        "1",
-        "--profiles",
-        store.to_str().unwrap(),
-        "-q",
-        "--json",
-    ]);
+    let workload: Vec<&str> = "-c 1024 --depth 0 -p 16 -n 8 -r 2 -t 1 -q --json".split_whitespace().collect();
+    let head = [m.to_str().unwrap(), "--rpc", &server.endpoint, "--vram-budget", &budget];
+    let o = run(&[&head[..], &workload, &["--profiles", store.to_str().unwrap()]].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
