@@ -20,6 +20,11 @@ use crate::cli::{Cli, Command};
 use crate::error::exit;
 use crate::request::rpc_list;
 
+/// `rpc-server --mem` in bytes, where given.
+fn rpc_mem(a: &crate::cli::RpcServerArgs) -> Result<Option<u64>> {
+    a.mem.as_deref().map(|m| crate::request::parse_size_for("--mem", m)).transpose()
+}
+
 /// Runs the command; returns the exit code.
 ///
 /// # Errors
@@ -42,13 +47,11 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Hw(a) => hw::cmd_hw(&a),
         Command::RpcServer(a) => {
             let threads = a.threads.unwrap_or_else(|| crate::probe::hardware(Vec::new()).cpu.physical_cores.max(1));
-            let mem = a.mem.as_deref().map(|m| crate::request::parse_size_for("--mem", m)).transpose()?;
-            rpc_server::supervise(&a.host, a.port, &a.device, threads, mem).map(|()| exit::OK)
+            rpc_server::supervise(&a.host, a.port, &a.device, threads, rpc_mem(&a)?).map(|()| exit::OK)
         }
         Command::RpcServe(a) => {
             let threads = a.threads.unwrap_or(1);
-            let mem = a.mem.as_deref().map(|m| crate::request::parse_size_for("--mem", m)).transpose()?;
-            crate::rpc::serve(&a.host, a.port, &a.device, threads, mem).map(|()| exit::OK)
+            crate::rpc::serve(&a.host, a.port, &a.device, threads, rpc_mem(&a)?).map(|()| exit::OK)
         }
         Command::Emit(a) => emit::cmd_emit(&a),
         Command::Reprofile(a) => reprofile::cmd_reprofile(&a),

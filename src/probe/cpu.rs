@@ -285,7 +285,7 @@ impl Tally {
         if cpu_quota_cores().is_some() {
             let attributed: f64 = self.per_pid.values().map(|(t, _)| t / self.ticks_per_s / secs).sum();
             mean = mean.min(attributed);
-            peak = peak.min(attributed.max(mean));
+            peak = peak.min(attributed);
         }
         let mut top: Vec<BusyProcess> = self
             .per_pid

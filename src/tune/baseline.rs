@@ -49,29 +49,6 @@ impl Ratio {
         Some(Ratio { ratio: m.exp(), half_width: ((m + h).exp() - (m - h).exp()) / 2.0 })
     }
 
-    /// Mean of `a` over mean of `b`, with its standard error by the delta
-    /// method (two standard errors: the 95% half width). `None` without
-    /// at least two samples on each side.
-    #[must_use]
-    pub fn of(a: &[f64], b: &[f64]) -> Option<Ratio> {
-        let se_rel = |v: &[f64]| {
-            let m = crate::stats::mean(v);
-            #[allow(clippy::cast_precision_loss)]
-            let n = v.len() as f64;
-            (crate::stats::stddev(v) / n.sqrt()) / m
-        };
-        if a.len() < 2 || b.len() < 2 {
-            return None;
-        }
-        let (ma, mb) = (crate::stats::mean(a), crate::stats::mean(b));
-        if ma <= 0.0 || mb <= 0.0 {
-            return None;
-        }
-        let ratio = ma / mb;
-        let half_width = 2.0 * ratio * (se_rel(a).powi(2) + se_rel(b).powi(2)).sqrt();
-        Some(Ratio { ratio, half_width })
-    }
-
     /// Faster beyond the noise, slower beyond it, or a tie.
     #[must_use]
     pub fn verdict(self) -> Verdict {
@@ -139,14 +116,14 @@ pub fn over_cap(trials: &[ProfileTrial], theirs: Candidate, cap: Option<f64>) ->
         .then(|| "llama.cpp's default ran out of device memory here: reported, never recommended".to_string())
 }
 
+/// One side's completed paired trials, in the order they ran.
+fn completed(trials: &[ProfileTrial], c: Candidate) -> impl Iterator<Item = &ProfileTrial> {
+    trials.iter().filter(move |t| t.role == Role::Paired && t.result.status == TrialStatus::Ok && c.is(&t.result.spec))
+}
+
 /// The samples (t/s) of one side's paired trials, for pp or tg.
 fn samples(trials: &[ProfileTrial], c: Candidate, pp: bool) -> Vec<f64> {
-    trials
-        .iter()
-        .filter(|t| t.role == Role::Paired && t.result.status == TrialStatus::Ok && c.is(&t.result.spec))
-        .filter_map(|t| t.result.test(pp))
-        .flat_map(|x| x.samples_ts.iter().copied())
-        .collect()
+    completed(trials, c).filter_map(|t| t.result.test(pp)).flat_map(|x| x.samples_ts.iter().copied()).collect()
 }
 
 /// The mean rate (t/s) of a candidate's paired trials, pp or tg, where measured.
@@ -158,11 +135,8 @@ pub fn paired_mean(trials: &[ProfileTrial], c: Candidate, pp: bool) -> Option<f6
 
 /// Mean milliseconds per image of a candidate's paired trials, where measured.
 fn image_ms(trials: &[ProfileTrial], c: Candidate) -> Option<f64> {
-    let v: Vec<f64> = trials
-        .iter()
-        .filter(|t| t.role == Role::Paired && t.result.status == TrialStatus::Ok && c.is(&t.result.spec))
-        .filter_map(|t| t.result.image.as_ref().map(crate::types::ImageTest::avg_ms))
-        .collect();
+    let v: Vec<f64> =
+        completed(trials, c).filter_map(|t| t.result.image.as_ref().map(crate::types::ImageTest::avg_ms)).collect();
     (!v.is_empty()).then(|| crate::stats::mean(&v))
 }
 
@@ -270,14 +244,9 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     }
     out.pairs = PAIRS;
     let trials = &search.trials[start..];
-    // The i-th complete trial of each side, in the order they ran.
-    let side = |c: Candidate| -> Vec<&ProfileTrial> {
-        trials
-            .iter()
-            .filter(|t| t.role == Role::Paired && t.result.status == TrialStatus::Ok && c.is(&t.result.spec))
-            .collect()
-    };
-    let (a, b) = (side(mine), side(theirs));
+    // The i-th complete trial of each side makes the i-th pair.
+    let (a, b): (Vec<&ProfileTrial>, Vec<&ProfileTrial>) =
+        (completed(trials, mine).collect(), completed(trials, theirs).collect());
     let ratio = |f: &dyn Fn(&ProfileTrial) -> Option<f64>| {
         let pairs: Vec<(f64, f64)> = a.iter().zip(&b).filter_map(|(x, y)| Some((f(x)?, f(y)?))).collect();
         Ratio::paired(&pairs)
@@ -359,14 +328,8 @@ mod tests {
         assert!((apart.ratio - 1.10).abs() < 0.01, "{apart:?}");
         let slower = Ratio::paired(&arms(0.90)).unwrap();
         assert_eq!(slower.verdict(), Verdict::Slower, "{slower:?}");
-        // Pooling the six repetitions of each side as independent samples (the old statistic)
-        // called the 1% arms faster: two trials x three repetitions, each repetition within 0.2%.
-        let reps = |m: f64| [m * 0.998, m, m * 1.002];
-        let (mine, theirs): (Vec<f64>, Vec<f64>) = (
-            [10.1 * 1.005, 10.1 * 1.002].iter().flat_map(|m| reps(*m)).collect(),
-            [10.0 * 0.999, 10.0 * 1.001].iter().flat_map(|m| reps(*m)).collect(),
-        );
-        assert_eq!(Ratio::of(&mine, &theirs).unwrap().verdict(), Verdict::Faster, "the old, eager statistic");
+        // Two loads a side 1% apart (the pooled repetitions of the statistic before called this
+        // faster): with two pairs, t = 12.7.
         let pairs = [(10.1 * 1.005, 10.0 * 0.999), (10.1 * 1.002, 10.0 * 1.001)];
         assert_eq!(Ratio::paired(&pairs).unwrap().verdict(), Verdict::Tie, "two pairs: t = 12.7");
         assert_eq!(Ratio::paired(&pairs[..1]), None, "one pair has no spread");
@@ -374,14 +337,15 @@ mod tests {
 
     #[test]
     fn a_ratio_is_judged_against_its_noise() {
-        let r = Ratio::of(&[30.0, 30.5, 29.5, 30.2], &[10.0, 10.1, 9.9, 10.0]).unwrap();
+        let pairs = |a: [f64; 4], b: [f64; 4]| a.into_iter().zip(b).collect::<Vec<_>>();
+        let r = Ratio::paired(&pairs([30.0, 30.5, 29.5, 30.2], [10.0, 10.1, 9.9, 10.0])).unwrap();
         assert!((r.ratio - 3.0).abs() < 0.05 && r.half_width < 0.1, "{r:?}");
         assert_eq!(r.verdict(), Verdict::Faster);
-        let tie = Ratio::of(&[10.2, 9.6, 10.4, 9.9], &[10.0, 10.3, 9.7, 10.1]).unwrap();
+        let tie = Ratio::paired(&pairs([10.2, 9.6, 10.4, 9.9], [10.0, 10.3, 9.7, 10.1])).unwrap();
         assert_eq!(tie.verdict(), Verdict::Tie, "{tie:?}");
-        let slower = Ratio::of(&[8.0, 8.1, 7.9, 8.0], &[10.0, 10.1, 9.9, 10.0]).unwrap();
+        let slower = Ratio::paired(&pairs([8.0, 8.1, 7.9, 8.0], [10.0, 10.1, 9.9, 10.0])).unwrap();
         assert_eq!(slower.verdict(), Verdict::Slower);
-        assert_eq!(Ratio::of(&[1.0], &[1.0, 2.0]), None, "one sample has no spread");
+        assert_eq!(Ratio::paired(&[(1.0, 1.0)]), None, "one pair has no spread");
     }
 
     /// The rig's first tune: llama.cpp's fit offloads every layer (its

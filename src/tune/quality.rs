@@ -38,10 +38,6 @@ pub fn kv_quality(
         depth: s.depth_at(s.n_ctx),
         rpc: if ngl > 0 { s.rpc.clone() } else { Vec::new() },
     };
-    if !spec.rpc.is_empty() {
-        // A server serves one client at a time: the kept trial worker lets go first.
-        crate::engine::live::release();
-    }
     Ok(score(exe, &spec)?.into_iter().next().flatten())
 }
 
@@ -51,6 +47,10 @@ pub fn kv_quality(
 /// # Errors
 /// Only an interrupt (the tuning stops; its finished trials are kept).
 pub fn score(exe: &Path, spec: &KlSpec) -> anyhow::Result<Vec<Option<Quality>>> {
+    if !spec.rpc.is_empty() {
+        // A server serves one client at a time: the kept trial worker lets go first.
+        crate::engine::live::release();
+    }
     Ok(match kl_in_child(exe, spec) {
         Ok(out) => {
             if let Some(e) = &out.error {

@@ -60,9 +60,6 @@ pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Resu
         depth: profiles[r].settings.depth_at(profiles[r].settings.n_ctx),
         rpc: profiles[r].settings.rpc.clone(),
     };
-    if !spec.rpc.is_empty() {
-        crate::engine::live::release();
-    }
     let scores = super::quality::score(exe, &spec)?;
     let mut out = vec![None; profiles.len()];
     for (i, q) in others.into_iter().zip(scores) {
