@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+// llama.cpp's thread rule (common/common.cpp, C++ linkage): the cores
+// useful for math (performance cores only on hybrid Intel CPUs).
+int32_t common_cpu_get_num_math();
+
 // A served device with a memory size of its own (`rpc-server --mem`): the
 // device ggml-rpc's server is given reports the size as its total and the
 // size less what its clients hold as free, and an allocation past it fails
@@ -369,6 +373,11 @@ int ngl_tune_rpc_serve(const char * endpoint, const char * cache_dir, uint32_t n
     }
     ggml_backend_rpc_start_server(endpoint, cache_dir, n_threads, devices.size(), devices.data());
     return 1;
+}
+
+// The threads llama.cpp's tools use without -t (common_params' default).
+int ngl_tune_math_threads() {
+    return common_cpu_get_num_math();
 }
 
 }  // extern "C"

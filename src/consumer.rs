@@ -228,15 +228,94 @@ pub struct OllamaRun {
 
 /// Ollama's automatic batch size for a context (server/sched.go,
 /// `generationBatchForContext`): 2048 above 32768 tokens, 1024 above 4096,
-/// else 512, passed as both `-b` and `-ub`. (Ollama steps it down where the
-/// model leaves little headroom, and uses 256 or 512 on CUDA without flash
-/// attention.)
+/// else 512, passed as both `-b` and `-ub`, before [`ollama_batch_for`]
+/// steps it down.
 #[must_use]
 pub fn ollama_batch(effective_ctx: u32) -> u32 {
     match effective_ctx {
         c if c > 32768 => 2048,
         c if c > 4096 => 1024,
         _ => 512,
+    }
+}
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// What Ollama adds to its memory prediction for a batch size
+/// (`generationBatchSurcharge`).
+fn batch_surcharge(batch: u32) -> u64 {
+    match batch {
+        b if b >= 2048 => 2 * GIB,
+        b if b >= 1024 => 768 * MIB,
+        _ => 0,
+    }
+}
+
+/// Ollama's `generationBatchFits`: the prediction under 80% of the free
+/// memory, under 60% (2048) or 75% (1024) of it, and the surcharge inside
+/// what the 80% leaves.
+fn batch_fits(batch: u32, predicted: u64, available: u64) -> bool {
+    if predicted == 0 || available == 0 {
+        return true;
+    }
+    let threshold = available * 80 / 100;
+    let headroom = match batch {
+        b if b >= 2048 => predicted <= available * 60 / 100,
+        b if b >= 1024 => predicted <= available * 75 / 100,
+        _ => true,
+    };
+    predicted <= threshold && headroom && batch_surcharge(batch) <= threshold - predicted
+}
+
+/// Ollama's batch for a context on its devices (`automaticGenerationBatch`):
+/// on a CUDA device with flash attention off, 512 (256 above 4096 tokens on a
+/// card of at most 8 GiB: `cuda_without_fa` gives that card's memory); else
+/// the context's batch, stepped down to 1024 and 512 while the predicted
+/// memory of the model (`predicted`, bytes) leaves too little of the free
+/// memory (`available`).
+#[must_use]
+pub fn ollama_batch_for(effective_ctx: u32, predicted: u64, available: u64, cuda_without_fa: Option<u64>) -> u32 {
+    if let Some(card) = cuda_without_fa {
+        return if effective_ctx > 4096 && card > 0 && card <= 8 * GIB { 256 } else { 512 };
+    }
+    let mut batch = ollama_batch(effective_ctx);
+    while batch > 512 && !batch_fits(batch, predicted, available) {
+        batch = if batch > 1024 { 1024 } else { 512 };
+    }
+    batch
+}
+
+/// How llama-server's fit runs under Ollama with `num_gpu` unset: on
+/// unless `LLAMA_ARG_FIT` (inherited from Ollama's environment) says off;
+/// its margin `LLAMA_ARG_FIT_TARGET` where set there (MiB, the first of a
+/// list; Ollama keeps an inherited one as it is), else
+/// [`ollama_fit_margin`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OllamaFit {
+    pub on: bool,
+    pub target_bytes: Option<u64>,
+}
+
+/// [`OllamaFit`] from Ollama's environment.
+#[must_use]
+pub fn ollama_fit(vars: &[(String, String)]) -> OllamaFit {
+    // llama.cpp's is_falsey.
+    let on = !var_in(vars, "LLAMA_ARG_FIT").is_some_and(|v| matches!(v.as_str(), "off" | "false" | "0" | "disabled"));
+    let target_bytes = var_in(vars, "LLAMA_ARG_FIT_TARGET")
+        .and_then(|v| v.split([',', '/']).next().and_then(|x| x.trim().parse::<u64>().ok()))
+        .map(|mib| mib * MIB);
+    OllamaFit { on, target_bytes }
+}
+
+/// The fit margin Ollama sets without `LLAMA_ARG_FIT_TARGET`: with a
+/// projector, its memory plus 1 GiB in whole MiB (llm/llama_server.go,
+/// `mmprojFitTargetMiB`), which replaces llama.cpp's 1 GiB; else 1 GiB.
+#[must_use]
+pub fn ollama_fit_margin(projector_bytes: Option<u64>) -> u64 {
+    match projector_bytes {
+        Some(b) if b > 0 => (b + GIB).div_ceil(MIB) * MIB,
+        _ => GIB,
     }
 }
 
@@ -343,5 +422,35 @@ mod tests {
             [ollama_batch(4096), ollama_batch(8192), ollama_batch(32768), ollama_batch(65536)],
             [512, 1024, 1024, 2048]
         );
+    }
+
+    /// server/sched.go's step-down, case by case: headroom 60% for 2048,
+    /// 75% for 1024, the surcharge inside 80%; CUDA without flash attention.
+    #[test]
+    fn ollamas_batch_steps_down_where_the_model_leaves_little_room() {
+        let gib = 1u64 << 30;
+        assert_eq!(ollama_batch_for(65536, 4 * gib, 24 * gib, None), 2048, "ample room");
+        assert_eq!(ollama_batch_for(65536, 16 * gib, 24 * gib, None), 1024, "67% of free: over 60%, under 75%");
+        assert_eq!(ollama_batch_for(65536, 19 * gib, 24 * gib, None), 512, "79%: over 75%");
+        assert_eq!(ollama_batch_for(8192, 17 * gib, 24 * gib, None), 1024, "1024's surcharge fits: 19.2 - 17 > 0.75");
+        assert_eq!(ollama_batch_for(8192, 18 * gib + gib / 2, 24 * gib, None), 512, "0.7 GiB left under 80%");
+        assert_eq!(ollama_batch_for(4096, 30 * gib, 24 * gib, None), 512, "never below 512");
+        assert_eq!(ollama_batch_for(65536, 0, 0, None), 2048, "nothing predicted: the context's");
+        assert_eq!(ollama_batch_for(65536, gib, 24 * gib, Some(8 * gib)), 256, "CUDA, 8 GiB, no flash attention");
+        assert_eq!(ollama_batch_for(4096, gib, 24 * gib, Some(8 * gib)), 512);
+        assert_eq!(ollama_batch_for(65536, gib, 24 * gib, Some(24 * gib)), 512);
+    }
+
+    #[test]
+    fn ollamas_fit_target_follows_its_environment_and_the_projector() {
+        let v = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+        };
+        let mib = 1u64 << 20;
+        assert_eq!(ollama_fit(&v(&[])), OllamaFit { on: true, target_bytes: None });
+        assert_eq!((ollama_fit_margin(None), ollama_fit_margin(Some(300 * mib + 1))), (1024 * mib, 1325 * mib));
+        assert_eq!(ollama_fit(&v(&[("LLAMA_ARG_FIT_TARGET", "2048,512")])).target_bytes, Some(2048 * mib));
+        assert!(!ollama_fit(&v(&[("LLAMA_ARG_FIT", "off")])).on);
+        assert!(ollama_fit(&v(&[("LLAMA_ARG_FIT", "on")])).on);
     }
 }

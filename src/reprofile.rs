@@ -949,6 +949,7 @@ mod tests {
                 recommendation: r,
                 options: Vec::new(),
                 default: None,
+                ollama: None,
                 split: None,
             }
         };

@@ -255,6 +255,44 @@ fn a_default_over_the_users_cap_is_never_the_answer() {
     assert_ne!(r["llama_default"], true, "{r}");
 }
 
+/// A MoE model on a card just too small for llama.cpp's default: its fit
+/// (1 GiB margin, `-c 0`) keeps the last offloaded layers' experts on the
+/// CPU. The paired default runs exactly those overrides at fit's context,
+/// its flags show them, and what it took is what fit's dry run priced.
+#[test]
+fn the_default_of_a_moe_model_runs_fits_expert_overrides() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("moe-6L.gguf");
+    let synth =
+        "--layers 6 --experts 4 --n-embd 256 --n-ff 512 --heads 4 --kv-heads 2 --vocab 4096 --ctx-train 8192 --q8-0";
+    let o = run(&[&["__synth", m.to_str().unwrap()][..], &synth.split_whitespace().collect::<Vec<_>>()].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    // 1 GiB of fit's margin and about 20 MiB: three of seven layers, two of them without their experts.
+    let server = Server::start_with(&["--mem", "1044MiB"]);
+    let store = dir.path().join("store");
+    let workload: Vec<&str> = "-c 1024 --depth 0 -p 16 -n 8 -r 2 -t 1 -q --json".split_whitespace().collect();
+    let head = [m.to_str().unwrap(), "--rpc", &server.endpoint, "--profiles", store.to_str().unwrap()];
+    let o = run(&[&head[..], &workload].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    let d = &p["placements"][0]["default"];
+    let spill: Vec<&str> = d["cpu_overrides"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    assert!(!spill.is_empty() && spill.iter().all(|x| x.ends_with("_(ch|)exps")), "fit keeps experts on the CPU: {d}");
+    let args = d["llama_cpp_args"].as_str().unwrap();
+    assert!(args.contains(" -ot ") && args.contains(&format!("{}=CPU", spill[0])), "{args}");
+    assert_eq!(d["n_ctx"].as_u64(), Some(4096), "-c 0: 8192 trained, shrunk by fit to its 4096 floor: {d}");
+    assert!(args.contains("-c 4096"), "{args}");
+    assert!(d["pairs"].as_u64() == Some(3), "paired: {d}");
+    let (took, priced) = (d["mem_bytes"].as_f64().unwrap(), d["predicted_bytes"].as_f64().unwrap());
+    assert!((took - priced).abs() <= 0.02 * priced, "accounted {took} against fit's dry run {priced}");
+    // Whatever won, the trials of the default ran the overrides.
+    let ran = p["trials"].as_array().unwrap().iter().filter(|t| t["role"] == "paired");
+    let theirs: Vec<_> = ran.filter(|t| t["spec"]["cpu_overrides"].as_array().is_some_and(|a| !a.is_empty())).collect();
+    assert_eq!(theirs.len(), 3, "three paired trials with fit's overrides");
+}
+
 /// Lines of a child's stderr, read on a thread, with a way to wait for one.
 struct Lines(std::sync::mpsc::Receiver<String>);
 

@@ -57,18 +57,23 @@ impl Source {
                     if let Some(fa) = run.flash_attn {
                         s.flash_attn = fa;
                     }
-                    if defaults {
-                        let b = ollama_batch(s.n_ctx);
-                        (s.n_batch, s.n_ubatch) = (b, b);
-                        applied.push(format!("Ollama's batch size for a {}-token context: -b {b} -ub {b}", s.n_ctx));
-                    }
+                }
+                // Ollama's batch rule holds with or without its settings found.
+                if defaults {
+                    let b = ollama_batch(s.n_ctx);
+                    (s.n_batch, s.n_ubatch) = (b, b);
+                    applied.push(format!(
+                        "Ollama's batch size, its rule per context (-b {b} -ub {b} at {} tokens before its step-down)",
+                        s.n_ctx
+                    ));
                 }
                 s.consumer = Some(Consumer {
                     program: "ollama".into(),
                     source: env.source.clone(),
                     found: env.found,
                     applied,
-                    vars: ours(env, "OLLAMA_"),
+                    vars: ours(env, &["OLLAMA_", "LLAMA_ARG_"]),
+                    auto_batch: defaults,
                 });
             }
             Source::Server(env, args) => {
@@ -103,7 +108,8 @@ impl Source {
                     source: env.source.clone(),
                     found: true,
                     applied,
-                    vars: ours(env, "LLAMA_ARG_"),
+                    vars: ours(env, &["LLAMA_ARG_"]),
+                    auto_batch: false,
                 });
             }
         }
@@ -111,8 +117,9 @@ impl Source {
 }
 
 /// The variables of the server's own namespace (not PATH, HOME, ...).
-fn ours(env: &ServerEnv, prefix: &str) -> Vec<(String, String)> {
-    env.vars.iter().filter(|(k, _)| k.starts_with(prefix)).cloned().collect()
+/// Ollama's include llama-server's `LLAMA_ARG_*`: its child inherits them.
+fn ours(env: &ServerEnv, prefixes: &[&str]) -> Vec<(String, String)> {
+    env.vars.iter().filter(|(k, _)| prefixes.iter().any(|p| k.starts_with(p))).cloned().collect()
 }
 
 /// Each context tuned becomes `parallel` slots of it: Ollama starts

@@ -450,6 +450,7 @@ mod tests {
             recommendation: p.recommendation.clone(),
             options: Vec::new(),
             default: None,
+            ollama: None,
             split: Some(report),
         });
         let r = &mut p.recommendation;
@@ -481,6 +482,10 @@ mod tests {
             note: String::new(),
             n_threads: Some(p.recommendation.n_threads),
             over_cap: false,
+            n_ctx: Some(p.recommendation.n_ctx),
+            cpu_overrides: Vec::new(),
+            predicted_bytes: None,
+            mem_bytes: None,
         };
         p.recommendation = crate::tune::baseline::default_recommendation(&p.recommendation, &cmp, &p.trials);
         assert!(p.recommendation.llama_default);

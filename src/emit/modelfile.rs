@@ -101,8 +101,8 @@ pub fn render(p: &Profile) -> String {
             r.n_gpu_layers, r.n_cpu_ffn
         ));
     }
-    if r.llama_default {
-        s.push_str(&format!("{}\n", crate::profile::UNSET_NUM_GPU));
+    if let Some(line) = r.unset_num_gpu_line() {
+        s.push_str(&format!("{line}\n"));
     }
     for (k, v) in params(p) {
         if let Some(v) = v {

@@ -16,6 +16,20 @@ pub mod worker;
 #[cfg(test)]
 use crate::types::{Placement, Race, TrialSpec};
 
+extern "C" {
+    fn ngl_tune_math_threads() -> std::ffi::c_int;
+}
+
+/// The threads llama.cpp's tools (llama-server, llama-cli) use without
+/// `-t`: its `common_cpu_get_num_math` (physical cores; performance cores
+/// only on a hybrid Intel CPU). It does not look at a CPU quota.
+#[must_use]
+pub fn llama_default_threads() -> u32 {
+    // SAFETY: no preconditions; it reads /sys and cpuid, and restores the
+    // calling thread's affinity where it pins it.
+    u32::try_from(unsafe { ngl_tune_math_threads() }).unwrap_or(1).max(1)
+}
+
 /// A small spec for unit tests elsewhere in the crate.
 #[cfg(test)]
 pub(crate) fn test_spec() -> TrialSpec {

@@ -149,6 +149,10 @@ pub struct PredictSpec {
     /// defaults (1 GiB free per device, the context shrunk down to 4096 at most).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default_fit: bool,
+    /// Also ask what llama-server's fit does when Ollama starts it with
+    /// num_gpu unset (answered in `PredictOutput::ollama_fit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ollama_fit: Option<OllamaFitAsk>,
     /// Per-device margins for llama.cpp's fit, in device order: asks it
     /// for its split (answered in `PredictOutput::llama_fit_split`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -169,6 +173,16 @@ pub struct PredictSpec {
     /// position; missing: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split_cpu_ffn: Vec<u32>,
+}
+
+/// How Ollama starts llama-server's fit: `-np slots` (not unified), and
+/// `LLAMA_ARG_FIT_TARGET` where its environment sets one (else the
+/// projector's memory plus 1 GiB, or llama.cpp's 1 GiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OllamaFitAsk {
+    pub slots: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_bytes: Option<u64>,
 }
 
 /// What a projector adds, as mtmd's dry run reports it: per buffer type,
@@ -203,8 +217,36 @@ pub struct LlamaFit {
     /// The context it left (smaller than asked when it shrank it to fit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_ctx: Option<u32>,
+    /// The tensors it moved off the devices (`-ot`): where a device's last
+    /// layers only partly fit, and a MoE model's experts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<FitOverride>,
+    /// The dry run's device bytes for what it chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_device_bytes: Option<u64>,
     /// Why there is no answer ("could not find allocations that fit", ...).
     pub error: Option<String>,
+}
+
+impl LlamaFit {
+    /// No answer yet, for `margin`.
+    #[must_use]
+    pub fn none(margin: u64) -> LlamaFit {
+        LlamaFit {
+            margin_bytes: margin,
+            n_gpu_layers: None,
+            n_ctx: None,
+            overrides: Vec::new(),
+            predicted_device_bytes: None,
+            error: None,
+        }
+    }
+
+    /// Its overrides as (pattern, buffer type) pairs.
+    #[must_use]
+    pub fn override_pairs(&self) -> Vec<(String, String)> {
+        self.overrides.iter().map(|o| (o.pattern.clone(), o.buffer_type.clone())).collect()
+    }
 }
 
 /// All dry-run answers of one `__predict` run.
@@ -221,6 +263,9 @@ pub struct PredictOutput {
     /// What llama.cpp does without flags: its fit with its own defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_fit: Option<LlamaFit>,
+    /// What llama-server's fit does under Ollama with num_gpu unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ollama_fit: Option<LlamaFit>,
     /// The projector's share, already in every prediction above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<ProjectorPrediction>,
@@ -240,29 +285,121 @@ pub struct LlamaFitSplit {
 pub const DEFAULT_FIT_MARGIN: u64 = 1 << 30;
 pub const DEFAULT_FIT_MIN_CTX: u32 = 4096;
 
-fn fit_with(spec: &PredictSpec, margin: u64, min_ctx: u32) -> LlamaFit {
-    use llama_cpp_2::context::params::LlamaContextParams;
-    use llama_cpp_2::model::params::LlamaModelParams;
-    let mut mp = Box::pin(LlamaModelParams::default());
-    let mut cp = LlamaContextParams::default()
-        .with_n_ctx(std::num::NonZeroU32::new(spec.n_ctx))
-        .with_n_batch(spec.n_batch)
-        .with_n_ubatch(spec.n_ubatch)
-        .with_op_offload(spec.op_offload);
-    // SAFETY: llama_max_devices has no preconditions.
-    let n_dev = unsafe { llama_cpp_sys_2::llama_max_devices() };
-    let mut margins = vec![usize::try_from(margin).unwrap_or(usize::MAX); n_dev];
+/// One tensor override llama.cpp's fit set: tensors matching `pattern`
+/// go to `buffer_type` (`-ot PATTERN=BUFT`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FitOverride {
+    pub pattern: String,
+    pub buffer_type: String,
+}
+
+/// What llama.cpp's fit (`common_fit_params`, through llama-cpp-sys-2's
+/// wrapper) wrote into the parameters it was given.
+struct FitRun {
+    ok: bool,
+    n_gpu_layers: i32,
+    n_ctx: u32,
+    tensor_split: Vec<f32>,
+    overrides: Vec<FitOverride>,
+}
+
+/// How a fit is asked: the context (0: the model's training context, which
+/// fit may shrink down to `min_ctx`), the slots llama-server gives it, and
+/// the KV type it prices.
+#[derive(Clone, Copy)]
+struct FitAsk {
+    n_ctx: u32,
+    min_ctx: u32,
+    /// Sequences (`-np`) and whether they share one cache (llama-server's
+    /// default: 4 over one unified cache; Ollama's: `-np P`, not unified).
+    slots: u32,
+    unified: bool,
+}
+
+impl FitAsk {
+    /// At the spec's context, one sequence: the tune's own workload.
+    fn at(n_ctx: u32) -> FitAsk {
+        FitAsk { n_ctx, min_ctx: n_ctx, slots: 1, unified: false }
+    }
+}
+
+fn run_fit(spec: &PredictSpec, margins: &[u64], ask: FitAsk) -> FitRun {
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
-    let r = mp.as_mut().fit_params(&path, &mut cp, &mut margins, min_ctx, llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR);
-    let _ = super::logs::take();
-    match r {
-        Ok(_) => LlamaFit {
+    // SAFETY: plain default constructors; the fit writes into buffers sized
+    // as llama.cpp asks (max devices, max overrides + 1); the patterns it
+    // writes are static strings of fit.cpp and the buffer types live as
+    // long as the backend.
+    unsafe {
+        let n_dev = llama_cpp_sys_2::llama_max_devices();
+        let mut mp = llama_cpp_sys_2::llama_model_default_params();
+        let mut cp = llama_cpp_sys_2::llama_context_default_params();
+        cp.n_ctx = ask.n_ctx;
+        cp.n_batch = spec.n_batch;
+        cp.n_ubatch = spec.n_ubatch;
+        cp.op_offload = spec.op_offload;
+        cp.type_k = spec.kv_type.ggml_type().try_into().unwrap_or(1);
+        cp.type_v = cp.type_k;
+        // A quantized V cache needs flash attention (as the trials run it).
+        let fa = if spec.kv_type.is_quantized() { 1 } else { i32::from(spec.flash_attn.value()) };
+        cp.flash_attn_type = fa;
+        cp.n_seq_max = ask.slots.max(1);
+        cp.kv_unified = ask.unified;
+        let mut split = vec![0f32; n_dev];
+        let empty =
+            llama_cpp_sys_2::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() };
+        let mut overrides = vec![empty; llama_cpp_sys_2::llama_max_tensor_buft_overrides() + 1];
+        let mut m: Vec<usize> = (0..n_dev)
+            .map(|i| margins.get(i).or(margins.last()).map_or(0, |m| usize::try_from(*m).unwrap_or(usize::MAX)))
+            .collect();
+        let rc = llama_cpp_sys_2::llama_rs_fit_params(
+            path.as_ptr(),
+            &raw mut mp,
+            &raw mut cp,
+            split.as_mut_ptr(),
+            overrides.as_mut_ptr(),
+            m.as_mut_ptr(),
+            ask.min_ctx,
+            std::ptr::null(),
+            llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR,
+        );
+        let _ = super::logs::take();
+        let overrides = overrides
+            .iter()
+            .take_while(|o| !o.pattern.is_null())
+            .map(|o| FitOverride {
+                pattern: CStr::from_ptr(o.pattern).to_string_lossy().into_owned(),
+                buffer_type: if o.buft.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(llama_cpp_sys_2::ggml_backend_buft_name(o.buft)).to_string_lossy().into_owned()
+                },
+            })
+            .collect();
+        FitRun { ok: rc == 0, n_gpu_layers: mp.n_gpu_layers, n_ctx: cp.n_ctx, tensor_split: split, overrides }
+    }
+}
+
+fn fit_with(spec: &PredictSpec, margin: u64, ask: FitAsk, extra: &[PredictedBuffer]) -> LlamaFit {
+    let r = run_fit(spec, &[margin], ask);
+    if !r.ok {
+        return LlamaFit {
             margin_bytes: margin,
-            n_gpu_layers: Some(mp.n_gpu_layers()),
-            n_ctx: cp.n_ctx().map(std::num::NonZeroU32::get),
-            error: None,
-        },
-        Err(e) => LlamaFit { margin_bytes: margin, n_gpu_layers: None, n_ctx: None, error: Some(e.to_string()) },
+            error: Some("llama.cpp's fit found no allocation that fits".into()),
+            ..LlamaFit::none(margin)
+        };
+    }
+    // What it chose, priced by the same dry run as every trial.
+    let cpu_overrides = r.overrides.iter().filter(|o| o.buffer_type == "CPU").map(|o| o.pattern.clone()).collect();
+    let all = u32::try_from(r.n_gpu_layers).unwrap_or(u32::MAX);
+    let chosen = crate::types::Placement { n_gpu_layers: all, cpu_overrides, ..crate::types::Placement::default() };
+    let p = predict_placement(spec, &chosen, (r.n_ctx, spec.kv_type), extra);
+    LlamaFit {
+        margin_bytes: margin,
+        n_gpu_layers: Some(r.n_gpu_layers),
+        n_ctx: Some(r.n_ctx),
+        overrides: r.overrides,
+        predicted_device_bytes: p.error.is_none().then_some(p.device_bytes),
+        error: None,
     }
 }
 
@@ -285,37 +422,45 @@ fn predict_one(
     (split, devices, split_mode): (&[u32], &[String], crate::types::SplitMode),
     extra: &[PredictedBuffer],
 ) -> Prediction {
-    let mut c = case;
-    if c.kv_type == crate::types::KvType::F16 {
-        c.kv_type = spec.kv_type;
-    }
-    let mut buffers: Vec<PredictedBuffer> = Vec::new();
-    let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
     let placement = crate::types::Placement {
-        n_gpu_layers: c.ngl,
-        n_cpu_ffn: c.n_cpu_ffn,
-        n_cpu_moe: c.n_cpu_moe,
+        n_gpu_layers: case.ngl,
+        n_cpu_ffn: case.n_cpu_ffn,
+        n_cpu_moe: case.n_cpu_moe,
         tensor_split: split.to_vec(),
         devices: devices.to_vec(),
         split_mode,
         ..crate::types::Placement::default()
     };
-    let params = super::placement::ModelParams::of(&placement);
+    predict_placement(spec, &placement, (case.n_ctx, case.kv_type), extra)
+}
+
+/// The dry run of `placement` at context `n_ctx` with KV type `kv` (f16:
+/// the spec's base type).
+fn predict_placement(
+    spec: &PredictSpec,
+    placement: &crate::types::Placement,
+    (n_ctx, kv): (u32, crate::types::KvType),
+    extra: &[PredictedBuffer],
+) -> Prediction {
+    let kv = if kv == crate::types::KvType::F16 { spec.kv_type } else { kv };
+    let mut buffers: Vec<PredictedBuffer> = Vec::new();
+    let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
+    let params = super::placement::ModelParams::of(placement);
     let raw = params.raw();
     // A quantized V cache needs flash attention (as the trials run it).
-    let fa = if c.kv_type.is_quantized() { 1 } else { i32::from(spec.flash_attn.value()) };
+    let fa = if kv.is_quantized() { 1 } else { i32::from(spec.flash_attn.value()) };
     // SAFETY: valid C strings and a placement that outlive the call, a
     // callback that only touches `buffers`, which outlives the call.
     let rc = unsafe {
         ngl_tune_predict(
             path.as_ptr(),
             &raw const raw,
-            c.n_ctx,
+            n_ctx,
             spec.n_batch,
             spec.n_ubatch,
             fa,
             i32::from(spec.op_offload),
-            c.kv_type.ggml_type(),
+            kv.ggml_type(),
             collect,
             (&raw mut buffers).cast::<c_void>(),
         )
@@ -333,14 +478,14 @@ fn predict_one(
         buffers.iter().filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type)).map(f).sum()
     };
     Prediction {
-        n_gpu_layers: c.ngl,
+        n_gpu_layers: placement.n_gpu_layers,
         device_bytes: device(|b| b.model + b.context + b.compute),
         device_model_bytes: device(|b| b.model),
         buffers,
         error,
         case: None,
-        split: split.to_vec(),
-        devices: devices.to_vec(),
+        split: placement.tensor_split.clone(),
+        devices: placement.devices.clone(),
     }
 }
 
@@ -396,11 +541,28 @@ pub fn predict_main() -> Result<()> {
             predict_one(&spec, case, (split, devices, mode), extra)
         })
         .collect();
-    let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, spec.n_ctx));
+    let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, FitAsk::at(spec.n_ctx), extra));
     let llama_fit_split = (!spec.fit_split_margins.is_empty()).then(|| llama_fit_split(&spec));
-    let default_fit =
-        spec.default_fit.then(|| fit_with(&spec, DEFAULT_FIT_MARGIN, DEFAULT_FIT_MIN_CTX.min(spec.n_ctx)));
-    let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split, default_fit, mmproj };
+    // llama-server without flags: `-c 0` (the training context, which fit
+    // shrinks down to 4096 where memory is short), 4 slots over one cache,
+    // its own batch sizes, 1 GiB free.
+    let server = FitAsk { n_ctx: 0, min_ctx: DEFAULT_FIT_MIN_CTX, slots: 4, unified: true };
+    let stock = PredictSpec {
+        n_batch: crate::types::DEFAULT_N_BATCH,
+        n_ubatch: crate::types::DEFAULT_N_UBATCH,
+        flash_attn: crate::types::FlashAttn::Auto,
+        ..spec.clone()
+    };
+    let default_fit = spec.default_fit.then(|| fit_with(&stock, DEFAULT_FIT_MARGIN, server, extra));
+    // Ollama's run: its context (`-c num_ctx x P -np P`, which fit keeps),
+    // its batch and KV type (the spec's), its fit target.
+    let ollama_fit = spec.ollama_fit.map(|o| {
+        let ask = FitAsk { slots: o.slots, ..FitAsk::at(spec.n_ctx) };
+        let projector = mmproj.as_ref().map(ProjectorPrediction::device_bytes);
+        let margin = o.target_bytes.unwrap_or_else(|| crate::consumer::ollama_fit_margin(projector));
+        fit_with(&spec, margin, ask, extra)
+    });
+    let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split, default_fit, ollama_fit, mmproj };
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
 }
@@ -448,47 +610,16 @@ fn predict_projector(path: &Path, flash_attn: crate::types::FlashAttn) -> Projec
     ProjectorPrediction { buffers, error: None }
 }
 
-/// llama.cpp's fit (`common_fit_params`, through llama-cpp-sys-2's
-/// wrapper) with a margin per device, read back with its tensor split.
+/// llama.cpp's fit with a margin per device, read back with its tensor split.
 fn llama_fit_split(spec: &PredictSpec) -> LlamaFitSplit {
-    let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
-    // SAFETY: plain default constructors; the fit writes into buffers sized
-    // as llama.cpp asks (max devices, max overrides + 1).
-    unsafe {
-        let n_dev = llama_cpp_sys_2::llama_max_devices();
-        let mut mp = llama_cpp_sys_2::llama_model_default_params();
-        let mut cp = llama_cpp_sys_2::llama_context_default_params();
-        cp.n_ctx = spec.n_ctx;
-        cp.n_batch = spec.n_batch;
-        cp.n_ubatch = spec.n_ubatch;
-        cp.op_offload = spec.op_offload;
-        let mut split = vec![0f32; n_dev];
-        let empty =
-            llama_cpp_sys_2::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() };
-        let mut overrides = vec![empty; llama_cpp_sys_2::llama_max_tensor_buft_overrides() + 1];
-        let mut margins: Vec<usize> = (0..n_dev)
-            .map(|i| spec.fit_split_margins.get(i).map_or(0, |m| usize::try_from(*m).unwrap_or(usize::MAX)))
-            .collect();
-        let rc = llama_cpp_sys_2::llama_rs_fit_params(
-            path.as_ptr(),
-            &raw mut mp,
-            &raw mut cp,
-            split.as_mut_ptr(),
-            overrides.as_mut_ptr(),
-            margins.as_mut_ptr(),
-            spec.n_ctx,
-            std::ptr::null(),
-            llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR,
-        );
-        let _ = super::logs::take();
-        let n_split = spec.fit_split_margins.len();
-        split.truncate(n_split);
-        LlamaFitSplit {
-            margins: spec.fit_split_margins.clone(),
-            n_gpu_layers: (rc == 0).then_some(mp.n_gpu_layers),
-            tensor_split: if rc == 0 { split } else { Vec::new() },
-            error: (rc != 0).then(|| "llama.cpp's fit found no allocation that fits".to_string()),
-        }
+    let r = run_fit(spec, &spec.fit_split_margins, FitAsk::at(spec.n_ctx));
+    let mut split = r.tensor_split;
+    split.truncate(spec.fit_split_margins.len());
+    LlamaFitSplit {
+        margins: spec.fit_split_margins.clone(),
+        n_gpu_layers: r.ok.then_some(r.n_gpu_layers),
+        tensor_split: if r.ok { split } else { Vec::new() },
+        error: (!r.ok).then(|| "llama.cpp's fit found no allocation that fits".to_string()),
     }
 }
 

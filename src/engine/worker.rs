@@ -384,7 +384,7 @@ fn open_context<'m>(
         }
     };
     if spec.n_depth > 0 {
-        if let Err(e) = fill_depth(&mut ctx, model, rng, spec, n_ctx) {
+        if let Err(e) = fill_depth(&mut ctx, model, rng, spec) {
             let log = format!("{ctx_log}{}", logs::take());
             return Err((
                 status_of(&log),
@@ -396,9 +396,12 @@ fn open_context<'m>(
 }
 
 /// The file a filled cache of this context is kept in, in `dir`.
-fn depth_file(dir: &std::path::Path, spec: &TrialSpec, n_ctx: u32) -> std::path::PathBuf {
+/// The context size is not in the name: the same tokens at the same
+/// positions load into any context that holds them (llama.cpp's default
+/// runs at another context than the tune's).
+fn depth_file(dir: &std::path::Path, spec: &TrialSpec) -> std::path::PathBuf {
     let p = &spec.placement;
-    dir.join(format!("c{n_ctx}-d{}-{}-fa{}-s{}.kv", spec.n_depth, p.kv_type.as_str(), p.flash_attn.as_str(), spec.seed))
+    dir.join(format!("d{}-{}-fa{}-s{}.kv", spec.n_depth, p.kv_type.as_str(), p.flash_attn.as_str(), spec.seed))
 }
 
 /// Puts `spec.n_depth` tokens in the KV cache (not timed): loaded from the
@@ -410,10 +413,9 @@ fn fill_depth(
     model: &LlamaModel,
     rng: &mut rand::rngs::StdRng,
     spec: &TrialSpec,
-    n_ctx: u32,
 ) -> Result<(), String> {
     let depth = spec.n_depth as usize;
-    let file = spec.depth_cache.as_deref().map(|d| depth_file(d, spec, n_ctx));
+    let file = spec.depth_cache.as_deref().map(|d| depth_file(d, spec));
     if let Some(f) = file.as_ref().filter(|f| f.is_file()) {
         let last = i32::try_from(depth).unwrap_or(i32::MAX) - 1;
         match ctx.state_seq_load_file(f, 0, depth) {

@@ -192,9 +192,14 @@ pub struct Consumer {
     /// What was read and what it made the tune measure, a phrase each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied: Vec<String>,
-    /// The server's own variables as read (`OLLAMA_*` or `LLAMA_ARG_*`).
+    /// The server's own variables as read (`OLLAMA_*` and the `LLAMA_ARG_*`
+    /// its llama-server inherits, or `LLAMA_ARG_*`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub vars: Vec<(String, String)>,
+    /// The batch is Ollama's own choice for each context (no `-b`/`-ub`
+    /// given): its rule and step-down, decided per context.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_batch: bool,
 }
 
 impl Consumer {
@@ -404,6 +409,9 @@ pub struct PredictionReport {
     /// What llama.cpp does without flags here (its fit with its own defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_fit: Option<crate::engine::predict::LlamaFit>,
+    /// What llama-server's fit does when Ollama starts it with num_gpu unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ollama_fit: Option<crate::engine::predict::LlamaFit>,
     /// Grid values not run because their predicted memory is over the cap.
     pub predicted_over_cap: Vec<u32>,
     /// Largest |prediction error| against llama.cpp's accounted memory over the measured settings, percent.
@@ -454,6 +462,11 @@ pub struct Recommendation {
     /// is left unset, so Ollama places the layers as llama.cpp's fit does.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub llama_default: bool,
+    /// Ollama's own run (num_gpu unset: llama-server's fit at Ollama's
+    /// settings) was as fast as the answer's whole layers, paired: the
+    /// Modelfile leaves num_gpu unset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ollama_own_run: bool,
     pub n_threads: u32,
     pub n_ctx: u32,
     /// The recommended setting was measured (not only predicted).
@@ -514,6 +527,10 @@ pub struct Recommendation {
     /// Milliseconds to encode the fixed image at this setting (the `img` test), where measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub img_ms: Option<f64>,
+    /// More tensors kept on the CPU (`-ot PATTERN=CPU`): llama.cpp's fit's,
+    /// where its default placement is the answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_overrides: Vec<String>,
 }
 
 fn default_n_batch() -> u32 {
@@ -536,6 +553,7 @@ impl Recommendation {
             n_ubatch: self.n_ubatch,
             flash_attn: self.flash_attn,
             n_parallel: self.n_parallel,
+            cpu_overrides: self.cpu_overrides.clone(),
             ..Placement::default()
         }
         .with_layers(self.n_gpu_layers, self.n_threads, Some(self.n_ctx))
@@ -551,7 +569,19 @@ impl Recommendation {
     /// recommended, else the layers Ollama can run.
     #[must_use]
     pub fn ollama_num_gpu_param(&self) -> Option<u32> {
-        (!self.llama_default).then(|| self.ollama_num_gpu.unwrap_or(self.n_gpu_layers))
+        (!self.llama_default && !self.ollama_own_run).then(|| self.ollama_num_gpu.unwrap_or(self.n_gpu_layers))
+    }
+
+    /// The Modelfile's comment where num_gpu is left unset, and why.
+    #[must_use]
+    pub fn unset_num_gpu_line(&self) -> Option<&'static str> {
+        if self.llama_default {
+            Some(UNSET_NUM_GPU)
+        } else if self.ollama_own_run {
+            Some(OLLAMA_OWN_RUN)
+        } else {
+            None
+        }
     }
 
     /// Renders the paste-ready forms from the fields: llama.cpp's flags,
@@ -561,9 +591,9 @@ impl Recommendation {
         self.llama_cpp_args = self.flags();
         self.ollama_server_env = self.placement().ollama_server_env();
         self.modelfile = self.ollama_placement(ollama_ngl).modelfile_lines();
-        if self.llama_default {
+        if let Some(line) = self.unset_num_gpu_line() {
             self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
-            self.modelfile.insert(0, UNSET_NUM_GPU.to_string());
+            self.modelfile.insert(0, line.to_string());
         }
     }
 
@@ -671,6 +701,10 @@ pub struct ContextPlacement {
     /// fit), measured alternately at the same depth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default: Option<DefaultComparison>,
+    /// The answer's Ollama form (num_gpu) against Ollama's own run with
+    /// num_gpu unset, measured alternately at the same depth (Ollama the consumer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ollama: Option<DefaultComparison>,
     /// With several offload devices: the splits priced and measured, and
     /// each device's share of the recommendation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -680,6 +714,10 @@ pub struct ContextPlacement {
 /// The Modelfile's word where llama.cpp's default is recommended.
 pub const UNSET_NUM_GPU: &str =
     "# num_gpu left unset: Ollama places the layers itself, as llama.cpp's default does, as fast as any tuned placement here";
+
+/// The Modelfile's word where Ollama's own run is as fast as the tuned layers.
+pub const OLLAMA_OWN_RUN: &str =
+    "# num_gpu left unset: Ollama's own run (llama-server's fit) was as fast as the tuned layers here, paired; a set num_gpu would also stop fit's expert spill";
 
 /// How the recommendation compares with llama.cpp's default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -723,6 +761,19 @@ pub struct DefaultComparison {
     /// dry run where it could not run): reported, never recommended.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub over_cap: bool,
+    /// The context the default ran at (llama.cpp's `-c 0`: the model's
+    /// training context, shrunk by its fit where memory is short).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_ctx: Option<u32>,
+    /// The tensors its fit kept on the CPU (`-ot PATTERN=CPU`), as it ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_overrides: Vec<String>,
+    /// llama.cpp's dry run of what its fit chose (device bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_bytes: Option<u64>,
+    /// The most device memory its paired trials took (the policy's currency).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_bytes: Option<f64>,
 }
 
 /// One offload device's cap and its share of a placement.

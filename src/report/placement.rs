@@ -79,19 +79,41 @@ pub fn ratios(d: &crate::profile::DefaultComparison) -> Vec<String> {
     [ratio("tg", d.tg_ratio, d.tg_half_width), ratio("pp", d.pp_ratio, d.pp_half_width)].into_iter().flatten().collect()
 }
 
-/// The recommendation against llama.cpp's default at one context.
+/// The recommendation against llama.cpp's default at one context, then
+/// its Ollama form against Ollama's own run: each with its command line.
 #[must_use]
-pub fn default_line(c: &ContextPlacement) -> Option<String> {
+pub fn default_lines(c: &ContextPlacement) -> Vec<String> {
+    let llama = c.default.as_ref().map(|d| {
+        let what = if d.llama_cpp_args.is_empty() {
+            "llama.cpp's default".to_string()
+        } else {
+            format!("llama.cpp's default (llama-server {}: what it does without flags here)", d.llama_cpp_args)
+        };
+        comparison_line(c, d, "against", &what)
+    });
+    let ollama = c.ollama.as_ref().map(|d| {
+        let what = if d.llama_cpp_args.is_empty() {
+            "Ollama's own run (num_gpu unset)".to_string()
+        } else {
+            format!("Ollama's own run (num_gpu unset: Ollama starts llama-server {})", d.llama_cpp_args)
+        };
+        comparison_line(c, d, "Ollama's lines (num_gpu) against", &what)
+    });
+    llama.into_iter().chain(ollama).collect()
+}
+
+fn comparison_line(c: &ContextPlacement, d: &crate::profile::DefaultComparison, lead: &str, what: &str) -> String {
     use crate::profile::Verdict;
-    let d = c.default.as_ref()?;
-    let what = if d.llama_cpp_args.is_empty() {
-        "llama.cpp's default".to_string()
-    } else {
-        format!("llama.cpp's default ({}: what it does without flags here)", d.llama_cpp_args)
-    };
     let figures = ratios(d);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let took = d.mem_bytes.map(|m| crate::model::human_bytes(m.max(0.0) as u64));
+    let memory = match (took, d.predicted_bytes) {
+        (Some(t), Some(p)) => format!("; it took {t} (fit's dry run: {})", crate::model::human_bytes(p)),
+        (Some(t), None) => format!("; it took {t}"),
+        _ => String::new(),
+    };
     let line = match d.verdict {
-        Verdict::Same | Verdict::NotMeasured => format!("against {what} at {} context: {}", c.n_ctx, d.note),
+        Verdict::Same | Verdict::NotMeasured => format!("{lead} {what} at {} context: {}", c.n_ctx, d.note),
         v => {
             let verdict = match v {
                 Verdict::Faster if d.over_cap => format!("faster beyond the noise; {}", d.note),
@@ -101,7 +123,7 @@ pub fn default_line(c: &ContextPlacement) -> Option<String> {
                 _ => d.note.clone(),
             };
             format!(
-                "against {what} at {} context, depth {}: {} ({} alternated pairs, 95% intervals): {verdict}",
+                "{lead} {what} at {} context, depth {}: {} ({} alternated pairs, 95% intervals): {verdict}{memory}",
                 c.n_ctx,
                 d.n_depth,
                 figures.join(", "),
@@ -109,7 +131,7 @@ pub fn default_line(c: &ContextPlacement) -> Option<String> {
             )
         }
     };
-    Some(line)
+    line
 }
 
 /// The per-context table (only with more than one context) and every
@@ -144,7 +166,7 @@ pub fn placement_lines(p: &Profile) -> String {
     }
     for c in &p.placements {
         hatch_lines(&mut s, p, c);
-        if let Some(l) = default_line(c) {
+        for l in default_lines(c) {
             let _ = writeln!(s, "{l}");
         }
     }

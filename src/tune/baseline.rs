@@ -73,32 +73,43 @@ pub fn candidate_of(r: &Recommendation) -> Candidate {
     }
 }
 
-/// llama.cpp's default placement here, from its fit: its layers (all as
-/// full offload), this context's threads, an f16 KV cache; `Err` says why
-/// it cannot be compared (no answer, or a shrunk context: another workload).
+/// llama.cpp's default placement here, as `llama-server -m MODEL` runs
+/// it: its fit's layers (all as full offload), the tensors it keeps on the
+/// CPU, the context it leaves (`-c 0`: the training context, shrunk where
+/// memory is short), llama.cpp's thread rule (`threads`), the base KV type.
+/// `Err` says why it cannot be compared (no answer, a context too small
+/// for the workload's depth, or tensors moved where one device's trial
+/// cannot put them).
 ///
 /// # Errors
 /// The reason, in words.
-pub fn default_candidate(fit: Option<&LlamaFit>, s: &Settings, full: u32) -> Result<Candidate, String> {
+pub fn default_candidate(fit: Option<&LlamaFit>, s: &Settings, full: u32, threads: u32) -> Result<Candidate, String> {
     let fit = fit.ok_or("llama.cpp's dry run gave no default placement")?;
     if let Some(e) = &fit.error {
         return Err(format!("llama.cpp's fit found no default placement ({e})"));
     }
     let ngl = fit.n_gpu_layers.ok_or("llama.cpp's fit gave no layer count")?;
-    if let Some(c) = fit.n_ctx.filter(|c| *c < s.n_ctx) {
+    let ctx = fit.n_ctx.unwrap_or(s.n_ctx);
+    let needs = s.depth_at(s.n_ctx) + s.n_prompt.max(s.n_gen);
+    if ctx < needs {
         return Err(format!(
-            "without flags llama.cpp would shrink the context to {c} tokens here to fit: another workload, not compared"
+            "without flags llama.cpp would run a {ctx}-token context here: too small for the workload ({needs} tokens), not compared"
         ));
     }
+    let pairs = fit.override_pairs();
+    let spill = crate::types::FitSpill::of(&pairs).ok_or_else(|| {
+        let moved: Vec<String> = pairs.iter().map(|(p, b)| format!("{p}={b}")).collect();
+        format!("llama.cpp's fit moves tensors as one trial here cannot ({}): not compared", moved.join(","))
+    })?;
     let ngl = if ngl < 0 { full } else { u32::try_from(ngl).unwrap_or(0).min(full) };
-    Ok(Candidate::layers(ngl, s.n_threads))
+    Ok(Candidate { spill, ctx, ..Candidate::layers(ngl, threads) })
 }
 
 /// Why `theirs` is over the user's cap in these paired trials (more
 /// memory than the cap, or out of memory on the device), if it is: such a
 /// default is measured and reported, never recommended.
 #[must_use]
-pub fn over_cap(trials: &[ProfileTrial], theirs: Candidate, cap: Option<f64>) -> Option<String> {
+pub fn over_cap(trials: &[ProfileTrial], theirs: Candidate, cap: Option<f64>, name: &str) -> Option<String> {
     let mine: Vec<&ProfileTrial> =
         trials.iter().filter(|t| t.role == Role::Paired && theirs.is(&t.result.spec)).collect();
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -106,14 +117,11 @@ pub fn over_cap(trials: &[ProfileTrial], theirs: Candidate, cap: Option<f64>) ->
     let over = mine.iter().filter(|t| t.over_cap).filter_map(|t| t.mem_bytes).reduce(f64::max);
     let cap = cap.map_or(String::new(), |c| format!(" of {}", bytes(c)));
     if let Some(b) = over {
-        return Some(format!(
-            "llama.cpp's default takes {}, over the cap{cap}: measured and reported, never recommended",
-            bytes(b)
-        ));
+        return Some(format!("{name} takes {}, over the cap{cap}: measured and reported, never recommended", bytes(b)));
     }
     mine.iter()
         .any(|t| t.result.status == TrialStatus::Oom)
-        .then(|| "llama.cpp's default ran out of device memory here: reported, never recommended".to_string())
+        .then(|| format!("{name} ran out of device memory here: reported, never recommended"))
 }
 
 /// One side's completed paired trials, in the order they ran.
@@ -155,21 +163,63 @@ fn race_against(trials: &[ProfileTrial], mine: Candidate, s: &Settings) -> Optio
     })
 }
 
-/// Measures the recommendation and llama.cpp's default alternately at the
-/// search's context and depth, and judges the difference.
-///
-/// # Errors
-/// What the executor returns (an interrupt).
-pub fn compare(
-    search: &mut Search<'_>,
-    rec: &Recommendation,
-    fit: Option<&LlamaFit>,
-    full: u32,
-) -> Result<DefaultComparison> {
-    let s = search.settings();
-    let depth = s.depth_at(s.n_ctx);
-    let mine = candidate_of(rec);
-    let mut out = DefaultComparison {
+/// Who the answer is paired against: what users get without ngl-tune.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opponent {
+    /// `llama-server -m MODEL`: its fit (`-c 0`, 1 GiB margin), its own
+    /// batch and one sequence, llama.cpp's thread rule.
+    LlamaDefault,
+    /// What Ollama starts llama-server with, `num_gpu` unset: its fit at
+    /// Ollama's context, batch, slots and fit target. The answer's Ollama
+    /// form (its whole layers, `num_gpu`) is what is paired with it.
+    OllamaRun,
+}
+
+impl Opponent {
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Opponent::LlamaDefault => "llama.cpp's default",
+            Opponent::OllamaRun => "Ollama's own run (num_gpu unset)",
+        }
+    }
+
+    /// The side of the answer paired with it.
+    fn mine(self, rec: &Recommendation, n_ctx: u32) -> Candidate {
+        match self {
+            Opponent::LlamaDefault => Candidate { ctx: n_ctx, ..candidate_of(rec) },
+            Opponent::OllamaRun => Candidate {
+                ctx: n_ctx,
+                kv: rec.kv_type,
+                ..Candidate::layers(rec.ollama_num_gpu.unwrap_or(rec.n_gpu_layers), rec.n_threads)
+            },
+        }
+    }
+}
+
+/// The opponent's placement as it ran: its layers, threads, context and
+/// fit's CPU tensors; llama.cpp's own batch, flash attention and one
+/// sequence for its default, the workload's for Ollama's run; the base KV type.
+fn default_placement(s: &Settings, cmp: &DefaultComparison, stock: bool) -> Option<Placement> {
+    let (n_batch, n_ubatch, flash_attn, n_parallel) = if stock {
+        (crate::types::DEFAULT_N_BATCH, crate::types::DEFAULT_N_UBATCH, crate::types::FlashAttn::Auto, 1)
+    } else {
+        (s.n_batch, s.n_ubatch, s.flash_attn, s.n_parallel)
+    };
+    let p = Placement {
+        cpu_overrides: cmp.cpu_overrides.clone(),
+        n_batch,
+        n_ubatch,
+        flash_attn,
+        n_parallel,
+        ..Placement::default()
+    };
+    Some(p.with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?)).with_kv(s.kv_type))
+}
+
+/// A comparison not measured yet, at `depth`.
+pub(super) fn unmeasured(depth: u32) -> DefaultComparison {
+    DefaultComparison {
         n_gpu_layers: None,
         llama_cpp_args: String::new(),
         pairs: 0,
@@ -182,9 +232,43 @@ pub fn compare(
         note: String::new(),
         n_threads: None,
         over_cap: false,
-    };
-    let theirs = match default_candidate(fit, s, full) {
-        Ok(c) => c,
+        n_ctx: None,
+        cpu_overrides: Vec::new(),
+        predicted_bytes: None,
+        mem_bytes: None,
+    }
+}
+
+/// Why `opponent` is over the cap by its dry run, if it is: not paired.
+fn priced_over_cap(opponent: Opponent, predicted: Option<u64>, cap: Option<f64>) -> Option<String> {
+    #[allow(clippy::cast_precision_loss)]
+    let (p, cap) = predicted.zip(cap).filter(|(p, cap)| *p as f64 > *cap)?;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let cap = crate::model::human_bytes(cap.max(0.0) as u64);
+    Some(format!(
+        "{} takes {} by its dry run, over the cap of {cap}: reported, not paired as a rival",
+        opponent.name(),
+        crate::model::human_bytes(p)
+    ))
+}
+
+/// Measures the answer (its form `opponent` pairs) and `opponent`
+/// alternately at the search's context and depth, and judges the difference.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+pub fn compare(
+    search: &mut Search<'_>,
+    rec: &Recommendation,
+    (fit, opponent): (Option<&LlamaFit>, Opponent),
+    full: u32,
+) -> Result<DefaultComparison> {
+    let s = search.settings();
+    let mine = opponent.mine(rec, s.n_ctx);
+    let mut out = unmeasured(s.depth_at(s.n_ctx));
+    let stock = opponent == Opponent::LlamaDefault;
+    let theirs = match default_candidate(fit, s, full, crate::engine::llama_default_threads()) {
+        Ok(c) => Candidate { stock, ..c },
         Err(why) => {
             out.note = why;
             return Ok(out);
@@ -192,26 +276,35 @@ pub fn compare(
     };
     out.n_gpu_layers = Some(theirs.ngl);
     out.n_threads = Some(theirs.threads);
-    out.llama_cpp_args = Placement::default().with_layers(theirs.ngl, theirs.threads, Some(s.n_ctx)).flags();
+    out.n_ctx = Some(theirs.ctx);
+    out.cpu_overrides = theirs.spill.patterns();
+    out.predicted_bytes = fit.and_then(|f| f.predicted_device_bytes);
+    out.llama_cpp_args = default_placement(s, &out, stock).map(|p| p.flags()).unwrap_or_default();
+    if let Some(why) = priced_over_cap(opponent, out.predicted_bytes, search.cap_bytes()) {
+        out.over_cap = true;
+        out.note = why;
+        return Ok(out);
+    }
     if theirs == mine {
         out.verdict = Verdict::Same;
-        out.note = "the recommendation is what llama.cpp does without flags here".into();
+        out.note = format!("the answer is what {} runs here", opponent.name());
         return Ok(out);
     }
     let start = search.trials.len();
     let cut = pair(search, mine, theirs, &mut out)?;
-    if let Some(why) = over_cap(&search.trials[start..], theirs, search.cap_bytes()) {
+    out.mem_bytes = completed(&search.trials[start..], theirs).filter_map(|t| t.mem_bytes).reduce(f64::max);
+    let name = opponent.name();
+    if let Some(why) = over_cap(&search.trials[start..], theirs, search.cap_bytes(), name) {
         out.over_cap = true;
         out.note = why;
-    } else if out.verdict != Verdict::NotMeasured {
-        out.note = match out.verdict {
-            Verdict::Faster if cut => "the default was cut short, far behind: its rate is of the tokens timed".into(),
-            Verdict::Faster => String::new(),
-            Verdict::Tie => "within the noise of llama.cpp's default: the default is recommended".into(),
-            _ => "llama.cpp's default was faster: it is recommended".into(),
-        };
     } else {
-        out.note = "a side of the pairs did not complete: not judged".into();
+        out.note = match out.verdict {
+            Verdict::Faster if cut => format!("{name} was cut short, far behind: its rate is of the tokens timed"),
+            Verdict::Faster => String::new(),
+            Verdict::Tie => format!("within the noise of {name}: {name} is recommended"),
+            Verdict::Slower => format!("{name} was faster: it is recommended"),
+            _ => "a side of the pairs did not complete: not judged".into(),
+        };
     }
     Ok(out)
 }
@@ -262,9 +355,15 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
         _ => tg,
     });
     out.verdict = judged.map_or(Verdict::NotMeasured, Ratio::verdict);
-    Ok(trials
-        .iter()
-        .any(|t| t.role == Role::Paired && theirs.is(&t.result.spec) && t.result.tests.iter().any(|x| x.stopped_early)))
+    // A side cut short in every pair ran below half of the other's speed
+    // each time (the race's own test, as the search trusts it): the tokens
+    // it timed before the cut are too few for the interval, the cut is not.
+    let cut = |t: &&&ProfileTrial| t.result.tests.iter().any(|x| x.stopped_early);
+    let cut_short = b.iter().filter(cut).count();
+    if cut_short == b.len() && b.len() >= 2 && a.len() >= b.len() && out.verdict != Verdict::NotMeasured {
+        out.verdict = Verdict::Faster;
+    }
+    Ok(cut_short > 0)
 }
 
 /// The recommendation when llama.cpp's default is as fast or faster:
@@ -280,8 +379,17 @@ pub fn default_recommendation(
     if cmp.over_cap {
         return rec.clone();
     }
-    // Its settings as they ran: the threads it was measured with.
-    let theirs = Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.n_threads));
+    // Its settings as they ran: threads, context and fit's CPU tensors.
+    let spill = crate::types::FitSpill::of(
+        &cmp.cpu_overrides.iter().map(|p| (p.clone(), "CPU".to_string())).collect::<Vec<_>>(),
+    )
+    .unwrap_or_default();
+    let theirs = Candidate {
+        spill,
+        stock: true,
+        ctx: cmp.n_ctx.unwrap_or(rec.n_ctx),
+        ..Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.n_threads))
+    };
     let mean = |pp: bool| {
         let v = samples(trials, theirs, pp);
         (!v.is_empty()).then(|| crate::stats::mean(&v))
@@ -302,6 +410,17 @@ pub fn default_recommendation(
         img_ms: image_ms(trials, theirs),
         measured: true,
         n_threads: theirs.threads,
+        n_ctx: theirs.ctx,
+        cpu_overrides: cmp.cpu_overrides.clone(),
+        // llama-server's own batch and one sequence, as it ran.
+        n_batch: crate::types::DEFAULT_N_BATCH,
+        n_ubatch: crate::types::DEFAULT_N_UBATCH,
+        flash_attn: if rec.kv_type.is_quantized() {
+            crate::types::FlashAttn::On
+        } else {
+            crate::types::FlashAttn::Auto
+        },
+        n_parallel: 1,
         ..rec.clone()
     };
     r.render_forms(ngl);
@@ -364,7 +483,7 @@ mod tests {
             mem: (f64::from(c.ngl) * 12.0 * 1024.0 * 1024.0) as u64,
         });
         let mut search = Search::new(&s, &mut world, Some(policy(cap)), crate::progress::Progress::hidden(), None);
-        let fit = LlamaFit { margin_bytes: 1 << 30, n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), error: None };
+        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = crate::tune::against_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
         assert_eq!(cmp.n_gpu_layers, Some(31));
@@ -387,27 +506,66 @@ mod tests {
         s.n_threads = 1;
         let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
         let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
-        let fit = LlamaFit { margin_bytes: 1 << 30, n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), error: None };
+        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         assert_eq!(rec.n_threads, 2);
         let cmp = crate::tune::against_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
         assert!(!cmp.over_cap);
         assert!(rec.llama_default, "{cmp:?}");
         assert_eq!(rec.n_gpu_layers, 31);
-        assert_eq!(rec.n_threads, 1, "the threads the default ran with");
-        assert!(rec.llama_cpp_args.contains("-t 1"), "{}", rec.llama_cpp_args);
+        let t = crate::engine::llama_default_threads();
+        assert_eq!((cmp.n_threads, rec.n_threads), (Some(t), t), "llama.cpp's thread rule, as it ran");
+        assert!(rec.llama_cpp_args.contains(&format!("-t {t}")), "{}", rec.llama_cpp_args);
         assert!(rec.llama_cpp_args.contains(&cmp.llama_cpp_args), "{} vs {}", rec.llama_cpp_args, cmp.llama_cpp_args);
     }
 
     #[test]
-    fn the_default_is_fits_placement_unless_it_shrinks_the_context() {
+    fn the_default_is_fits_placement_at_its_own_context() {
         let s = crate::tune::worlds::settings();
-        let fit =
-            |n: i32, ctx: u32| LlamaFit { margin_bytes: 1 << 30, n_gpu_layers: Some(n), n_ctx: Some(ctx), error: None };
-        assert_eq!(default_candidate(Some(&fit(-1, s.n_ctx)), &s, 19).unwrap().ngl, 19, "-1: every layer");
-        assert_eq!(default_candidate(Some(&fit(7, s.n_ctx)), &s, 19).unwrap().ngl, 7);
-        let shrunk = default_candidate(Some(&fit(19, s.n_ctx / 2)), &s, 19).unwrap_err();
-        assert!(shrunk.contains("shrink the context"), "{shrunk}");
-        assert!(default_candidate(None, &s, 19).is_err());
+        let fit = |n: i32, ctx: u32| LlamaFit { n_gpu_layers: Some(n), n_ctx: Some(ctx), ..LlamaFit::none(1 << 30) };
+        assert_eq!(default_candidate(Some(&fit(-1, s.n_ctx)), &s, 19, 4).unwrap().ngl, 19, "-1: every layer");
+        let c = default_candidate(Some(&fit(7, 32768)), &s, 19, 4).unwrap();
+        assert_eq!((c.ngl, c.ctx, c.threads), (7, 32768, 4), "its layers, its context, llama.cpp's threads");
+        let needs = s.depth_at(s.n_ctx) + s.n_prompt.max(s.n_gen);
+        assert!(needs < s.n_ctx);
+        let shrunk = default_candidate(Some(&fit(19, needs)), &s, 19, 4).unwrap();
+        assert_eq!(shrunk.ctx, needs, "a smaller context that holds the workload is compared");
+        let small = default_candidate(Some(&fit(19, needs - 1)), &s, 19, 4).unwrap_err();
+        assert!(small.contains("too small for the workload"), "{small}");
+        assert!(default_candidate(None, &s, 19, 4).is_err());
+    }
+
+    /// A MoE model's default: fit keeps every layer on the device and the
+    /// last layers' experts on the CPU; the default runs exactly those
+    /// overrides and its flags say so.
+    #[test]
+    fn the_default_runs_fits_expert_overrides() {
+        use crate::engine::predict::FitOverride;
+        let s = crate::tune::worlds::settings();
+        let moe = |il: u32| FitOverride {
+            pattern: format!("blk\\.{il}\\.ffn_(up|down|gate_up|gate)_(ch|)exps"),
+            buffer_type: "CPU".into(),
+        };
+        let fit = LlamaFit {
+            n_gpu_layers: Some(-1),
+            n_ctx: Some(s.n_ctx),
+            overrides: (14..18).map(moe).collect(),
+            ..LlamaFit::none(1 << 30)
+        };
+        let c = default_candidate(Some(&fit), &s, 19, 2).unwrap();
+        assert_eq!((c.ngl, c.spill.first, c.spill.count), (19, 14, 4));
+        assert_eq!(c.spill.patterns(), fit.overrides.iter().map(|o| o.pattern.clone()).collect::<Vec<_>>());
+        let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &[], c, None);
+        assert_eq!(spec.placement.cpu_overrides.len(), 4);
+        assert!(c.is(&spec) && !Candidate::layers(19, 2).is(&spec), "the spill is part of what ran");
+        let flags = spec.placement.flags();
+        assert!(
+            flags.contains("-ot ") && flags.contains("blk\\.14\\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU"),
+            "{flags}"
+        );
+        // Moved to another device's buffer: not a placement one device runs.
+        let mut other = fit.clone();
+        other.overrides[0].buffer_type = "CUDA1".into();
+        assert!(default_candidate(Some(&other), &s, 19, 2).unwrap_err().contains("CUDA1"));
     }
 }

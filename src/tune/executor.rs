@@ -47,6 +47,16 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
     spec.placement.tensor_split = c.split.listed();
     spec.placement.devices = c.split.device_names(devices);
     spec.placement.split_mode = c.split.mode();
+    spec.placement.cpu_overrides = c.spill.patterns();
+    if c.ctx > 0 {
+        spec.placement.n_ctx = Some(c.ctx);
+    }
+    if c.stock {
+        spec.placement.n_batch = crate::types::DEFAULT_N_BATCH;
+        spec.placement.n_ubatch = crate::types::DEFAULT_N_UBATCH;
+        spec.placement.flash_attn = crate::types::FlashAttn::Auto;
+        spec.placement.n_parallel = 1;
+    }
     if c.ngl == 0 {
         // Every layer on the CPU: measured as recommended, without the
         // servers (with them, llama.cpp's op offload could ship the

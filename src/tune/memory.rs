@@ -140,6 +140,14 @@ pub fn prediction_check(
     }
 }
 
+/// How Ollama starts llama-server's fit for this workload, where Ollama is
+/// the consumer and its fit is on.
+fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
+    let c = s.consumer.as_ref().filter(|c| c.program == "ollama")?;
+    let fit = crate::consumer::ollama_fit(&c.vars);
+    fit.on.then_some(crate::engine::predict::OllamaFitAsk { slots: s.n_parallel, target_bytes: fit.target_bytes })
+}
+
 /// Asks llama.cpp, before any trial, what every grid setting will allocate
 /// on the device (its dry run) and what its own fit would choose for the
 /// same memory margin.
@@ -159,6 +167,7 @@ pub fn predict(
         ngl: grid.to_vec(),
         fit_margin_bytes: margin,
         default_fit: true,
+        ollama_fit: ollama_ask(s),
         ..super::predict_spec(info, s, op_offload)
     };
     match predict_in_child(exe, &spec) {
@@ -174,6 +183,7 @@ pub fn predict(
                 predictions: out.predictions,
                 llama_fit: out.llama_fit,
                 default_fit: out.default_fit,
+                ollama_fit: out.ollama_fit,
                 predicted_over_cap,
                 max_error_pct: None,
                 llama_fit_tg_ts: None,
@@ -185,6 +195,7 @@ pub fn predict(
             predictions: Vec::new(),
             llama_fit: None,
             default_fit: None,
+            ollama_fit: None,
             predicted_over_cap: Vec::new(),
             max_error_pct: None,
             llama_fit_tg_ts: None,

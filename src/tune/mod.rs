@@ -11,6 +11,7 @@ pub mod choose;
 pub mod executor;
 pub mod knee;
 pub mod memory;
+mod ollama;
 pub mod placement;
 pub mod plan;
 pub mod quality;
@@ -167,8 +168,10 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     };
     let mut outcomes = Vec::new();
     for ctx in s.contexts() {
-        let sc = Settings { n_ctx: ctx, ..s.clone() };
-        let (o, c) = tune_context(&shared, &sc, checkpoint.take())?;
+        let mut sc = Settings { n_ctx: ctx, ..s.clone() };
+        let batch = ollama::batch_here(&shared, &mut sc);
+        let (mut o, c) = tune_context(&shared, &sc, checkpoint.take())?;
+        o.notes.extend(batch);
         checkpoint = c;
         outcomes.push(o);
     }
@@ -273,11 +276,13 @@ fn tune_context(
         recommendation.rpc.clone_from(&s.rpc);
         recommendation.llama_cpp_args = recommendation.flags();
     }
-    let default = match (several || plan.no_gpu, prediction.as_ref()) {
+    let (default, ollama) = match (several || plan.no_gpu, prediction.as_ref()) {
         (false, Some(pr)) if pr.error.is_none() => {
-            Some(against_default(&mut search, &mut recommendation, pr.default_fit.as_ref(), plan.full)?)
+            let d = against_default(&mut search, &mut recommendation, pr.default_fit.as_ref(), plan.full)?;
+            let o = ollama::against_ollama(&mut search, &mut recommendation, pr.ollama_fit.as_ref(), plan.full)?;
+            (Some(d), o)
         }
-        _ => None,
+        _ => (None, None),
     };
     let (trials, checkpoint) = search.into_parts();
     notes.extend(summary::noise_note(&trials));
@@ -303,6 +308,7 @@ fn tune_context(
         recommendation,
         options,
         default,
+        ollama,
         split,
     };
     let no_gpu = plan.no_gpu;
@@ -368,7 +374,7 @@ pub(crate) fn against_default(
     full: u32,
 ) -> Result<crate::profile::DefaultComparison> {
     use crate::profile::Verdict;
-    let cmp = baseline::compare(search, recommendation, fit, full)?;
+    let cmp = baseline::compare(search, recommendation, (fit, baseline::Opponent::LlamaDefault), full)?;
     if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower) && !cmp.over_cap {
         *recommendation = baseline::default_recommendation(recommendation, &cmp, &search.trials);
     }
@@ -392,6 +398,7 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         rpc: s.rpc.clone(),
         fit_split_margins: Vec::new(),
         default_fit: false,
+        ollama_fit: None,
         kv_type: s.kv_type,
         mmproj: s.mmproj.clone(),
         split_modes: Vec::new(),

@@ -37,6 +37,13 @@ pub struct Candidate {
     pub threads: u32,
     /// Layers per offload device (`-ts`); empty: llama.cpp's default split.
     pub split: Split,
+    /// The tensors llama.cpp's fit keeps on the CPU (its default placement's `-ot`).
+    pub spill: crate::types::FitSpill,
+    /// The context it runs at; 0: the workload's.
+    pub ctx: u32,
+    /// llama-server's own batch sizes, flash attention and one sequence
+    /// (`-b 2048 -ub 512 -fa auto`), not the consumer's: llama.cpp's default.
+    pub stock: bool,
 }
 
 /// Layers per offload device, in llama.cpp's device order (at most 16, as
@@ -165,7 +172,17 @@ impl Candidate {
     /// A whole-layer split with `threads` threads and an f16 KV cache.
     #[must_use]
     pub fn layers(ngl: u32, threads: u32) -> Candidate {
-        Candidate { ngl, n_cpu_moe: 0, n_cpu_ffn: 0, kv: KvType::F16, threads, split: Split::default() }
+        Candidate {
+            ngl,
+            n_cpu_moe: 0,
+            n_cpu_ffn: 0,
+            kv: KvType::F16,
+            threads,
+            split: Split::default(),
+            spill: crate::types::FitSpill::default(),
+            ctx: 0,
+            stock: false,
+        }
     }
 
     /// The same placement with another thread count.
@@ -186,6 +203,11 @@ impl Candidate {
             && spec.placement.tensor_split == self.split.listed()
             && spec.placement.devices.is_empty() == self.split.in_llama_order()
             && spec.placement.split_mode == self.split.mode()
+            && spec.placement.cpu_overrides == self.spill.patterns()
+            && (self.ctx == 0 || spec.placement.n_ctx == Some(self.ctx))
+            && (!self.stock
+                || (spec.placement.n_batch, spec.placement.n_ubatch, spec.placement.n_parallel)
+                    == (crate::types::DEFAULT_N_BATCH, crate::types::DEFAULT_N_UBATCH, 1))
     }
 }
 

@@ -1045,6 +1045,10 @@ pub fn against_llama(
             note: String::new(),
             n_threads: Some(threads),
             over_cap: false,
+            n_ctx: None,
+            cpu_overrides: Vec::new(),
+            predicted_bytes: None,
+            mem_bytes: None,
         };
         if theirs == mine {
             r.note = "the recommendation is this split".into();

@@ -171,6 +171,7 @@ pub fn recommendation(
         n_cpu_moe: moe,
         ollama_num_gpu: (moe > 0).then_some(dense),
         llama_default: false,
+        ollama_own_run: false,
         n_gpu_layers: ngl,
         n_threads: threads,
         n_ctx: s.n_ctx,
@@ -195,6 +196,7 @@ pub fn recommendation(
         n_parallel: s.n_parallel,
         mmproj: s.mmproj.clone(),
         img_ms: rec.and_then(|t| t.result.image.as_ref()).map(crate::types::ImageTest::avg_ms),
+        cpu_overrides: Vec::new(),
     };
     r.render_forms(dense);
     r

@@ -52,6 +52,8 @@ pub enum NoteKind {
     Split { text: String },
     /// Nothing measured stays under the cap.
     OverCap { text: String },
+    /// What the consumer's server runs at a context (Ollama's batch).
+    Consumer { text: String },
     /// A note from a profile written before notes had kinds.
     Text { text: String },
 }
@@ -95,6 +97,7 @@ impl NoteKind {
             | NoteKind::Hatch { text }
             | NoteKind::Split { text }
             | NoteKind::OverCap { text }
+            | NoteKind::Consumer { text }
             | NoteKind::Text { text } => Some(text),
             NoteKind::Noisy { .. } | NoteKind::Busy { .. } | NoteKind::Threads { .. } => None,
         }
@@ -114,7 +117,7 @@ macro_rules! text_notes {
     };
 }
 text_notes!(hardware => Hardware, op_offload => OpOffload, resume => Resume, prediction => Prediction,
-    search => Search, hatch => Hatch, split => Split, over_cap => OverCap);
+    search => Search, hatch => Hatch, split => Split, over_cap => OverCap, consumer => Consumer);
 
 /// Profiles of schema 2 kept notes as plain strings; they read back as text notes.
 impl<'de> Deserialize<'de> for Note {

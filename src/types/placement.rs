@@ -182,6 +182,75 @@ pub fn cpu_moe_pattern(layer: u32) -> String {
     format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 }
 
+/// What part of a layer llama.cpp's fit moves to the CPU where a device's
+/// last layers only partly fit (`common/fit.cpp`: `common_layer_fraction_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FitFraction {
+    /// Every FFN weight: only attention stays (`LAYER_FRACTION_ATTN`).
+    Attn,
+    /// FFN gate and down: up stays (`LAYER_FRACTION_UP`).
+    Up,
+    /// FFN down: up and gate stay (`LAYER_FRACTION_GATE`).
+    Gate,
+    /// The experts (`LAYER_FRACTION_MOE`).
+    #[default]
+    Moe,
+}
+
+impl FitFraction {
+    const ALL: [FitFraction; 4] = [FitFraction::Attn, FitFraction::Up, FitFraction::Gate, FitFraction::Moe];
+
+    /// The pattern fit writes for layer `il` (byte for byte, as `get_overflow_pattern`).
+    #[must_use]
+    pub fn pattern(self, il: u32) -> String {
+        let tail = match self {
+            FitFraction::Attn => "ffn_(gate|up|gate_up|down).*",
+            FitFraction::Up => "ffn_(gate|gate_up|down).*",
+            FitFraction::Gate => "ffn_down.*",
+            FitFraction::Moe => "ffn_(up|down|gate_up|gate)_(ch|)exps",
+        };
+        format!("blk\\.{il}\\.{tail}")
+    }
+}
+
+/// The tensors llama.cpp's fit keeps on the CPU on one device: layers
+/// `first .. first + count` (the device's last offloaded layers), the first
+/// of them by `fraction`, the others their experts. `count` 0: none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FitSpill {
+    pub first: u16,
+    pub count: u16,
+    pub fraction: FitFraction,
+}
+
+impl FitSpill {
+    /// The `-ot PATTERN=CPU` patterns, in fit's order.
+    #[must_use]
+    pub fn patterns(self) -> Vec<String> {
+        let first = u32::from(self.first);
+        (first..first + u32::from(self.count))
+            .map(|il| if il == first { self.fraction } else { FitFraction::Moe }.pattern(il))
+            .collect()
+    }
+
+    /// The spill that writes exactly these (pattern, buffer type) pairs,
+    /// if one does: every buffer type the CPU's, the layers consecutive.
+    #[must_use]
+    pub fn of(overrides: &[(String, String)]) -> Option<FitSpill> {
+        let Some((p0, _)) = overrides.first() else { return Some(FitSpill::default()) };
+        if overrides.iter().any(|(_, b)| b != "CPU") {
+            return None;
+        }
+        let il: u16 = p0.strip_prefix("blk\\.")?.split("\\.").next()?.parse().ok()?;
+        let count = u16::try_from(overrides.len()).ok()?;
+        let found = FitFraction::ALL
+            .into_iter()
+            .map(|fraction| FitSpill { first: il, count, fraction })
+            .find(|s| s.patterns().iter().zip(overrides).all(|(a, (b, _))| a == b))?;
+        Some(found)
+    }
+}
+
 /// The regular expression that keeps the dense FFN weights of the first
 /// `k` layers on the CPU: one pattern (llama.cpp searches each tensor
 /// name with it), without the buffer type.

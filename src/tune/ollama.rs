@@ -1,0 +1,106 @@
+//! Ollama's run, as its server would start llama-server for this model with
+//! `num_gpu` unset (llm/llama_server.go, server/sched.go): `-c num_ctx x
+//! parallel -np parallel`, no `-ngl` (llama-server's fit decides, with
+//! Ollama's fit target), its batch for the context (`-b N -ub N`, stepped
+//! down where the model leaves little free memory), its flash attention
+//! and KV type, llama.cpp's thread rule (no `-t`).
+
+use anyhow::Result;
+
+use crate::engine::predict::{predict_in_child, LlamaFit, PredictSpec};
+use crate::profile::{DefaultComparison, Recommendation, Settings, Verdict};
+use crate::types::Note;
+
+use super::baseline::{compare, Opponent};
+use super::search::Search;
+use super::Shared;
+
+/// Whether Ollama picks the batch itself here (no `-b`/`-ub` given, Ollama the consumer).
+fn auto_batch(s: &Settings) -> bool {
+    s.consumer.as_ref().is_some_and(|c| c.auto_batch && c.program == "ollama")
+}
+
+/// The device's free memory before the trials, as Ollama's scheduler sees it.
+fn available(sh: &Shared<'_>) -> u64 {
+    sh.policy.as_ref().and_then(|p| p.device_total_bytes.map(|t| t.saturating_sub(p.baseline_bytes))).unwrap_or(0)
+}
+
+/// Sets Ollama's batch for this context where it is Ollama's to choose:
+/// its rule, stepped down as server/sched.go does for the model's
+/// predicted memory (llama.cpp's dry run of full offload at this context,
+/// Ollama's prediction being of the whole model) against the device's free
+/// memory. The note says what it chose and why.
+pub(super) fn batch_here(sh: &Shared<'_>, s: &mut Settings) -> Option<Note> {
+    if !auto_batch(s) {
+        return None;
+    }
+    let rule = crate::consumer::ollama_batch(s.n_ctx);
+    let free = available(sh);
+    let full = sh.opts.info.n_layer_full;
+    let predicted = if free == 0 || rule == 512 {
+        0
+    } else {
+        let spec = PredictSpec {
+            ngl: vec![full],
+            n_batch: 512,
+            n_ubatch: 512,
+            ..super::predict_spec(&sh.opts.info, s, sh.op_offload)
+        };
+        let out = predict_in_child(&sh.exe, &spec).ok();
+        out.and_then(|o| o.predictions.into_iter().find(|p| p.error.is_none())).map_or(0, |p| p.device_bytes)
+    };
+    let cuda = sh.hw.llama_devices.iter().find(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
+    let cuda_without_fa = cuda.filter(|_| s.flash_attn == crate::types::FlashAttn::Off).map(|d| d.memory_total);
+    let b = crate::consumer::ollama_batch_for(s.n_ctx, predicted, free, cuda_without_fa);
+    (s.n_batch, s.n_ubatch) = (b, b);
+    let why = if b < rule && cuda_without_fa.is_none() {
+        format!(
+            ", stepped down from {rule}: the model takes {} of {} free (Ollama wants 60% for 2048, 75% for 1024)",
+            crate::model::human_bytes(predicted),
+            crate::model::human_bytes(free)
+        )
+    } else if cuda_without_fa.is_some() {
+        ", on CUDA without flash attention".to_string()
+    } else {
+        String::new()
+    };
+    Some(Note::consumer(format!("Ollama's batch at {} tokens: -b {b} -ub {b}{why}", s.n_ctx)))
+}
+
+/// The answer's Ollama form (its whole layers as num_gpu) against Ollama's
+/// own run with num_gpu unset, paired, where Ollama is the consumer: num_gpu
+/// stays in the Modelfile only where it beats that run; otherwise it is
+/// left unset, with the reason. `fit`: what llama-server's fit chose under
+/// Ollama (`None` with its fit off: every layer, `-ngl` auto).
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+pub(super) fn against_ollama(
+    search: &mut Search<'_>,
+    rec: &mut Recommendation,
+    fit: Option<&LlamaFit>,
+    full: u32,
+) -> Result<Option<DefaultComparison>> {
+    let s = search.settings();
+    let Some(c) = s.consumer.as_ref().filter(|c| c.program == "ollama") else { return Ok(None) };
+    let fit_off = !crate::consumer::ollama_fit(&c.vars).on;
+    let all = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(0) };
+    let fit = if fit_off { Some(&all) } else { fit };
+    if rec.llama_default {
+        let mut out = compare_none(s.depth_at(s.n_ctx));
+        out.note = "num_gpu is left unset already (llama.cpp's default is the answer): Ollama runs its own".into();
+        return Ok(Some(out));
+    }
+    let cmp = compare(search, rec, (fit, Opponent::OllamaRun), full)?;
+    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower | Verdict::Same) && !cmp.over_cap {
+        rec.ollama_own_run = true;
+        let ngl = rec.ollama_num_gpu.unwrap_or(rec.n_gpu_layers);
+        rec.render_forms(ngl);
+    }
+    Ok(Some(cmp))
+}
+
+/// A comparison that measured nothing.
+fn compare_none(depth: u32) -> DefaultComparison {
+    super::baseline::unmeasured(depth)
+}
