@@ -410,6 +410,9 @@ pub struct SynthArgs {
     /// Experts per layer (0: dense llama; >1: qwen3moe)
     #[arg(long, default_value_t = 0)]
     pub experts: u32,
+    /// A recurrent model (llama.cpp's mamba: state-space layers, no KV cache)
+    #[arg(long)]
+    pub mamba: bool,
     #[arg(long, default_value_t = 128)]
     pub n_embd: u64,
     #[arg(long, default_value_t = 256)]

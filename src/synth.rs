@@ -27,6 +27,9 @@ pub struct SynthSpec {
     pub n_vocab: u64,
     /// Tied embeddings: no `output.weight` (the output reuses `token_embd`).
     pub tied: bool,
+    /// A recurrent model (llama.cpp's `mamba`: selective state-space layers,
+    /// no attention, no KV cache) instead of a transformer.
+    pub mamba: bool,
 }
 
 impl Default for SynthSpec {
@@ -44,6 +47,7 @@ impl Default for SynthSpec {
             q8_0: false,
             n_vocab: N_VOCAB,
             tied: false,
+            mamba: false,
         }
     }
 }
@@ -90,6 +94,12 @@ impl SynthSpec {
     pub fn with_vocab(mut self, n: u64, tied: bool) -> Self {
         self.n_vocab = n.max(N_VOCAB);
         self.tied = tied;
+        self
+    }
+
+    #[must_use]
+    pub fn with_mamba(mut self, mamba: bool) -> Self {
+        self.mamba = mamba;
         self
     }
 
@@ -157,14 +167,26 @@ fn q8_0_bytes(n: u64, rng: &mut impl Rng) -> Vec<u8> {
     out
 }
 
+/// Mamba's convolution width, state size and time-step rank for `n_embd`
+/// (the reference model's 4, 16 and ceil(n_embd / 16)).
+fn mamba_dims(n_embd: u64) -> (u64, u64, u64) {
+    (4, 16, n_embd.div_ceil(16))
+}
+
 /// Writes a model described by `spec` to `path` (F32 weights).
 ///
 /// # Errors
 /// I/O errors.
 #[allow(clippy::cast_possible_truncation)]
 pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
-    let moe = spec.n_expert > 1;
-    let arch = if moe { "qwen3moe" } else { "llama" };
+    let moe = spec.n_expert > 1 && !spec.mamba;
+    let arch = if spec.mamba {
+        "mamba"
+    } else if moe {
+        "qwen3moe"
+    } else {
+        "llama"
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     let mut w = Writer::new();
     let (e, ff, h, hkv) = (spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv);
@@ -176,9 +198,18 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     w.kv(&format!("{arch}.context_length"), Value::U32(spec.ctx_train));
     w.kv(&format!("{arch}.embedding_length"), Value::U32(e as u32));
     w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer));
-    w.kv(&format!("{arch}.feed_forward_length"), Value::U32(ff as u32));
-    w.kv(&format!("{arch}.attention.head_count"), Value::U32(h as u32));
-    w.kv(&format!("{arch}.attention.head_count_kv"), Value::U32(hkv as u32));
+    // Mamba has neither an FFN nor attention heads (its converter writes 0s).
+    let (ff_kv, h_kv, hkv_kv) = if spec.mamba { (0, 0, 0) } else { (ff, h, hkv) };
+    w.kv(&format!("{arch}.feed_forward_length"), Value::U32(ff_kv as u32));
+    w.kv(&format!("{arch}.attention.head_count"), Value::U32(h_kv as u32));
+    w.kv(&format!("{arch}.attention.head_count_kv"), Value::U32(hkv_kv as u32));
+    if spec.mamba {
+        let (d_conv, d_state, dt_rank) = mamba_dims(e);
+        w.kv(&format!("{arch}.ssm.conv_kernel"), Value::U32(d_conv as u32));
+        w.kv(&format!("{arch}.ssm.inner_size"), Value::U32(2 * e as u32));
+        w.kv(&format!("{arch}.ssm.state_size"), Value::U32(d_state as u32));
+        w.kv(&format!("{arch}.ssm.time_step_rank"), Value::U32(dt_rank as u32));
+    }
     w.kv(&format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
     w.kv(&format!("{arch}.rope.freq_base"), Value::F32(10000.0));
     if moe {
@@ -209,6 +240,23 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     let kv_dim = head_dim * hkv;
     for i in 0..spec.n_layer {
         let p = format!("blk.{i}");
+        if spec.mamba {
+            // llama.cpp's llama_model_mamba::load_arch_tensors, expansion factor 2.
+            let (d_conv, d_state, dt_rank) = mamba_dims(e);
+            let d_inner = 2 * e;
+            ones(&mut w, &format!("{p}.attn_norm.weight"), e);
+            rand_tensor(&mut w, &format!("{p}.ssm_in.weight"), &[e, 2 * d_inner]);
+            rand_tensor(&mut w, &format!("{p}.ssm_conv1d.weight"), &[d_conv, d_inner]);
+            filled(&mut w, &format!("{p}.ssm_conv1d.bias"), d_inner, 0.0);
+            rand_tensor(&mut w, &format!("{p}.ssm_x.weight"), &[d_inner, dt_rank + 2 * d_state]);
+            rand_tensor(&mut w, &format!("{p}.ssm_dt.weight"), &[dt_rank, d_inner]);
+            filled(&mut w, &format!("{p}.ssm_dt.bias"), d_inner, 0.0);
+            let a: Vec<f32> = vec![-1.0; usize::try_from(d_state * d_inner).unwrap_or(0)];
+            w.tensor(&format!("{p}.ssm_a"), &[d_state, d_inner], 0, f32_bytes(a.into_iter()));
+            filled(&mut w, &format!("{p}.ssm_d"), d_inner, 1.0);
+            rand_tensor(&mut w, &format!("{p}.ssm_out.weight"), &[d_inner, e]);
+            continue;
+        }
         ones(&mut w, &format!("{p}.attn_norm.weight"), e);
         rand_tensor(&mut w, &format!("{p}.attn_q.weight"), &[e, head_dim * h]);
         rand_tensor(&mut w, &format!("{p}.attn_k.weight"), &[e, kv_dim]);

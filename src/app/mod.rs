@@ -84,6 +84,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 .with_dims(a.n_embd, a.n_ff, a.heads)
                 .with_kv_heads(a.kv_heads.unwrap_or(a.heads))
                 .with_experts(a.experts, a.experts.min(2))
+                .with_mamba(a.mamba)
                 .with_q8_0(a.q8_0)
                 .with_ctx_train(a.ctx_train)
                 .with_vocab(a.vocab, a.tied);

@@ -317,7 +317,7 @@ fn measure_image(mtmd: &mut MtmdContext, spec: &TrialSpec) -> Result<crate::type
 fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, mut result: TrialResult) -> TrialResult {
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     // Tests of one context size share one context: the depth is filled once.
-    let mut open: Option<(u32, LlamaContext<'_>, String)> = None;
+    let mut open: Option<(u32, LlamaContext<'_>, String, Depth)> = None;
     for (n_prompt, n_gen) in spec.tests() {
         if result.tests.iter().any(|t| t.stopped_early) && spec.race.is_some_and(|r| r.skip_rest) {
             // Far behind on the objective: the other tests cannot change the decision.
@@ -327,13 +327,16 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
         if open.as_ref().map(|o| o.0) != Some(n_ctx) {
             drop(open.take());
             match open_context(model, backend, spec, n_ctx, &mut rng) {
-                Ok((ctx, log)) => open = Some((n_ctx, ctx, log)),
+                Ok((ctx, log)) => {
+                    let depth = Depth::filled(&ctx, spec.n_depth);
+                    open = Some((n_ctx, ctx, log, depth));
+                }
                 Err((status, why)) => return fail(result, status, why),
             }
         }
-        let Some((_, ctx, ctx_log)) = open.as_mut() else { unreachable!("opened above") };
+        let Some((_, ctx, ctx_log, depth)) = open.as_mut() else { unreachable!("opened above") };
         let mut samples = Vec::with_capacity(spec.repetitions as usize);
-        let measured = measure(ctx, model, &mut rng, spec, n_prompt, n_gen, &mut samples);
+        let measured = measure((ctx, depth), model, &mut rng, spec, (n_prompt, n_gen), &mut samples);
         let run_log = logs::take();
         let cut = match measured {
             Ok(cut) => cut,
@@ -467,17 +470,44 @@ fn fail(mut r: TrialResult, status: TrialStatus, reason: String) -> TrialResult 
     r
 }
 
-/// Back to the spec's depth: every position past it removed (or, at depth
-/// 0, the whole cache cleared), so a repetition starts where the last did.
-fn to_depth(ctx: &mut LlamaContext<'_>, depth: u32) -> Result<(), String> {
-    if depth == 0 {
-        ctx.clear_kv_cache();
-        return Ok(());
+/// How each repetition gets back to the depth. As llama-bench does: the
+/// memory cleared, then the filled sequence's state (saved once after the
+/// fill) loaded again; this holds for every memory, recurrent state
+/// (Mamba, LFM2, Qwen3-Next) and sliding windows included, which trimming
+/// cannot bring back. Trimmed past the depth instead
+/// (`llama_memory_seq_rm(0, d, -1)`) where the state cannot be saved, or
+/// with `NGL_TUNE_DEPTH_TRIM=1` (the benchmark's other side).
+struct Depth {
+    n: u32,
+    saved: Option<llama_cpp_2::context::session::SeqState>,
+}
+
+impl Depth {
+    /// The depth `n` of a context just filled to it.
+    fn filled(ctx: &LlamaContext<'_>, n: u32) -> Depth {
+        let trim = std::env::var_os("NGL_TUNE_DEPTH_TRIM").is_some();
+        let flags = llama_cpp_2::context::session::LlamaStateSeqFlags::empty();
+        let saved = if n > 0 && !trim { ctx.state_seq_get(0, flags).ok() } else { None };
+        Depth { n, saved }
     }
-    match ctx.clear_kv_cache_seq(Some(0), Some(depth), None) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(format!("llama.cpp could not trim the KV cache back to depth {depth}")),
-        Err(e) => Err(format!("trimming the KV cache to depth {depth}: {e}")),
+
+    /// Back to the depth (at depth 0, the cache cleared), so a repetition
+    /// starts where the last did.
+    fn restore(&self, ctx: &mut LlamaContext<'_>) -> Result<(), String> {
+        let depth = self.n;
+        if depth == 0 {
+            ctx.clear_kv_cache();
+            return Ok(());
+        }
+        if let Some(s) = &self.saved {
+            ctx.clear_kv_cache();
+            return ctx.state_seq_set(s, 0).map_err(|e| format!("restoring the KV cache at depth {depth}: {e}"));
+        }
+        match ctx.clear_kv_cache_seq(Some(0), Some(depth), None) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!("llama.cpp could not trim the KV cache back to depth {depth}")),
+            Err(e) => Err(format!("trimming the KV cache to depth {depth}: {e}")),
+        }
     }
 }
 
@@ -485,12 +515,11 @@ fn to_depth(ctx: &mut LlamaContext<'_>, depth: u32) -> Result<(), String> {
 /// short: `Some(tokens)` when cut inside its first repetition (its sample
 /// is the rate of the tokens timed, over the whole test), `None` after it.
 fn measure(
-    ctx: &mut LlamaContext<'_>,
+    (ctx, depth): (&mut LlamaContext<'_>, &Depth),
     model: &LlamaModel,
     rng: &mut rand::rngs::StdRng,
     spec: &TrialSpec,
-    n_prompt: u32,
-    n_gen: u32,
+    (n_prompt, n_gen): (u32, u32),
     samples: &mut Vec<u64>,
 ) -> Result<Option<Option<u32>>, String> {
     let vocab = model.vocab();
@@ -498,7 +527,7 @@ fn measure(
     let bos = if vocab.should_add_bos() { Some(vocab.bos()) } else { None };
     let n_batch = spec.placement.n_batch;
     if spec.warmup {
-        to_depth(ctx, spec.n_depth)?;
+        depth.restore(ctx)?;
         if n_prompt > 0 {
             test_prompt(ctx, rng, n_vocab, bos, n_prompt, n_batch, None)?;
         }
@@ -509,7 +538,7 @@ fn measure(
     let below = spec.race.and_then(|r| r.below(n_prompt)).filter(|b| *b > 0.0);
     let n_tokens = n_prompt + n_gen;
     for _ in 0..spec.repetitions {
-        to_depth(ctx, spec.n_depth)?;
+        depth.restore(ctx)?;
         let t0 = Instant::now();
         // The first repetition stops as soon as its rate cannot reach the threshold.
         let limit =

@@ -519,6 +519,36 @@ mod tests {
         assert!(rec.llama_cpp_args.contains(&cmp.llama_cpp_args), "{} vs {}", rec.llama_cpp_args, cmp.llama_cpp_args);
     }
 
+    /// A side raced out in every pair (below half the other's speed each
+    /// time) is slower, though the few tokens it timed scatter too much for
+    /// the interval: the race's own test decides.
+    #[test]
+    fn a_side_cut_short_in_every_pair_is_slower_whatever_its_few_tokens_say() {
+        use crate::tune::executor::fake::{Outcome, World};
+        use crate::tune::worlds::{policy, recommendation, settings};
+        let s = settings();
+        let calls = std::rc::Rc::new(std::cell::Cell::new(0usize));
+        let seen = calls.clone();
+        let mut world = World::new(move |c| {
+            let tg = if c.ngl == 7 {
+                100.0
+            } else {
+                seen.set(seen.get() + 1);
+                [10.0, 2.0, 25.0][(seen.get() - 1) % 3]
+            };
+            Outcome::Ok { tg, pp: 100.0, mem: 1 << 20 }
+        });
+        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let fit = LlamaFit { n_gpu_layers: Some(0), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let rec = recommendation();
+        let cmp = compare(&mut search, &rec, (Some(&fit), Opponent::LlamaDefault), 31).unwrap();
+        assert_eq!(calls.get(), 3, "three pairs");
+        let (r, h) = (cmp.tg_ratio.unwrap(), cmp.tg_half_width.unwrap());
+        assert!(r - h < 1.0, "the interval alone covers 1: {cmp:?}");
+        assert_eq!(cmp.verdict, Verdict::Faster, "{cmp:?}");
+        assert!(cmp.note.contains("cut short"), "{}", cmp.note);
+    }
+
     #[test]
     fn the_default_is_fits_placement_at_its_own_context() {
         let s = crate::tune::worlds::settings();

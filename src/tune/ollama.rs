@@ -87,7 +87,7 @@ pub(super) fn against_ollama(
     let all = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(0) };
     let fit = if fit_off { Some(&all) } else { fit };
     if rec.llama_default {
-        let mut out = compare_none(s.depth_at(s.n_ctx));
+        let mut out = super::baseline::unmeasured(s.depth_at(s.n_ctx));
         out.note = "num_gpu is left unset already (llama.cpp's default is the answer): Ollama runs its own".into();
         return Ok(Some(out));
     }
@@ -100,7 +100,71 @@ pub(super) fn against_ollama(
     Ok(Some(cmp))
 }
 
-/// A comparison that measured nothing.
-fn compare_none(depth: u32) -> DefaultComparison {
-    super::baseline::unmeasured(depth)
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::executor::fake::{Outcome, World};
+    use crate::tune::worlds::{policy, recommendation, settings};
+
+    fn ollama_settings() -> Settings {
+        let mut s = settings();
+        s.n_batch = 512;
+        s.n_ubatch = 512;
+        s.consumer = Some(crate::profile::Consumer {
+            program: "ollama".into(),
+            source: "test".into(),
+            found: false,
+            applied: Vec::new(),
+            vars: Vec::new(),
+            auto_batch: true,
+        });
+        s
+    }
+
+    /// The answer's num_gpu 7 against Ollama's own run (fit: 5 layers),
+    /// in a world where `tg` says how fast each is: kept where it beats the
+    /// run, left unset with the reason where it ties.
+    fn paired(tg: fn(u32) -> f64) -> (DefaultComparison, Recommendation, Vec<Candidate>) {
+        let s = ollama_settings();
+        let mut world = World::new(move |c| Outcome::Ok { tg: tg(c.ngl), pp: 100.0, mem: 1 << 20 });
+        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let fit = LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let mut rec = recommendation();
+        let cmp = against_ollama(&mut search, &mut rec, Some(&fit), 31).unwrap().expect("Ollama is the consumer");
+        drop(search);
+        (cmp, rec, world.measured)
+    }
+
+    use super::super::plan::Candidate;
+
+    #[test]
+    fn num_gpu_is_kept_only_where_it_beats_ollamas_own_run() {
+        let (cmp, rec, measured) = paired(|ngl| 10.0 + f64::from(ngl));
+        assert_eq!((cmp.verdict, cmp.n_gpu_layers, cmp.pairs), (Verdict::Faster, Some(5), 3), "{cmp:?}");
+        assert!(!rec.ollama_own_run);
+        assert!(rec.modelfile.iter().any(|l| l == "PARAMETER num_gpu 7"), "{:?}", rec.modelfile);
+        // Ollama's run: its batch (the workload's), llama.cpp's threads, fit's layers.
+        let theirs: Vec<&Candidate> = measured.iter().filter(|c| c.ngl == 5).collect();
+        assert_eq!(theirs.len(), 3);
+        assert!(theirs.iter().all(|c| !c.stock && c.threads == crate::engine::llama_default_threads()));
+        assert!(cmp.llama_cpp_args.contains("-ngl 5") && cmp.llama_cpp_args.contains("-b 512"), "{}", cmp.llama_cpp_args);
+
+        let (tie, rec, _) = paired(|_| 10.0);
+        assert_eq!(tie.verdict, Verdict::Tie, "{tie:?}");
+        assert!(rec.ollama_own_run);
+        assert!(!rec.modelfile.iter().any(|l| l.starts_with("PARAMETER num_gpu")), "{:?}", rec.modelfile);
+        assert_eq!(rec.modelfile[0], crate::profile::OLLAMA_OWN_RUN);
+        assert_eq!(rec.ollama_num_gpu_param(), None);
+        assert!(rec.llama_cpp_args.contains("-ngl 7"), "llama.cpp's flags keep the tuned layers: {}", rec.llama_cpp_args);
+    }
+
+    #[test]
+    fn without_ollama_as_the_consumer_there_is_no_ollama_run() {
+        let s = settings();
+        let mut world = World::new(|_| Outcome::Ok { tg: 10.0, pp: 100.0, mem: 1 << 20 });
+        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let mut rec = recommendation();
+        assert!(against_ollama(&mut search, &mut rec, None, 31).unwrap().is_none());
+    }
 }
