@@ -287,10 +287,22 @@ fn the_default_of_a_moe_model_runs_fits_expert_overrides() {
     assert!(d["pairs"].as_u64() == Some(3), "paired: {d}");
     let (took, priced) = (d["mem_bytes"].as_f64().unwrap(), d["predicted_bytes"].as_f64().unwrap());
     assert!((took - priced).abs() <= 0.02 * priced, "accounted {took} against fit's dry run {priced}");
-    // Whatever won, the trials of the default ran the overrides.
-    let ran = p["trials"].as_array().unwrap().iter().filter(|t| t["role"] == "paired");
-    let theirs: Vec<_> = ran.filter(|t| t["spec"]["cpu_overrides"].as_array().is_some_and(|a| !a.is_empty())).collect();
-    assert_eq!(theirs.len(), 3, "three paired trials with fit's overrides");
+    // Whatever won, the trials of the default ran exactly fit's overrides.
+    let paired: Vec<&serde_json::Value> =
+        p["trials"].as_array().unwrap().iter().filter(|t| t["role"] == "paired").collect();
+    let ran = |t: &&&serde_json::Value| t["spec"]["cpu_overrides"] == d["cpu_overrides"];
+    assert_eq!(paired.iter().filter(ran).count(), 3, "three paired trials with fit's overrides");
+    // Ollama's own run (num_gpu unset) keeps fit's expert spill at Ollama's context; num_gpu is
+    // written only where the answer's layers beat it.
+    let o = &p["placements"][0]["ollama"];
+    assert!(o["cpu_overrides"].as_array().is_some_and(|a| !a.is_empty()), "fit spills experts under Ollama too: {o}");
+    assert_eq!(o["n_ctx"].as_u64(), Some(1024), "Ollama passes -c num_ctx: {o}");
+    let num_gpu = p["recommendation"]["modelfile"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l.as_str().unwrap().starts_with("PARAMETER num_gpu"));
+    assert_eq!(num_gpu, o["verdict"] == "faster", "{o}");
 }
 
 /// Lines of a child's stderr, read on a thread, with a way to wait for one.

@@ -100,7 +100,6 @@ pub(super) fn against_ollama(
     Ok(Some(cmp))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,7 +147,11 @@ mod tests {
         let theirs: Vec<&Candidate> = measured.iter().filter(|c| c.ngl == 5).collect();
         assert_eq!(theirs.len(), 3);
         assert!(theirs.iter().all(|c| !c.stock && c.threads == crate::engine::llama_default_threads()));
-        assert!(cmp.llama_cpp_args.contains("-ngl 5") && cmp.llama_cpp_args.contains("-b 512"), "{}", cmp.llama_cpp_args);
+        assert!(
+            cmp.llama_cpp_args.contains("-ngl 5") && cmp.llama_cpp_args.contains("-b 512"),
+            "{}",
+            cmp.llama_cpp_args
+        );
 
         let (tie, rec, _) = paired(|_| 10.0);
         assert_eq!(tie.verdict, Verdict::Tie, "{tie:?}");
@@ -156,7 +159,11 @@ mod tests {
         assert!(!rec.modelfile.iter().any(|l| l.starts_with("PARAMETER num_gpu")), "{:?}", rec.modelfile);
         assert_eq!(rec.modelfile[0], crate::profile::OLLAMA_OWN_RUN);
         assert_eq!(rec.ollama_num_gpu_param(), None);
-        assert!(rec.llama_cpp_args.contains("-ngl 7"), "llama.cpp's flags keep the tuned layers: {}", rec.llama_cpp_args);
+        assert!(
+            rec.llama_cpp_args.contains("-ngl 7"),
+            "llama.cpp's flags keep the tuned layers: {}",
+            rec.llama_cpp_args
+        );
     }
 
     #[test]
