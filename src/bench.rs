@@ -78,6 +78,7 @@ impl BenchOptions {
             seed: 1234,
             sample_interval_ms: 20,
             race: None,
+            baseline: false,
         }
     }
 }

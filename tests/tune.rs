@@ -78,7 +78,8 @@ fn gemma_on_llvmpipe_recommends_zero_and_says_why() {
         "{out}"
     );
     // llvmpipe runs on the CPU: op offload is off, and the flags say so.
-    assert!(out.contains(&format!("-ngl {ngl} -t {threads} -c 512 --no-op-offload")), "{out}");
+    // Ollama's batch for the context is measured and emitted (-b 512 -ub 512; -ub 512 is llama.cpp's).
+    assert!(out.contains(&format!("-ngl {ngl} -t {threads} -c 512 -b 512 --no-op-offload")), "{out}");
     assert!(out.contains("| 19 |"), "99 means full offload, ngl 19: {out}");
     if p["recommendation"]["confidence"] == "low" {
         // Other work on the machine can flip even llvmpipe's 30x gap; then the tool must say so.
@@ -297,7 +298,8 @@ fn an_interrupted_run_resumes_to_the_same_trials() {
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), n, "no trial measured twice: {keys:?}");
-    // The dry run matched llama.cpp's accounting within 2% at every ngl of the 40-layer model.
+    // The dry run matched llama.cpp's accounting within 2% at every ngl of the 40-layer model (a
+    // baseline's trials by the dry run of what its fit chose, at its own context and batch).
     for t in resumed["trials"].as_array().unwrap() {
         let e = t["prediction_error_pct"].as_f64().unwrap();
         assert!(e.abs() < 2.0, "ngl {}: {e}%", t["spec"]["n_gpu_layers"]);
@@ -629,11 +631,23 @@ fn the_ollama_servers_settings_are_what_the_tune_measures() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let p = only_profile(&store);
+    // llama.cpp's default runs as llama-server does without flags (one sequence here, its own
+    // batch); every other trial as Ollama runs it. All of them with Ollama's KV type.
+    let stock = |s: &serde_json::Value| s["n_batch"] == 2048 && s["n_ubatch"] == 512 && s["n_parallel"].is_null();
     for t in p["trials"].as_array().unwrap() {
         let s = &t["spec"];
+        assert_eq!(s["kv_type"], "q8_0", "both baselines priced and measured with Ollama's KV type: {s}");
+        if t["role"] == "paired" && stock(s) {
+            continue;
+        }
         assert_eq!((s["n_ctx"].as_u64(), s["n_parallel"].as_u64()), (Some(32768), Some(4)), "-c 8192 x 4 -np 4: {s}");
-        assert_eq!(s["kv_type"], "q8_0", "{s}");
         assert_eq!((s["n_batch"].as_u64(), s["n_ubatch"].as_u64()), (Some(1024), Some(1024)), "Ollama's batch: {s}");
+    }
+    if let Some(c) = p["placements"].as_array().and_then(|a| a.last()) {
+        for (field, needle) in [("default", "-ctk q8_0 -ctv q8_0"), ("ollama", "-c 32768 -np 4 -b 1024 -ub 1024")] {
+            let args = c[field]["llama_cpp_args"].as_str().unwrap_or_default();
+            assert!(args.contains(needle) && args.contains("-ctk q8_0"), "{field}: {args}");
+        }
     }
     assert!(
         out.contains(&format!("Ollama server settings from --ollama-env {}: OLLAMA_NUM_PARALLEL=4", env.display())),
@@ -670,6 +684,32 @@ fn the_ollama_servers_settings_are_what_the_tune_measures() {
             stdout(&o)
         );
     }
+}
+
+/// Ollama picks the batch per context (server/sched.go): 512 at 4096
+/// tokens, 2048 above 32768 where the model leaves the device room; each
+/// context is measured and emitted with its own.
+#[test]
+fn each_context_gets_ollamas_own_batch() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("long.gguf");
+    ngl_tune::synth::write_model(&m, &ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_ctx_train(65536))
+        .unwrap();
+    let store = dir.path().join("store");
+    let args = ["--ctx", "4096,65536", "--depth", "64", "-p", "16", "-n", "8", "-r", "1", "-q", "--json"];
+    let o = run(&[&[m.to_str().unwrap(), "--profiles", store.to_str().unwrap()][..], &args].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    for t in p["trials"].as_array().unwrap().iter().filter(|t| t["role"] != "paired") {
+        let s = &t["spec"];
+        let want = if s["n_ctx"] == 4096 { 512 } else { 2048 };
+        assert_eq!((s["n_batch"].as_u64(), s["n_ubatch"].as_u64()), (Some(want), Some(want)), "{s}");
+    }
+    assert_eq!(p["settings"]["consumer"]["auto_batch"], true);
+    let notes = p["notes"].to_string();
+    assert!(notes.contains("Ollama's batch at 65536 tokens: -b 2048 -ub 2048"), "{notes}");
 }
 
 /// A synthetic 8-layer model and a small Gemma-3-kind projector made for it.

@@ -46,6 +46,7 @@ pub(crate) fn test_spec() -> TrialSpec {
         seed: 1,
         sample_interval_ms: 20,
         race: None,
+        baseline: false,
     }
 }
 

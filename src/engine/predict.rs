@@ -551,6 +551,7 @@ pub fn predict_main() -> Result<()> {
         n_batch: crate::types::DEFAULT_N_BATCH,
         n_ubatch: crate::types::DEFAULT_N_UBATCH,
         flash_attn: crate::types::FlashAttn::Auto,
+        op_offload: true,
         ..spec.clone()
     };
     let default_fit = spec.default_fit.then(|| fit_with(&stock, DEFAULT_FIT_MARGIN, server, extra));
@@ -560,7 +561,8 @@ pub fn predict_main() -> Result<()> {
         let ask = FitAsk { slots: o.slots, ..FitAsk::at(spec.n_ctx) };
         let projector = mmproj.as_ref().map(ProjectorPrediction::device_bytes);
         let margin = o.target_bytes.unwrap_or_else(|| crate::consumer::ollama_fit_margin(projector));
-        fit_with(&spec, margin, ask, extra)
+        // llama.cpp's op offload, as Ollama leaves it.
+        fit_with(&PredictSpec { op_offload: true, ..spec.clone() }, margin, ask, extra)
     });
     let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split, default_fit, ollama_fit, mmproj };
     println!("{}", serde_json::to_string(&out)?);

@@ -268,7 +268,7 @@ pub fn compare(
     let mut out = unmeasured(s.depth_at(s.n_ctx));
     let stock = opponent == Opponent::LlamaDefault;
     let theirs = match default_candidate(fit, s, full, crate::engine::llama_default_threads()) {
-        Ok(c) => Candidate { stock, ..c },
+        Ok(c) => Candidate { stock, upstream: true, ..c },
         Err(why) => {
             out.note = why;
             return Ok(out);
@@ -291,7 +291,9 @@ pub fn compare(
         return Ok(out);
     }
     let start = search.trials.len();
+    search.baseline_bytes = out.predicted_bytes;
     let cut = pair(search, mine, theirs, &mut out)?;
+    search.baseline_bytes = None;
     out.mem_bytes = completed(&search.trials[start..], theirs).filter_map(|t| t.mem_bytes).reduce(f64::max);
     let name = opponent.name();
     if let Some(why) = over_cap(&search.trials[start..], theirs, search.cap_bytes(), name) {
@@ -387,6 +389,7 @@ pub fn default_recommendation(
     let theirs = Candidate {
         spill,
         stock: true,
+        upstream: true,
         ctx: cmp.n_ctx.unwrap_or(rec.n_ctx),
         ..Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.n_threads))
     };
@@ -421,6 +424,7 @@ pub fn default_recommendation(
             crate::types::FlashAttn::Auto
         },
         n_parallel: 1,
+        op_offload: true,
         ..rec.clone()
     };
     r.render_forms(ngl);

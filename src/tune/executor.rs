@@ -51,6 +51,10 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
     if c.ctx > 0 {
         spec.placement.n_ctx = Some(c.ctx);
     }
+    if c.upstream {
+        spec.baseline = true;
+        spec.placement.op_offload = crate::types::OpOffload::On;
+    }
     if c.stock {
         spec.placement.n_batch = crate::types::DEFAULT_N_BATCH;
         spec.placement.n_ubatch = crate::types::DEFAULT_N_UBATCH;

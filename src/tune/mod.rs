@@ -586,6 +586,7 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         seed: 1234,
         sample_interval_ms: s.sample_interval_ms,
         race: None,
+        baseline: false,
     }
 }
 

@@ -44,6 +44,9 @@ pub struct Candidate {
     /// llama-server's own batch sizes, flash attention and one sequence
     /// (`-b 2048 -ub 512 -fa auto`), not the consumer's: llama.cpp's default.
     pub stock: bool,
+    /// A baseline (llama.cpp's default, Ollama's own run): llama.cpp's op
+    /// offload, and its trials marked so no other candidate takes them.
+    pub upstream: bool,
 }
 
 /// Layers per offload device, in llama.cpp's device order (at most 16, as
@@ -182,6 +185,7 @@ impl Candidate {
             spill: crate::types::FitSpill::default(),
             ctx: 0,
             stock: false,
+            upstream: false,
         }
     }
 
@@ -205,6 +209,7 @@ impl Candidate {
             && spec.placement.split_mode == self.split.mode()
             && spec.placement.cpu_overrides == self.spill.patterns()
             && (self.ctx == 0 || spec.placement.n_ctx == Some(self.ctx))
+            && spec.baseline == self.upstream
             && (!self.stock
                 || (spec.placement.n_batch, spec.placement.n_ubatch, spec.placement.n_parallel)
                     == (crate::types::DEFAULT_N_BATCH, crate::types::DEFAULT_N_UBATCH, 1))

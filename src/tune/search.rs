@@ -55,6 +55,9 @@ pub struct Search<'a> {
     /// Prices a whole-layer setting with llama.cpp's dry run (the settings'
     /// workload): a confirmation the fit chose is priced before it runs.
     pub pricer: Option<Box<dyn FnMut(u32) -> Option<Prediction> + 'a>>,
+    /// The dry run of the baseline being paired (llama.cpp's fit's choice,
+    /// at its own context and batch): what its trials are priced by.
+    pub baseline_bytes: Option<u64>,
     /// KV cache types whose cache at depth a trial or a prefill has filled.
     filled: Vec<crate::types::KvType>,
     pub progress: Progress,
@@ -87,6 +90,7 @@ impl<'a> Search<'a> {
             others,
             predicted: Vec::new(),
             pricer: None,
+            baseline_bytes: None,
             filled: Vec::new(),
             progress,
             checkpoint,
@@ -192,12 +196,15 @@ impl<'a> Search<'a> {
         let pl = &r.spec.placement;
         let same_batch = (pl.n_batch, pl.n_ubatch) == (self.settings.n_batch, self.settings.n_ubatch);
         let same_ctx = pl.n_ctx == Some(self.settings.n_ctx);
-        let predicted = self
-            .predicted
-            .iter()
-            .filter(|p| same_batch && (same_ctx || p.case.is_some()))
-            .find(|p| p.error.is_none() && p.prices(&r.spec))
-            .map(|p| p.device_bytes);
+        let predicted = if r.spec.baseline {
+            self.baseline_bytes
+        } else {
+            self.predicted
+                .iter()
+                .filter(|p| same_batch && (same_ctx || p.case.is_some()))
+                .find(|p| p.error.is_none() && p.prices(&r.spec))
+                .map(|p| p.device_bytes)
+        };
         let (prediction_error_pct, sampled_minus_predicted_bytes) =
             prediction_check(predicted, &r, self.policy.as_ref(), mem);
         ProfileTrial {

@@ -41,6 +41,10 @@ pub struct TrialSpec {
     /// Cut the trial short where it is clearly losing (adaptive search).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub race: Option<Race>,
+    /// A baseline's trial (llama.cpp's default or Ollama's own run, paired
+    /// with the answer): run with llama.cpp's op offload (on), as they run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub baseline: bool,
 }
 
 /// Racing: a test whose first repetition is slower than its threshold
