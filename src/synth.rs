@@ -167,28 +167,34 @@ fn q8_0_bytes(n: u64, rng: &mut impl Rng) -> Vec<u8> {
     out
 }
 
+/// One mamba layer's tensors, as llama.cpp's
+/// `llama_model_mamba::load_arch_tensors` reads them (expansion factor 2).
+fn mamba_layer(w: &mut Writer, rand_tensor: &mut impl FnMut(&mut Writer, &str, &[u64]), p: &str, e: u64) {
+    let (d_conv, d_state, dt_rank) = mamba_dims(e);
+    let d_inner = 2 * e;
+    filled(w, &format!("{p}.attn_norm.weight"), e, 1.0);
+    rand_tensor(w, &format!("{p}.ssm_in.weight"), &[e, 2 * d_inner]);
+    rand_tensor(w, &format!("{p}.ssm_conv1d.weight"), &[d_conv, d_inner]);
+    filled(w, &format!("{p}.ssm_conv1d.bias"), d_inner, 0.0);
+    rand_tensor(w, &format!("{p}.ssm_x.weight"), &[d_inner, dt_rank + 2 * d_state]);
+    rand_tensor(w, &format!("{p}.ssm_dt.weight"), &[dt_rank, d_inner]);
+    filled(w, &format!("{p}.ssm_dt.bias"), d_inner, 0.0);
+    let a: Vec<f32> = vec![-1.0; usize::try_from(d_state * d_inner).unwrap_or(0)];
+    w.tensor(&format!("{p}.ssm_a"), &[d_state, d_inner], 0, f32_bytes(a.into_iter()));
+    filled(w, &format!("{p}.ssm_d"), d_inner, 1.0);
+    rand_tensor(w, &format!("{p}.ssm_out.weight"), &[d_inner, e]);
+}
+
 /// Mamba's convolution width, state size and time-step rank for `n_embd`
 /// (the reference model's 4, 16 and ceil(n_embd / 16)).
 fn mamba_dims(n_embd: u64) -> (u64, u64, u64) {
     (4, 16, n_embd.div_ceil(16))
 }
 
-/// Writes a model described by `spec` to `path` (F32 weights).
-///
-/// # Errors
-/// I/O errors.
+/// The model's keys: its shape as llama.cpp's loader for `arch` reads it.
 #[allow(clippy::cast_possible_truncation)]
-pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
+fn hparams(w: &mut Writer, spec: &SynthSpec, arch: &str) {
     let moe = spec.n_expert > 1 && !spec.mamba;
-    let arch = if spec.mamba {
-        "mamba"
-    } else if moe {
-        "qwen3moe"
-    } else {
-        "llama"
-    };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
-    let mut w = Writer::new();
     let (e, ff, h, hkv) = (spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv);
     let head_dim = e / h;
     w.kv("general.architecture", Value::Str(arch.into()));
@@ -219,6 +225,27 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
         w.kv(&format!("{arch}.attention.key_length"), Value::U32(head_dim as u32));
         w.kv(&format!("{arch}.attention.value_length"), Value::U32(head_dim as u32));
     }
+}
+
+/// Writes a model described by `spec` to `path` (F32 weights).
+///
+/// # Errors
+/// I/O errors.
+#[allow(clippy::cast_possible_truncation)]
+pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
+    let moe = spec.n_expert > 1 && !spec.mamba;
+    let arch = if spec.mamba {
+        "mamba"
+    } else if moe {
+        "qwen3moe"
+    } else {
+        "llama"
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+    let mut w = Writer::new();
+    let (e, ff, h, hkv) = (spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv);
+    let head_dim = e / h;
+    hparams(&mut w, spec, arch);
     vocab(&mut w, spec.n_vocab);
 
     let q8_0 = spec.q8_0;
@@ -241,20 +268,7 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     for i in 0..spec.n_layer {
         let p = format!("blk.{i}");
         if spec.mamba {
-            // llama.cpp's llama_model_mamba::load_arch_tensors, expansion factor 2.
-            let (d_conv, d_state, dt_rank) = mamba_dims(e);
-            let d_inner = 2 * e;
-            ones(&mut w, &format!("{p}.attn_norm.weight"), e);
-            rand_tensor(&mut w, &format!("{p}.ssm_in.weight"), &[e, 2 * d_inner]);
-            rand_tensor(&mut w, &format!("{p}.ssm_conv1d.weight"), &[d_conv, d_inner]);
-            filled(&mut w, &format!("{p}.ssm_conv1d.bias"), d_inner, 0.0);
-            rand_tensor(&mut w, &format!("{p}.ssm_x.weight"), &[d_inner, dt_rank + 2 * d_state]);
-            rand_tensor(&mut w, &format!("{p}.ssm_dt.weight"), &[dt_rank, d_inner]);
-            filled(&mut w, &format!("{p}.ssm_dt.bias"), d_inner, 0.0);
-            let a: Vec<f32> = vec![-1.0; usize::try_from(d_state * d_inner).unwrap_or(0)];
-            w.tensor(&format!("{p}.ssm_a"), &[d_state, d_inner], 0, f32_bytes(a.into_iter()));
-            filled(&mut w, &format!("{p}.ssm_d"), d_inner, 1.0);
-            rand_tensor(&mut w, &format!("{p}.ssm_out.weight"), &[d_inner, e]);
+            mamba_layer(&mut w, &mut rand_tensor, &p, e);
             continue;
         }
         ones(&mut w, &format!("{p}.attn_norm.weight"), e);

@@ -276,14 +276,8 @@ fn tune_context(
         recommendation.rpc.clone_from(&s.rpc);
         recommendation.llama_cpp_args = recommendation.flags();
     }
-    let (default, ollama) = match (several || plan.no_gpu, prediction.as_ref()) {
-        (false, Some(pr)) if pr.error.is_none() => {
-            let d = against_default(&mut search, &mut recommendation, pr.default_fit.as_ref(), plan.full)?;
-            let o = ollama::against_ollama(&mut search, &mut recommendation, pr.ollama_fit.as_ref(), plan.full)?;
-            (Some(d), o)
-        }
-        _ => (None, None),
-    };
+    let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
+    let (default, ollama) = against_baselines(&mut search, &mut recommendation, priced, plan.full)?;
     let (trials, checkpoint) = search.into_parts();
     notes.extend(summary::noise_note(&trials));
     if let Some(pr) = prediction.as_mut() {
@@ -379,6 +373,20 @@ pub(crate) fn against_default(
         *recommendation = baseline::default_recommendation(recommendation, &cmp, &search.trials);
     }
     Ok(cmp)
+}
+
+/// The answer against llama.cpp's default, then its Ollama form against
+/// Ollama's own run (one offload device, the dry run priced).
+fn against_baselines(
+    search: &mut Search<'_>,
+    rec: &mut crate::profile::Recommendation,
+    priced: Option<&crate::profile::PredictionReport>,
+    full: u32,
+) -> Result<(Option<crate::profile::DefaultComparison>, Option<crate::profile::DefaultComparison>)> {
+    let Some(pr) = priced else { return Ok((None, None)) };
+    let d = against_default(search, rec, pr.default_fit.as_ref(), full)?;
+    let o = ollama::against_ollama(search, rec, pr.ollama_fit.as_ref(), full)?;
+    Ok((Some(d), o))
 }
 
 /// A dry run of the settings' workload that prices nothing yet.

@@ -1,0 +1,186 @@
+//! The answer, in the forms people paste: what llama.cpp runs, Ollama's
+//! num_gpu (or why it is left unset), and the rendered lines.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The answer, in the forms people paste.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    /// ngl for llama.cpp (full offload when `n_cpu_moe` > 0).
+    pub n_gpu_layers: u32,
+    /// Layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe); 0 for none.
+    #[serde(default)]
+    pub n_cpu_moe: u32,
+    /// A Modelfile cannot give expert or FFN overrides: the best whole-layer
+    /// split, when it differs from `n_gpu_layers` (a set `num_gpu` also
+    /// stops llama.cpp's fit, which spills experts itself when it is unset).
+    #[serde(default)]
+    pub ollama_num_gpu: Option<u32>,
+    /// The recommendation is llama.cpp's default placement (as fast as the
+    /// tuned one within the paired noise, or faster): Ollama's `num_gpu`
+    /// is left unset, so Ollama places the layers as llama.cpp's fit does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub llama_default: bool,
+    /// Ollama's own run (num_gpu unset: llama-server's fit at Ollama's
+    /// settings) was as fast as the answer's whole layers, paired: the
+    /// Modelfile leaves num_gpu unset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ollama_own_run: bool,
+    pub n_threads: u32,
+    pub n_ctx: u32,
+    /// The recommended setting was measured (not only predicted).
+    pub measured: bool,
+    /// Low when trials ran on a busy machine (profiles from before the field: high).
+    #[serde(default)]
+    pub confidence: Confidence,
+    /// llama.cpp's op offload was on in the trials (off: `--no-op-offload`).
+    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
+    pub op_offload: bool,
+    pub tg_ts: Option<f64>,
+    pub pp_ts: Option<f64>,
+    pub mem_bytes: Option<f64>,
+    /// Ollama Modelfile lines.
+    pub modelfile: Vec<String>,
+    /// llama.cpp flags.
+    pub llama_cpp_args: String,
+    /// KV cache type of both caches (quantized: with flash attention on).
+    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
+    pub kv_type: KvType,
+    /// Layers whose dense FFN weights stay on the CPU at full offload (`-ot`).
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
+    pub n_cpu_ffn: u32,
+    /// Ollama server settings the recommendation needs (`OLLAMA_KV_CACHE_TYPE`,
+    /// `OLLAMA_FLASH_ATTENTION`): they apply to every model that server runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ollama_server_env: Vec<String>,
+    /// llama.cpp RPC servers whose devices the placement uses (`--rpc`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
+    /// The offload devices in the order they take layers (`--device`);
+    /// empty: llama.cpp's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// `-sm` of a split: layer (llama.cpp's default), row or tensor.
+    #[serde(default, skip_serializing_if = "crate::types::is_layer")]
+    pub split_mode: crate::types::SplitMode,
+    /// Layers per offload device, in the order of `devices` (`-sm layer
+    /// -ts a,b,.. -mg 0`); empty: one device, or llama.cpp's default split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
+    /// The batch sizes and flash attention every trial ran with (`-b`,
+    /// `-ub`, `-fa`); profiles from before the fields: llama.cpp's defaults.
+    #[serde(default = "default_n_batch")]
+    pub n_batch: u32,
+    #[serde(default = "default_n_ubatch")]
+    pub n_ubatch: u32,
+    #[serde(default)]
+    pub flash_attn: crate::types::FlashAttn,
+    /// Parallel slots (`-np`): `n_ctx` is the whole context, each slot gets
+    /// `n_ctx / n_parallel` (Ollama's `num_ctx`; Ollama starts llama-server
+    /// with `-c num_ctx x P -np P`).
+    #[serde(default = "crate::types::one", skip_serializing_if = "crate::types::is_one")]
+    pub n_parallel: u32,
+    /// The multimodal projector loaded beside the model (`--mmproj`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
+    /// Milliseconds to encode the fixed image at this setting (the `img` test), where measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub img_ms: Option<f64>,
+    /// More tensors kept on the CPU (`-ot PATTERN=CPU`): llama.cpp's fit's,
+    /// where its default placement is the answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_overrides: Vec<String>,
+}
+
+pub(super) fn default_n_batch() -> u32 {
+    crate::types::DEFAULT_N_BATCH
+}
+
+pub(super) fn default_n_ubatch() -> u32 {
+    crate::types::DEFAULT_N_UBATCH
+}
+
+impl Recommendation {
+    /// What llama.cpp runs for this recommendation: every setting the
+    /// trials ran with.
+    #[must_use]
+    pub fn placement(&self) -> Placement {
+        Placement {
+            n_cpu_moe: self.n_cpu_moe,
+            n_cpu_ffn: self.n_cpu_ffn,
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            flash_attn: self.flash_attn,
+            n_parallel: self.n_parallel,
+            cpu_overrides: self.cpu_overrides.clone(),
+            ..Placement::default()
+        }
+        .with_layers(self.n_gpu_layers, self.n_threads, Some(self.n_ctx))
+        .with_kv(self.kv_type)
+        .with_op_offload(self.op_offload)
+        .with_split(&self.tensor_split, &self.rpc)
+        .with_devices(&self.devices)
+        .with_split_mode(self.split_mode)
+        .with_mmproj(self.mmproj.as_deref())
+    }
+
+    /// Ollama's `num_gpu`: `None` (left unset) where llama.cpp's default is
+    /// recommended, else the layers Ollama can run.
+    #[must_use]
+    pub fn ollama_num_gpu_param(&self) -> Option<u32> {
+        (!self.llama_default && !self.ollama_own_run).then(|| self.ollama_num_gpu.unwrap_or(self.n_gpu_layers))
+    }
+
+    /// The Modelfile's comment where num_gpu is left unset, and why.
+    #[must_use]
+    pub fn unset_num_gpu_line(&self) -> Option<&'static str> {
+        if self.llama_default {
+            Some(UNSET_NUM_GPU)
+        } else if self.ollama_own_run {
+            Some(OLLAMA_OWN_RUN)
+        } else {
+            None
+        }
+    }
+
+    /// Renders the paste-ready forms from the fields: llama.cpp's flags,
+    /// Ollama's server settings, and the Modelfile lines with `ollama_ngl`
+    /// layers (no `num_gpu` where llama.cpp's default is recommended).
+    pub fn render_forms(&mut self, ollama_ngl: u32) {
+        self.llama_cpp_args = self.flags();
+        self.ollama_server_env = self.placement().ollama_server_env();
+        self.modelfile = self.ollama_placement(ollama_ngl).modelfile_lines();
+        if let Some(line) = self.unset_num_gpu_line() {
+            self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
+            self.modelfile.insert(0, line.to_string());
+        }
+    }
+
+    /// This recommendation's llama.cpp flags.
+    #[must_use]
+    pub fn flags(&self) -> String {
+        self.placement().flags()
+    }
+
+    /// The whole-layer placement Ollama can express: `num_gpu` layers, no
+    /// tensor overrides, no RPC devices.
+    #[must_use]
+    pub fn ollama_placement(&self, num_gpu: u32) -> Placement {
+        Placement {
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            n_parallel: self.n_parallel,
+            ..Placement::default()
+        }
+        .with_layers(num_gpu, self.n_threads, Some(self.n_ctx))
+    }
+}
+
+/// The Modelfile's word where llama.cpp's default is recommended.
+pub const UNSET_NUM_GPU: &str =
+    "# num_gpu left unset: Ollama places the layers itself, as llama.cpp's default does, as fast as any tuned placement here";
+
+/// The Modelfile's word where Ollama's own run is as fast as the tuned layers.
+pub const OLLAMA_OWN_RUN: &str =
+    "# num_gpu left unset: Ollama's own run (llama-server's fit) was as fast as the tuned layers here, paired; a set num_gpu would also stop fit's expert spill";

@@ -1,0 +1,308 @@
+//! The escape hatches' tests, in worlds of curves.
+
+use super::*;
+
+fn option(kind: HatchKind, kv: KvType, tg: f64, fits: bool, kl: Option<f64>) -> PlacementOption {
+    PlacementOption {
+        kind,
+        n_ctx: 32768,
+        n_gpu_layers: 19,
+        n_cpu_ffn: u32::from(kind == HatchKind::FfnSpill) * 4,
+        kv_type: kv,
+        measured: kind != HatchKind::ShorterContext,
+        tg_ts: Some(tg),
+        pp_ts: Some(tg * 10.0),
+        tg_se_ts: Some(tg * 0.01),
+        pp_se_ts: Some(tg * 0.1),
+        device_bytes: Some(100),
+        fits,
+        quality: kl.map(|k| Quality {
+            kl_mean: k,
+            kl_p99: k * 5.0,
+            top1_agree: 0.99,
+            tokens: 256,
+            reference: "f16".into(),
+            non_finite: 0,
+            depth: 0,
+        }),
+        recommended: false,
+        note: String::new(),
+        llama_cpp_args: String::new(),
+    }
+}
+
+fn settings() -> Settings {
+    crate::tune::worlds::settings()
+}
+
+fn picked(options: &[PlacementOption]) -> Vec<HatchKind> {
+    options.iter().filter(|o| o.recommended).map(|o| o.kind).collect()
+}
+
+#[test]
+fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommended() {
+    let s = settings();
+    // The guide's worked example: a q8_0 KV cache keeps every layer on the GPU at ~37 t/s,
+    // offloading gives ~3 t/s.
+    let mut v = vec![
+        option(HatchKind::KvCache, KvType::Q8_0, 37.0, true, Some(0.002)),
+        option(HatchKind::ShorterContext, KvType::F16, 40.0, true, None),
+        option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None),
+        option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
+    ];
+    let notes = choose(&mut v, &s);
+    assert_eq!(picked(&v), [HatchKind::KvCache], "a shorter context is another workload: never picked");
+    assert!(notes[0].to_string().contains("q8_0 KV cache"), "{notes:?}");
+    assert!(v[3].note.contains("-92% tg"), "{}", v[3].note);
+    let r = recommend(&Recommendation { ..layer_split() }, &v, 2);
+    assert_eq!((r.n_gpu_layers, r.kv_type), (19, KvType::Q8_0));
+    assert!(r.llama_cpp_args.ends_with("-ctk q8_0 -ctv q8_0 -fa on"), "{}", r.llama_cpp_args);
+    assert_eq!(r.ollama_server_env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
+
+    // Over --max-kl, or quality unknown: not recommended blind; the FFN spill wins.
+    for kl in [Some(0.2), None] {
+        let mut v = vec![
+            option(HatchKind::KvCache, KvType::Q4_0, 37.0, true, kl),
+            option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None),
+            option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
+        ];
+        choose(&mut v, &s);
+        assert_eq!(picked(&v), [HatchKind::FfnSpill], "{kl:?}");
+        assert!(v[0].note.contains("max-kl") || v[0].note.contains("blind"), "{}", v[0].note);
+        let r = recommend(&layer_split(), &v, 2);
+        assert_eq!(r.ollama_num_gpu, Some(7), "Ollama gets the whole-layer split");
+        assert!(r.llama_cpp_args.contains("-ot 'blk"), "{}", r.llama_cpp_args);
+    }
+
+    // Over the cap when measured: out, whatever its speed.
+    let mut v = vec![
+        option(HatchKind::FfnSpill, KvType::F16, 13.6, false, None),
+        option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
+    ];
+    choose(&mut v, &s);
+    assert_eq!(picked(&v), [HatchKind::LayerSplit]);
+    assert_eq!(recommend(&layer_split(), &v, 2), layer_split());
+}
+
+#[test]
+fn a_broken_or_unknown_quality_is_ineligible_with_its_reason() {
+    let s = settings();
+    let quality = |f: &dyn Fn(&mut Quality)| {
+        let mut o = option(HatchKind::KvCache, KvType::Q8_0, 37.0, true, Some(0.001));
+        f(o.quality.as_mut().unwrap());
+        let mut v = vec![o, option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
+        choose(&mut v, &s);
+        assert_eq!(picked(&v), [HatchKind::LayerSplit]);
+        v[0].note.clone()
+    };
+    // A NaN KL divergence (a broken quantized path) never reads as perfect quality.
+    let nan = crate::engine::quality::compare(&[vec![0.0, f32::NEG_INFINITY]], &[vec![f32::NAN, 0.0]], "f16");
+    assert_eq!((nan.non_finite, nan.tokens), (1, 0));
+    let q = nan.clone();
+    assert!(quality(&move |x| *x = q.clone()).contains("not a number"));
+    assert!(quality(&|q| q.kl_mean = f64::NAN).contains("not a number"));
+    assert!(quality(&|q| q.tokens = 99).contains("only 99 tokens"));
+    assert!(quality(&|q| q.top1_agree = 0.5).contains("--min-top1"));
+}
+
+#[test]
+fn a_lossy_cache_within_noise_of_a_lossless_option_is_not_recommended() {
+    let s = settings();
+    // q8_0 KV measured 2% faster than the FFN spill, each ±3% (standard error): a tie.
+    let mut q8 = option(HatchKind::KvCache, KvType::Q8_0, 13.9, true, Some(0.001));
+    let mut spill = option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None);
+    q8.tg_se_ts = Some(0.4);
+    spill.tg_se_ts = Some(0.4);
+    let mut v = vec![q8.clone(), spill.clone(), option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
+    choose(&mut v, &s);
+    assert_eq!(picked(&v), [HatchKind::FfnSpill]);
+    assert!(v[0].note.contains("within the noise"), "{}", v[0].note);
+    // Beyond the noise it pays, and is recommended.
+    q8.tg_ts = Some(20.0);
+    let mut v = vec![q8.clone(), spill, option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
+    choose(&mut v, &s);
+    assert_eq!(picked(&v), [HatchKind::KvCache]);
+    // The only way to fit: recommended within any noise.
+    let mut v = vec![q8, option(HatchKind::LayerSplit, KvType::F16, 3.0, false, None)];
+    choose(&mut v, &s);
+    assert_eq!(picked(&v), [HatchKind::KvCache]);
+}
+
+fn layer_split() -> Recommendation {
+    crate::tune::worlds::recommendation()
+}
+
+/// A model of 10 layers + output: each layer 100 bytes of weights, 60
+/// of them FFN; the KV cache 0.01 bytes per token per layer in f16
+/// (half in q8_0, a quarter in q4_0); the output layer 100.
+fn bytes_at(c: Candidate, n_ctx: u32) -> u64 {
+    let layers = u64::from(c.ngl.min(10));
+    let per_token = match c.kv {
+        KvType::F16 => 1.0,
+        KvType::Q8_0 => 0.5,
+        KvType::Q4_0 => 0.25,
+    };
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let kv = (f64::from(n_ctx) * 0.01 * per_token) as u64 * layers;
+    layers * 100 - u64::from(c.n_cpu_ffn.min(c.ngl)) * 60 + kv + if c.ngl > 10 { 100 } else { 0 }
+}
+
+fn predictor(cases: &[PredictCase]) -> Vec<Prediction> {
+    cases
+        .iter()
+        .map(|c| {
+            let cand = Candidate { n_cpu_ffn: c.n_cpu_ffn, kv: c.kv_type, ..Candidate::layers(c.ngl, 2) };
+            let all = bytes_at(cand, c.n_ctx);
+            let weights = bytes_at(Candidate { kv: KvType::F16, ..cand }, 0);
+            Prediction {
+                devices: Vec::new(),
+                n_gpu_layers: c.ngl,
+                device_bytes: all,
+                device_model_bytes: weights,
+                buffers: vec![crate::engine::predict::PredictedBuffer {
+                    buffer_type: "Vulkan0".into(),
+                    is_host: false,
+                    model: weights,
+                    context: all - weights,
+                    compute: 0,
+                }],
+                error: None,
+                case: Some(*c),
+                split: vec![],
+            }
+        })
+        .collect()
+}
+
+/// Runs the hatch stage in a world where full offload is fastest (40
+/// t/s), a q8_0 cache costs a little (37), FFN weights on the CPU cost
+/// more (13.6), and whole layers on the CPU cost most (3 + 0.3 per layer
+/// on the GPU).
+fn guide_tg(c: Candidate, _depth: u32) -> f64 {
+    match (c.ngl, c.kv, c.n_cpu_ffn) {
+        (11, KvType::F16, 0) => 40.0,
+        (11, KvType::F16, _) => 13.6,
+        (11, _, _) => 37.0,
+        (n, _, _) => 3.0 + 0.3 * f64::from(n),
+    }
+}
+
+fn hatch_world(cap: f64, split_ngl: u32) -> (Hatches, Vec<Candidate>) {
+    hatch_world_at(cap, split_ngl, 0, guide_tg)
+}
+
+/// The hatch stage at `depth` in a world whose tg is `tg` (the layer
+/// split measured there too).
+fn hatch_world_at(cap: f64, split_ngl: u32, depth: u32, tg: fn(Candidate, u32) -> f64) -> (Hatches, Vec<Candidate>) {
+    use crate::tune::executor::fake::{Outcome, World};
+    let s = settings();
+    let mut world =
+        World::at_depth(move |c: Candidate, d| Outcome::Ok { tg: tg(c, d), pp: 100.0, mem: bytes_at(c, 32768) });
+    world.base.placement.n_ctx = Some(32768);
+    world.base.n_depth = depth;
+    let policy = crate::tune::worlds::policy(cap);
+    let progress = crate::progress::Progress::hidden();
+    let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
+    let h = HatchInputs {
+        full: 11,
+        n_layer: 10,
+        is_moe: false,
+        cap,
+        n_ctx: 32768,
+        threads: 2,
+        op_offload: true,
+        rpc: Vec::new(),
+        grid: vec![0, 5, 10, 11],
+    };
+    let mut split = layer_split();
+    split.n_gpu_layers = split_ngl;
+    split.tg_ts = Some(tg(Candidate::layers(split_ngl, 2), depth));
+    let quality = |k: KvType| Quality {
+        kl_mean: if k == KvType::Q8_0 { 0.002 } else { 0.02 },
+        kl_p99: 0.01,
+        top1_agree: 0.98,
+        tokens: 256,
+        reference: "f16".into(),
+        non_finite: 0,
+        depth: 0,
+    };
+    let hatches = escape_hatches(&mut search, &h, &mut predictor, &mut |k| Ok(Some(quality(k))), &split).unwrap();
+    drop(search);
+    (hatches, world.measured)
+}
+
+#[test]
+fn where_whole_layers_lose_only_at_depth_the_spill_is_recommended_when_tuned_at_depth() {
+    // Whole layers on the CPU move their KV cache and attention there: tied with an FFN
+    // spill on an empty cache, far behind once the cache is full (the guide's 13.6 vs 1.03 t/s).
+    fn tg(c: Candidate, depth: u32) -> f64 {
+        let filled = f64::from(depth) / 16384.0;
+        match (c.ngl, c.kv, c.n_cpu_ffn) {
+            (11, KvType::F16, 0) => 40.0,
+            (11, KvType::F16, _) => 13.6,
+            (11, _, _) => 1.0,
+            (n, _, _) => 13.7 + f64::from(n) * 0.01 - 12.6 * filled,
+        }
+    }
+    // f16 full offload (4370) is over 4000; an FFN spill of 7 layers (3950) fits.
+    let (empty, _) = hatch_world_at(4000.0, 6, 0, tg);
+    let (deep, _) = hatch_world_at(4000.0, 6, settings().depth_at(32768), tg);
+    assert_eq!(settings().depth_at(32768), 16384, "half the context");
+    let pick = |h: &Hatches| h.options.iter().find(|o| o.recommended).map(|o| o.kind);
+    assert_eq!(pick(&empty), Some(HatchKind::LayerSplit), "{:?}", empty.options);
+    assert_eq!(pick(&deep), Some(HatchKind::FfnSpill), "{:?}", deep.options);
+}
+
+#[test]
+fn the_guides_example_a_q8_0_cache_keeps_every_layer_on_the_gpu() {
+    // f16 full offload: 10 x (100 + 327) + 100 = 4370; q8_0: 10 x (100 + 163) + 100 = 2730.
+    let (h, measured) = hatch_world(3000.0, 6);
+    assert!(!h.fits_fully);
+    let kinds: Vec<(HatchKind, bool)> = h.options.iter().map(|o| (o.kind, o.measured)).collect();
+    assert_eq!(kinds[0], (HatchKind::KvCache, true));
+    assert!(kinds.contains(&(HatchKind::ShorterContext, false)));
+    assert_eq!(kinds.last(), Some(&(HatchKind::LayerSplit, true)));
+    let picked: Vec<&PlacementOption> = h.options.iter().filter(|o| o.recommended).collect();
+    assert_eq!((picked[0].kind, picked[0].kv_type, picked[0].n_gpu_layers), (HatchKind::KvCache, KvType::Q8_0, 11));
+    assert_eq!(picked[0].quality.as_ref().map(|q| q.kl_mean), Some(0.002));
+    // Attention and KV alone are over 3000: no FFN spill can fit, so none is measured.
+    assert!(measured.iter().all(|c| c.n_cpu_ffn == 0), "{measured:?}");
+    assert!(h.options.iter().any(|o| o.kind == HatchKind::FfnSpill && !o.measured && !o.fits));
+}
+
+#[test]
+fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_where_nothing_fits_fully() {
+    // 4370 at full offload; the FFN of K layers saves 60 each: K = 3 gives 4190.
+    let (h, measured) = hatch_world(4200.0, 8);
+    let spills: Vec<u32> = measured.iter().filter(|c| c.n_cpu_ffn > 0).map(|c| c.n_cpu_ffn).collect();
+    assert_eq!(spills, [3, 4], "the fewest that fit and one more");
+    // q8_0 fits at full offload here and wins (37 against 13.6).
+    assert!(h.options.iter().any(|o| o.recommended && o.kind == HatchKind::KvCache));
+
+    // 1500: not even q4_0 fits at full offload (10 x 181 + 100 = 1910).
+    let (h, measured) = hatch_world(1500.0, 3);
+    let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv != KvType::F16).collect();
+    assert_eq!(kv.len(), 1, "{measured:?}");
+    assert!(kv[0].ngl > 3 && kv[0].ngl < 11, "more layers than the f16 split's 3: {:?}", kv[0]);
+    let o = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.measured).unwrap();
+    assert!(o.fits && o.recommended, "{o:?}");
+}
+
+#[test]
+fn largest_context_that_fits() {
+    // 100 MB at 8k, 180 MB at 16k: 10 MB per 1k tokens.
+    let mb = 1_000_000;
+    assert_eq!(largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 500e6), Some(16384), "fits");
+    let c = largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 150e6).unwrap();
+    assert!(c.is_multiple_of(256) && c < 16384 && c > 8192, "{c}");
+    assert_eq!(largest_ctx(Some(100 * mb), Some(180 * mb), 16384, 1e6), None, "nothing fits");
+    assert_eq!(largest_ctx(None, Some(1), 16384, 1e9), None);
+}
+
+#[test]
+fn ffn_layers_to_spill() {
+    // 1000 bytes with one layer's FFN on the CPU, 100 with all 10: 100 per layer.
+    assert_eq!(ffn_layers_needed(Some(1000), Some(100), 10, 2000.0), Some(1));
+    assert_eq!(ffn_layers_needed(Some(1000), Some(100), 10, 750.0), Some(4));
+    assert_eq!(ffn_layers_needed(Some(1000), Some(100), 10, 99.0), None, "attention and KV alone are over");
+}

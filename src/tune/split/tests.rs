@@ -1,0 +1,547 @@
+//! The split stage's tests: capacities, candidates, fake worlds of several devices.
+
+use super::*;
+use crate::profile::DeviceBudget;
+use crate::tune::memory::{device_caps, offload_devices};
+
+fn dev(name: &str, backend: &str, desc: &str, kind: &str, total: u64) -> LlamaDevice {
+    LlamaDevice {
+        index: 0,
+        name: name.into(),
+        description: desc.into(),
+        backend: backend.into(),
+        kind: serde_json::from_value(serde_json::json!(kind)).unwrap(),
+        memory_total: total,
+        memory_free: total,
+    }
+}
+
+fn caps(bytes: &[u64]) -> Vec<DeviceCap> {
+    bytes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| DeviceCap {
+            device: format!("D{i}"),
+            buffer_type: format!("D{i}"),
+            description: String::new(),
+            cap_bytes: *b,
+            cap_reason: String::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn devices_come_in_llama_cpps_order_with_their_buffer_types() {
+    let devices = vec![
+        dev("CPU", "CPU", "EPYC", "cpu", 1 << 34),
+        dev("CUDA0", "CUDA", "RTX 3060", "gpu", 12 << 30),
+        dev("RPC0", "RPC", "10.0.0.2:50052", "gpu", 8 << 30),
+        dev("RPC1", "RPC", "10.0.0.2:50052", "gpu", 8 << 30),
+        dev("RPC2", "RPC", "10.0.0.3:50052", "gpu", 24 << 30),
+    ];
+    let order: Vec<(String, String)> = offload_devices(&devices).into_iter().map(|(d, b)| (d.name, b)).collect();
+    let want = [
+        ("RPC0", "RPC0[10.0.0.2:50052]"),
+        ("RPC1", "RPC1[10.0.0.2:50052]"),
+        ("RPC2", "RPC0[10.0.0.3:50052]"),
+        ("CUDA0", "CUDA0"),
+    ];
+    assert_eq!(order, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    let budgets = [
+        DeviceBudget { device: "10.0.0.3:50052".into(), bytes: 1 << 30 },
+        DeviceBudget { device: "CUDA0".into(), bytes: 64 << 30 },
+    ];
+    let c = device_caps(&devices, 0.5, Some(2 << 30), &budgets).unwrap();
+    let got: Vec<u64> = c.iter().map(|c| c.cap_bytes).collect();
+    assert_eq!(got, [2 << 30, 2 << 30, 1 << 30, 6 << 30], "the stricter of the budget and the target, per device");
+    let unknown = [DeviceBudget { device: "CUDA7".into(), bytes: 1 }];
+    let e = device_caps(&devices, 0.9, None, &unknown).unwrap_err().to_string();
+    assert!(e.contains("CUDA7") && e.contains("RPC0 (10.0.0.2:50052)"), "{e}");
+}
+
+#[test]
+fn capacity_follows_cost_per_layer_and_fixed_cost() {
+    // Device 0: 10 MB a layer, compute 5 MB; device 1: 20 MB a layer, the
+    // output 10 MB, compute 20 MB at full offload and 8 MB at partial.
+    let mb = 1_000_000u64;
+    let at = |l: &[u32], full: bool| -> Vec<(u64, u64)> {
+        vec![
+            (u64::from(l[0]) * 10 * mb, 5 * mb),
+            (u64::from(l[1]) * 20 * mb + 10 * mb, if full { 20 * mb } else { 8 * mb }),
+        ]
+    };
+    let d = caps(&[105 * mb, 250 * mb]);
+    let (a, b) = (vec![21, 20], vec![10, 10]);
+    let c = costs((&a, &at(&a, true)), (&b, &at(&b, false)));
+    assert_eq!(c[1], DeviceCost { per_layer: 20e6, fixed_full: 30e6, fixed_partial: 18e6 });
+    let full: Vec<u32> = c.iter().zip(&d).map(|(c, d)| c.capacity(d.cap_bytes, true, 41)).collect();
+    let partial: Vec<u32> = c.iter().zip(&d).map(|(c, d)| c.capacity(d.cap_bytes, false, 41)).collect();
+    assert_eq!((full.clone(), partial.clone()), (vec![10, 11], vec![10, 11]));
+    assert_eq!(c[1].layers_for(1), 1);
+    assert_eq!(c[1].layers_for(41 * mb), 3);
+    let cands = candidates(&full, &partial, 41);
+    assert_eq!(cands, [("every device at its capacity, the rest on the CPU".to_string(), vec![10, 11])]);
+    let wide = candidates(&[30, 20], &[30, 20], 41);
+    let splits: Vec<Vec<u32>> = wide.iter().map(|(_, s)| s.clone()).collect();
+    assert_eq!(splits, [vec![25, 16], vec![30, 11], vec![21, 20]]);
+    for s in &splits {
+        assert_eq!(s.iter().sum::<u32>(), 41);
+    }
+    let most = candidates(&[20, 20], &[30, 30], 41);
+    assert_eq!(most[0].1.iter().sum::<u32>(), 40, "the CPU keeps a layer when not everything fits");
+}
+
+#[test]
+fn proportions_never_exceed_a_devices_capacity() {
+    assert_eq!(proportional(41, &[41, 41]), [21, 20]);
+    assert_eq!(proportional(10, &[1, 100]), [0, 10]);
+    assert_eq!(proportional(5, &[0, 0]), [0, 0]);
+    assert_eq!(fill(41, &[30, 20], &[1, 0]), [21, 20]);
+}
+
+#[test]
+fn the_fastest_split_under_every_cap_is_recommended() {
+    let s = crate::tune::worlds::settings();
+    let o = |tg: f64, fits: bool, measured: bool| SplitOption {
+        label: "x".into(),
+        n_gpu_layers: 41,
+        tensor_split: vec![20, 21],
+        predicted_bytes: vec![1, 1],
+        measured,
+        tg_ts: Some(tg),
+        pp_ts: Some(tg * 10.0),
+        fits,
+        ..SplitOption::default()
+    };
+    let mut f = SplitFound {
+        options: vec![o(9.0, true, true), o(12.0, false, true), o(10.0, true, true)],
+        ..SplitFound::default()
+    };
+    choose(&mut f, &s);
+    assert_eq!(f.best, Some(2), "the faster one over a cap is not eligible");
+    assert!(f.options[2].recommended && !f.options[1].recommended);
+    assert_eq!(f.options[0].note, "-10% against the recommendation");
+    let mut none = SplitFound { options: vec![o(9.0, false, true), o(20.0, true, false)], ..SplitFound::default() };
+    choose(&mut none, &s);
+    assert_eq!(none.best, None);
+    assert!(none.notes[0].to_string().contains("no measured split"));
+}
+
+/// Two devices "D0" and "D1": 10 MB a layer on either; D0's compute
+/// buffer 5 MB; D1 holds the output (10 MB) and a compute buffer of
+/// 20 MB at full offload, 8 MB at partial. `extra_d1` is what the dry
+/// run adds on D1 beyond that line (a cost the two probes missed).
+fn split_prediction(split: &[u32], extra_d1: u64) -> Prediction {
+    split_prediction_kv(split, extra_d1, crate::types::KvType::F16, 0)
+}
+
+/// As [`split_prediction`], a layer 8 MB with a q8_0 KV cache (its
+/// cache half the size), the FFN (6 MB of a layer) of the first
+/// `cpu_ffn` layers on the CPU (they are on the first device with layers).
+fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::types::KvType, cpu_ffn: u32) -> Prediction {
+    let mb = 1_000_000u64;
+    let per = if kv.is_quantized() { 8 } else { 10 };
+    let first = usize::from(split[0] == 0);
+    let spilled = |d: usize| if d == first { u64::from(cpu_ffn.min(split[d])) * 6 * mb } else { 0 };
+    let full = split.iter().sum::<u32>() == 21;
+    let buf = |name: &str, model: u64, compute: u64| crate::engine::predict::PredictedBuffer {
+        buffer_type: name.into(),
+        is_host: false,
+        model,
+        context: 0,
+        compute,
+    };
+    let d1_extra = if split[1] >= 12 { extra_d1 } else { 0 };
+    Prediction {
+        n_gpu_layers: split.iter().sum(),
+        device_bytes: 0,
+        device_model_bytes: 0,
+        buffers: vec![
+            buf("D0", u64::from(split[0]) * per * mb - spilled(0), 5 * mb),
+            buf(
+                "D1",
+                u64::from(split[1]) * per * mb + 10 * mb + d1_extra - spilled(1),
+                if full { 20 * mb } else { 8 * mb },
+            ),
+        ],
+        error: None,
+        case: None,
+        split: split.to_vec(),
+        devices: Vec::new(),
+    }
+}
+
+/// The fake world's inputs: 21 layers (the output one of them), local
+/// devices (no link), a layer 10 MB.
+fn inputs<'a>(devs: &'a [DeviceCap], rpc: &'a [String]) -> SplitInputs<'a> {
+    SplitInputs {
+        devs,
+        full: 21,
+        threads: 2,
+        rpc,
+        op_offload: true,
+        output_layers: 1.0,
+        is_moe: false,
+        layer_bytes: 10e6,
+        links: vec![Link::default(); devs.len()],
+    }
+}
+
+/// Measures what the dry run priced: per-device buffers as predicted,
+/// tg faster the more layers D1 holds.
+struct SplitWorld {
+    extra_d1: u64,
+    measured: Vec<Vec<u32>>,
+    /// What `-sm tensor` adds to a token (ms; negative: saves).
+    tensor_ms: f64,
+}
+
+impl crate::tune::executor::TrialExecutor for SplitWorld {
+    fn measure(&mut self, c: Candidate, race: Option<crate::types::Race>) -> Result<crate::types::TrialResult> {
+        use crate::types::{BufferLine, TestResult, TrialResult};
+        let listed = c.split.layers();
+        // llama.cpp's default split (no -ts) is recorded as its layer count alone.
+        self.measured.push(if listed.is_empty() && c.ngl > 0 { vec![c.ngl] } else { listed.clone() });
+        // Without -ts, llama.cpp's default split: by free memory, as much on each.
+        let split = if listed.is_empty() { proportional(c.ngl, &[c.ngl, c.ngl]) } else { listed };
+        let names: Vec<String> = (0..split.len()).map(|i| format!("D{i}")).collect();
+        let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, race);
+        let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
+        r.reason = None;
+        for b in split_prediction_kv(&split, self.extra_d1, c.kv, c.n_cpu_ffn).buffers {
+            let bytes = b.model + b.compute;
+            r.model_buffers.push(BufferLine { buffer_type: b.buffer_type, kind: "model".into(), bytes });
+        }
+        // 20 ms a token on the CPU; a layer on D0 adds 1 ms (slower
+        // than the CPU), a layer on D1 saves 0.5 ms.
+        let tensor = if c.split.mode() == crate::types::SplitMode::Tensor { self.tensor_ms } else { 0.0 };
+        // A layer whose FFN (0.6 of its work) runs on the CPU gives that share back.
+        let gain = [1.0, -0.5];
+        let first = usize::from(split[0] == 0);
+        let spill = -0.6 * gain[first] * f64::from(c.n_cpu_ffn.min(split[first]));
+        let ms = 20.0 + gain[0] * f64::from(split[0]) + gain[1] * f64::from(split[1]) + tensor + spill;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ns = (16.0 * ms * 1e6) as u64;
+        r.tests.push(TestResult::from_samples(0, 16, 256, vec![ns; 2]));
+        r.tests.push(TestResult::from_samples(64, 0, 256, vec![ns / 10; 2]));
+        Ok(r)
+    }
+}
+
+fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
+    let s = crate::tune::worlds::settings();
+    let mut world = SplitWorld { extra_d1, measured: Vec::new(), tensor_ms: 0.0 };
+    let progress = crate::progress::Progress::hidden();
+    let policy = crate::tune::worlds::policy(255e6);
+    let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
+    let mb = 1_000_000u64;
+    let devs = caps(&[105 * mb, 150 * mb]);
+    let inp = inputs(&devs, &[]);
+    let mut priced = Vec::new();
+    let mut predict = |splits: &[Split]| {
+        priced.extend(splits.iter().map(Split::layers));
+        splits.iter().map(|s| split_prediction(&s.layers(), extra_d1)).collect()
+    };
+    let found = split_stage(&mut search, &inp, &mut predict).unwrap();
+    drop(search);
+    (found, world.measured)
+}
+
+#[test]
+fn the_split_stage_prices_trims_and_measures_only_what_fits_every_cap() {
+    // Capacities at full offload: D0 (105 - 5) / 10 = 10, D1 (150 - 30) / 10 = 12;
+    // at partial offload D1 holds 13. D0 is slower than the CPU, D1 faster.
+    let (found, measured) = split_world(0);
+    assert_eq!(
+        measured,
+        [vec![], vec![10, 0], vec![0, 13]],
+        "every layer on the CPU, each device alone; no split is predicted faster than D1 alone"
+    );
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!(best.tensor_split, [0, 13], "the slow device left out, the rest on the CPU");
+    assert!(found.options.iter().all(|o| o.fits));
+    let listed: Vec<(Vec<u32>, bool)> = found.options.iter().map(|o| (o.tensor_split.clone(), o.measured)).collect();
+    assert!(listed.contains(&(vec![9, 12], false)), "priced, not measured: {listed:?}");
+    assert_eq!(best.accounted_bytes, best.predicted_bytes);
+    // The probes are the model's inputs: no prediction of their own.
+    assert!(found.options.iter().filter(|o| o.label.starts_with("probe")).all(|o| o.predicted_tg_ts.is_none()));
+    // D1 costs 25 MB more at 12 layers than the probes said: [9, 12]
+    // is over its cap, loses the layers that covers, and is priced as [9, 9].
+    let (found, _) = split_world(25_000_000);
+    let splits: Vec<Vec<u32>> = found.options.iter().map(|o| o.tensor_split.clone()).collect();
+    assert!(!splits.contains(&vec![9, 12]) && splits.contains(&vec![9, 9]), "trimmed: {splits:?}");
+    assert!(found.options.iter().all(|o| o.fits));
+}
+
+#[test]
+fn with_every_layer_offloaded_the_fast_device_takes_what_it_holds() {
+    // --ngl 21: all layers on the devices, so the slow one must take some.
+    let mut s = crate::tune::worlds::settings();
+    s.grid = Some(vec![21]);
+    let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms: 0.0 };
+    let policy = crate::tune::worlds::policy(255e6);
+    let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
+    let mb = 1_000_000u64;
+    let devs = caps(&[105 * mb, 150 * mb]);
+    let inp = inputs(&devs, &[]);
+    let mut predict = |splits: &[Split]| splits.iter().map(|s| split_prediction(&s.layers(), 0)).collect();
+    let found = split_stage(&mut search, &inp, &mut predict).unwrap();
+    drop(search);
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!(
+        found.options.iter().find(|o| o.label.starts_with("fastest")).map(|o| o.tensor_split.clone()),
+        Some(vec![9, 12]),
+        "D1 filled to its 12, D0 the other 9"
+    );
+    assert!(best.measured && best.fits);
+}
+
+#[test]
+fn beside_llama_cpps_default_split_one_probe_a_device_and_the_answer_is_paired_with_llama_cpps() {
+    // --ngl 21; the search measured llama.cpp's default split (11 + 10, over D0's cap).
+    let fit = crate::engine::predict::LlamaFitSplit {
+        margins: Vec::new(),
+        n_gpu_layers: Some(21),
+        tensor_split: vec![10.0, 11.0],
+        error: None,
+    };
+    let (found, measured) = fixed_world(|search, inp, found, _| {
+        found.against = against_llama(search, found, inp, Some(&fit)).unwrap();
+    });
+    // D0 (11 layers in the default) leads, D1 (10) is solved from it: only D0 is probed (it cannot
+    // hold all 21 layers: alone with the rest on the CPU, beside every layer on the CPU), then the
+    // fastest predicted with every layer offloaded.
+    let stage: Vec<Vec<u32>> = measured[..4].to_vec();
+    assert_eq!(stage, [vec![21], vec![], vec![10, 0], vec![9, 12]], "3 trials beside the search's");
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!((best.tensor_split.clone(), best.n_gpu_layers), (vec![9, 12], 21));
+    // Every measured split beyond the model's inputs (the probe, the default) was predicted:
+    // 20 ms a token on the CPU, +1 ms a layer on D0, -0.5 on D1.
+    let predicted: Vec<&SplitOption> =
+        found.options.iter().filter(|o| o.measured && o.predicted_tg_ts.is_some()).collect();
+    assert_eq!(predicted.iter().map(|o| o.tensor_split.clone()).collect::<Vec<_>>(), [vec![9, 12]]);
+    for o in predicted {
+        let (p, m) = (o.predicted_tg_ts.unwrap(), o.tg_ts.unwrap());
+        assert!((p / m - 1.0).abs() < 0.01, "{}: predicted {p}, measured {m}", o.label);
+    }
+    // Paired with the default split (26 ms a token) and llama.cpp's fit for the caps (10 + 11: 24.5 ms).
+    assert_eq!(measured.len(), 4 + 12, "three pairs of two trials against each");
+    let a = &found.against;
+    assert_eq!(a.len(), 2);
+    assert!(a.iter().all(
+        |c| c.result.verdict == crate::profile::Verdict::Faster && c.result.pairs == super::super::baseline::PAIRS
+    ));
+    assert!((a[0].result.tg_ratio.unwrap() - 26.0 / 23.0).abs() < 1e-3, "{:?}", a[0]);
+    assert!((a[1].result.tg_ratio.unwrap() - 24.5 / 23.0).abs() < 1e-3, "{:?}", a[1]);
+    assert_eq!(a[1].tensor_split, [10, 11]);
+}
+
+#[test]
+fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
+    let s = crate::tune::worlds::settings();
+    let devs = caps(&[1, 1]);
+    let rpc = ["10.0.0.2:50052".to_string()];
+    let inp = inputs(&devs, &rpc);
+    // 13 layers on D1 first, the output's layer on D0 last.
+    let split = Split::ordered(&[1, 13], &[1, 0]);
+    let o = option_of("x", &split, vec![0, 0], None, &s, &inp);
+    assert_eq!((o.tensor_split.clone(), o.order.clone()), (vec![1, 13], vec![1, 0]));
+    assert!(
+        o.llama_cpp_args.contains("--device D1,D0") && o.llama_cpp_args.contains("-ts 13,1"),
+        "{}",
+        o.llama_cpp_args
+    );
+    assert_eq!(split_of(&o), split);
+    let back = crate::llama_args::parse_placement(&o.llama_cpp_args).unwrap();
+    assert_eq!((back.devices, back.tensor_split), (vec!["D1".to_string(), "D0".to_string()], vec![13, 1]));
+    let c = Candidate { split, ..Candidate::layers(14, 2) };
+    let names = ["D0".to_string(), "D1".to_string()];
+    let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, None);
+    assert_eq!(
+        (spec.placement.devices.clone(), spec.placement.tensor_split.clone()),
+        (names.iter().rev().cloned().collect(), vec![13, 1])
+    );
+    assert!(c.is(&spec));
+    let base = crate::tune::worlds::recommendation();
+    let r = recommendation(&base, &o, &devs, &rpc);
+    assert_eq!((r.devices.clone(), r.tensor_split.clone()), (vec!["D1".to_string(), "D0".to_string()], vec![13, 1]));
+    assert!(r.llama_cpp_args.contains("--device D1,D0"), "{}", r.llama_cpp_args);
+    assert!(r.placement().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
+}
+
+/// --ngl 21 and llama.cpp's default split measured by the search, the
+/// split stage, then `then` (the search, the inputs, what the stage
+/// found, a pricer by KV type); what was found and measured.
+fn fixed_world(
+    then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut HatchPricer<'_>),
+) -> (SplitFound, Vec<Vec<u32>>) {
+    fixed_world_with(0.0, &[0.0, 0.0], then)
+}
+
+/// As [`fixed_world`], `-sm tensor` adding `tensor_ms` to a token, each
+/// device's link round trip `link_ms`.
+fn fixed_world_with(
+    tensor_ms: f64,
+    link_ms: &[f64],
+    then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut HatchPricer<'_>),
+) -> (SplitFound, Vec<Vec<u32>>) {
+    let mut s = crate::tune::worlds::settings();
+    s.grid = Some(vec![21]);
+    let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms };
+    let policy = crate::tune::worlds::policy(255e6);
+    let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
+    search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
+    let mb = 1_000_000u64;
+    let devs = caps(&[105 * mb, 150 * mb]);
+    let mut inp = inputs(&devs, &[]);
+    inp.links = link_ms.iter().map(|l| Link { tg_ms: *l, ..Link::default() }).collect();
+    let mut predict = |x: &[Split], kv: crate::types::KvType, k: u32| -> Vec<Prediction> {
+        x.iter().map(|s| split_prediction_kv(&s.layers(), 0, kv, k)).collect()
+    };
+    let mut found =
+        split_stage(&mut search, &inp, &mut |x: &[Split]| predict(x, crate::types::KvType::F16, 0)).unwrap();
+    then(&mut search, &inp, &mut found, &mut predict);
+    drop(search);
+    (found, world.measured)
+}
+
+/// The fixed world, then the q8_0 hatch with a cache of this quality
+/// (KL divergence 0.002 passes the default gate, 0.5 not).
+fn with_kv_hatch(kl: f64) -> (SplitFound, Vec<Vec<u32>>) {
+    let quality = crate::types::Quality {
+        kl_mean: kl,
+        kl_p99: kl * 5.0,
+        top1_agree: 0.99,
+        tokens: 512,
+        reference: "f16 KV cache".into(),
+        non_finite: 0,
+        depth: 0,
+    };
+    fixed_world(|search, inp, found, predict| {
+        let mut assess = |_| Ok(Some(quality.clone()));
+        kv_hatch(search, inp, found, predict, &mut assess).unwrap();
+    })
+}
+
+#[test]
+fn a_q8_0_cache_is_measured_where_it_lets_more_layers_onto_the_fast_device() {
+    // With a q8_0 cache a layer takes 8 MB: D1 holds 15 at full offload, 3 more than with f16.
+    let (found, measured) = with_kv_hatch(0.002);
+    assert_eq!(measured.last(), Some(&vec![6, 15]), "{measured:?}");
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![6, 15], crate::types::KvType::Q8_0));
+    // 20 + 6 - 7.5 = 18.5 ms a token, as predicted, against 23 for the f16 split.
+    let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
+    assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 18.5).abs() < 0.5, "{p} {m}");
+    assert!(best.fits && best.llama_cpp_args.contains("-ctk q8_0 -ctv q8_0 -fa on"), "{}", best.llama_cpp_args);
+    let devs = caps(&[105_000_000, 150_000_000]);
+    let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
+    assert_eq!(r.kv_type, crate::types::KvType::Q8_0);
+    // A cache whose quality fails the gate is measured, not recommended.
+    let (found, _) = with_kv_hatch(0.5);
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![9, 12], crate::types::KvType::F16));
+    let q8 = found.options.iter().find(|o| o.kv_type.is_quantized()).unwrap();
+    assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
+}
+
+/// The fixed world, then FFN spill with these link costs, then the
+/// pairing with llama.cpp's default split; what was found, measured
+/// (layers), and the FFN layers on the CPU in each paired trial.
+fn with_ffn_hatch(link_ms: &[f64]) -> (SplitFound, Vec<Vec<u32>>, Vec<u32>) {
+    let mut paired = Vec::new();
+    let (found, measured) = fixed_world_with(0.0, link_ms, |search, inp, found, predict| {
+        ffn_hatch(search, inp, found, predict).unwrap();
+        found.against = against_llama(search, found, inp, None).unwrap();
+        let trials = search.trials.iter().filter(|t| t.role == Role::Paired);
+        paired = trials.map(|t| t.result.spec.placement.n_cpu_ffn).collect();
+    });
+    (found, measured, paired)
+}
+
+#[test]
+fn ffn_spill_lets_the_fast_device_hold_every_layer_where_it_is_predicted_faster() {
+    // D1 (fast) holds 12 of 21 layers in f16; alone with all 21 it is 90 MB
+    // over its 150 MB cap; the FFN (6 MB) of 15 layers on the CPU fits.
+    let (found, measured, paired) = with_ffn_hatch(&[0.0, 0.0]);
+    assert!(measured.contains(&vec![0, 21]), "{measured:?}");
+    // Paired with llama.cpp's default split as it is emitted: the spill kept.
+    assert_eq!(paired, vec![15, 0, 15, 0, 15, 0], "{measured:?}");
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!((best.tensor_split.clone(), best.n_cpu_ffn), (vec![0, 21], 15), "{:?}", found.options);
+    assert!(best.fits && best.accounted_bytes[1] <= 150_000_000, "{:?}", best.accounted_bytes);
+    // 20 - 10.5 + 15 x 0.6 x 0.5 = 14 ms a token, as predicted, against 23 for 9 + 12.
+    let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
+    assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 14.0).abs() < 0.5, "{p} {m}");
+    assert!(
+        best.llama_cpp_args
+            .contains("-ot 'blk\\.(0|1|2|3|4|5|6|7|8|9|10|11|12|13|14)\\.ffn_(up|down|gate)\\.weight=CPU'"),
+        "{}",
+        best.llama_cpp_args
+    );
+    assert!(best.llama_cpp_args.contains("-ts 0,21"), "{}", best.llama_cpp_args);
+    let devs = caps(&[105_000_000, 150_000_000]);
+    let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
+    assert_eq!((r.n_cpu_ffn, r.tensor_split.clone()), (15, vec![0, 21]));
+    // Behind a link that costs 1 ms a token there and back, each spilled
+    // layer crosses it again: 9.5 + 1 + 15 x 1.3 = 30 ms predicted,
+    // slower than 23: not measured.
+    let (found, measured, _) = with_ffn_hatch(&[0.0, 1.0]);
+    assert!(!measured.contains(&vec![0, 21]), "{measured:?}");
+    assert_eq!(found.options[found.best.unwrap()].tensor_split, vec![9, 12]);
+    assert!(found.notes.iter().any(|n| n.to_string().contains("predicted slower")), "{:?}", found.notes);
+}
+
+/// Row refused by the dry run, tensor priced on llama.cpp's meta device (200 MiB).
+fn modes_dry_run(x: &[Split]) -> Vec<Prediction> {
+    let mut p = split_prediction(&x[0].layers(), 0);
+    match x[0].mode() {
+        crate::types::SplitMode::Row => {
+            p.error = Some("dry-run model load failed: device D0 does not support split buffers".into());
+        }
+        _ => {
+            let meta = crate::engine::predict::PredictedBuffer {
+                buffer_type: "Meta()".into(),
+                is_host: false,
+                model: 200 << 20,
+                context: 0,
+                compute: 0,
+            };
+            p.buffers = vec![meta];
+        }
+    }
+    vec![p]
+}
+
+#[test]
+fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen_on_speed() {
+    use crate::types::SplitMode;
+    // Tensor 2 ms a token slower than the layer split [9, 12]: measured, not recommended.
+    let (found, measured) = fixed_world_with(2.0, &[0.0, 0.0], |search, inp, found, _| {
+        split_modes(search, inp, found, &mut modes_dry_run).unwrap();
+    });
+    assert_eq!(measured.last(), Some(&vec![9, 12]), "the tensor trial, the answer's proportions");
+    let modes = &found.split_modes;
+    assert!(modes[0].contains("row") && modes[0].contains("does not support split buffers"), "{modes:?}");
+    assert!(modes[1].contains("tensor") && modes[1].contains("200.00 MiB in all, measured: ok"), "{modes:?}");
+    let tensor = found.options.iter().find(|o| o.split_mode == SplitMode::Tensor).unwrap();
+    assert!(tensor.measured && tensor.fits && tensor.llama_cpp_args.contains("-sm tensor -ts 9,12"), "{tensor:?}");
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!((best.split_mode, best.tensor_split.clone()), (SplitMode::Layer, vec![9, 12]));
+    // Tensor 5 ms a token faster: recommended, emitted as such.
+    let (found, _) = fixed_world_with(-5.0, &[0.0, 0.0], |search, inp, found, _| {
+        split_modes(search, inp, found, &mut modes_dry_run).unwrap();
+    });
+    let best = &found.options[found.best.unwrap()];
+    assert_eq!(best.split_mode, SplitMode::Tensor);
+    let devs = caps(&[105_000_000, 150_000_000]);
+    let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
+    assert!(r.split_mode == SplitMode::Tensor && r.llama_cpp_args.contains("-sm tensor"), "{}", r.llama_cpp_args);
+    // One device holds the answer: nothing to split, nothing measured.
+    let (found, _) = fixed_world(|search, inp, found, _| {
+        let one = found.options.iter().position(|o| o.measured && o.tensor_split == [10, 0]).unwrap();
+        found.best = Some(one);
+        split_modes(search, inp, found, &mut |_| unreachable!()).unwrap();
+    });
+    assert!(found.split_modes[0].contains("one device"), "{:?}", found.split_modes);
+}
