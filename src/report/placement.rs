@@ -83,23 +83,26 @@ pub fn ratios(d: &crate::profile::DefaultComparison) -> Vec<String> {
 /// its Ollama form against Ollama's own run: each with its command line.
 #[must_use]
 pub fn default_lines(c: &ContextPlacement) -> Vec<String> {
-    let llama = c.default.as_ref().map(|d| {
-        let what = if d.llama_cpp_args.is_empty() {
-            "llama.cpp's default".to_string()
-        } else {
-            format!("llama.cpp's default (llama-server {}: what it does without flags here)", d.llama_cpp_args)
-        };
-        comparison_line(c, d, "against", &what)
-    });
-    let ollama = c.ollama.as_ref().map(|d| {
-        let what = if d.llama_cpp_args.is_empty() {
-            "Ollama's own run (num_gpu unset)".to_string()
-        } else {
-            format!("Ollama's own run (num_gpu unset: Ollama starts llama-server {})", d.llama_cpp_args)
-        };
-        comparison_line(c, d, "Ollama's lines (num_gpu) against", &what)
-    });
-    llama.into_iter().chain(ollama).collect()
+    // (comparison, what it is, how its command line is introduced and closed, the line's lead)
+    let sides = [
+        (c.default.as_ref(), "llama.cpp's default", ("llama-server ", ": what it does without flags here"), "against"),
+        (
+            c.ollama.as_ref(),
+            "Ollama's own run (num_gpu unset)",
+            ("num_gpu unset: Ollama starts llama-server ", ""),
+            "Ollama's lines (num_gpu) against",
+        ),
+    ];
+    sides
+        .into_iter()
+        .filter_map(|(d, name, (before, after), lead)| {
+            let d = d?;
+            let args = &d.llama_cpp_args;
+            let stem = name.split(" (").next().unwrap_or(name);
+            let what = if args.is_empty() { name.to_string() } else { format!("{stem} ({before}{args}{after})") };
+            Some(comparison_line(c, d, lead, &what))
+        })
+        .collect()
 }
 
 fn comparison_line(c: &ContextPlacement, d: &crate::profile::DefaultComparison, lead: &str, what: &str) -> String {
