@@ -334,17 +334,13 @@ pub fn ollama_run(env: &ServerEnv, arch: &str) -> OllamaRun {
         }
         asked
     };
-    let kv_type = env.var("OLLAMA_KV_CACHE_TYPE").and_then(|v| match v.to_ascii_lowercase().as_str() {
-        "q8_0" => Some(KvType::Q8_0),
-        "q4_0" => Some(KvType::Q4_0),
-        "f16" => Some(KvType::F16),
-        _ => None,
-    });
+    // Ollama lowercases it and passes it to llama-server as it is (llm/server.go).
+    let kv_type = env.var("OLLAMA_KV_CACHE_TYPE").and_then(|v| KvType::from_name(&v.to_ascii_lowercase()));
     if let Some(raw) = env.var("OLLAMA_KV_CACHE_TYPE") {
         applied.push(match kv_type {
             Some(k) => format!("OLLAMA_KV_CACHE_TYPE={raw}: -ctk {0} -ctv {0}", k.as_str()),
             None => {
-                format!("OLLAMA_KV_CACHE_TYPE={raw}: a type ngl-tune does not measure (f16, q8_0, q4_0); f16 assumed")
+                format!("OLLAMA_KV_CACHE_TYPE={raw}: not a cache type llama-server takes (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1): its llama-server would not start; f16 assumed")
             }
         });
     }
@@ -412,6 +408,13 @@ mod tests {
             "gemma3",
         );
         assert_eq!((r.parallel, r.kv_type, r.flash_attn), (4, Some(KvType::Q8_0), Some(FlashAttn::On)));
+        // Every type llama-server takes, lowercased as Ollama passes it; others would not start.
+        for (raw, k) in [("q5_1", Some(KvType::Q5_1)), ("BF16", Some(KvType::Bf16)), ("iq4_nl", Some(KvType::Iq4Nl))] {
+            assert_eq!(ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", raw)]), "gemma3").kv_type, k, "{raw}");
+        }
+        let odd = ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", "q6_k")]), "gemma3");
+        assert_eq!(odd.kv_type, None);
+        assert!(odd.applied[0].contains("not a cache type llama-server takes"), "{:?}", odd.applied);
         let one = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "4")]), "qwen3vl");
         assert_eq!(one.parallel, 1);
         assert!(one.applied[0].contains("one slot"), "{:?}", one.applied);

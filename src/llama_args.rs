@@ -95,12 +95,11 @@ pub fn parse_placement(line: &str) -> Result<Placement, String> {
 }
 
 fn kv(flag: &str, v: &str) -> Result<KvType, String> {
-    match v {
-        "f16" => Ok(KvType::F16),
-        "q8_0" => Ok(KvType::Q8_0),
-        "q4_0" => Ok(KvType::Q4_0),
-        _ => Err(format!("{flag} {v}: ngl-tune runs the KV cache types f16, q8_0 and q4_0")),
-    }
+    // As llama.cpp's kv_cache_type_from_str: the exact names of its cache types.
+    KvType::from_name(v).ok_or_else(|| {
+        let names: Vec<&str> = KvType::ALL.iter().map(|k| k.as_str()).collect();
+        format!("{flag} {v}: llama.cpp's cache types are {}", names.join(", "))
+    })
 }
 
 fn number(flag: &str, v: &str) -> Result<u32, String> {
@@ -365,7 +364,7 @@ mod tests {
             ("-ngl", "needs a value"),
             ("-ngl x", "not a whole number"),
             ("-ctk q8_0 -ctv f16", "one type for both"),
-            ("-ctk iq4_nl", "f16, q8_0 and q4_0"),
+            ("-ctk q6_k", "llama.cpp's cache types are f32, f16, bf16"),
             ("-ot 'x=CUDA0'", "on the CPU only"),
             ("-ot x", "no '=BUFFER'"),
             ("-fa maybe", "on, off or auto"),

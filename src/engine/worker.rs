@@ -461,6 +461,12 @@ pub(crate) fn kv_cache_type(k: crate::types::KvType) -> llama_cpp_2::context::pa
         crate::types::KvType::F16 => KvCacheType::F16,
         crate::types::KvType::Q8_0 => KvCacheType::Q8_0,
         crate::types::KvType::Q4_0 => KvCacheType::Q4_0,
+        crate::types::KvType::Bf16 => KvCacheType::BF16,
+        crate::types::KvType::F32 => KvCacheType::F32,
+        crate::types::KvType::Q4_1 => KvCacheType::Q4_1,
+        crate::types::KvType::Q5_0 => KvCacheType::Q5_0,
+        crate::types::KvType::Q5_1 => KvCacheType::Q5_1,
+        crate::types::KvType::Iq4Nl => KvCacheType::IQ4_NL,
     }
 }
 

@@ -43,6 +43,26 @@ pub enum KvType {
     #[serde(rename = "q4_0")]
     #[value(name = "q4_0")]
     Q4_0,
+    // The rest of llama.cpp's cache types (common/arg.cpp, `kv_cache_types`),
+    // which Ollama passes verbatim (lowercased) from OLLAMA_KV_CACHE_TYPE.
+    #[serde(rename = "bf16")]
+    #[value(name = "bf16")]
+    Bf16,
+    #[serde(rename = "f32")]
+    #[value(name = "f32")]
+    F32,
+    #[serde(rename = "q4_1")]
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[serde(rename = "q5_0")]
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[serde(rename = "q5_1")]
+    #[value(name = "q5_1")]
+    Q5_1,
+    #[serde(rename = "iq4_nl")]
+    #[value(name = "iq4_nl")]
+    Iq4Nl,
 }
 
 impl KvType {
@@ -53,7 +73,33 @@ impl KvType {
             KvType::F16 => "f16",
             KvType::Q8_0 => "q8_0",
             KvType::Q4_0 => "q4_0",
+            KvType::Bf16 => "bf16",
+            KvType::F32 => "f32",
+            KvType::Q4_1 => "q4_1",
+            KvType::Q5_0 => "q5_0",
+            KvType::Q5_1 => "q5_1",
+            KvType::Iq4Nl => "iq4_nl",
         }
+    }
+
+    /// Every type llama.cpp's `-ctk`/`-ctv` take.
+    pub const ALL: [KvType; 9] = [
+        KvType::F32,
+        KvType::F16,
+        KvType::Bf16,
+        KvType::Q8_0,
+        KvType::Q4_0,
+        KvType::Q4_1,
+        KvType::Iq4Nl,
+        KvType::Q5_0,
+        KvType::Q5_1,
+    ];
+
+    /// The type llama.cpp takes by this name (exactly, as its
+    /// `kv_cache_type_from_str`).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<KvType> {
+        KvType::ALL.into_iter().find(|k| k.as_str() == name)
     }
 
     /// ggml's type id (ggml.h's `enum ggml_type`).
@@ -63,13 +109,19 @@ impl KvType {
             KvType::F16 => 1,
             KvType::Q4_0 => 2,
             KvType::Q8_0 => 8,
+            KvType::F32 => 0,
+            KvType::Q4_1 => 3,
+            KvType::Q5_0 => 6,
+            KvType::Q5_1 => 7,
+            KvType::Iq4Nl => 20,
+            KvType::Bf16 => 30,
         }
     }
 
     /// A quantized V cache needs flash attention in llama.cpp.
     #[must_use]
     pub fn is_quantized(self) -> bool {
-        self != KvType::F16
+        !matches!(self, KvType::F16 | KvType::Bf16 | KvType::F32)
     }
 }
 

@@ -141,6 +141,7 @@ fn bytes_at(c: Candidate, n_ctx: u32) -> u64 {
         KvType::F16 => 1.0,
         KvType::Q8_0 => 0.5,
         KvType::Q4_0 => 0.25,
+        other => unreachable!("the hatches here measure f16, q8_0 and q4_0, not {other:?}"),
     };
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let kv = (f64::from(n_ctx) * 0.01 * per_token) as u64 * layers;
