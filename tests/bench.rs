@@ -252,3 +252,31 @@ fn the_kv_cache_holds_d_tokens_before_each_test_as_llama_bench_does() {
     // A depth the context cannot hold is refused before anything runs.
     assert_bad_input(&run(&["bench", m, "-c", "2048", "-d", "4096"]), "-d 4096 leaves no room in -c 2048");
 }
+
+/// A recurrent model (synthetic mamba: state-space layers, no KV cache to
+/// trim) runs at depth: each repetition clears the memory and loads the
+/// filled sequence's saved state, as llama-bench does. Trimming the cache
+/// past the depth (the way before, `NGL_TUNE_DEPTH_TRIM=1`) is refused by
+/// recurrent memory, and the row says so.
+#[test]
+fn a_recurrent_model_runs_at_depth_as_llama_bench_restores_it() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("mamba.gguf");
+    let spec = ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_mamba(true).with_q8_0(true);
+    ngl_tune::synth::write_model(&m, &spec).unwrap();
+    let args = ["bench", m.to_str().unwrap(), "-p", "16", "-n", "8", "-r", "3", "-d", "64", "-o", "json", "-q"];
+    let rows = json_rows(&run(&args));
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!((r["n_depth"].as_u64(), r["samples_ts"].as_array().map(Vec::len)), (Some(64), Some(3)), "{r}");
+    }
+    let trimmed = run_env(&args, &[("NGL_TUNE_DEPTH_TRIM", "1")]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&trimmed)).unwrap();
+    assert!(
+        v.as_array().unwrap().iter().all(|r| r["status"] != "ok"
+            && r["reason"].as_str().is_some_and(|x| x.contains("could not trim the KV cache back to depth 64"))),
+        "{v}"
+    );
+}
