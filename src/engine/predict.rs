@@ -323,7 +323,8 @@ impl FitAsk {
     }
 }
 
-fn run_fit(spec: &PredictSpec, margins: &[u64], ask: FitAsk) -> FitRun {
+/// llama.cpp's fit of `spec` as `ask` says, with `margin(i)` bytes to stay free on device `i`.
+fn run_fit(spec: &PredictSpec, margin: impl Fn(usize) -> u64, ask: FitAsk) -> FitRun {
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
     // SAFETY: plain default constructors; the fit writes into buffers sized
     // as llama.cpp asks (max devices, max overrides + 1); the patterns it
@@ -340,17 +341,14 @@ fn run_fit(spec: &PredictSpec, margins: &[u64], ask: FitAsk) -> FitRun {
         cp.type_k = spec.kv_type.ggml_type().try_into().unwrap_or(1);
         cp.type_v = cp.type_k;
         // A quantized V cache needs flash attention (as the trials run it).
-        let fa = if spec.kv_type.is_quantized() { 1 } else { i32::from(spec.flash_attn.value()) };
-        cp.flash_attn_type = fa;
+        cp.flash_attn_type = i32::from(spec.kv_type.flash_attn(spec.flash_attn).value());
         cp.n_seq_max = ask.slots.max(1);
         cp.kv_unified = ask.unified;
         let mut split = vec![0f32; n_dev];
         let empty =
             llama_cpp_sys_2::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() };
         let mut overrides = vec![empty; llama_cpp_sys_2::llama_max_tensor_buft_overrides() + 1];
-        let mut m: Vec<usize> = (0..n_dev)
-            .map(|i| margins.get(i).or(margins.last()).map_or(0, |m| usize::try_from(*m).unwrap_or(usize::MAX)))
-            .collect();
+        let mut m: Vec<usize> = (0..n_dev).map(|i| usize::try_from(margin(i)).unwrap_or(usize::MAX)).collect();
         let rc = llama_cpp_sys_2::llama_rs_fit_params(
             path.as_ptr(),
             &raw mut mp,
@@ -380,7 +378,7 @@ fn run_fit(spec: &PredictSpec, margins: &[u64], ask: FitAsk) -> FitRun {
 }
 
 fn fit_with(spec: &PredictSpec, margin: u64, ask: FitAsk, extra: &[PredictedBuffer]) -> LlamaFit {
-    let r = run_fit(spec, &[margin], ask);
+    let r = run_fit(spec, |_| margin, ask);
     if !r.ok {
         return LlamaFit {
             margin_bytes: margin,
@@ -448,7 +446,7 @@ fn predict_placement(
     let params = super::placement::ModelParams::of(placement);
     let raw = params.raw();
     // A quantized V cache needs flash attention (as the trials run it).
-    let fa = if kv.is_quantized() { 1 } else { i32::from(spec.flash_attn.value()) };
+    let fa = i32::from(kv.flash_attn(spec.flash_attn).value());
     // SAFETY: valid C strings and a placement that outlive the call, a
     // callback that only touches `buffers`, which outlives the call.
     let rc = unsafe {
@@ -614,7 +612,7 @@ fn predict_projector(path: &Path, flash_attn: crate::types::FlashAttn) -> Projec
 
 /// llama.cpp's fit with a margin per device, read back with its tensor split.
 fn llama_fit_split(spec: &PredictSpec) -> LlamaFitSplit {
-    let r = run_fit(spec, &spec.fit_split_margins, FitAsk::at(spec.n_ctx));
+    let r = run_fit(spec, |i| spec.fit_split_margins.get(i).copied().unwrap_or(0), FitAsk::at(spec.n_ctx));
     let mut split = r.tensor_split;
     split.truncate(spec.fit_split_margins.len());
     LlamaFitSplit {

@@ -258,6 +258,13 @@ fn is_default_max_kl(k: &f64) -> bool {
 }
 
 impl Settings {
+    /// The consumer's settings where Ollama is the consumer (its server's
+    /// environment, found or its defaults).
+    #[must_use]
+    pub fn ollama(&self) -> Option<&Consumer> {
+        self.consumer.as_ref().filter(|c| c.program == "ollama")
+    }
+
     /// The depth a context is measured at: `--depth`, else half the
     /// context (where tg equals its mean over a filled window), always
     /// leaving room for the longer test.

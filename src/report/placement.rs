@@ -83,23 +83,31 @@ pub fn ratios(d: &crate::profile::DefaultComparison) -> Vec<String> {
 /// its Ollama form against Ollama's own run: each with its command line.
 #[must_use]
 pub fn default_lines(c: &ContextPlacement) -> Vec<String> {
-    // (comparison, what it is, how its command line is introduced and closed, the line's lead)
+    // (comparison, what it is, what it says without a command line, how its
+    // command line is introduced and closed, the line's lead)
     let sides = [
-        (c.default.as_ref(), "llama.cpp's default", ("llama-server ", ": what it does without flags here"), "against"),
+        (
+            c.default.as_ref(),
+            "llama.cpp's default",
+            "",
+            ("llama-server ", ": what it does without flags here"),
+            "against",
+        ),
         (
             c.ollama.as_ref(),
-            "Ollama's own run (num_gpu unset)",
+            "Ollama's own run",
+            " (num_gpu unset)",
             ("num_gpu unset: Ollama starts llama-server ", ""),
             "Ollama's lines (num_gpu) against",
         ),
     ];
     sides
         .into_iter()
-        .filter_map(|(d, name, (before, after), lead)| {
+        .filter_map(|(d, name, bare, (before, after), lead)| {
             let d = d?;
             let args = &d.llama_cpp_args;
-            let stem = name.split(" (").next().unwrap_or(name);
-            let what = if args.is_empty() { name.to_string() } else { format!("{stem} ({before}{args}{after})") };
+            let what =
+                if args.is_empty() { format!("{name}{bare}") } else { format!("{name} ({before}{args}{after})") };
             Some(comparison_line(c, d, lead, &what))
         })
         .collect()

@@ -14,7 +14,7 @@ use super::plan::Candidate;
 use super::search::Search;
 use crate::engine::predict::LlamaFit;
 use crate::profile::{DefaultComparison, ProfileTrial, Recommendation, Settings, Verdict};
-use crate::types::{KvType, Placement, Role, TrialStatus};
+use crate::types::{Placement, Role, TrialStatus};
 
 /// Alternated pairs (A, B) measured: each side loads and runs its
 /// repetitions this many times. Three pairs is the fewest whose t interval
@@ -201,20 +201,16 @@ impl Opponent {
 /// fit's CPU tensors; llama.cpp's own batch, flash attention and one
 /// sequence for its default, the workload's for Ollama's run; the base KV type.
 fn default_placement(s: &Settings, cmp: &DefaultComparison, stock: bool) -> Option<Placement> {
-    let (n_batch, n_ubatch, flash_attn, n_parallel) = if stock {
-        (crate::types::DEFAULT_N_BATCH, crate::types::DEFAULT_N_UBATCH, crate::types::FlashAttn::Auto, 1)
-    } else {
-        (s.n_batch, s.n_ubatch, s.flash_attn, s.n_parallel)
-    };
     let p = Placement {
         cpu_overrides: cmp.cpu_overrides.clone(),
-        n_batch,
-        n_ubatch,
-        flash_attn,
-        n_parallel,
+        n_batch: s.n_batch,
+        n_ubatch: s.n_ubatch,
+        flash_attn: s.flash_attn,
+        n_parallel: s.n_parallel,
         ..Placement::default()
     };
-    Some(p.with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?)).with_kv(s.kv_type))
+    let p = p.with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?)).with_kv(s.kv_type);
+    Some(if stock { p.with_server_defaults() } else { p })
 }
 
 /// A comparison not measured yet, at `depth`.
@@ -393,6 +389,15 @@ pub fn default_recommendation(
         ctx: cmp.n_ctx.unwrap_or(rec.n_ctx),
         ..Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.n_threads))
     };
+    // Emitted as its paired trials ran (the dry run's placement where none is kept).
+    let ran = completed(trials, theirs).next().map_or_else(
+        || {
+            Placement { cpu_overrides: cmp.cpu_overrides.clone(), ..Placement::default() }
+                .with_layers(ngl, theirs.threads, Some(theirs.ctx))
+                .with_server_defaults()
+        },
+        |t| t.result.spec.placement.clone(),
+    );
     let mean = |pp: bool| {
         let v = samples(trials, theirs, pp);
         (!v.is_empty()).then(|| crate::stats::mean(&v))
@@ -401,7 +406,7 @@ pub fn default_recommendation(
         n_gpu_layers: ngl,
         n_cpu_moe: 0,
         n_cpu_ffn: 0,
-        kv_type: KvType::F16,
+        kv_type: ran.kv_type,
         ollama_num_gpu: None,
         llama_default: true,
         ollama_server_env: Vec::new(),
@@ -412,19 +417,15 @@ pub fn default_recommendation(
         pp_ts: mean(true),
         img_ms: image_ms(trials, theirs),
         measured: true,
-        n_threads: theirs.threads,
-        n_ctx: theirs.ctx,
-        cpu_overrides: cmp.cpu_overrides.clone(),
-        // llama-server's own batch and one sequence, as it ran.
-        n_batch: crate::types::DEFAULT_N_BATCH,
-        n_ubatch: crate::types::DEFAULT_N_UBATCH,
-        flash_attn: if rec.kv_type.is_quantized() {
-            crate::types::FlashAttn::On
-        } else {
-            crate::types::FlashAttn::Auto
-        },
-        n_parallel: 1,
-        op_offload: true,
+        n_threads: ran.n_threads,
+        n_ctx: ran.n_ctx.unwrap_or(theirs.ctx),
+        cpu_overrides: ran.cpu_overrides,
+        n_batch: ran.n_batch,
+        n_ubatch: ran.n_ubatch,
+        flash_attn: ran.flash_attn,
+        n_parallel: ran.n_parallel,
+        op_offload: ran.op_offload != crate::types::OpOffload::Off,
+        rpc: ran.rpc,
         ..rec.clone()
     };
     r.render_forms(ngl);

@@ -56,10 +56,7 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
         spec.placement.op_offload = crate::types::OpOffload::On;
     }
     if c.stock {
-        spec.placement.n_batch = crate::types::DEFAULT_N_BATCH;
-        spec.placement.n_ubatch = crate::types::DEFAULT_N_UBATCH;
-        spec.placement.flash_attn = crate::types::FlashAttn::Auto;
-        spec.placement.n_parallel = 1;
+        spec.placement = spec.placement.with_server_defaults();
     }
     if c.ngl == 0 {
         // Every layer on the CPU: measured as recommended, without the
@@ -67,10 +64,7 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
         // prompt's matrix products to one).
         spec.placement.rpc.clear();
     }
-    if spec.placement.kv_type.is_quantized() {
-        // llama.cpp quantizes the V cache only with flash attention.
-        spec.placement.flash_attn = crate::types::FlashAttn::On;
-    }
+    spec.placement.flash_attn = spec.placement.kv_type.flash_attn(spec.placement.flash_attn);
     spec.race = race.filter(|r| r.pp_below_ts.is_some() || r.tg_below_ts.is_some());
     spec
 }

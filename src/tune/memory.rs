@@ -143,7 +143,7 @@ pub fn prediction_check(
 /// How Ollama starts llama-server's fit for this workload, where Ollama is
 /// the consumer and its fit is on.
 fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
-    let c = s.consumer.as_ref().filter(|c| c.program == "ollama")?;
+    let c = s.ollama()?;
     let fit = crate::consumer::ollama_fit(&c.vars);
     fit.on.then_some(crate::engine::predict::OllamaFitAsk { slots: s.n_parallel, target_bytes: fit.target_bytes })
 }

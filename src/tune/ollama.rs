@@ -17,7 +17,7 @@ use super::Shared;
 
 /// Whether Ollama picks the batch itself here (no `-b`/`-ub` given, Ollama the consumer).
 fn auto_batch(s: &Settings) -> bool {
-    s.consumer.as_ref().is_some_and(|c| c.auto_batch && c.program == "ollama")
+    s.ollama().is_some_and(|c| c.auto_batch)
 }
 
 /// The device's free memory before the trials, as Ollama's scheduler sees it.
@@ -82,7 +82,7 @@ pub(super) fn against_ollama(
     full: u32,
 ) -> Result<Option<DefaultComparison>> {
     let s = search.settings();
-    let Some(c) = s.consumer.as_ref().filter(|c| c.program == "ollama") else { return Ok(None) };
+    let Some(c) = s.ollama() else { return Ok(None) };
     let fit_off = !crate::consumer::ollama_fit(&c.vars).on;
     let all = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(0) };
     let fit = if fit_off { Some(&all) } else { fit };

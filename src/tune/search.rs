@@ -191,19 +191,12 @@ impl<'a> Search<'a> {
         #[allow(clippy::cast_precision_loss)]
         let share = peak.zip(self.policy.as_ref().and_then(|p| p.device_total_bytes)).map(|(b, t)| b as f64 / t as f64);
         let over_cap = self.policy.as_ref().is_some_and(|p| mem.is_some_and(|m| m > p.cap_bytes));
-        // The dry runs are at this search's batch, and (without a case) its
-        // context: a baseline at its own context or batch is not priced by them.
-        let pl = &r.spec.placement;
-        let same_batch = (pl.n_batch, pl.n_ubatch) == (self.settings.n_batch, self.settings.n_ubatch);
-        let same_ctx = pl.n_ctx == Some(self.settings.n_ctx);
+        // The search's dry runs are at its batch and context: a baseline,
+        // at its own, is priced by the dry run of what its fit chose.
         let predicted = if r.spec.baseline {
             self.baseline_bytes
         } else {
-            self.predicted
-                .iter()
-                .filter(|p| same_batch && (same_ctx || p.case.is_some()))
-                .find(|p| p.error.is_none() && p.prices(&r.spec))
-                .map(|p| p.device_bytes)
+            self.predicted.iter().find(|p| p.error.is_none() && p.prices(&r.spec)).map(|p| p.device_bytes)
         };
         let (prediction_error_pct, sampled_minus_predicted_bytes) =
             prediction_check(predicted, &r, self.policy.as_ref(), mem);

@@ -123,6 +123,18 @@ impl KvType {
     pub fn is_quantized(self) -> bool {
         !matches!(self, KvType::F16 | KvType::Bf16 | KvType::F32)
     }
+
+    /// The flash attention a cache of this type runs with: on where it is
+    /// quantized (llama.cpp quantizes the V cache only with flash
+    /// attention), else `fa`.
+    #[must_use]
+    pub fn flash_attn(self, fa: FlashAttn) -> FlashAttn {
+        if self.is_quantized() {
+            FlashAttn::On
+        } else {
+            fa
+        }
+    }
 }
 
 /// Layers per device as llama.cpp's `-ts` takes them: "9,13".
@@ -295,11 +307,10 @@ impl FitSpill {
         }
         let il: u16 = p0.strip_prefix("blk\\.")?.split("\\.").next()?.parse().ok()?;
         let count = u16::try_from(overrides.len()).ok()?;
-        let found = FitFraction::ALL
+        FitFraction::ALL
             .into_iter()
             .map(|fraction| FitSpill { first: il, count, fraction })
-            .find(|s| s.patterns().iter().zip(overrides).all(|(a, (b, _))| a == b))?;
-        Some(found)
+            .find(|s| s.patterns().iter().zip(overrides).all(|(a, (b, _))| a == b))
     }
 }
 
@@ -482,9 +493,16 @@ impl Placement {
     #[must_use]
     pub fn with_kv(mut self, kv: KvType) -> Self {
         self.kv_type = kv;
-        if kv.is_quantized() {
-            self.flash_attn = FlashAttn::On;
-        }
+        self.flash_attn = kv.flash_attn(self.flash_attn);
+        self
+    }
+
+    /// llama-server's own batch sizes, flash attention and one sequence
+    /// (`-b 2048 -ub 512 -fa auto`): what it runs without flags.
+    #[must_use]
+    pub fn with_server_defaults(mut self) -> Self {
+        (self.n_batch, self.n_ubatch, self.n_parallel) = (DEFAULT_N_BATCH, DEFAULT_N_UBATCH, 1);
+        self.flash_attn = self.kv_type.flash_attn(FlashAttn::Auto);
         self
     }
 
