@@ -220,7 +220,9 @@ pub struct OllamaRun {
     pub parallel: u32,
     /// `OLLAMA_KV_CACHE_TYPE`, when one llama.cpp and ngl-tune know.
     pub kv_type: Option<KvType>,
-    /// `OLLAMA_FLASH_ATTENTION` when set (unset: Ollama passes auto).
+    /// `OLLAMA_FLASH_ATTENTION` when set; unset, off where Ollama's device
+    /// check refuses a card (see [`ollama_cuda_flash_attention`]), else
+    /// None (Ollama passes auto).
     pub flash_attn: Option<FlashAttn>,
     /// What was read and what it does, a phrase each.
     pub applied: Vec<String>,
@@ -319,10 +321,20 @@ pub fn ollama_fit_margin(projector_bytes: Option<u64>) -> u64 {
     }
 }
 
-/// What the Ollama server's environment makes it run for a model of
-/// architecture `arch`.
+/// Whether Ollama's device check lets flash attention run on a CUDA card of
+/// compute capability `major.minor` (ml/device.go,
+/// `cudaFlashAttentionSupported`: 6.0 or newer, except 7.2; the driver
+/// check there passes every driver a current llama.cpp runs on).
 #[must_use]
-pub fn ollama_run(env: &ServerEnv, arch: &str) -> OllamaRun {
+pub fn ollama_cuda_flash_attention((major, minor): (u32, u32)) -> bool {
+    major >= 6 && (major, minor) != (7, 2)
+}
+
+/// What the Ollama server's environment makes it run for a model of
+/// architecture `arch`, on CUDA cards `cuda` (name and compute capability,
+/// empty where llama.cpp offloads to none).
+#[must_use]
+pub fn ollama_run(env: &ServerEnv, arch: &str, cuda: &[(String, (u32, u32))]) -> OllamaRun {
     let mut applied = Vec::new();
     let asked = env.number("OLLAMA_NUM_PARALLEL").map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX));
     let parallel = if asked > 1 && ONE_SLOT.contains(&arch) {
@@ -344,12 +356,18 @@ pub fn ollama_run(env: &ServerEnv, arch: &str) -> OllamaRun {
             }
         });
     }
-    let flash_attn = env.flag("OLLAMA_FLASH_ATTENTION").map(|on| if on { FlashAttn::On } else { FlashAttn::Off });
+    let mut flash_attn = env.flag("OLLAMA_FLASH_ATTENTION").map(|on| if on { FlashAttn::On } else { FlashAttn::Off });
     if let Some(fa) = flash_attn {
         applied.push(format!(
             "OLLAMA_FLASH_ATTENTION={}: -fa {}",
             env.var("OLLAMA_FLASH_ATTENTION").unwrap_or_default(),
             fa.as_str()
+        ));
+    } else if let Some((name, (major, minor))) = cuda.iter().find(|(_, cc)| !ollama_cuda_flash_attention(*cc)) {
+        // llm/llama_server.go: unset, flash attention is off where any card fails the check.
+        flash_attn = Some(FlashAttn::Off);
+        applied.push(format!(
+            "--flash-attn off: Ollama's device check refuses flash attention on {name} (CUDA compute {major}.{minor})"
         ));
     }
     for k in ["OLLAMA_CONTEXT_LENGTH", "OLLAMA_GPU_OVERHEAD", "OLLAMA_IGPU_ENABLE"] {
@@ -406,20 +424,31 @@ mod tests {
                 ("OLLAMA_FLASH_ATTENTION", "yes"),
             ]),
             "gemma3",
+            &[],
         );
         assert_eq!((r.parallel, r.kv_type, r.flash_attn), (4, Some(KvType::Q8_0), Some(FlashAttn::On)));
         // Every type llama-server takes, lowercased as Ollama passes it; others would not start.
         for (raw, k) in [("q5_1", Some(KvType::Q5_1)), ("BF16", Some(KvType::Bf16)), ("iq4_nl", Some(KvType::Iq4Nl))] {
-            assert_eq!(ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", raw)]), "gemma3").kv_type, k, "{raw}");
+            assert_eq!(ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", raw)]), "gemma3", &[]).kv_type, k, "{raw}");
         }
-        let odd = ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", "q6_k")]), "gemma3");
+        let odd = ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", "q6_k")]), "gemma3", &[]);
         assert_eq!(odd.kv_type, None);
         assert!(odd.applied[0].contains("not a cache type llama-server takes"), "{:?}", odd.applied);
-        let one = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "4")]), "qwen3vl");
+        let one = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "4")]), "qwen3vl", &[]);
         assert_eq!(one.parallel, 1);
         assert!(one.applied[0].contains("one slot"), "{:?}", one.applied);
-        let bad = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "four"), ("OLLAMA_FLASH_ATTENTION", "0")]), "gemma3");
+        let bad = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "four"), ("OLLAMA_FLASH_ATTENTION", "0")]), "gemma3", &[]);
         assert_eq!((bad.parallel, bad.flash_attn), (1, Some(FlashAttn::Off)), "an unparsable number is the default");
+        // Unset, Ollama's device check decides: a Maxwell card (5.2) or a Jetson Xavier (7.2) turns it off.
+        let cards = |cc: (u32, u32)| vec![("NVIDIA H200".to_string(), (9, 0)), ("old card".to_string(), cc)];
+        assert_eq!(ollama_run(&env(&[]), "gemma3", &cards((8, 6))).flash_attn, None, "auto where all pass");
+        for cc in [(5, 2), (7, 2)] {
+            let off = ollama_run(&env(&[]), "gemma3", &cards(cc));
+            assert_eq!(off.flash_attn, Some(FlashAttn::Off), "{cc:?}");
+            assert!(off.applied[0].contains("device check refuses flash attention on old card"), "{:?}", off.applied);
+        }
+        let set = ollama_run(&env(&[("OLLAMA_FLASH_ATTENTION", "1")]), "gemma3", &cards((5, 2)));
+        assert_eq!(set.flash_attn, Some(FlashAttn::On), "the user's setting overrides the check");
         assert!(!ollama_bool("False") && !ollama_bool(" F ") && ollama_bool("fAlSe"), "Go's ParseBool, else true");
         assert_eq!(
             [ollama_batch(4096), ollama_batch(8192), ollama_batch(32768), ollama_batch(65536)],

@@ -43,20 +43,23 @@ impl Source {
     /// chosen): parallel slots multiply each context, the KV type and
     /// flash attention are the server's, and for Ollama the batch size is
     /// its rule for the context (unless `-b`/`--ubatch-size` were given).
-    pub(super) fn apply(&self, s: &mut Settings, arch: &str, user_ctx: bool) {
+    /// `cuda`: the CUDA cards llama.cpp offloads to, with their compute
+    /// capability (Ollama's flash-attention check).
+    pub(super) fn apply(&self, s: &mut Settings, arch: &str, user_ctx: bool, cuda: &[(String, (u32, u32))]) {
         let defaults = (s.n_batch, s.n_ubatch) == (DEFAULT_N_BATCH, DEFAULT_N_UBATCH);
         match self {
             Source::Ollama(env) => {
-                let run = ollama_run(env, arch);
+                let run = ollama_run(env, arch, cuda);
                 let mut applied = run.applied;
                 if env.found {
                     scale_contexts(s, run.parallel);
                     if let Some(k) = run.kv_type {
                         s.kv_type = k;
                     }
-                    if let Some(fa) = run.flash_attn {
-                        s.flash_attn = fa;
-                    }
+                }
+                // Its setting where found, or its device check's.
+                if let Some(fa) = run.flash_attn {
+                    s.flash_attn = fa;
                 }
                 // Ollama's batch rule holds with or without its settings found.
                 if defaults {

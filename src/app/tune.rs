@@ -85,6 +85,7 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         check_output_path(m, "--write-modelfile")?;
     }
     let consumer = super::consumer::read(a)?;
+    let cuda = cuda_cards();
     let mut reqs = Vec::new();
     for (info, settings) in infos {
         let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
@@ -92,7 +93,8 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
             .with_output(a.verbose, !a.quiet);
         choose_contexts(a, &mut req.settings, &req.info, &req.devices, &consumer)?;
         let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
-        consumer.apply(&mut req.settings, &req.info.architecture, user_ctx);
+        let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
+        consumer.apply(&mut req.settings, &req.info.architecture, user_ctx, if on_cuda { &cuda } else { &[] });
         crate::request::check_depth(&req.settings)?;
         reqs.push(req);
     }
@@ -159,4 +161,10 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
     }
     out.flush()?;
     Ok(exit::OK)
+}
+
+/// The NVIDIA cards NVML lists, with their CUDA compute capability.
+fn cuda_cards() -> Vec<(String, (u32, u32))> {
+    let Ok(nvml) = crate::probe::nvml::open() else { return Vec::new() };
+    crate::probe::nvml::gpus(&nvml).into_iter().filter_map(|g| Some((g.name, g.cuda_compute?))).collect()
 }

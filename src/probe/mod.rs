@@ -441,6 +441,7 @@ mod tests {
             memory_bus_width_bits: None,
             memory_clock_max_mhz: None,
             bandwidth_gbs: None,
+            cuda_compute: None,
         });
         let with_gpu = fingerprint(&drv);
         assert_ne!(with_gpu, base);

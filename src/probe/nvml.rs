@@ -96,6 +96,10 @@ pub fn gpus(nvml: &Nvml) -> Vec<GpuInfo> {
                 memory_bus_width_bits: bus,
                 memory_clock_max_mhz: clock,
                 bandwidth_gbs: bus.zip(clock).map(|(b, c)| bandwidth_gbs(b, c)),
+                cuda_compute: d
+                    .cuda_compute_capability()
+                    .ok()
+                    .and_then(|c| Some((u32::try_from(c.major).ok()?, u32::try_from(c.minor).ok()?))),
             }
         })
         .collect()

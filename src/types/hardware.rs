@@ -19,6 +19,9 @@ pub struct GpuInfo {
     pub memory_clock_max_mhz: Option<u32>,
     /// Theoretical memory bandwidth (GB/s) from bus width and memory clock.
     pub bandwidth_gbs: Option<f64>,
+    /// CUDA compute capability (major, minor), as NVML reports it.
+    #[serde(default)]
+    pub cuda_compute: Option<(u32, u32)>,
 }
 
 /// What kind of device ggml says a backend device is.
