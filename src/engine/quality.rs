@@ -174,18 +174,19 @@ fn decode_from(
 }
 
 /// Greedy continuation of each prompt by the reference: the sequences to score.
-fn generate(
-    ctx: &mut LlamaContext<'_>,
-    m: &LlamaModel,
-    spec: &KlSpec,
-) -> Result<Vec<(usize, Vec<LlamaToken>)>, String> {
+fn generate(ctx: &mut LlamaContext<'_>, m: &LlamaModel, spec: &KlSpec) -> Result<Vec<Read>, String> {
     let vocab = m.vocab();
     let n_gen = if spec.depth > 0 { 2 * spec.n_gen } else { spec.n_gen };
     let mut out = Vec::new();
     for mut seq in prompts(m, spec.depth) {
         let n_prompt = seq.len();
         ctx.clear_kv_cache();
-        let mut batch = decode_from(ctx, &seq, 0, &|i| i + 1 == n_prompt)?;
+        // The prefix the reference's score reads again: decoded once, its state kept (see `score`).
+        let start = n_prompt.saturating_sub(1);
+        decode_from(ctx, &seq[..start], 0, &|_| false)?;
+        let flags = llama_cpp_2::context::session::LlamaStateSeqFlags::empty();
+        let prefix = ctx.state_seq_get(0, flags).ok();
+        let mut batch = decode_from(ctx, &seq[start..], start, &|i| i + 1 == n_prompt)?;
         for _ in 0..n_gen {
             let next = LlamaToken::new(i32::try_from(argmax(ctx.get_logits_ith(batch.n_tokens() - 1))).unwrap_or(0));
             if vocab.is_eog(next) {
@@ -196,9 +197,18 @@ fn generate(
             batch.add(next, i32::try_from(seq.len() - 1).unwrap_or(0), &[0], true).map_err(|e| e.to_string())?;
             ctx.decode(&mut batch).map_err(|e| format!("decode failed: {e}"))?;
         }
-        out.push((n_prompt, seq));
+        out.push(Read { n_prompt, seq, prefix });
     }
     Ok(out)
+}
+
+/// One text the reference read and continued: its prompt's length, the
+/// prompt and what followed it, and the sequence's state after all of the
+/// prompt but its last token (what [`score`] would read again).
+struct Read {
+    n_prompt: usize,
+    seq: Vec<LlamaToken>,
+    prefix: Option<llama_cpp_2::context::session::SeqState>,
 }
 
 /// Log-softmax of one row of logits.
@@ -213,12 +223,22 @@ fn log_softmax(v: &[f32]) -> Vec<f32> {
 /// Each sequence decoded: the context (the prompt but its last token) in
 /// chunks without logits, then the rest in one batch; the log-probabilities
 /// at every position that predicts a generated token.
-fn score(ctx: &mut LlamaContext<'_>, seqs: &[(usize, Vec<LlamaToken>)]) -> Result<Vec<Vec<f32>>, String> {
+/// The log-probabilities at every generated position, each text read
+/// again from its start; the reference (`own`: the context that read them)
+/// loads the prefix's saved state instead of reading it a second time, the
+/// same tokens in the same batches (on a slow host the read is most of the
+/// check's time).
+fn score(ctx: &mut LlamaContext<'_>, seqs: &[Read], own: bool) -> Result<Vec<Vec<f32>>, String> {
     let mut rows = Vec::new();
-    for (n_prompt, seq) in seqs {
+    for Read { n_prompt, seq, prefix } in seqs {
         ctx.clear_kv_cache();
         let start = n_prompt - 1;
-        decode_from(ctx, &seq[..start], 0, &|_| false)?;
+        match prefix.as_ref().filter(|_| own) {
+            Some(state) => ctx.state_seq_set(state, 0).map_err(|e| format!("restoring the text's state: {e}"))?,
+            None => {
+                decode_from(ctx, &seq[..start], 0, &|_| false)?;
+            }
+        }
         let tail = &seq[start..];
         if tail.len() > CHUNK {
             return Err(format!("{} generated tokens do not fit one batch of {CHUNK}", tail.len()));
@@ -263,6 +283,8 @@ pub fn compare(reference: &[Vec<f32>], alt: &[Vec<f32>], name: &str) -> Quality 
         reference: name.to_string(),
         non_finite,
         depth: 0,
+        depth_asked: 0,
+        wall_s: 0.0,
     }
 }
 
@@ -278,7 +300,7 @@ fn run(spec: &KlSpec) -> Result<Vec<KlScore>, String> {
         let m = load(&backend, &spec.reference)?;
         let mut ctx = context(&backend, &m, &spec.reference, spec)?;
         let seqs = generate(&mut ctx, &m, spec)?;
-        let rows = score(&mut ctx, &seqs)?;
+        let rows = score(&mut ctx, &seqs, true)?;
         (seqs, rows, m.n_vocab())
     };
     let name = reference_name(&spec.reference);
@@ -293,10 +315,10 @@ fn run(spec: &KlSpec) -> Result<Vec<KlScore>, String> {
                 ));
             }
             let mut ctx = context(&backend, &m, alt, spec)?;
-            score(&mut ctx, &seqs)
+            score(&mut ctx, &seqs, false)
         });
         // The depth the scored tokens were read at (0: the fixed prompts).
-        let depth = if seqs.len() == 1 && spec.depth > 0 { u32::try_from(seqs[0].0).unwrap_or(0) } else { 0 };
+        let depth = if seqs.len() == 1 && spec.depth > 0 { u32::try_from(seqs[0].n_prompt).unwrap_or(0) } else { 0 };
         out.push(match scored {
             Ok(rows) => KlScore { quality: Some(Quality { depth, ..compare(&reference, &rows, &name) }), error: None },
             Err(e) => KlScore { quality: None, error: Some(e) },

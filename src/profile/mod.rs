@@ -322,6 +322,15 @@ pub struct SearchReport {
     /// estimated from the measured speeds and per-trial costs.
     #[serde(default)]
     pub grid_estimate_s: Option<f64>,
+    /// The trials after the ngl decision (threads, hatches, splits, the
+    /// baselines' pairs): how many and their seconds.
+    #[serde(default)]
+    pub other_trials: usize,
+    #[serde(default)]
+    pub other_wall_s: f64,
+    /// Seconds the quality checks (a quantized KV cache's KL divergence) took.
+    #[serde(default)]
+    pub quality_wall_s: f64,
 }
 
 /// How device memory was measured and what the cap is.

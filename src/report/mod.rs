@@ -348,8 +348,16 @@ fn search_line(sr: &crate::profile::SearchReport) -> String {
             sr.trial_wall_s / g.max(1e-9) * 100.0
         )
     });
+    let mut after = String::new();
+    if sr.other_trials > 0 {
+        after +=
+            &format!("; then {} trials in {:.1} s (threads, hatches, baselines)", sr.other_trials, sr.other_wall_s);
+    }
+    if sr.quality_wall_s > 0.0 {
+        after += &format!("; the quality check {:.1} s", sr.quality_wall_s);
+    }
     format!(
-        "search: {}, {} trials{short} in {:.1} s (the full grid has {} settings){grid}\n",
+        "search: {}, {} trials{short} in {:.1} s (the full grid has {} settings){grid}{after}\n",
         sr.mode, sr.trials, sr.trial_wall_s, sr.grid_size
     )
 }

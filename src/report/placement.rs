@@ -19,10 +19,17 @@ pub fn option_line(o: &PlacementOption) -> String {
     } else {
         format!("predicted {mem}{}", if o.fits { "" } else { " (over the cap)" })
     };
-    let quality = o
-        .quality
-        .as_ref()
-        .map_or(String::new(), |q| format!(", KL {:.4} (top token agrees {:.1}%)", q.kl_mean, q.top1_agree * 100.0));
+    let quality = o.quality.as_ref().map_or(String::new(), |q| {
+        let read = if q.depth_asked > q.depth {
+            format!(
+                ", judged at depth {} of {} (the whole read would have cost more than the trials on this host)",
+                q.depth, q.depth_asked
+            )
+        } else {
+            String::new()
+        };
+        format!(", KL {:.4} (top token agrees {:.1}%){read}", q.kl_mean, q.top1_agree * 100.0)
+    });
     let note = if o.note.is_empty() { String::new() } else { format!("; {}", o.note) };
     let mark = if o.recommended { "  <- recommended" } else { "" };
     format!("{}: {figures}{quality}{note}{mark}", o.describe())

@@ -284,8 +284,13 @@ fn tune_context(
         summary::finish_prediction(pr, &trials, info.n_layer_full);
     }
     let runnable: Vec<u32> = plan.full_grid.iter().copied().filter(|n| !plan.predicted_over.contains(n)).collect();
-    let search_report = (!plan.no_gpu)
-        .then(|| summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full));
+    let quality_wall_s = hatches.options.iter().filter_map(|o| o.quality.as_ref()).map(|q| q.wall_s).sum::<f64>()
+        // The split's KV hatch is checked once (its other modes carry the same score).
+        + split.iter().flat_map(|f| &f.options).filter_map(|o| o.quality.as_ref()).map(|q| q.wall_s).fold(0.0, f64::max);
+    let search_report = (!plan.no_gpu).then(|| crate::profile::SearchReport {
+        quality_wall_s,
+        ..summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full)
+    });
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
     let options = hatches.options;
     let split = split.map(|f| {
@@ -458,7 +463,8 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     let mut found = split::split_stage(search, &inp, &mut |x: &[plan::Split]| price(x, kv, 0))?;
     // A quantized cache's quality does not depend on where the layers run:
     // scored with every layer on this CPU (the scoring child has no RPC servers).
-    let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload);
+    let bound = (quality::speeds_at(&search.trials, 0), quality::bound_s(&search.trials));
+    let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload, bound);
     split::kv_hatch(search, &inp, &mut found, &mut price, &mut assess)?;
     split::ffn_hatch(search, &inp, &mut found, &mut price)?;
     split::split_modes(search, &inp, &mut found, &mut |x: &[plan::Split]| price(x, kv, 0))?;
@@ -498,7 +504,8 @@ fn hatches(
     };
     // Quality does not depend on where the layers run: score at the fastest measured split.
     let ngl = layer_split.n_gpu_layers;
-    let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload);
+    let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
+    let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload, bound);
     placement::escape_hatches(search, &h, &mut predict, &mut assess, layer_split)
 }
 

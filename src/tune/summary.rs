@@ -112,7 +112,11 @@ pub fn search_report(
     full: u32,
 ) -> SearchReport {
     let decision_trials: Vec<&ProfileTrial> = trials.iter().filter(|t| t.is_search()).collect();
+    let others: Vec<&ProfileTrial> = trials.iter().filter(|t| !t.is_search()).collect();
     SearchReport {
+        other_trials: others.len(),
+        other_wall_s: others.iter().map(|t| t.result.wall_ms).sum::<f64>() / 1e3,
+        quality_wall_s: 0.0,
         mode: if adaptive { "adaptive".into() } else { "grid".into() },
         trials: decision_trials.len(),
         trial_wall_s: decision_trials.iter().map(|t| t.result.wall_ms).sum::<f64>() / 1e3,

@@ -119,6 +119,14 @@ pub struct Quality {
     /// quality was judged at (0: fixed prompts on an empty cache).
     #[serde(default, skip_serializing_if = "super::is_zero")]
     pub depth: u32,
+    /// The depth the placement is tuned at, where the check read less
+    /// (bounded: reading all of it on this host would have cost more than
+    /// the trials; see `tune::quality::kl_depth`); 0 when it read all.
+    #[serde(default, skip_serializing_if = "super::is_zero")]
+    pub depth_asked: u32,
+    /// Seconds the check took (its child's wall time).
+    #[serde(default, skip_serializing_if = "super::is_zero_f64")]
+    pub wall_s: f64,
 }
 
 /// Fewer scored tokens than this say nothing (llama.cpp's perplexity tool

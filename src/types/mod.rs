@@ -33,6 +33,11 @@ pub(crate) fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
 pub(crate) fn one() -> u32 {
     1
 }

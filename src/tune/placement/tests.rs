@@ -24,6 +24,8 @@ fn option(kind: HatchKind, kv: KvType, tg: f64, fits: bool, kl: Option<f64>) -> 
             reference: "f16".into(),
             non_finite: 0,
             depth: 0,
+            depth_asked: 0,
+            wall_s: 0.0,
         }),
         recommended: false,
         note: String::new(),
@@ -226,6 +228,8 @@ fn hatch_world_at(cap: f64, split_ngl: u32, depth: u32, tg: fn(Candidate, u32) -
         reference: "f16".into(),
         non_finite: 0,
         depth: 0,
+        depth_asked: 0,
+        wall_s: 0.0,
     };
     let hatches = escape_hatches(&mut search, &h, &mut predictor, &mut |k| Ok(Some(quality(k))), &split).unwrap();
     drop(search);

@@ -416,6 +416,8 @@ fn with_kv_hatch(kl: f64) -> (SplitFound, Vec<Vec<u32>>) {
         reference: "f16 KV cache".into(),
         non_finite: 0,
         depth: 0,
+        depth_asked: 0,
+        wall_s: 0.0,
     };
     fixed_world(|search, inp, found, predict| {
         let mut assess = |_| Ok(Some(quality.clone()));
