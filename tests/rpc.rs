@@ -180,7 +180,9 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
     for a in against {
         assert!(a["against"].as_str().unwrap().starts_with("llama.cpp's"), "{a}");
         assert!(a["llama_cpp_args"].as_str().unwrap().starts_with(&format!("--rpc {rpc} ")), "{a}");
-        assert!(a["pairs"] == 3 || a["verdict"] == "same", "alternated pairs, or the answer is that split: {a}");
+        // Three pairs (two where the other side was cut short in both), or the answer is that split.
+        let pairs = a["pairs"].as_u64().unwrap_or(0);
+        assert!((2..=3).contains(&pairs) || a["verdict"] == "same", "alternated pairs, or that split: {a}");
     }
     // llama.cpp's default split at a measured ngl, where it breaks a cap, is not recommended.
     for o in options.iter().filter(|o| o["fits"] == false) {
@@ -284,7 +286,7 @@ fn the_default_of_a_moe_model_runs_fits_expert_overrides() {
     assert!(args.contains(" -ot ") && args.contains(&format!("{}=CPU", spill[0])), "{args}");
     assert_eq!(d["n_ctx"].as_u64(), Some(4096), "-c 0: 8192 trained, shrunk by fit to its 4096 floor: {d}");
     assert!(args.contains("-c 4096"), "{args}");
-    assert!(d["pairs"].as_u64() == Some(3), "paired: {d}");
+    assert!(matches!(d["pairs"].as_u64(), Some(2 | 3)), "paired (two where it was cut short in both): {d}");
     let (took, priced) = (d["mem_bytes"].as_f64().unwrap(), d["predicted_bytes"].as_f64().unwrap());
     assert!((took - priced).abs() <= 0.02 * priced, "accounted {took} against fit's dry run {priced}");
     // Whatever won, the trials of the default ran exactly fit's overrides.

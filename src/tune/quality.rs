@@ -152,7 +152,7 @@ mod tests {
         let slow = (17.0, 10.0);
         assert!(kl_seconds(1024, slow) > 140.0);
         let d = kl_depth(1024, Some(slow), 75.0);
-        assert!(d < 1024 && d >= 256, "{d}");
+        assert!((256..1024).contains(&d), "{d}");
         assert!(kl_seconds(d, slow) <= 75.0 + 1e-6 || d == 256, "{d}: {}", kl_seconds(d, slow));
         // Never under a quarter of the depth (nor 256 tokens), however slow; unknown speeds read all.
         assert_eq!(kl_depth(8192, Some((2.0, 1.0)), 60.0), 2048);
