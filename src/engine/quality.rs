@@ -144,10 +144,24 @@ fn prompts(m: &LlamaModel, depth: u32) -> Vec<Vec<LlamaToken>> {
     let vocab = m.vocab();
     if depth > 0 {
         if let Some(text) = natural_text() {
-            let mut t = vocab.tokenize(text.as_bytes(), true, false);
-            if t.len() >= depth as usize {
-                t.truncate(depth as usize);
-                return vec![t];
+            // Only as much of the text as the depth needs (about 8 bytes a token, doubled while short),
+            // not all 640 KB whatever the depth.
+            let mut take = (depth as usize).saturating_mul(8).max(4096);
+            loop {
+                let mut end = take.min(text.len());
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let mut t = vocab.tokenize(&text.as_bytes()[..end], true, false);
+                // Past the depth by a margin: the last word before the cut may tokenize otherwise.
+                if t.len() >= depth as usize + 16 || (end == text.len() && t.len() >= depth as usize) {
+                    t.truncate(depth as usize);
+                    return vec![t];
+                }
+                if end == text.len() {
+                    break;
+                }
+                take = take.saturating_mul(2);
             }
         }
     }
