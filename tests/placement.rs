@@ -106,7 +106,8 @@ fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_
     assert!(d["llama_cpp_args"].as_str().unwrap().contains("-c 32768"), "{d}");
     let paired: Vec<&serde_json::Value> =
         p["trials"].as_array().unwrap().iter().filter(|t| t["role"] == "paired").collect();
-    let last: Vec<&serde_json::Value> = paired[paired.len() - 6..].to_vec();
+    let n = 2 * usize::try_from(pairs).unwrap();
+    let last: Vec<&serde_json::Value> = paired[paired.len() - n..].to_vec();
     let order: Vec<u64> = last.iter().map(|t| t["spec"]["n_gpu_layers"].as_u64().unwrap()).collect();
     assert!(order.chunks(2).all(|p| p == [order[0], order[1]]) && order[0] != order[1], "alternated: {order:?}");
     let theirs: Vec<_> = last.iter().filter(|t| t["spec"]["n_gpu_layers"] == 19).collect();

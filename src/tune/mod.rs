@@ -284,11 +284,8 @@ fn tune_context(
         summary::finish_prediction(pr, &trials, info.n_layer_full);
     }
     let runnable: Vec<u32> = plan.full_grid.iter().copied().filter(|n| !plan.predicted_over.contains(n)).collect();
-    let quality_wall_s = hatches.options.iter().filter_map(|o| o.quality.as_ref()).map(|q| q.wall_s).sum::<f64>()
-        // The split's KV hatch is checked once (its other modes carry the same score).
-        + split.iter().flat_map(|f| &f.options).filter_map(|o| o.quality.as_ref()).map(|q| q.wall_s).fold(0.0, f64::max);
     let search_report = (!plan.no_gpu).then(|| crate::profile::SearchReport {
-        quality_wall_s,
+        quality_wall_s: quality_seconds(&hatches.options, split.as_ref()),
         ..summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full)
     });
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
@@ -313,6 +310,14 @@ fn tune_context(
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))
+}
+
+/// Seconds the quality checks took: each hatch's, and the split's KV
+/// hatch once (its other modes carry the same score).
+fn quality_seconds(options: &[crate::profile::PlacementOption], split: Option<&split::SplitFound>) -> f64 {
+    let wall = |q: Option<&crate::types::Quality>| q.map_or(0.0, |q| q.wall_s);
+    options.iter().map(|o| wall(o.quality.as_ref())).sum::<f64>()
+        + split.iter().flat_map(|f| &f.options).map(|o| wall(o.quality.as_ref())).fold(0.0, f64::max)
 }
 
 /// llama.cpp's dry run over the grid: what is over the cap, and the
