@@ -286,14 +286,16 @@ fn the_default_of_a_moe_model_runs_fits_expert_overrides() {
     assert!(args.contains(" -ot ") && args.contains(&format!("{}=CPU", spill[0])), "{args}");
     assert_eq!(d["n_ctx"].as_u64(), Some(4096), "-c 0: 8192 trained, shrunk by fit to its 4096 floor: {d}");
     assert!(args.contains("-c 4096"), "{args}");
-    assert!(matches!(d["pairs"].as_u64(), Some(2 | 3)), "paired (two where it was cut short in both): {d}");
+    let pairs = d["pairs"].as_u64().unwrap_or(0);
+    assert!(pairs == 3 || (pairs == 2 && d["note"].as_str().unwrap_or("").contains("cut short")), "paired: {d}");
     let (took, priced) = (d["mem_bytes"].as_f64().unwrap(), d["predicted_bytes"].as_f64().unwrap());
     assert!((took - priced).abs() <= 0.02 * priced, "accounted {took} against fit's dry run {priced}");
     // Whatever won, the trials of the default ran exactly fit's overrides.
     let paired: Vec<&serde_json::Value> =
         p["trials"].as_array().unwrap().iter().filter(|t| t["role"] == "paired").collect();
     let ran = |t: &&&serde_json::Value| t["spec"]["cpu_overrides"] == d["cpu_overrides"];
-    assert_eq!(paired.iter().filter(ran).count(), 3, "three paired trials with fit's overrides");
+    let n = usize::try_from(pairs).unwrap();
+    assert_eq!(paired.iter().filter(ran).count(), n, "a paired trial with fit's overrides in each pair");
     // Ollama's own run (num_gpu unset) keeps fit's expert spill at Ollama's context; num_gpu is
     // written only where the answer's layers beat it.
     let o = &p["placements"][0]["ollama"];
