@@ -85,7 +85,8 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         check_output_path(m, "--write-modelfile")?;
     }
     let consumer = super::consumer::read(a)?;
-    let cuda = cuda_cards();
+    // NVML's cards, read only where a model offloads to a CUDA device.
+    let mut cuda: Option<Vec<(String, (u32, u32))>> = None;
     let mut reqs = Vec::new();
     for (info, settings) in infos {
         let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
@@ -94,7 +95,8 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         choose_contexts(a, &mut req.settings, &req.info, &req.devices, &consumer)?;
         let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
         let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
-        consumer.apply(&mut req.settings, &req.info.architecture, user_ctx, if on_cuda { &cuda } else { &[] });
+        let cards: &[(String, (u32, u32))] = if on_cuda { cuda.get_or_insert_with(cuda_cards) } else { &[] };
+        consumer.apply(&mut req.settings, &req.info.architecture, user_ctx, cards);
         crate::request::check_depth(&req.settings)?;
         reqs.push(req);
     }

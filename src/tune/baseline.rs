@@ -335,10 +335,8 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
         measure(search, theirs, race)?;
         pairs += 1;
         // Cut short in each of two pairs: the verdict below is already "faster"; a third changes nothing.
-        let theirs_cut = completed(&search.trials[start..], theirs)
-            .map(|t| t.result.tests.iter().any(|x| x.stopped_early))
-            .collect::<Vec<_>>();
-        if pairs >= 2 && theirs_cut.len() == pairs as usize && theirs_cut.iter().all(|c| *c) {
+        let (done, cut) = cut_short(completed(&search.trials[start..], theirs));
+        if pairs >= 2 && done == pairs as usize && cut == done {
             search.progress.skip();
             search.progress.skip();
             break;
@@ -367,12 +365,16 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     // A side cut short in every pair ran below half of the other's speed
     // each time (the race's own test, as the search trusts it): the tokens
     // it timed before the cut are too few for the interval, the cut is not.
-    let cut = |t: &&&ProfileTrial| t.result.tests.iter().any(|x| x.stopped_early);
-    let cut_short = b.iter().filter(cut).count();
+    let (_, cut_short) = cut_short(b.iter().copied());
     if cut_short == b.len() && b.len() >= 2 && a.len() >= b.len() && out.verdict != Verdict::NotMeasured {
         out.verdict = Verdict::Faster;
     }
     Ok(cut_short > 0)
+}
+
+/// How many of `trials` there are, and how many were cut short by the race.
+fn cut_short<'t>(trials: impl Iterator<Item = &'t ProfileTrial>) -> (usize, usize) {
+    trials.fold((0, 0), |(n, cut), t| (n + 1, cut + usize::from(t.result.tests.iter().any(|x| x.stopped_early))))
 }
 
 /// The recommendation when llama.cpp's default is as fast or faster:
