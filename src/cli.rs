@@ -219,6 +219,13 @@ pub struct TuneArgs {
     /// device.
     #[arg(help_heading = "Cap", long, value_name = "SIZE|DEV=SIZE,...", allow_hyphen_values = true)]
     pub vram_budget: Option<String>,
+    /// Cap on the host memory a placement may take, e.g. 12GiB [default: 90% of the RAM free at start]
+    ///
+    /// The host part of each candidate (the CPU layers' weights, read through mmap, the CPU's KV
+    /// cache and compute buffers, by llama.cpp's dry run): one over it would page the model in
+    /// from disk, so it is not run and the report names it with what it needs.
+    #[arg(help_heading = "Cap", long, value_name = "SIZE")]
+    pub host_budget: Option<String>,
     /// ngl values to measure instead of the adaptive search (99 = all layers)
     ///
     /// The default grid is 0,10,20,... and full offload; lists and ranges as llama-bench (0-40+10).
@@ -262,6 +269,12 @@ pub struct TuneArgs {
     /// option passes before it can be recommended.
     #[arg(help_heading = "Search", long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
     pub min_top1: String,
+    /// Reading speed for chat: each context's answer is judged against it (tg, t/s)
+    ///
+    /// Below it, the report names the first hatch in the guides' order (q8_0 KV cache, shorter
+    /// context, FFN spill) that was measured above it, or what is left to try.
+    #[arg(help_heading = "Search", long, default_value = "10", value_name = "T/S", value_parser = positive_speed)]
+    pub reading_speed: f64,
     #[command(flatten, next_help_heading = "Workload")]
     pub workload: Workload,
     /// What to maximize
@@ -513,6 +526,15 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
             a
         })
         .collect()
+}
+
+/// A generation speed in tokens a second: finite and above zero.
+fn positive_speed(v: &str) -> Result<f64, String> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .ok_or_else(|| format!("{v} is not a speed; give tokens a second above 0, like 10"))
 }
 
 #[cfg(test)]

@@ -200,6 +200,8 @@ pub fn tune_settings(
             .ok()
             .filter(|k| (0.0..=1.0).contains(k))
             .ok_or_else(|| bad(format!("--min-top1 {} is not a share in [0, 1]; give one like 0.9", a.min_top1)))?,
+        reading_speed: a.reading_speed,
+        host_budget_bytes: a.host_budget.as_deref().map(|b| parse_size_for("--host-budget", b)).transpose()?,
         warmup: !w.no_warmup,
         n_parallel: 1,
         consumer: None,

@@ -73,9 +73,17 @@ fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_
     let of = |k: &'static str| options.iter().filter(move |o| o["kind"] == k);
     let kv = of("kv_cache").next().expect("a KV cache option");
     assert_eq!((kv["kv_type"].as_str(), kv["measured"].as_bool()), (Some("q8_0"), Some(true)), "{kv}");
+    // Its quality is checked only where it could be chosen (faster than the lossless options
+    // beyond the noise: which one, the unit tests decide on fake curves); `__kl` at depth is
+    // tested below on its own.
     let q = &kv["quality"];
-    assert!(q["kl_mean"].as_f64().unwrap() > 0.0 && q["top1_agree"].as_f64().unwrap() > 0.5, "{q}");
-    assert!(q["depth"] == 1024 && q["tokens"].as_u64().unwrap() >= 100, "judged at the stated depth: {q}");
+    if q.is_null() {
+        let note = kv["note"].as_str().unwrap_or("");
+        assert!(note.contains("quality not checked") && kv["recommended"] == false, "{kv}");
+    } else {
+        assert!(q["kl_mean"].as_f64().unwrap() > 0.0 && q["top1_agree"].as_f64().unwrap() > 0.5, "{q}");
+        assert!(q["depth"] == 1024 && q["tokens"].as_u64().unwrap() >= 100, "judged at the stated depth: {q}");
+    }
     assert!(of("ffn_spill").any(|o| o["measured"] == true && o["fits"] == true), "an FFN spill measured under the cap");
     let shorter: Vec<_> = of("shorter_context").collect();
     assert!(!shorter.is_empty() && shorter.iter().all(|o| o["measured"] == false), "predicted, with the reason");

@@ -853,3 +853,32 @@ fn a_projector_that_is_not_one_or_not_this_models_is_bad_input() {
     );
     assert!(profiles_in(&store).is_empty(), "nothing written");
 }
+
+/// A host memory cap no placement can keep (it would only swap) is bad
+/// input before any trial: without an offload device by the weights alone,
+/// with one by llama.cpp's dry run of every placement the device can hold.
+#[test]
+fn a_host_cap_below_what_every_placement_needs_is_exit_2_and_writes_no_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 4);
+    let store = dir.path().join("store");
+    let args = [m.to_str().unwrap(), "-p", "8", "-n", "8", "-r", "1", "--host-budget", "64KiB"];
+    let args = [&args[..], &["--profiles", store.to_str().unwrap()]].concat();
+    for (env, says) in [
+        (&[][..], "the model's weights alone"),
+        (&[VK][..], "every placement that fits the device needs more host memory than the cap of 0.06 MiB"),
+    ] {
+        let o = run_env(&args, env);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(says) && stderr(&o).contains("--host-budget"), "{}", stderr(&o));
+        assert_eq!(stderr(&o).lines().filter(|l| l.starts_with("error:")).count(), 1, "{}", stderr(&o));
+        fn files(p: &Path) -> usize {
+            std::fs::read_dir(p).map_or(0, |d| {
+                // The store's lock (taken before the dry run, held by no one after) is not a result.
+                let kept = |e: &std::fs::DirEntry| e.file_name() != ".lock";
+                d.flatten().filter(kept).map(|e| if e.path().is_dir() { files(&e.path()) } else { 1 }).sum()
+            })
+        }
+        assert_eq!(files(&store), 0, "no profile, checkpoint or history written");
+    }
+}

@@ -452,6 +452,7 @@ mod tests {
             default: None,
             ollama: None,
             split: Some(report),
+            reading: None,
         });
         let r = &mut p.recommendation;
         (r.n_gpu_layers, r.tensor_split, r.tg_ts) = (19, vec![4, 15], Some(30.0));
@@ -486,6 +487,7 @@ mod tests {
             cpu_overrides: Vec::new(),
             predicted_bytes: None,
             mem_bytes: None,
+            by_race: false,
         };
         p.recommendation = crate::tune::baseline::default_recommendation(&p.recommendation, &cmp, &p.trials);
         assert!(p.recommendation.llama_default);

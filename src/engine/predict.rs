@@ -65,6 +65,15 @@ pub struct Prediction {
 }
 
 impl Prediction {
+    /// Bytes in host buffers (the CPU's weights, mmap'd or not, its KV
+    /// cache and compute buffers, pinned host copies): what this placement
+    /// needs of the machine's RAM to run without paging.
+    #[must_use]
+    pub fn host_bytes(&self) -> u64 {
+        let host = self.buffers.iter().filter(|b| b.is_host || !crate::types::is_device_buffer_type(&b.buffer_type));
+        host.map(|b| b.model + b.context + b.compute).sum()
+    }
+
     /// Bytes per accelerator buffer type (model + context + compute), in
     /// the order llama.cpp reported them: one buffer type per device in
     /// split mode layer (`Vulkan0`, `CUDA1`, `RPC0[host:port]`).

@@ -157,6 +157,14 @@ pub struct Settings {
     /// ... and only when its top token agrees with the reference's at least this often.
     #[serde(default = "default_min_top1", skip_serializing_if = "is_default_min_top1")]
     pub min_top1: f64,
+    /// Reading speed for chat (t/s of generation, `--reading-speed`): each
+    /// context's answer is judged against it, with the hatch that reaches it.
+    #[serde(default = "default_reading_speed", skip_serializing_if = "is_default_reading_speed")]
+    pub reading_speed: f64,
+    /// `--host-budget`: the host memory a placement may take (`None`: 90%
+    /// of the RAM free when the tune started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_budget_bytes: Option<u64>,
     /// The consumer's server settings the tune matched, where they were
     /// read, and what each did (`None`: profiles from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -236,6 +244,19 @@ fn default_min_top1() -> f64 {
 #[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
 fn is_default_min_top1(k: &f64) -> bool {
     *k == DEFAULT_MIN_TOP1
+}
+
+/// `--reading-speed`'s default (t/s of generation): the top of the guides'
+/// 8-10 t/s, so an answer called fast enough is so for every reader.
+pub const DEFAULT_READING_SPEED: f64 = 10.0;
+
+fn default_reading_speed() -> f64 {
+    DEFAULT_READING_SPEED
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
+fn is_default_reading_speed(k: &f64) -> bool {
+    *k == DEFAULT_READING_SPEED
 }
 
 #[allow(clippy::unnecessary_wraps)]
@@ -554,6 +575,10 @@ pub struct ContextPlacement {
     /// each device's share of the recommendation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<SplitReport>,
+    /// The answer against reading speed for chat (`None`: not measured, or
+    /// a profile from before the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reading: Option<ReadingVerdict>,
 }
 
 /// How the recommendation compares with llama.cpp's default.
@@ -611,6 +636,11 @@ pub struct DefaultComparison {
     /// The most device memory its paired trials took (the policy's currency).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_bytes: Option<f64>,
+    /// The verdict is the race's: the baseline was cut short in every pair
+    /// (below half the answer's speed each time); the interval of the few
+    /// tokens it timed is too wide to say it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_race: bool,
 }
 
 /// One offload device's cap and its share of a placement.

@@ -184,3 +184,40 @@ pub const UNSET_NUM_GPU: &str =
 /// The Modelfile's word where Ollama's own run is as fast as the tuned layers.
 pub const OLLAMA_OWN_RUN: &str =
     "# num_gpu left unset: Ollama's own run (llama-server's fit) was as fast as the tuned layers here, paired; a set num_gpu would also stop fit's expert spill";
+
+/// The answer at one context against reading speed (the guides' test for
+/// chat), and the hatch that would reach it: `tune::verdict::reading`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadingVerdict {
+    /// The threshold (`--reading-speed`, t/s of generation).
+    pub threshold_ts: f64,
+    /// The answer's measured generation speed.
+    pub tg_ts: f64,
+    /// At or above the threshold.
+    pub above: bool,
+    /// Below it: the first measured hatch in the guides' order (q8_0 KV
+    /// cache, shorter context, FFN spill, whole layers) that reaches it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reaches: Option<ReadingHatch>,
+    /// Below it with none measured that reaches it: the hatches priced to
+    /// fit but not measured (their speed unknown), in the same order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub untried: Vec<ReadingHatch>,
+}
+
+/// A hatch named by the reading-speed verdict: what it is, what it costs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadingHatch {
+    pub kind: super::HatchKind,
+    /// The option in words (`PlacementOption::describe`).
+    pub describe: String,
+    /// Its context (a shorter one costs the difference).
+    pub n_ctx: u32,
+    pub measured: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tg_ts: Option<f64>,
+    /// Its KL divergence from the f16 cache (a quantized cache's cost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_mean: Option<f64>,
+    pub llama_cpp_args: String,
+}

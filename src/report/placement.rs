@@ -135,6 +135,7 @@ fn comparison_line(c: &ContextPlacement, d: &crate::profile::DefaultComparison, 
         v => {
             let verdict = match v {
                 Verdict::Faster if d.over_cap => format!("faster beyond the noise; {}", d.note),
+                Verdict::Faster if d.by_race => format!("faster: {}", d.note),
                 Verdict::Faster => "faster beyond the noise".to_string(),
                 Verdict::Tie if d.over_cap => format!("within the noise; {}", d.note),
                 Verdict::Slower if d.over_cap => format!("slower beyond the noise; {}", d.note),
@@ -187,6 +188,88 @@ pub fn placement_lines(p: &Profile) -> String {
         for l in default_lines(c) {
             let _ = writeln!(s, "{l}");
         }
+        if let Some(v) = &c.reading {
+            let _ = writeln!(s, "{}", reading_line(c.n_ctx, v));
+        }
     }
     s
+}
+
+/// What a hatch costs, in the verdict's words.
+fn hatch_cost(h: &crate::profile::ReadingHatch, n_ctx: u32) -> String {
+    match (h.kind, h.kl_mean) {
+        (HatchKind::ShorterContext, _) => format!("the context shortened from {n_ctx} to {}", h.n_ctx),
+        (_, Some(kl)) => format!("KL {kl:.4} from the f16 cache"),
+        (HatchKind::FfnSpill, None) => "no change to the output; llama.cpp only (Ollama cannot take -ot)".into(),
+        _ => "no change to the output".into(),
+    }
+}
+
+/// The answer at one context against reading speed for chat, and the
+/// hatch that reaches it (or what is left to try), in the guides' order.
+#[must_use]
+pub fn reading_line(n_ctx: u32, v: &crate::profile::ReadingVerdict) -> String {
+    let head = format!("reading speed at {n_ctx} context: tg {:.2} t/s", v.tg_ts);
+    let need = format!("the {} t/s a chat reader needs (--reading-speed)", v.threshold_ts);
+    if v.above {
+        return format!("{head}, at or above {need}");
+    }
+    let next = "one quantization lower (ngl-tune THIS.gguf LOWER.gguf measures both and ranks them) \
+                or a second device (another GPU, or --rpc HOST:PORT)";
+    if let Some(h) = &v.reaches {
+        return format!(
+            "{head}, below {need}; the first hatch in the guides' order that reaches it: {} (tg {} t/s; {}): {}",
+            h.describe,
+            speed(h.tg_ts),
+            hatch_cost(h, n_ctx),
+            h.llama_cpp_args
+        );
+    }
+    if v.untried.is_empty() {
+        return format!("{head}, below {need}; no hatch measured here reaches it; the guides' next steps: {next}");
+    }
+    let untried: Vec<String> =
+        v.untried.iter().map(|h| format!("{} ({}): {}", h.describe, hatch_cost(h, n_ctx), h.llama_cpp_args)).collect();
+    format!(
+        "{head}, below {need}; no hatch measured here reaches it; priced to fit but not measured: {}; after those, {next}",
+        untried.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{ReadingHatch, ReadingVerdict};
+
+    fn hatch(kind: HatchKind, kl: Option<f64>) -> ReadingHatch {
+        ReadingHatch {
+            kind,
+            describe: "q8_0 KV cache at ngl 33".into(),
+            n_ctx: 2048,
+            measured: true,
+            tg_ts: Some(12.5),
+            kl_mean: kl,
+            llama_cpp_args: "-ngl 33 -ctk q8_0 -ctv q8_0 -fa on".into(),
+        }
+    }
+
+    #[test]
+    fn the_reading_line_says_the_verdict_and_what_the_hatch_costs() {
+        let mut v = ReadingVerdict { threshold_ts: 10.0, tg_ts: 12.0, above: true, reaches: None, untried: Vec::new() };
+        let l = reading_line(8192, &v);
+        assert!(l.contains("tg 12.00 t/s, at or above the 10 t/s"), "{l}");
+        (v.tg_ts, v.above) = (7.0, false);
+        v.reaches = Some(hatch(HatchKind::KvCache, Some(0.004)));
+        let l = reading_line(8192, &v);
+        assert!(l.contains("below the 10 t/s") && l.contains("tg 12.50 t/s; KL 0.0040"), "{l}");
+        assert!(l.ends_with("-ngl 33 -ctk q8_0 -ctv q8_0 -fa on"), "{l}");
+        v.reaches = Some(hatch(HatchKind::ShorterContext, None));
+        assert!(reading_line(8192, &v).contains("shortened from 8192 to 2048"));
+        v.reaches = None;
+        let l = reading_line(8192, &v);
+        assert!(l.contains("reaches it; the guides' next steps: one quantization lower"), "{l}");
+        v.untried = vec![hatch(HatchKind::FfnSpill, None)];
+        let l = reading_line(8192, &v);
+        assert!(l.contains("priced to fit but not measured") && l.contains("Ollama cannot take -ot"), "{l}");
+    }
 }

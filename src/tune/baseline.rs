@@ -232,6 +232,7 @@ pub(super) fn unmeasured(depth: u32) -> DefaultComparison {
         cpu_overrides: Vec::new(),
         predicted_bytes: None,
         mem_bytes: None,
+        by_race: false,
     }
 }
 
@@ -297,6 +298,9 @@ pub fn compare(
         out.note = why;
     } else {
         out.note = match out.verdict {
+            Verdict::Faster if out.by_race => format!(
+                "{name} was cut short in every pair, below half the answer's speed each time (the race's test; the interval of the few tokens it timed is too wide to say it)"
+            ),
             Verdict::Faster if cut => format!("{name} was cut short, far behind: its rate is of the tokens timed"),
             Verdict::Faster => String::new(),
             Verdict::Tie => format!("within the noise of {name}: {name} is recommended"),
@@ -367,6 +371,7 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     // it timed before the cut are too few for the interval, the cut is not.
     let (_, cut_short) = cut_short(b.iter().copied());
     if cut_short == b.len() && b.len() >= 2 && a.len() >= b.len() && out.verdict != Verdict::NotMeasured {
+        out.by_race = out.verdict != Verdict::Faster;
         out.verdict = Verdict::Faster;
     }
     Ok(cut_short > 0)

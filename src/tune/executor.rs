@@ -19,6 +19,9 @@ pub trait TrialExecutor {
     /// an interrupt); a failed trial is a result.
     fn measure(&mut self, c: Candidate, race: Option<Race>) -> Result<TrialResult>;
 
+    /// What a trial of `c` would run (unraced), without running it.
+    fn spec(&self, c: Candidate) -> TrialSpec;
+
     /// Runs `c` once, unmeasured, so that it fills the KV cache to the
     /// trials' depth and keeps it for the trials of its KV type (where `c`
     /// fills faster than they would). The default does nothing.
@@ -90,6 +93,10 @@ impl TrialExecutor for WorkerExecutor {
         self.runner.run_settled(&spec_of(&self.base, &self.devices, c, race), |_| {})
     }
 
+    fn spec(&self, c: Candidate) -> TrialSpec {
+        spec_of(&self.base, &self.devices, c, None)
+    }
+
     fn prefill(&mut self, c: Candidate) -> Result<()> {
         if self.base.n_depth == 0 || self.base.depth_cache.is_none() {
             return Ok(());
@@ -144,6 +151,10 @@ pub(crate) mod fake {
     }
 
     impl TrialExecutor for World {
+        fn spec(&self, c: Candidate) -> TrialSpec {
+            spec_of(&self.base, &[], c, None)
+        }
+
         fn measure(&mut self, c: Candidate, race: Option<Race>) -> anyhow::Result<TrialResult> {
             self.measured.push(c);
             let spec = spec_of(&self.base, &[], c, race);

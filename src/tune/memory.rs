@@ -92,6 +92,69 @@ pub fn policy_for(hw: &Hardware, s: &Settings, caps: &[DeviceCap]) -> Option<Mem
     })
 }
 
+/// The share of the RAM free at the start a placement's host part may
+/// take without `--host-budget` (the device's `--target-vram` default).
+pub const HOST_SHARE: f64 = 0.9;
+
+/// The host memory cap: `--host-budget`, else [`HOST_SHARE`] of the RAM
+/// free when the tune started (or of the cgroup's limit, if lower), with
+/// how it was set.
+#[must_use]
+pub fn host_cap(s: &Settings, ram: &crate::types::RamInfo) -> (u64, String) {
+    if let Some(b) = s.host_budget_bytes {
+        return (b, format!("--host-budget {}", human_bytes(b)));
+    }
+    let free = ram.cgroup_limit.map_or(ram.available, |l| l.min(ram.available));
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let cap = (free as f64 * HOST_SHARE) as u64;
+    (
+        cap,
+        format!(
+            "{:.0}% of the {} of RAM free at the start; --host-budget sets it",
+            HOST_SHARE * 100.0,
+            human_bytes(free)
+        ),
+    )
+}
+
+/// Refuses a tune where every whole-layer setting the device can hold
+/// needs more host memory than the cap (it would only thrash): the least
+/// it needs, and at which ngl. Nothing priced: nothing to refuse.
+///
+/// # Errors
+/// `BadInput` naming the cap, the least need and the fix.
+pub fn check_host(predictions: &[Prediction], device_cap: f64, host: &(u64, String)) -> anyhow::Result<()> {
+    #[allow(clippy::cast_precision_loss)]
+    let fitting: Vec<&Prediction> = predictions
+        .iter()
+        .filter(|p| p.error.is_none() && p.case.is_none() && p.split.is_empty())
+        .filter(|p| p.n_gpu_layers == 0 || p.device_bytes as f64 <= device_cap)
+        .collect();
+    let Some(least) = fitting.iter().min_by_key(|p| p.host_bytes()) else { return Ok(()) };
+    if least.host_bytes() <= host.0 {
+        return Ok(());
+    }
+    Err(crate::error::bad(format!(
+        "every placement that fits the device needs more host memory than the cap of {} ({}): the least is {} at ngl {}; free RAM, raise --host-budget, or use a smaller model",
+        human_bytes(host.0),
+        host.1,
+        human_bytes(least.host_bytes()),
+        least.n_gpu_layers
+    )))
+}
+
+/// A model whose weights alone are over the host cap, with every layer
+/// on the CPU (no offload device): it would page its weights from disk.
+#[must_use]
+pub fn weights_over_host(weights: u64, host: &(u64, String)) -> anyhow::Error {
+    crate::error::bad(format!(
+        "the model's weights alone ({}) are over the host memory cap of {} ({}) and every layer runs on the CPU here: free RAM, raise --host-budget, or use a smaller model",
+        human_bytes(weights),
+        human_bytes(host.0),
+        host.1
+    ))
+}
+
 /// What a trial cost in the policy's currency, and the device-wide peak.
 #[must_use]
 #[allow(clippy::cast_precision_loss)]

@@ -20,6 +20,7 @@ pub mod search;
 pub mod speed;
 pub mod split;
 pub mod summary;
+pub mod verdict;
 #[cfg(test)]
 pub(crate) mod worlds;
 
@@ -244,6 +245,7 @@ fn tune_context(
     let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
     let progress = Progress::new(sh.opts.progress, planned);
     let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint);
+    search.host_cap = Some(host_cap(sh, s, prediction.as_ref())?);
     search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
     if prediction.as_ref().is_some_and(|p| p.error.is_none()) {
         search.pricer = Some(pricer(sh, s));
@@ -290,14 +292,8 @@ fn tune_context(
     });
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
     let options = hatches.options;
-    let split = split.map(|f| {
-        if let Some(best) = f.best.map(|i| &f.options[i]) {
-            recommendation = split::recommendation(&recommendation, best, &sh.opts.caps, &s.rpc);
-        }
-        f.report
-    });
-    let split = split.filter(|r| !r.devices.is_empty());
-    let placement = crate::profile::ContextPlacement {
+    let split = split.and_then(|f| apply_split(&mut recommendation, f, &sh.opts.caps, &s.rpc));
+    let mut placement = crate::profile::ContextPlacement {
         n_ctx: s.n_ctx,
         fits_fully: hatches.fits_fully,
         kv_bytes: hatches.kv_bytes,
@@ -306,17 +302,52 @@ fn tune_context(
         default,
         ollama,
         split,
+        reading: None,
     };
+    placement.reading = verdict::reading(&placement, s.reading_speed);
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))
 }
 
-/// Seconds the quality checks took: each hatch's, and the split's KV
-/// hatch once (its other modes carry the same score).
+/// The split stage's answer made the recommendation (its best split, if
+/// it found one); its report where it placed layers on devices.
+fn apply_split(
+    r: &mut crate::profile::Recommendation,
+    f: split::SplitFound,
+    caps: &[memory::DeviceCap],
+    rpc: &[String],
+) -> Option<crate::profile::SplitReport> {
+    if let Some(best) = f.best.map(|i| &f.options[i]) {
+        *r = split::recommendation(r, best, caps, rpc);
+    }
+    Some(f.report).filter(|r| !r.devices.is_empty())
+}
+
+/// The host memory cap, where some placement the device can hold stays
+/// under it (else the tune is bad input: it would only swap).
+fn host_cap(
+    sh: &Shared<'_>,
+    s: &Settings,
+    prediction: Option<&crate::profile::PredictionReport>,
+) -> Result<(u64, String)> {
+    let (info, host) = (&sh.opts.info, memory::host_cap(s, &sh.hw.ram));
+    match (prediction, sh.policy.as_ref()) {
+        (Some(pr), Some(p)) => memory::check_host(&pr.predictions, p.cap_bytes, &host)?,
+        // Every layer on the CPU, no dry run: the weights alone say it.
+        _ if info.file_size > host.0 => return Err(memory::weights_over_host(info.file_size, &host)),
+        _ => {}
+    }
+    Ok(host)
+}
+
+/// Seconds the quality checks took: one check a context (every option
+/// with its KV type carries a copy of its score: the q8_0 cache and the
+/// shorter context at q8_0), and the split's KV hatch once (its other
+/// modes carry the same score).
 fn quality_seconds(options: &[crate::profile::PlacementOption], split: Option<&split::SplitFound>) -> f64 {
     let wall = |q: Option<&crate::types::Quality>| q.map_or(0.0, |q| q.wall_s);
-    options.iter().map(|o| wall(o.quality.as_ref())).sum::<f64>()
+    options.iter().map(|o| wall(o.quality.as_ref())).fold(0.0, f64::max)
         + split.iter().flat_map(|f| &f.options).map(|o| wall(o.quality.as_ref())).fold(0.0, f64::max)
 }
 
@@ -639,5 +670,31 @@ mod tests {
         assert!(warnings[0].starts_with("warning: 4096 context: noisy measurement: tg128 at ngl 7"), "{report}");
         assert!(warnings[1].starts_with("warning: noisy measurement: tg128 at ngl 9"), "{report}");
         assert!(!report.contains("adaptive search stopped"), "plain notes are printed before the report");
+    }
+
+    #[test]
+    fn one_quality_check_is_counted_once_however_many_options_carry_its_score() {
+        let q = crate::types::Quality { wall_s: 35.0, ..crate::types::Quality::passing() };
+        let option = |kind| crate::profile::PlacementOption {
+            kind,
+            n_ctx: 4096,
+            n_gpu_layers: 9,
+            n_cpu_ffn: 0,
+            kv_type: crate::types::KvType::Q8_0,
+            measured: kind == crate::profile::HatchKind::KvCache,
+            tg_ts: None,
+            pp_ts: None,
+            tg_se_ts: None,
+            pp_se_ts: None,
+            device_bytes: None,
+            fits: true,
+            quality: Some(q.clone()),
+            recommended: false,
+            note: String::new(),
+            llama_cpp_args: String::new(),
+        };
+        let options = [option(crate::profile::HatchKind::KvCache), option(crate::profile::HatchKind::ShorterContext)];
+        assert!((quality_seconds(&options, None) - 35.0).abs() < 1e-9);
+        assert!(quality_seconds(&[], None).abs() < 1e-9);
     }
 }

@@ -58,6 +58,9 @@ pub struct Search<'a> {
     /// The dry run of the baseline being paired (llama.cpp's fit's choice,
     /// at its own context and batch): what its trials are priced by.
     pub baseline_bytes: Option<u64>,
+    /// The host memory a placement may take (bytes, and how it was set):
+    /// a candidate whose dry run needs more is recorded, never run.
+    pub host_cap: Option<(u64, String)>,
     /// KV cache types whose cache at depth a trial or a prefill has filled.
     filled: Vec<crate::types::KvType>,
     pub progress: Progress,
@@ -91,6 +94,7 @@ impl<'a> Search<'a> {
             predicted: Vec::new(),
             pricer: None,
             baseline_bytes: None,
+            host_cap: None,
             filled: Vec::new(),
             progress,
             checkpoint,
@@ -155,6 +159,14 @@ impl<'a> Search<'a> {
     /// # Errors
     /// What the executor returns; an interrupt says what was kept.
     pub fn measure(&mut self, role: Role, c: Candidate, race: Option<Race>) -> Result<&ProfileTrial> {
+        if let Some(why) = self.over_host(c) {
+            // It would page the model in from disk: recorded as not run, never started.
+            let trial = self.record(role, TrialResult::failed(self.executor.spec(c), TrialStatus::OverHost, why));
+            self.trials.push(trial);
+            self.save();
+            self.progress.skip();
+            return Ok(self.trials.last().expect("just pushed"));
+        }
         self.progress.starting(format!("ngl {}{}", c.ngl, last_tg(&self.trials)));
         self.prefill_for(c).map_err(|e| self.stopped(e, c.ngl))?;
         let r = self.executor.measure(c, race).map_err(|e| self.stopped(e, c.ngl))?;
@@ -167,6 +179,23 @@ impl<'a> Search<'a> {
             format!("ngl {} done{}", last.result.spec.placement.n_gpu_layers, last_tg(&self.trials)),
         );
         Ok(last)
+    }
+
+    /// Why `c` may not run: its host part by the dry run (where one priced
+    /// it) over the host cap. A baseline runs at its own context and batch,
+    /// which the search's dry runs do not price: it is not held back here.
+    fn over_host(&self, c: Candidate) -> Option<String> {
+        let (cap, reason) = self.host_cap.as_ref()?;
+        let spec = self.executor.spec(c);
+        let p = self.predicted.iter().find(|p| p.error.is_none() && !spec.baseline && p.prices(&spec))?;
+        let need = p.host_bytes();
+        (need > *cap).then(|| {
+            format!(
+                "not run: its host part needs {} by llama.cpp's dry run, over the host cap of {} ({reason}): it would swap",
+                crate::model::human_bytes(need),
+                crate::model::human_bytes(*cap)
+            )
+        })
     }
 
     fn stopped(&self, e: anyhow::Error, ngl: u32) -> anyhow::Error {
@@ -640,6 +669,85 @@ mod tests {
 
     fn ngls(w: &World) -> Vec<u32> {
         w.measured.iter().map(|c| c.ngl).collect()
+    }
+
+    #[test]
+    fn a_candidate_over_the_host_cap_is_recorded_and_never_run() {
+        use crate::engine::predict::PredictedBuffer;
+        // The README's curve (memory 0.5 + 0.1 ngl GiB on the device); on the host 1 GiB a CPU layer.
+        let s = settings(None, "adaptive", false);
+        let mut w = curve_world(readme_world);
+        let host = |ngl: u32| f64::from(35 - ngl) * GIB;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let price = |ngl: u32| Prediction {
+            n_gpu_layers: ngl,
+            device_bytes: readme_world(ngl).1 as u64,
+            device_model_bytes: 0,
+            buffers: vec![PredictedBuffer {
+                buffer_type: "CPU_Mapped".into(),
+                is_host: true,
+                model: host(ngl) as u64,
+                context: 0,
+                compute: 0,
+            }],
+            error: None,
+            case: None,
+            split: Vec::new(),
+            devices: Vec::new(),
+        };
+        let mut search = Search::new(&s, &mut w, Some(policy(3.75 * GIB)), Progress::hidden(), None);
+        search.predicted = (0..=35).map(price).collect();
+        // 20.5 GiB: ngl 14 and below need 21 GiB or more.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let cap = (20.5 * GIB) as u64;
+        search.host_cap = Some((cap, "--host-budget 20.50 GiB".into()));
+        let found = search.run(&plan(35, vec![0, 10, 20, 30, 35], false, 32)).unwrap();
+        let trials = search.into_trials();
+        let measured = ngls(&w);
+        assert!(!measured.is_empty() && measured.iter().all(|n| *n >= 15), "{measured:?}");
+        let held: Vec<&ProfileTrial> = trials.iter().filter(|t| t.result.status == TrialStatus::OverHost).collect();
+        assert!(held.iter().any(|t| t.result.spec.placement.n_gpu_layers == 0), "ngl 0 recorded, not run");
+        let why = held[0].result.reason.as_deref().unwrap_or("");
+        assert!(why.contains("over the host cap of 20.50 GiB (--host-budget 20.50 GiB)"), "{why}");
+        assert!(found.decision.recommended_ngl >= 15, "{:?}", found.decision);
+        // The same search without a host cap starts at ngl 0.
+        let mut w = curve_world(readme_world);
+        let mut search = Search::new(&s, &mut w, Some(policy(3.75 * GIB)), Progress::hidden(), None);
+        search.predicted = (0..=35).map(price).collect();
+        search.run(&plan(35, vec![0, 10, 20, 30, 35], false, 32)).unwrap();
+        drop(search);
+        assert!(ngls(&w).contains(&0));
+    }
+
+    #[test]
+    fn a_host_cap_under_every_placement_that_fits_the_device_is_bad_input() {
+        use crate::engine::predict::PredictedBuffer;
+        let p = |ngl: u32, device: u64, host: u64| Prediction {
+            n_gpu_layers: ngl,
+            device_bytes: device,
+            device_model_bytes: 0,
+            buffers: vec![PredictedBuffer {
+                buffer_type: "CPU".into(),
+                is_host: true,
+                model: host,
+                context: 0,
+                compute: 0,
+            }],
+            error: None,
+            case: None,
+            split: Vec::new(),
+            devices: Vec::new(),
+        };
+        const MIB: u64 = 1 << 20;
+        let preds = [p(0, 0, 900 * MIB), p(10, 500 * MIB, 600 * MIB), p(20, 1000 * MIB, 300 * MIB)];
+        // ngl 20 is over the device cap of 800 MiB: the least the host can get is 600 MiB at ngl 10.
+        #[allow(clippy::cast_precision_loss)]
+        let device = (800 * MIB) as f64;
+        let e = super::super::memory::check_host(&preds, device, &(500 * MIB, "--host-budget".into())).unwrap_err();
+        assert_eq!(crate::error::exit_code(&e), crate::error::exit::BAD_INPUT, "{e}");
+        assert!(e.to_string().contains("the least is 600.00 MiB at ngl 10"), "{e}");
+        assert!(super::super::memory::check_host(&preds, device, &(600 * MIB, "x".into())).is_ok());
+        assert!(super::super::memory::check_host(&[], 800.0, &(1, "x".into())).is_ok(), "nothing priced");
     }
 
     #[test]

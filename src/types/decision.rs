@@ -134,6 +134,23 @@ pub struct Quality {
 pub const MIN_QUALITY_TOKENS: u32 = 100;
 
 impl Quality {
+    /// A score that passes every gate: what a lossy option would be worth
+    /// if it cost nothing, asked before paying for its check (never stored).
+    #[must_use]
+    pub fn passing() -> Self {
+        Self {
+            kl_mean: 0.0,
+            kl_p99: 0.0,
+            top1_agree: 1.0,
+            tokens: u32::MAX,
+            reference: String::new(),
+            non_finite: 0,
+            depth: 0,
+            depth_asked: 0,
+            wall_s: 0.0,
+        }
+    }
+
     /// Why this option may not be recommended on its quality, if so: a
     /// broken path, too few tokens scored, a mean KL divergence over
     /// `max_kl`, or the top token agreeing less often than `min_top1`.

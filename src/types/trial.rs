@@ -178,6 +178,10 @@ pub enum TrialStatus {
     Timeout,
     /// llama.cpp refused (load error, decode error) without running out of memory.
     Failed,
+    /// Not run: its host part (the CPU's weights, KV cache and compute
+    /// buffers, by llama.cpp's dry run) is over the host memory cap: it
+    /// would page the model in from disk (swap), not run at its speed.
+    OverHost,
 }
 
 impl TrialStatus {
@@ -189,6 +193,7 @@ impl TrialStatus {
             TrialStatus::Crashed => "crashed",
             TrialStatus::Timeout => "timeout",
             TrialStatus::Failed => "failed",
+            TrialStatus::OverHost => "over host memory",
         }
     }
 }

@@ -221,14 +221,41 @@ pub fn escape_hatches(
             search.measure(Role::Hatch, c, Some(race))?;
         }
     }
+    // The quality check reads the text twice (minutes on a slow host): only
+    // where the quantized cache would be chosen if it passed.
+    let could_win = kv_pick.is_some_and(|kv| {
+        let what_if = World { h, preds: &preds, trials: &search.trials, quality: Some((kv, Quality::passing())) };
+        let mut options = what_if.options((kv_pick, kv_at), &shorter, k, &spills, layer_split);
+        choose(&mut options, search.settings());
+        options.iter().any(|o| o.recommended && lossy(o))
+    });
     let quality = match kv_pick {
-        Some(kv) => assess(kv)?.map(|q| (kv, q)),
-        None => None,
+        Some(kv) if could_win => assess(kv)?.map(|q| (kv, q)),
+        _ => None,
     };
     let world = World { h, preds: &preds, trials: &search.trials, quality };
     let mut options = world.options((kv_pick, kv_at), &shorter, k, &spills, layer_split);
     let notes = choose(&mut options, search.settings());
+    if kv_pick.is_some() && !could_win {
+        unchecked(&mut options, search.settings());
+    }
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
+}
+
+/// The note of a measured quantized cache whose quality was not checked
+/// because it would not be chosen even if it passed: what it measured
+/// against the recommendation, and why no check ran.
+fn unchecked(options: &mut [PlacementOption], s: &Settings) {
+    let best = options.iter().find(|o| o.recommended).and_then(|o| score_with_noise(o, s)).map(|x| x.0);
+    for o in options.iter_mut().filter(|o| lossy(o) && o.measured && o.quality.is_none()) {
+        let cmp = match (score_with_noise(o, s), best) {
+            (Some((v, _)), Some(b)) if b > 0.0 => {
+                format!("{:+.0}% {} against the recommendation; ", (v / b - 1.0) * 100.0, s.objective.as_str())
+            }
+            _ => String::new(),
+        };
+        o.note = format!("{cmp}quality not checked: not faster than the lossless options beyond the noise, so it could not be chosen");
+    }
 }
 
 /// The most layers a q8_0 cache lets on under the cap (interpolated over the

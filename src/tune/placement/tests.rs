@@ -256,6 +256,12 @@ fn where_whole_layers_lose_only_at_depth_the_spill_is_recommended_when_tuned_at_
     let pick = |h: &Hatches| h.options.iter().find(|o| o.recommended).map(|o| o.kind);
     assert_eq!(pick(&empty), Some(HatchKind::LayerSplit), "{:?}", empty.options);
     assert_eq!(pick(&deep), Some(HatchKind::FfnSpill), "{:?}", deep.options);
+    // The q8_0 cache at full offload (1 t/s) could not win: its quality is not checked.
+    for h in [&empty, &deep] {
+        let kv = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.measured).unwrap();
+        assert!(kv.quality.is_none() && !kv.recommended, "{kv:?}");
+        assert!(kv.note.contains("quality not checked") && kv.note.contains("% tg against"), "{}", kv.note);
+    }
 }
 
 #[test]

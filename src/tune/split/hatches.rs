@@ -53,7 +53,9 @@ pub fn kv_hatch(
     let c = Candidate { split, kv: q8, ..Candidate::layers(ngl, inp.threads) };
     let race = search.race();
     let t = search.measure(Role::Hatch, c, Some(race))?.clone();
-    let quality = if t.result.status == TrialStatus::Ok { assess(q8)? } else { None };
+    // The check reads the text twice (minutes on a slow host): only for a cache that measured faster.
+    let faster = crate::tune::search::trial_score(&t, s).is_some_and(|v| v > best_score);
+    let quality = if t.result.status == TrialStatus::Ok && faster { assess(q8)? } else { None };
     let mut o = option_of(&label, &split, per_device(&p, devs), Some(&t), s, inp);
     o.quality = quality;
     let (tg, pp) = m.predict(&split);

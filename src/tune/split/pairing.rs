@@ -70,20 +70,9 @@ pub fn against_llama(
         let mut r = DefaultComparison {
             n_gpu_layers: Some(theirs.ngl),
             llama_cpp_args: flags(theirs.ngl, &split, (KvType::F16, 0), s, threads, inp),
-            pairs: 0,
-            n_depth: s.depth_at(s.n_ctx),
-            tg_ratio: None,
-            tg_half_width: None,
-            pp_ratio: None,
-            pp_half_width: None,
             verdict: Verdict::Same,
-            note: String::new(),
             n_threads: Some(threads),
-            over_cap: false,
-            n_ctx: None,
-            cpu_overrides: Vec::new(),
-            predicted_bytes: None,
-            mem_bytes: None,
+            ..crate::tune::baseline::unmeasured(s.depth_at(s.n_ctx))
         };
         if theirs == mine {
             r.note = "the recommendation is this split".into();

@@ -197,6 +197,11 @@ struct SplitWorld {
 }
 
 impl crate::tune::executor::TrialExecutor for SplitWorld {
+    fn spec(&self, c: Candidate) -> crate::types::TrialSpec {
+        let names: Vec<String> = (0..c.split.layers().len()).map(|i| format!("D{i}")).collect();
+        crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, None)
+    }
+
     fn measure(&mut self, c: Candidate, race: Option<crate::types::Race>) -> Result<crate::types::TrialResult> {
         use crate::types::{BufferLine, TestResult, TrialResult};
         let listed = c.split.layers();

@@ -1,0 +1,157 @@
+//! Is it fast enough? The guides' verdict for chat: a reply streams at
+//! least as fast as people read (about 8-10 tokens a second). Below it,
+//! they send readers to the hatches in order: a q8_0 KV cache, a shorter
+//! context, then one quantization lower and a second GPU. Pure: it reads
+//! one context's answer and the hatches already measured or priced there.
+
+use crate::profile::{ContextPlacement, HatchKind, PlacementOption, ReadingHatch, ReadingVerdict};
+
+/// The guides' order of the hatches this tune can measure: the cache's
+/// type, then the context, then the placements without a quality cost.
+fn guide_rank(k: HatchKind) -> u8 {
+    match k {
+        HatchKind::KvCache => 0,
+        HatchKind::ShorterContext => 1,
+        HatchKind::FfnSpill => 2,
+        HatchKind::LayerSplit => 3,
+    }
+}
+
+fn hatch(o: &PlacementOption) -> ReadingHatch {
+    ReadingHatch {
+        kind: o.kind,
+        describe: o.describe(),
+        n_ctx: o.n_ctx,
+        measured: o.measured,
+        tg_ts: o.tg_ts.filter(|_| o.measured),
+        kl_mean: o.quality.as_ref().map(|q| q.kl_mean),
+        llama_cpp_args: o.llama_cpp_args.clone(),
+    }
+}
+
+/// The verdict at one context: `None` where the answer's generation speed
+/// was not measured (nothing to judge). Below the threshold, the first
+/// measured hatch in the guides' order that reaches it (under the cap,
+/// not the recommendation itself), else the priced ones that fit but were
+/// not measured (their speed unknown), so the reader knows what to try.
+#[must_use]
+pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict> {
+    let tg = c.recommendation.tg_ts.filter(|t| t.is_finite())?;
+    let mut options: Vec<&PlacementOption> = c.options.iter().filter(|o| o.fits && !o.recommended).collect();
+    options.sort_by_key(|o| guide_rank(o.kind));
+    let above = tg >= threshold_ts;
+    let reaches =
+        if above { None } else { options.iter().find(|o| o.measured && o.tg_ts.is_some_and(|t| t >= threshold_ts)) };
+    let untried = if above || reaches.is_some() {
+        Vec::new()
+    } else {
+        options.iter().filter(|o| !o.measured).map(|o| hatch(o)).collect()
+    };
+    Some(ReadingVerdict { threshold_ts, tg_ts: tg, above, reaches: reaches.map(|o| hatch(o)), untried })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Recommendation;
+    use crate::types::{KvType, Quality};
+
+    fn option(kind: HatchKind, tg: Option<f64>, measured: bool) -> PlacementOption {
+        PlacementOption {
+            kind,
+            n_ctx: if kind == HatchKind::ShorterContext { 2048 } else { 8192 },
+            n_gpu_layers: 33,
+            n_cpu_ffn: 0,
+            kv_type: if kind == HatchKind::KvCache { KvType::Q8_0 } else { KvType::F16 },
+            measured,
+            tg_ts: tg,
+            pp_ts: tg.map(|t| t * 10.0),
+            tg_se_ts: None,
+            pp_se_ts: None,
+            device_bytes: Some(1 << 30),
+            fits: true,
+            quality: (kind == HatchKind::KvCache).then(|| Quality {
+                kl_mean: 0.004,
+                kl_p99: 0.02,
+                top1_agree: 0.99,
+                tokens: 256,
+                reference: "f16 KV cache".into(),
+                non_finite: 0,
+                depth: 4096,
+                depth_asked: 0,
+                wall_s: 1.0,
+            }),
+            recommended: false,
+            note: String::new(),
+            llama_cpp_args: format!("-ngl 33 ({kind:?})"),
+        }
+    }
+
+    fn context(tg: Option<f64>, options: Vec<PlacementOption>) -> ContextPlacement {
+        ContextPlacement {
+            n_ctx: 8192,
+            fits_fully: false,
+            kv_bytes: None,
+            recommendation: Recommendation { tg_ts: tg, ..crate::tune::worlds::recommendation() },
+            options,
+            default: None,
+            ollama: None,
+            split: None,
+            reading: None,
+        }
+    }
+
+    #[test]
+    fn an_answer_at_reading_speed_is_fast_enough_and_names_no_hatch() {
+        let c = context(Some(10.0), vec![option(HatchKind::KvCache, Some(30.0), true)]);
+        let v = reading(&c, 10.0).unwrap();
+        assert!(v.above);
+        assert!(v.reaches.is_none() && v.untried.is_empty());
+        assert!(!reading(&c, 10.5).unwrap().above);
+    }
+
+    #[test]
+    fn below_it_the_first_hatch_in_the_guides_order_that_reaches_it_is_named() {
+        // The FFN spill is faster, but the guides try the cache type first.
+        let opts = vec![
+            option(HatchKind::FfnSpill, Some(20.0), true),
+            option(HatchKind::ShorterContext, Some(15.0), true),
+            option(HatchKind::KvCache, Some(12.0), true),
+        ];
+        let v = reading(&context(Some(7.0), opts.clone()), 10.0).unwrap();
+        assert!(!v.above);
+        let r = v.reaches.unwrap();
+        assert_eq!(r.kind, HatchKind::KvCache);
+        assert_eq!(r.kl_mean, Some(0.004));
+        // A threshold the cache does not reach: the shorter context is next.
+        let v = reading(&context(Some(7.0), opts), 13.0).unwrap();
+        assert_eq!(v.reaches.unwrap().kind, HatchKind::ShorterContext);
+    }
+
+    #[test]
+    fn a_hatch_over_the_cap_or_already_recommended_never_reaches() {
+        let mut over = option(HatchKind::KvCache, Some(30.0), true);
+        over.fits = false;
+        let mut chosen = option(HatchKind::FfnSpill, Some(30.0), true);
+        chosen.recommended = true;
+        let v = reading(&context(Some(7.0), vec![over, chosen]), 10.0).unwrap();
+        assert!(v.reaches.is_none());
+        assert!(v.untried.is_empty());
+    }
+
+    #[test]
+    fn with_none_measured_that_reaches_the_priced_ones_that_fit_are_listed() {
+        let opts = vec![option(HatchKind::KvCache, Some(8.0), true), option(HatchKind::ShorterContext, None, false)];
+        let v = reading(&context(Some(7.0), opts), 10.0).unwrap();
+        assert!(v.reaches.is_none());
+        assert_eq!(v.untried.len(), 1);
+        assert_eq!(v.untried[0].kind, HatchKind::ShorterContext);
+        assert_eq!(v.untried[0].tg_ts, None);
+    }
+
+    #[test]
+    fn an_unmeasured_answer_gets_no_verdict() {
+        assert!(reading(&context(None, Vec::new()), 10.0).is_none());
+        assert!(reading(&context(Some(f64::NAN), Vec::new()), 10.0).is_none());
+    }
+}
