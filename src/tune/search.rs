@@ -671,30 +671,31 @@ mod tests {
         w.measured.iter().map(|c| c.ngl).collect()
     }
 
+    /// A whole-layer setting priced at `device` bytes on the device and `host` in a host buffer.
+    fn host_priced(ngl: u32, device: u64, host: u64) -> Prediction {
+        use crate::engine::predict::PredictedBuffer;
+        let buffer =
+            PredictedBuffer { buffer_type: "CPU_Mapped".into(), is_host: true, model: host, context: 0, compute: 0 };
+        Prediction {
+            n_gpu_layers: ngl,
+            device_bytes: device,
+            device_model_bytes: 0,
+            buffers: vec![buffer],
+            error: None,
+            case: None,
+            split: Vec::new(),
+            devices: Vec::new(),
+        }
+    }
+
     #[test]
     fn a_candidate_over_the_host_cap_is_recorded_and_never_run() {
-        use crate::engine::predict::PredictedBuffer;
         // The README's curve (memory 0.5 + 0.1 ngl GiB on the device); on the host 1 GiB a CPU layer.
         let s = settings(None, "adaptive", false);
         let mut w = curve_world(readme_world);
         let host = |ngl: u32| f64::from(35 - ngl) * GIB;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let price = |ngl: u32| Prediction {
-            n_gpu_layers: ngl,
-            device_bytes: readme_world(ngl).1 as u64,
-            device_model_bytes: 0,
-            buffers: vec![PredictedBuffer {
-                buffer_type: "CPU_Mapped".into(),
-                is_host: true,
-                model: host(ngl) as u64,
-                context: 0,
-                compute: 0,
-            }],
-            error: None,
-            case: None,
-            split: Vec::new(),
-            devices: Vec::new(),
-        };
+        let price = |ngl: u32| host_priced(ngl, readme_world(ngl).1 as u64, host(ngl) as u64);
         let mut search = Search::new(&s, &mut w, Some(policy(3.75 * GIB)), Progress::hidden(), None);
         search.predicted = (0..=35).map(price).collect();
         // 20.5 GiB: ngl 14 and below need 21 GiB or more.
@@ -721,23 +722,7 @@ mod tests {
 
     #[test]
     fn a_host_cap_under_every_placement_that_fits_the_device_is_bad_input() {
-        use crate::engine::predict::PredictedBuffer;
-        let p = |ngl: u32, device: u64, host: u64| Prediction {
-            n_gpu_layers: ngl,
-            device_bytes: device,
-            device_model_bytes: 0,
-            buffers: vec![PredictedBuffer {
-                buffer_type: "CPU".into(),
-                is_host: true,
-                model: host,
-                context: 0,
-                compute: 0,
-            }],
-            error: None,
-            case: None,
-            split: Vec::new(),
-            devices: Vec::new(),
-        };
+        let p = host_priced;
         const MIB: u64 = 1 << 20;
         let preds = [p(0, 0, 900 * MIB), p(10, 500 * MIB, 600 * MIB), p(20, 1000 * MIB, 300 * MIB)];
         // ngl 20 is over the device cap of 800 MiB: the least the host can get is 600 MiB at ngl 10.
