@@ -19,6 +19,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once and matched once: the size of the tune's arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Tune: sweep ngl, fit, choose the best setting under the VRAM target, write a profile
@@ -197,6 +199,8 @@ pub enum ObjectiveArg {
     Pp,
     /// Time for one request of -p prompt and -n generated tokens
     Mixed,
+    /// Generated tokens per joule (needs an NVIDIA card's NVML or the CPU's RAPL)
+    Energy,
 }
 
 #[derive(Debug, Args)]
@@ -226,6 +230,9 @@ pub struct TuneArgs {
     /// from disk, so it is not run and the report names it with what it needs.
     #[arg(help_heading = "Cap", long, value_name = "SIZE")]
     pub host_budget: Option<String>,
+    /// Exclude whole-layer settings whose GPUs draw more than this over the tg test (W; NVML)
+    #[arg(help_heading = "Cap", long, value_name = "W", value_parser = positive_watts)]
+    pub max_power: Option<f64>,
     /// ngl values to measure instead of the adaptive search (99 = all layers)
     ///
     /// The default grid is 0,10,20,... and full offload; lists and ranges as llama-bench (0-40+10).
@@ -528,13 +535,18 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
         .collect()
 }
 
-/// A generation speed in tokens a second: finite and above zero.
+/// A positive finite number (a power in watts, a speed in tokens a
+/// second); `what` names it and the fix in the error.
+fn positive(v: &str, what: &str) -> Result<f64, String> {
+    v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| format!("{v} is not {what}"))
+}
+
+fn positive_watts(v: &str) -> Result<f64, String> {
+    positive(v, "a power; give watts above 0, like 250")
+}
+
 fn positive_speed(v: &str) -> Result<f64, String> {
-    v.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|t| t.is_finite() && *t > 0.0)
-        .ok_or_else(|| format!("{v} is not a speed; give tokens a second above 0, like 10"))
+    positive(v, "a speed; give tokens a second above 0, like 10")
 }
 
 #[cfg(test)]

@@ -86,7 +86,16 @@ fn the_gap_between_prediction_and_the_nvml_peak_is_in_the_profile() {
             t["spec"]["n_gpu_layers"]
         );
         assert!(t["prediction_error_pct"].as_f64().unwrap().abs() < 2.0, "{}", t["prediction_error_pct"]);
+        // The double draws 150 W: its energy counter around each timed test says so.
+        for x in t["tests"].as_array().unwrap() {
+            let w = x["power_w"].as_f64().expect("the GPUs' power over the test");
+            assert!((140.0..=160.0).contains(&w), "{w} W: {x}");
+        }
     }
+    assert!(
+        out.contains("tg J/token (power)") && out.contains("(GPU 1") && out.contains(" W, CPU "),
+        "energy per token in the table: {out}"
+    );
     assert!(out.contains("sampled nvml memory minus llama.cpp's prediction: +"), "{out}");
     assert!(!stderr(&o).contains("accounted memory"), "NVML is what the cap uses: {}", stderr(&o));
 }
@@ -137,4 +146,41 @@ fn another_program_busy_on_the_gpu_marks_the_trial() {
     let (rows, err) = bench(Some("0"));
     assert!(!err.contains("the GPU was"), "{err}");
     assert!(rows.iter().all(|r| r["contended"] == false || r["others_cpu_cores"].as_f64().unwrap() > 0.1), "{rows:?}");
+}
+
+/// The double draws a steady 150 W: a tune for energy records it per test
+/// and chooses by tokens per joule; `--max-power` under what it draws
+/// leaves no offloaded setting and says why.
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn energy_is_measured_per_test_and_the_energy_objective_and_max_power_choose_by_it() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_nvml(dir.path());
+    let m = synth(dir.path(), 8);
+    let env = [("LD_LIBRARY_PATH", lib.as_str()), ("GGML_VK_VISIBLE_DEVICES", "0")];
+    let tune = |extra: &[&str], store: &Path| {
+        let args = [m.to_str().unwrap(), "--ngl", "0,9", "-p", "8", "-n", "4", "-r", "1", "-c", "256", "-t", "2"];
+        let args = [&args[..], extra, &["--profiles", store.to_str().unwrap()]].concat();
+        let o = run_env(&args, &env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        (stdout(&o), only_profile(store))
+    };
+    let (out, p) = tune(&["--objective", "energy"], &dir.path().join("energy"));
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    assert_eq!(p["settings"]["objective"], "energy");
+    for t in p["trials"].as_array().unwrap().iter().filter(|t| t["status"] == "ok") {
+        let tg = t["tests"].as_array().unwrap().iter().find(|x| x["n_gen"].as_u64() > Some(0)).unwrap();
+        assert!(tg["power_w"].as_f64().is_some_and(|w| (140.0..=160.0).contains(&w)), "{tg}");
+        let j = tg["j_per_token"].as_f64().expect("joules per token");
+        assert!((j - tg["power_w"].as_f64().unwrap() / tg["avg_ts"].as_f64().unwrap()).abs() < 1e-9, "{tg}");
+    }
+    assert!(out.contains("best energy under the"), "{out}");
+    let (out, p) = tune(&["--max-power", "100"], &dir.path().join("capped"));
+    assert_eq!(p["settings"]["max_power_w"], 100.0);
+    assert!(out.contains("--max-power 100 W: the GPUs draw more from ngl 0"), "{out}");
+    // No NVML: --max-power has nothing to read.
+    let o = run_env(&[m.to_str().unwrap(), "--max-power", "100"], &[("GGML_VK_VISIBLE_DEVICES", "0")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--max-power reads an NVIDIA card's power through NVML"), "{}", stderr(&o));
 }

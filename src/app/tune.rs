@@ -159,7 +159,7 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
             print_report(&mut out, o)?;
             writeln!(out)?;
         }
-        write!(out, "{}", rank::render(&rows))?;
+        write!(out, "{}", rank::render(&rows, s.reading_speed))?;
     }
     out.flush()?;
     Ok(exit::OK)

@@ -318,6 +318,10 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     // Tests of one context size share one context: the depth is filled once.
     let mut open: Option<(u32, LlamaContext<'_>, String, Depth)> = None;
+    // NVML opened once a worker (a kept worker runs many trials): its init is not free.
+    static METER: std::sync::OnceLock<Option<crate::probe::nvml::EnergyMeter>> = std::sync::OnceLock::new();
+    let meter = METER.get_or_init(crate::probe::nvml::EnergyMeter::open).as_ref();
+    let rapl = crate::probe::rapl::Rapl::open();
     for (n_prompt, n_gen) in spec.tests() {
         if result.tests.iter().any(|t| t.stopped_early) && spec.race.is_some_and(|r| r.skip_rest) {
             // Far behind on the objective: the other tests cannot change the decision.
@@ -336,7 +340,11 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
         }
         let Some((_, ctx, ctx_log, depth)) = open.as_mut() else { unreachable!("opened above") };
         let mut samples = Vec::with_capacity(spec.repetitions as usize);
+        let span = meter.map(crate::probe::nvml::EnergyMeter::start);
+        let cpu_span = rapl.as_ref().and_then(crate::probe::rapl::Rapl::start);
         let measured = measure((ctx, depth), model, &mut rng, spec, (n_prompt, n_gen), &mut samples);
+        let power_w = meter.zip(span.as_ref()).and_then(|(m, s)| m.watts(s));
+        let cpu_power_w = rapl.as_ref().zip(cpu_span.as_ref()).and_then(|(r, s)| r.watts(s));
         let run_log = logs::take();
         let cut = match measured {
             Ok(cut) => cut,
@@ -348,6 +356,8 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
         let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples).at_depth(spec.n_depth);
         test.stopped_early = cut.is_some();
         test.tokens_measured = cut.flatten();
+        (test.power_w, test.cpu_power_w) = (power_w, cpu_power_w);
+        test.j_per_token = test.joules_per_token();
         test.context_buffers = logs::parse_buffers(ctx_log);
         result.tests.push(test);
     }

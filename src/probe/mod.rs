@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod ggml;
 pub mod host;
 pub mod nvml;
+pub mod rapl;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};

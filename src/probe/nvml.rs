@@ -105,6 +105,56 @@ pub fn gpus(nvml: &Nvml) -> Vec<GpuInfo> {
         .collect()
 }
 
+/// The GPUs' power around a timed test, device-wide (all processes, as
+/// the memory): NVML's total energy counter of every device before and
+/// after, over the seconds between; where a device has no counter (before
+/// Volta), the mean of its power read before and after.
+pub struct EnergyMeter {
+    nvml: Nvml,
+}
+
+/// A reading the meter started a span with.
+pub struct EnergySpan {
+    t0: std::time::Instant,
+    energy_mj: Option<u64>,
+    power_mw: u64,
+}
+
+impl EnergyMeter {
+    /// `None` where NVML is not available (no NVIDIA driver): nothing to meter.
+    #[must_use]
+    pub fn open() -> Option<Self> {
+        open().ok().filter(|n| n.device_count().is_ok_and(|c| c > 0)).map(|nvml| EnergyMeter { nvml })
+    }
+
+    /// Every device's energy counter summed (`None` if one has none), and their power now.
+    fn read(&self) -> (Option<u64>, u64) {
+        let n = self.nvml.device_count().unwrap_or(0);
+        let devices: Vec<_> = (0..n).filter_map(|i| self.nvml.device_by_index(i).ok()).collect();
+        let energy = devices.iter().map(|d| d.total_energy_consumption().ok()).sum::<Option<u64>>();
+        (energy, devices.iter().filter_map(|d| d.power_usage().ok()).map(u64::from).sum())
+    }
+
+    #[must_use]
+    pub fn start(&self) -> EnergySpan {
+        let (energy_mj, power_mw) = self.read();
+        EnergySpan { t0: std::time::Instant::now(), energy_mj, power_mw }
+    }
+
+    /// Mean power (W) since `span` started; `None` when nothing could be read.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn watts(&self, span: &EnergySpan) -> Option<f64> {
+        let (energy, power) = self.read();
+        let secs = span.t0.elapsed().as_secs_f64();
+        match (span.energy_mj, energy) {
+            (Some(a), Some(b)) if secs > 0.0 && b >= a => Some((b - a) as f64 / 1000.0 / secs),
+            _ if span.power_mw + power > 0 => Some((span.power_mw + power) as f64 / 2.0 / 1000.0),
+            _ => None,
+        }
+    }
+}
+
 /// Sampled memory from NVML: device-wide used/total and the worker's own use.
 pub struct NvmlSource {
     nvml: Nvml,

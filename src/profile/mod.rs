@@ -165,6 +165,9 @@ pub struct Settings {
     /// of the RAM free when the tune started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_budget_bytes: Option<u64>,
+    /// `--max-power`: the GPUs' mean power (W) a setting may draw over its tg test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_power_w: Option<f64>,
     /// The consumer's server settings the tune matched, where they were
     /// read, and what each did (`None`: profiles from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -435,6 +438,7 @@ impl ProfileTrial {
             tg: r.test(false).map(|x| x.avg_ts),
             pp: r.test(true).map(|x| x.avg_ts),
             mem: self.mem_bytes,
+            power: r.test(false).and_then(crate::types::Power::of),
         }
     }
 }

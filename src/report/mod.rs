@@ -35,6 +35,12 @@ pub fn trial_table(p: &Profile) -> String {
     if images {
         columns.push(("img ms", true));
     }
+    // NVIDIA cards (NVML) and CPU packages (RAPL): mean power over the tg test, energy per token.
+    let energy =
+        p.trials.iter().any(|t| t.result.test(false).is_some_and(|x| x.power_w.is_some() || x.cpu_power_w.is_some()));
+    if energy {
+        columns.push(("tg J/token (power)", true));
+    }
     columns.extend([(mem_head, true), ("status", false)]);
     let mut t = crate::table::Table::new(&columns);
     let mut trials: Vec<_> = p.trials.iter().collect();
@@ -62,6 +68,9 @@ pub fn trial_table(p: &Profile) -> String {
         if images {
             row.push(image_cell(r.image.as_ref()));
         }
+        if energy {
+            row.push(energy_cell(r.test(false)));
+        }
         row.extend([mem, status_words(tr)]);
         if several {
             row.insert(0, r.spec.placement.n_ctx.map_or_else(|| "-".into(), |c| c.to_string()));
@@ -71,13 +80,21 @@ pub fn trial_table(p: &Profile) -> String {
     for n in &p.skipped {
         let mut row: Vec<String> = if several { vec![p.settings.n_ctx.to_string()] } else { Vec::new() };
         row.extend([n.to_string(), "-".into(), "-".into(), "-".into(), "-".into()]);
-        if images {
-            row.push("-".into());
-        }
+        row.extend(std::iter::repeat_n("-".to_string(), usize::from(images) + usize::from(energy)));
         row.push("skipped: a smaller ngl ran out of memory".into());
         t.row(row);
     }
     t.render()
+}
+
+/// Joules per generated token and the mean power it came from:
+/// "1.250 (GPU 150 W, CPU no RAPL)".
+fn energy_cell(tg: Option<&crate::types::TestResult>) -> String {
+    let Some(t) = tg else { return "-".into() };
+    let Some(j) = t.joules_per_token() else { return "-".into() };
+    let gpu = t.power_w.map_or_else(|| "GPU -".into(), |w| format!("GPU {w:.0} W"));
+    let cpu = t.cpu_power_w.map_or_else(|| "CPU no RAPL".into(), |w| format!("CPU {w:.0} W"));
+    format!("{j:.3} ({gpu}, {cpu})")
 }
 
 /// Milliseconds per image ± sd: the `img` test.

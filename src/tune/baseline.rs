@@ -156,6 +156,8 @@ fn race_against(trials: &[ProfileTrial], mine: Candidate, s: &Settings) -> Optio
         (!v.is_empty()).then(|| crate::stats::mean(&v) * super::search::RACE_SHARE)
     };
     Some(match s.objective {
+        // A slower side may draw less power: not cut for speed.
+        crate::types::Objective::Energy => return None,
         crate::types::Objective::Pp => {
             crate::types::Race { pp_below_ts: mean(true), tg_below_ts: None, skip_rest: true }
         }

@@ -21,11 +21,27 @@ pub struct Inputs {
     pub n_gen: u32,
     /// Name of the offload device, for the reasons ("Vulkan0 (llvmpipe)").
     pub device: String,
+    /// `--max-power`: the GPUs' mean power a setting may draw (W).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_power_w: Option<f64>,
 }
 
-/// Objective value (higher is better) from measured or predicted speeds.
+/// Objective value (higher is better) from measured or predicted speeds;
+/// `energy` needs the power too ([`score_with_power`]): `None` here.
 #[must_use]
 pub fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
+    score_with_power(obj, (n_prompt, n_gen), (tg, pp), None)
+}
+
+/// [`score`] with the mean power (W) over the tg test: `energy` is
+/// generated tokens per joule, tg over watts.
+#[must_use]
+pub fn score_with_power(
+    obj: Objective,
+    (n_prompt, n_gen): (u32, u32),
+    (tg, pp): (Option<f64>, Option<f64>),
+    watts: Option<f64>,
+) -> Option<f64> {
     match obj {
         Objective::Tg => tg,
         Objective::Pp => pp,
@@ -33,6 +49,7 @@ pub fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Opt
             let t = f64::from(n_prompt) / pp? + f64::from(n_gen) / tg?;
             (t > 0.0).then(|| 1.0 / t)
         }
+        Objective::Energy => tg.zip(watts.filter(|w| *w > 0.0)).map(|(t, w)| t / w),
     }
 }
 
@@ -48,6 +65,9 @@ struct Model<'a> {
     tg_time: Curve,
     pp_time: Curve,
     mem: Curve,
+    /// Watts against ngl: all measured, and the GPUs' (`--max-power`).
+    watts: Curve,
+    gpu_watts: Curve,
     first_oom: Option<u32>,
 }
 
@@ -77,16 +97,25 @@ impl Model<'_> {
         self.pp_time.predict(n).filter(|t| *t > 0.0).map(|t| 1.0 / t)
     }
 
+    /// Over `--max-power` by its measured (or interpolated) GPU power.
+    fn over_power(&self, n: u32) -> bool {
+        self.inp.max_power_w.is_some_and(|max| self.gpu_watts.predict(n).is_some_and(|w| w > max))
+    }
+
+    fn score_at(&self, n: u32) -> Option<f64> {
+        let i = self.inp;
+        score_with_power(i.objective, (i.n_prompt, i.n_gen), (self.tg(n), self.pp(n)), self.watts.predict(n))
+    }
+
     /// The best setting for the objective up to `max`, any integer ngl;
     /// ties go to fewer layers (less memory).
     fn best(&self, max: Option<u32>) -> Option<(u32, f64)> {
-        let i = self.inp;
         let mut best: Option<(u32, f64)> = None;
         for n in 0..=max? {
-            if self.under(n) != Some(true) {
+            if self.under(n) != Some(true) || self.over_power(n) {
                 continue;
             }
-            let Some(s) = score(i.objective, i.n_prompt, i.n_gen, self.tg(n), self.pp(n)) else { continue };
+            let Some(s) = self.score_at(n) else { continue };
             if best.is_none_or(|(_, b)| s > b * (1.0 + 1e-9)) {
                 best = Some((n, s));
             }
@@ -126,7 +155,7 @@ impl Model<'_> {
     /// The knee among measured settings under the cap (throughput against
     /// memory), and what the layers past it buy, in words.
     fn knee(&self, ok: &[&Point], best: Option<(u32, f64)>) -> (Option<Knee>, String) {
-        let measured_score = |p: &Point| score(self.inp.objective, self.inp.n_prompt, self.inp.n_gen, p.tg, p.pp);
+        let measured_score = |p: &Point| measured_score(self.inp, p);
         let mut pts: Vec<(f64, f64, u32)> = ok
             .iter()
             .filter(|p| self.under(p.ngl) == Some(true))
@@ -166,6 +195,11 @@ impl Model<'_> {
         };
         (knee, note)
     }
+}
+
+/// A measured point's objective value (its own power for `energy`).
+fn measured_score(i: &Inputs, p: &Point) -> Option<f64> {
+    score_with_power(i.objective, (i.n_prompt, i.n_gen), (p.tg, p.pp), p.power.map(|w| w.total()))
 }
 
 /// Why this setting, in two or three lines.
@@ -212,26 +246,36 @@ fn reasons(m: &Model<'_>, d: &Decision, ok: &[&Point], best_offload: Option<(u32
     r
 }
 
+/// Where `--max-power` binds, in words: from which ngl the GPUs draw more.
+fn power_reason(m: &Model<'_>, max: Option<u32>) -> Option<String> {
+    let w = m.inp.max_power_w?;
+    let n = (0..=max.unwrap_or(m.inp.full)).find(|n| m.over_power(*n))?;
+    Some(format!("--max-power {w} W: the GPUs draw more from ngl {n} (measured, or between measured settings)"))
+}
+
 /// The decision: the best setting under the cap for the objective (any
 /// integer ngl, predicted where not measured), the knee, and why.
 #[must_use]
 pub fn decide(inp: &Inputs) -> Decision {
     let (tg_time, pp_time, mem) = Point::curves(&inp.points, inp.full);
+    let (watts, gpu_watts) = Point::power_curves(&inp.points, inp.full);
     let first_oom = inp.points.iter().filter(|p| p.oom).map(|p| p.ngl).min();
-    let m = Model { inp, tg_time, pp_time, mem, first_oom };
+    let m = Model { inp, tg_time, pp_time, mem, watts, gpu_watts, first_oom };
     let max_ngl_under_cap = (0..=inp.full).rev().find(|n| m.under(*n) == Some(true));
     let over_cap: Vec<u32> = inp.points.iter().map(|p| p.ngl).filter(|n| m.under(*n) == Some(false)).collect();
     let best = m.best(max_ngl_under_cap);
 
     let ok: Vec<&Point> = inp.points.iter().filter(|p| p.ok).collect();
-    let measured_score = |p: &Point| score(inp.objective, inp.n_prompt, inp.n_gen, p.tg, p.pp);
+    let measured_score = |p: &Point| measured_score(inp, p);
     let zero = ok.iter().find(|p| p.ngl == 0).and_then(|p| measured_score(p));
     let best_offload = ok
         .iter()
         .filter(|p| p.ngl > 0)
         .filter_map(|p| measured_score(p).map(|s| (p.ngl, s)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
-    let offload_hurts = matches!((zero, best_offload), (Some(z), Some((_, b))) if b < z);
+    // Slower offloaded: a speed's verdict (energy's best may be ngl 0 for its own reason).
+    let offload_hurts =
+        inp.objective != Objective::Energy && matches!((zero, best_offload), (Some(z), Some((_, b))) if b < z);
     let (rec, needs_confirmation) = match best {
         _ if offload_hurts => (0, false),
         Some((n, _)) => (n, m.tg_time.measured_at(n).is_none() && m.pp_time.measured_at(n).is_none()),
@@ -254,6 +298,7 @@ pub fn decide(inp: &Inputs) -> Decision {
         reasons: Vec::new(),
     };
     d.reasons = reasons(&m, &d, &ok, best_offload);
+    d.reasons.extend(power_reason(&m, max_ngl_under_cap));
     d
 }
 
@@ -268,7 +313,15 @@ mod tests {
     fn readme_points() -> Vec<Point> {
         [(10, 13.45), (20, 21.36), (30, 40.04), (34, 71.76), (35, 131.66)]
             .iter()
-            .map(|&(n, tg)| Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(mem(n)) })
+            .map(|&(n, tg)| Point {
+                ngl: n,
+                ok: true,
+                oom: false,
+                tg: Some(tg),
+                pp: None,
+                mem: Some(mem(n)),
+                power: None,
+            })
             .collect()
     }
 
@@ -277,7 +330,55 @@ mod tests {
     }
 
     fn inputs(points: Vec<Point>, cap: f64) -> Inputs {
-        Inputs { points, full: 35, cap, objective: Objective::Tg, n_prompt: 512, n_gen: 128, device: "CUDA0".into() }
+        Inputs {
+            points,
+            full: 35,
+            cap,
+            objective: Objective::Tg,
+            n_prompt: 512,
+            n_gen: 128,
+            device: "CUDA0".into(),
+            max_power_w: None,
+        }
+    }
+
+    #[test]
+    fn energy_picks_fewer_layers_where_power_grows_faster_than_speed_and_max_power_caps_the_gpu() {
+        // tg 10, 30, 40 t/s at ngl 0, 20, 35; the GPUs draw 100, 150, 400 W:
+        // 0.10, 0.20, 0.10 tokens per joule.
+        let pts: Vec<Point> = [(0, 10.0, 100.0), (20, 30.0, 150.0), (35, 40.0, 400.0)]
+            .iter()
+            .map(|&(n, tg, w)| Point {
+                ngl: n,
+                ok: true,
+                oom: false,
+                tg: Some(tg),
+                pp: None,
+                mem: Some(mem(n)),
+                power: Some(crate::types::Power { gpu_w: Some(w), cpu_w: None }),
+            })
+            .collect();
+        let mut i = inputs(pts, 80.0 * GIB);
+        assert_eq!(decide(&i).recommended_ngl, 35, "tg: full offload");
+        i.objective = Objective::Energy;
+        let d = decide(&i);
+        assert_eq!(d.recommended_ngl, 20, "energy: fewer layers");
+        assert!(!d.offload_hurts && !d.needs_confirmation);
+        // --max-power 310: the GPU power line (150 W at 20, 400 at 35) passes it after ngl 29.
+        i.objective = Objective::Tg;
+        i.max_power_w = Some(310.0);
+        let d = decide(&i);
+        assert_eq!(d.recommended_ngl, 29, "the most tg under 310 W");
+        assert!(d.needs_confirmation, "29 was not measured: it is confirmed first");
+        assert!(
+            d.reasons.iter().any(|r| r.contains("--max-power 310 W: the GPUs draw more from ngl 30")),
+            "{:?}",
+            d.reasons
+        );
+        // Without power readings energy scores nothing: no offloaded setting is chosen for it.
+        let mut bare = inputs(readme_points(), 80.0 * GIB);
+        bare.objective = Objective::Energy;
+        assert_eq!(decide(&bare).recommended_ngl, 0);
     }
 
     #[test]
@@ -317,8 +418,8 @@ mod tests {
     #[test]
     fn ngl_0_measured_without_device_memory_fits_when_every_offloaded_trial_failed() {
         let pts = vec![
-            Point { ngl: 0, ok: true, oom: false, tg: Some(40.0), pp: Some(400.0), mem: None },
-            Point { ngl: 19, ok: false, oom: false, tg: None, pp: None, mem: None },
+            Point { ngl: 0, ok: true, oom: false, tg: Some(40.0), pp: Some(400.0), mem: None, power: None },
+            Point { ngl: 19, ok: false, oom: false, tg: None, pp: None, mem: None, power: None },
         ];
         let d = decide(&inputs(pts, 1.0 * GIB));
         assert_eq!((d.max_ngl_under_cap, d.recommended_ngl), (Some(0), 0));
@@ -344,7 +445,15 @@ mod tests {
     fn concave_curve_gets_its_knee_and_what_past_it_buys() {
         let pts: Vec<Point> = [(0, 10.0), (10, 40.0), (20, 60.0), (30, 64.0), (35, 66.0)]
             .iter()
-            .map(|&(n, tg)| Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(mem(n)) })
+            .map(|&(n, tg)| Point {
+                ngl: n,
+                ok: true,
+                oom: false,
+                tg: Some(tg),
+                pp: None,
+                mem: Some(mem(n)),
+                power: None,
+            })
             .collect();
         let d = decide(&inputs(pts, 80.0 * GIB));
         assert_eq!(d.recommended_ngl, 35);
@@ -365,6 +474,7 @@ mod tests {
                 tg: Some(tg),
                 pp: None,
                 mem: Some(f64::from(n) * 1e6),
+                power: None,
             })
             .collect();
         let mut i = inputs(pts, 2.0 * GIB);
@@ -381,7 +491,7 @@ mod tests {
     #[test]
     fn oom_marks_that_setting_and_above_over_the_cap() {
         let mut pts = readme_points();
-        pts[3] = Point { ngl: 34, ok: false, oom: true, tg: None, pp: None, mem: None };
+        pts[3] = Point { ngl: 34, ok: false, oom: true, tg: None, pp: None, mem: None, power: None };
         pts.pop();
         let d = decide(&inputs(pts, 80.0 * GIB));
         assert_eq!(d.max_ngl_under_cap, Some(33));
@@ -393,7 +503,15 @@ mod tests {
     fn slower_with_offload_is_said_in_words() {
         let pts: Vec<Point> = [(0, 40.0), (5, 30.0), (10, 20.0), (15, 10.0)]
             .iter()
-            .map(|&(n, tg)| Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(f64::from(n)) })
+            .map(|&(n, tg)| Point {
+                ngl: n,
+                ok: true,
+                oom: false,
+                tg: Some(tg),
+                pp: None,
+                mem: Some(f64::from(n)),
+                power: None,
+            })
             .collect();
         let mut i = inputs(pts, 1e12);
         i.full = 20;
@@ -413,6 +531,7 @@ mod tests {
                 tg: Some(tg),
                 pp: Some(pp),
                 mem: Some(f64::from(n)),
+                power: None,
             })
             .collect();
         let mut i = inputs(pts, 1e12);

@@ -150,6 +150,7 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     hw.fingerprint = probe::fingerprint(&hw);
     let identity = ModelIdentity::of(info);
     let policy = memory::policy_for(&hw, s, &opts.caps);
+    check_power(s, opts.caps.len())?;
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let mut checkpoint = Some(resume(opts, &identity, &hw, &mut notes));
     let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
@@ -264,9 +265,10 @@ fn tune_context(
     let several = sh.opts.caps.len() >= 2 && !plan.no_gpu;
     // A KV type the consumer's server forces leaves Ollama whole layers only.
     let kv_fixed = s.kv_type.is_quantized();
-    let hatches = match policy
-        .filter(|_| !several && !kv_fixed && !plan.no_gpu && prediction.as_ref().is_some_and(|p| p.error.is_none()))
-    {
+    let priced_ok = prediction.as_ref().is_some_and(|p| p.error.is_none());
+    // Energy chooses among whole layers: the hatches are judged by speed alone.
+    let energy = s.objective == crate::types::Objective::Energy;
+    let hatches = match policy.filter(|_| !several && !kv_fixed && !plan.no_gpu && priced_ok && !energy) {
         Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
         None => placement::Hatches::default(),
     };
@@ -322,6 +324,31 @@ fn apply_split(
         *r = split::recommendation(r, best, caps, rpc);
     }
     Some(f.report).filter(|r| !r.devices.is_empty())
+}
+
+/// `--objective energy` and `--max-power` need the power they choose by,
+/// and energy chooses whole layers on one device (the hatches and splits
+/// are judged by speed): bad input otherwise, before any work.
+fn check_power(s: &Settings, devices: usize) -> Result<()> {
+    use crate::probe::{nvml::EnergyMeter, rapl::Rapl};
+    let energy = s.objective == crate::types::Objective::Energy;
+    if s.max_power_w.is_some() && EnergyMeter::open().is_none() {
+        return Err(crate::error::bad(
+            "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",
+        ));
+    }
+    if energy && EnergyMeter::open().is_none() && Rapl::open().is_none() {
+        return Err(crate::error::bad(format!(
+            "--objective energy needs power readings: no NVIDIA card through NVML and no RAPL counter under {} here; use --objective tg",
+            crate::probe::rapl::POWERCAP
+        )));
+    }
+    if energy && devices >= 2 {
+        return Err(crate::error::bad(format!(
+            "--objective energy tunes whole layers on one device; with {devices} offload devices use --objective tg"
+        )));
+    }
+    Ok(())
 }
 
 /// The host memory cap, where some placement the device can hold stays

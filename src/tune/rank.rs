@@ -68,29 +68,28 @@ pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Resu
     Ok(out)
 }
 
+/// The trial that measured the recommendation.
+fn recommendation_trial(p: &Profile) -> Option<&crate::profile::ProfileTrial> {
+    let r = &p.recommendation;
+    p.trials.iter().filter(|t| t.result.status == crate::types::TrialStatus::Ok).find(|t| {
+        let s = &t.result.spec.placement;
+        s.n_gpu_layers == r.n_gpu_layers
+            && s.n_threads == r.n_threads
+            && s.kv_type == r.kv_type
+            && s.n_cpu_ffn == r.n_cpu_ffn
+            && s.n_ctx == Some(r.n_ctx)
+    })
+}
+
 /// The standard error of the recommendation's measured tg (or pp, for the
 /// pp objective) mean, from the trial that measured it.
 fn recommendation_se(p: &Profile) -> f64 {
-    let r = &p.recommendation;
     let pp = p.settings.objective == crate::types::Objective::Pp;
-    p.trials
-        .iter()
-        .filter(|t| t.result.status == crate::types::TrialStatus::Ok)
-        .map(|t| &t.result)
-        .find(|t| {
-            let s = &t.spec.placement;
-            s.n_gpu_layers == r.n_gpu_layers
-                && s.n_threads == r.n_threads
-                && s.kv_type == r.kv_type
-                && s.n_cpu_ffn == r.n_cpu_ffn
-                && s.n_ctx == Some(r.n_ctx)
-        })
-        .and_then(|t| t.test(pp))
-        .map_or(0.0, |x| {
-            #[allow(clippy::cast_precision_loss)]
-            let n = x.samples_ts.len().max(1) as f64;
-            x.stddev_ts / n.sqrt()
-        })
+    recommendation_trial(p).and_then(|t| t.result.test(pp)).map_or(0.0, |x| {
+        #[allow(clippy::cast_precision_loss)]
+        let n = x.samples_ts.len().max(1) as f64;
+        x.stddev_ts / n.sqrt()
+    })
 }
 
 /// The ranking, best first by the objective; the best is the fastest whose
@@ -107,7 +106,12 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64, mi
         .map(|(i, (p, q))| {
             let rec = &p.recommendation;
             let s = &p.settings;
-            let score = crate::tune::choose::score_for(s, rec.tg_ts, rec.pp_ts);
+            // Energy: its trial's tokens per joule (the power is the trial's); else its speeds.
+            let score = if s.objective == crate::types::Objective::Energy {
+                recommendation_trial(p).and_then(|t| crate::tune::search::trial_score(t, s))
+            } else {
+                crate::tune::choose::score_for(s, rec.tg_ts, rec.pp_ts)
+            };
             let excluded = match q {
                 _ if i == r => None,
                 None => Some("quality not measured".to_string()),
@@ -160,7 +164,7 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64, mi
 
 /// The ranking as a table and the pick in words.
 #[must_use]
-pub fn render(rows: &[Ranked]) -> String {
+pub fn render(rows: &[Ranked], reading_ts: f64) -> String {
     let reference = rows.iter().find(|r| r.reference).map_or("", |r| r.file_name.as_str());
     let kl_head = format!("KL vs {reference}");
     let mut t = crate::table::Table::new(&[
@@ -202,5 +206,76 @@ pub fn render(rows: &[Ranked]) -> String {
     if let Some(b) = rows.iter().find(|r| r.best) {
         s += &format!("best under the cap: {} ({})\n", b.file_name, b.llama_cpp_args);
     }
+    if let Some(l) = reading_line(rows, reading_ts) {
+        s += &l;
+        s.push('\n');
+    }
     s
+}
+
+/// Reading speed for chat across the set, where the largest model is
+/// below it (the guides' "one quantization lower"): the largest that
+/// passes the quality gate and reaches it, or that none does.
+#[must_use]
+pub fn reading_line(rows: &[Ranked], reading_ts: f64) -> Option<String> {
+    let reference = rows.iter().find(|r| r.reference)?;
+    let tg = reference.tg_ts?;
+    if tg >= reading_ts {
+        return None;
+    }
+    let head =
+        format!("reading speed ({reading_ts} t/s for chat): {} reaches {tg:.2} t/s, below it", reference.file_name);
+    let mut eligible: Vec<&Ranked> = rows
+        .iter()
+        .filter(|r| !r.reference && r.excluded.is_none() && r.tg_ts.is_some_and(|t| t >= reading_ts))
+        .collect();
+    eligible.sort_by_key(|r| std::cmp::Reverse(r.size_bytes));
+    Some(match eligible.first() {
+        Some(r) => format!(
+            "{head}; the largest lower quantization that reaches it: {} at {:.2} t/s{} ({})",
+            r.file_name,
+            r.tg_ts.unwrap_or(0.0),
+            r.quality.as_ref().map_or(String::new(), |q| format!(", KL {:.4}", q.kl_mean)),
+            r.llama_cpp_args
+        ),
+        None => format!("{head}; none of the others that pass the quality gate reaches it either"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, size: u64, tg: f64, reference: bool, excluded: Option<&str>) -> Ranked {
+        Ranked {
+            file_name: name.into(),
+            size_bytes: size,
+            bits_per_weight: 4.0,
+            n_gpu_layers: 20,
+            llama_cpp_args: format!("-m {name} -ngl 20"),
+            tg_ts: Some(tg),
+            pp_ts: None,
+            mem_bytes: None,
+            quality: None,
+            reference,
+            excluded: excluded.map(Into::into),
+            best: false,
+        }
+    }
+
+    #[test]
+    fn below_reading_speed_the_largest_lower_quantization_that_reaches_it_is_named() {
+        let rows = [
+            row("q8.gguf", 800, 7.0, true, None),
+            row("q4.gguf", 400, 12.0, false, None),
+            row("q5.gguf", 500, 10.5, false, None),
+            row("q2.gguf", 200, 20.0, false, Some("KL 0.3 over --max-kl")),
+        ];
+        let l = reading_line(&rows, 10.0).unwrap();
+        assert!(l.contains("q8.gguf reaches 7.00 t/s, below it"), "{l}");
+        assert!(l.contains("the largest lower quantization that reaches it: q5.gguf at 10.50 t/s"), "{l}");
+        assert!(reading_line(&rows, 6.0).is_none(), "the reference is fast enough");
+        let l = reading_line(&rows, 25.0).unwrap();
+        assert!(l.ends_with("none of the others that pass the quality gate reaches it either"), "{l}");
+    }
 }

@@ -144,6 +144,8 @@ impl<'a> Search<'a> {
             Objective::Tg => Race { pp_below_ts: None, tg_below_ts: best(false), skip_rest: true },
             Objective::Pp => Race { pp_below_ts: best(true), tg_below_ts: None, skip_rest: true },
             Objective::Mixed => Race { pp_below_ts: best(true), tg_below_ts: best(false), skip_rest: false },
+            // A slower setting may draw less power: nothing is cut for speed.
+            Objective::Energy => Race { pp_below_ts: None, tg_below_ts: None, skip_rest: false },
         }
     }
 
@@ -334,7 +336,11 @@ impl<'a> Search<'a> {
                 let race = self.race();
                 self.measure(Role::Grid, self.candidate(ngl), Some(race))?;
             }
+            // Its early stop reasons from time per token being linear in ngl: a speed's
+            // argument, so energy's search walks by tg (its decision then weighs the watts).
             let s = self.settings;
+            let speed = Settings { objective: Objective::Tg, ..s.clone() };
+            let s = if s.objective == Objective::Energy { &speed } else { s };
             Ok(self.trials.iter().find(|x| at(x) && x.result.status == TrialStatus::Ok).and_then(|x| trial_score(x, s)))
         })
     }
@@ -350,6 +356,7 @@ impl<'a> Search<'a> {
             n_prompt: self.settings.n_prompt,
             n_gen: self.settings.n_gen,
             device: policy.map_or_else(String::new, |p| p.device.clone()),
+            max_power_w: self.settings.max_power_w,
         }
     }
 
@@ -571,7 +578,8 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
 #[must_use]
 pub fn trial_score(t: &ProfileTrial, s: &Settings) -> Option<f64> {
     let speed = |pp: bool| t.result.test(pp).map(|x| x.avg_ts);
-    choose::score_for(s, speed(false), speed(true))
+    let watts = t.result.test(false).and_then(crate::types::Power::of).map(|w| w.total());
+    choose::score_with_power(s.objective, (s.n_prompt, s.n_gen), (speed(false), speed(true)), watts)
 }
 
 /// The memory fit against each measured grid point (partial offload and

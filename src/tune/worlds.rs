@@ -41,7 +41,7 @@ pub fn decide_on(ngls: &[u32], cap: f64, full: u32, world: fn(u32) -> (f64, f64)
             .iter()
             .map(|&n| {
                 let (tg, mem) = world(n);
-                Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(mem) }
+                Point { ngl: n, ok: true, oom: false, tg: Some(tg), pp: None, mem: Some(mem), power: None }
             })
             .collect();
         let d = decide(&Inputs {
@@ -52,6 +52,7 @@ pub fn decide_on(ngls: &[u32], cap: f64, full: u32, world: fn(u32) -> (f64, f64)
             n_prompt: 512,
             n_gen: 128,
             device: "GPU".into(),
+            max_power_w: None,
         });
         if !d.needs_confirmation || measured.len() > 12 {
             return d.recommended_ngl;

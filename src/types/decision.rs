@@ -14,6 +14,10 @@ pub enum Objective {
     Pp,
     /// Time for one request of n_prompt + n_gen tokens.
     Mixed,
+    /// Generated tokens per joule (the GPUs' and CPU packages' measured
+    /// power over the tg test): fewer layers where power grows faster
+    /// than speed.
+    Energy,
 }
 
 impl Objective {
@@ -23,6 +27,7 @@ impl Objective {
             Objective::Tg => "tg",
             Objective::Pp => "pp",
             Objective::Mixed => "mixed",
+            Objective::Energy => "energy",
         }
     }
 }
@@ -39,9 +44,46 @@ pub struct Point {
     pub pp: Option<f64>,
     /// Memory this setting costs, in the currency the cap is in (bytes).
     pub mem: Option<f64>,
+    /// Mean power over its tg test, where measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<Power>,
+}
+
+/// Mean power over a test: the NVIDIA GPUs' (NVML) and the CPU packages' (RAPL), those measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Power {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_w: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_w: Option<f64>,
+}
+
+impl Power {
+    /// Of a test: `None` where neither was measured.
+    #[must_use]
+    pub fn of(t: &super::TestResult) -> Option<Power> {
+        (t.power_w.is_some() || t.cpu_power_w.is_some()).then_some(Power { gpu_w: t.power_w, cpu_w: t.cpu_power_w })
+    }
+
+    /// Both together (W).
+    #[must_use]
+    pub fn total(&self) -> f64 {
+        self.gpu_w.unwrap_or(0.0) + self.cpu_w.unwrap_or(0.0)
+    }
 }
 
 impl Point {
+    /// Watts against ngl (the objective `energy`, the `--max-power` cap):
+    /// total, and the GPUs' alone.
+    #[must_use]
+    pub fn power_curves(points: &[Point], full: u32) -> (Curve, Curve) {
+        let curve = |f: &dyn Fn(&Power) -> Option<f64>| {
+            let measured = points.iter().filter(|p| p.ok).filter_map(|p| Some((p.ngl, f(p.power.as_ref()?)?)));
+            Curve::new(measured.collect(), full)
+        };
+        (curve(&|w| Some(w.total())), curve(&|w| w.gpu_w))
+    }
+
     /// The three models decisions and charts use, each against ngl: seconds
     /// per generated token, seconds per prompt token (time per token is
     /// what is linear in ngl; speeds are its inverse), and memory.

@@ -224,6 +224,31 @@ pub struct TestResult {
     /// sample is that rate, over the whole test's tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_measured: Option<u32>,
+    /// The NVIDIA GPUs' mean power over the test (W, device-wide, NVML's
+    /// energy counter around it; its repetitions and warmup included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    /// The CPU packages' mean power over the test (W, RAPL's energy
+    /// counters around it, where Linux's powercap can be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_power_w: Option<f64>,
+    /// Energy per token (J) at that power and this test's rate
+    /// ([`TestResult::joules_per_token`], written with the power).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub j_per_token: Option<f64>,
+}
+
+impl TestResult {
+    /// Energy per token (J): the GPUs' and CPU packages' mean power (those
+    /// measured) over the time one token takes.
+    #[must_use]
+    pub fn joules_per_token(&self) -> Option<f64> {
+        let w = match (self.power_w, self.cpu_power_w) {
+            (None, None) => return None,
+            (g, c) => g.unwrap_or(0.0) + c.unwrap_or(0.0),
+        };
+        (self.avg_ts > 0.0).then(|| w / self.avg_ts)
+    }
 }
 
 impl TestResult {
@@ -249,6 +274,9 @@ impl TestResult {
             stopped_early: false,
             n_depth: 0,
             tokens_measured: None,
+            power_w: None,
+            cpu_power_w: None,
+            j_per_token: None,
         }
     }
 

@@ -7,6 +7,9 @@
  * running `ngl-tune __trial` listed as a compute process holding its
  * resident memory (with llvmpipe, llama.cpp's device buffers live there).
  * FAKE_NVML_GPU_UTIL=N makes the GPU N% busy with another program (pid 1).
+ * It draws a steady 150 W: its energy counter (mJ) is 150 W times the time
+ * the machine has been up (CLOCK_MONOTONIC, to the microsecond), so every
+ * process reads the same counter, and it only grows.
  *
  * Only the entry points ngl-tune calls exist; nvml-wrapper resolves the
  * rest lazily and never calls them. Built by tests/devices.rs with `cc`.
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 enum { NVML_SUCCESS = 0, NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_INSUFFICIENT_SIZE = 7 };
@@ -145,6 +149,19 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
 static nvmlReturn_t uint_out(nvmlDevice_t d, unsigned int *out, unsigned int v) {
     if (!valid(d) || !out) return NVML_ERROR_INVALID_ARGUMENT;
     *out = v;
+    return NVML_SUCCESS;
+}
+
+static const unsigned int POWER_MW = 150000;
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) { return uint_out(d, mw, POWER_MW); }
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long *mj) {
+    struct timespec t;
+    if (!valid(d) || !mj) return NVML_ERROR_INVALID_ARGUMENT;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    /* Counted in microseconds (150 W is 0.15 mJ a microsecond): a test of a few milliseconds is read to 0.1%. */
+    *mj = ((unsigned long long)t.tv_sec * 1000000ULL + (unsigned long long)t.tv_nsec / 1000ULL) * (POWER_MW / 1000) / 1000ULL;
     return NVML_SUCCESS;
 }
 

@@ -259,8 +259,9 @@ fn unchecked(options: &mut [PlacementOption], s: &Settings) {
 }
 
 /// The most layers a q8_0 cache lets on under the cap (interpolated over the
-/// grid, then priced exactly, one layer less while over), or 0 when that is
-/// not more than `split` (the f16 layer split's).
+/// grid, then priced exactly, one layer less while over; where that falls
+/// below the grid's first offloaded point, priced up from the split a layer
+/// at a time), or 0 when that is not more than `split` (the f16 layer split's).
 fn partial_q8(
     h: &HatchInputs,
     partial: &[PredictCase],
@@ -273,13 +274,21 @@ fn partial_q8(
     if q8.is_empty() {
         return 0;
     }
-    while n > split {
+    let price = |n: u32, preds: &mut Vec<Prediction>, predict: &mut Predictor<'_>| {
         let case = partial.first().map(|c| PredictCase { ngl: n, ..*c }).expect("q8 is not empty");
         let priced = predict(&[case]);
         #[allow(clippy::cast_precision_loss)]
         let fits = bytes(priced.first()).is_some_and(|b| b as f64 <= h.cap);
         preds.extend(priced);
-        if fits {
+        fits
+    };
+    if n <= split {
+        // The grid's first offloaded point is already over: a layer or two past the split may fit.
+        let top = (split + super::memory::MAX_PRICE_STEPS).min(h.full.saturating_sub(1));
+        return (split + 1..=top).take_while(|m| price(*m, preds, predict)).last().unwrap_or(0);
+    }
+    while n > split {
+        if price(n, preds, predict) {
             return n;
         }
         n -= 1;
@@ -521,7 +530,7 @@ fn score_with_noise(o: &PlacementOption, s: &Settings) -> Option<(f64, f64)> {
         _ => 0.0,
     };
     let r = match s.objective {
-        crate::types::Objective::Tg => rel(o.tg_se_ts, o.tg_ts),
+        crate::types::Objective::Tg | crate::types::Objective::Energy => rel(o.tg_se_ts, o.tg_ts),
         crate::types::Objective::Pp => rel(o.pp_se_ts, o.pp_ts),
         crate::types::Objective::Mixed => rel(o.tg_se_ts, o.tg_ts).max(rel(o.pp_se_ts, o.pp_ts)),
     };

@@ -300,6 +300,15 @@ fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_w
 }
 
 #[test]
+fn a_q8_0_cache_that_fits_only_below_the_grids_first_point_is_found_from_the_split_up() {
+    // 800: f16 fits one layer (427), q8_0 three (3 x 263 = 789); the grid's 5 is over either way.
+    let (h, measured) = hatch_world(800.0, 1);
+    let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv == KvType::Q8_0).collect();
+    assert_eq!(kv.iter().map(|c| c.ngl).collect::<Vec<_>>(), [3], "{measured:?}");
+    assert!(h.options.iter().any(|o| o.kind == HatchKind::KvCache && o.measured && o.n_gpu_layers == 3));
+}
+
+#[test]
 fn largest_context_that_fits() {
     // 100 MB at 8k, 180 MB at 16k: 10 MB per 1k tokens.
     let mb = 1_000_000;
