@@ -36,8 +36,7 @@ pub fn trial_table(p: &Profile) -> String {
         columns.push(("img ms", true));
     }
     // NVIDIA cards (NVML) and CPU packages (RAPL): mean power over the tg test, energy per token.
-    let energy =
-        p.trials.iter().any(|t| t.result.test(false).is_some_and(|x| x.power_w.is_some() || x.cpu_power_w.is_some()));
+    let energy = p.trials.iter().any(|t| t.result.test(false).and_then(crate::types::Power::of).is_some());
     if energy {
         columns.push(("tg J/token (power)", true));
     }

@@ -155,11 +155,10 @@ impl Model<'_> {
     /// The knee among measured settings under the cap (throughput against
     /// memory), and what the layers past it buy, in words.
     fn knee(&self, ok: &[&Point], best: Option<(u32, f64)>) -> (Option<Knee>, String) {
-        let measured_score = |p: &Point| measured_score(self.inp, p);
         let mut pts: Vec<(f64, f64, u32)> = ok
             .iter()
             .filter(|p| self.under(p.ngl) == Some(true))
-            .filter_map(|p| Some((p.mem?, measured_score(p)?, p.ngl)))
+            .filter_map(|p| Some((p.mem?, measured_score(self.inp, p)?, p.ngl)))
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let xy: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
@@ -266,12 +265,11 @@ pub fn decide(inp: &Inputs) -> Decision {
     let best = m.best(max_ngl_under_cap);
 
     let ok: Vec<&Point> = inp.points.iter().filter(|p| p.ok).collect();
-    let measured_score = |p: &Point| measured_score(inp, p);
-    let zero = ok.iter().find(|p| p.ngl == 0).and_then(|p| measured_score(p));
+    let zero = ok.iter().find(|p| p.ngl == 0).and_then(|p| measured_score(inp, p));
     let best_offload = ok
         .iter()
         .filter(|p| p.ngl > 0)
-        .filter_map(|p| measured_score(p).map(|s| (p.ngl, s)))
+        .filter_map(|p| measured_score(inp, p).map(|s| (p.ngl, s)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     // Slower offloaded: a speed's verdict (energy's best may be ngl 0 for its own reason).
     let offload_hurts =

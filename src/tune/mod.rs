@@ -150,7 +150,7 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     hw.fingerprint = probe::fingerprint(&hw);
     let identity = ModelIdentity::of(info);
     let policy = memory::policy_for(&hw, s, &opts.caps);
-    check_power(s, opts.caps.len())?;
+    check_power(s, opts.caps.len(), !hw.gpus.is_empty())?;
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let mut checkpoint = Some(resume(opts, &identity, &hw, &mut notes));
     let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
@@ -328,16 +328,16 @@ fn apply_split(
 
 /// `--objective energy` and `--max-power` need the power they choose by,
 /// and energy chooses whole layers on one device (the hatches and splits
-/// are judged by speed): bad input otherwise, before any work.
-fn check_power(s: &Settings, devices: usize) -> Result<()> {
-    use crate::probe::{nvml::EnergyMeter, rapl::Rapl};
+/// are judged by speed): bad input otherwise, before any work. `nvml`:
+/// the hardware probe saw NVIDIA cards through NVML.
+fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
     let energy = s.objective == crate::types::Objective::Energy;
-    if s.max_power_w.is_some() && EnergyMeter::open().is_none() {
+    if s.max_power_w.is_some() && !nvml {
         return Err(crate::error::bad(
             "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",
         ));
     }
-    if energy && EnergyMeter::open().is_none() && Rapl::open().is_none() {
+    if energy && !nvml && crate::probe::rapl::Rapl::open().is_none() {
         return Err(crate::error::bad(format!(
             "--objective energy needs power readings: no NVIDIA card through NVML and no RAPL counter under {} here; use --objective tg",
             crate::probe::rapl::POWERCAP

@@ -329,6 +329,9 @@ impl<'a> Search<'a> {
 
     /// The adaptive search's points (see [`adaptive_points`]), raced.
     fn adaptive(&mut self, n_max: u32, top_first: bool, max_trials: usize) -> Result<Option<String>> {
+        // Its early stop reasons from time per token being linear in ngl: a speed's
+        // argument, so energy's search walks by tg (its decision then weighs the watts).
+        let by_speed = Settings { objective: Objective::Tg, ..self.settings.clone() };
         adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
             let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.placement.n_gpu_layers == ngl;
             if !self.trials.iter().any(|x| at(&x)) {
@@ -336,11 +339,7 @@ impl<'a> Search<'a> {
                 let race = self.race();
                 self.measure(Role::Grid, self.candidate(ngl), Some(race))?;
             }
-            // Its early stop reasons from time per token being linear in ngl: a speed's
-            // argument, so energy's search walks by tg (its decision then weighs the watts).
-            let s = self.settings;
-            let speed = Settings { objective: Objective::Tg, ..s.clone() };
-            let s = if s.objective == Objective::Energy { &speed } else { s };
+            let s = if self.settings.objective == Objective::Energy { &by_speed } else { self.settings };
             Ok(self.trials.iter().find(|x| at(x) && x.result.status == TrialStatus::Ok).and_then(|x| trial_score(x, s)))
         })
     }

@@ -4,18 +4,7 @@
 //! context, then one quantization lower and a second GPU. Pure: it reads
 //! one context's answer and the hatches already measured or priced there.
 
-use crate::profile::{ContextPlacement, HatchKind, PlacementOption, ReadingHatch, ReadingVerdict};
-
-/// The guides' order of the hatches this tune can measure: the cache's
-/// type, then the context, then the placements without a quality cost.
-fn guide_rank(k: HatchKind) -> u8 {
-    match k {
-        HatchKind::KvCache => 0,
-        HatchKind::ShorterContext => 1,
-        HatchKind::FfnSpill => 2,
-        HatchKind::LayerSplit => 3,
-    }
-}
+use crate::profile::{ContextPlacement, PlacementOption, ReadingHatch, ReadingVerdict};
 
 fn hatch(o: &PlacementOption) -> ReadingHatch {
     ReadingHatch {
@@ -38,7 +27,8 @@ fn hatch(o: &PlacementOption) -> ReadingHatch {
 pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict> {
     let tg = c.recommendation.tg_ts.filter(|t| t.is_finite())?;
     let mut options: Vec<&PlacementOption> = c.options.iter().filter(|o| o.fits && !o.recommended).collect();
-    options.sort_by_key(|o| guide_rank(o.kind));
+    // `HatchKind`'s order is the guides': the cache's type, the context, then the placements.
+    options.sort_by_key(|o| o.kind);
     let above = tg >= threshold_ts;
     let reaches =
         if above { None } else { options.iter().find(|o| o.measured && o.tg_ts.is_some_and(|t| t >= threshold_ts)) };
@@ -53,7 +43,7 @@ pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Recommendation;
+    use crate::profile::{HatchKind, Recommendation};
     use crate::types::{KvType, Quality};
 
     fn option(kind: HatchKind, tg: Option<f64>, measured: bool) -> PlacementOption {

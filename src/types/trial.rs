@@ -243,11 +243,7 @@ impl TestResult {
     /// measured) over the time one token takes.
     #[must_use]
     pub fn joules_per_token(&self) -> Option<f64> {
-        let w = match (self.power_w, self.cpu_power_w) {
-            (None, None) => return None,
-            (g, c) => g.unwrap_or(0.0) + c.unwrap_or(0.0),
-        };
-        (self.avg_ts > 0.0).then(|| w / self.avg_ts)
+        super::Power::of(self).filter(|_| self.avg_ts > 0.0).map(|w| w.total() / self.avg_ts)
     }
 }
 
