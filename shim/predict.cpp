@@ -326,6 +326,36 @@ int ngl_tune_mmproj_memory(const char * path, int use_gpu, int32_t flash_attn, u
     return 0;
 }
 
+// What llama-server adds to its fit target for a projector
+// (tools/server/server-context.cpp, load_model, with --mmproj and fit on):
+// mtmd's estimate per device, added at that device's index in ggml's
+// registry where the target list has one. `pad` holds `n` entries (one per
+// device index); they are left as given for devices the projector does not
+// use. Returns 0 on success, 1 when mtmd cannot price the projector (the
+// server then adds nothing either).
+int ngl_tune_mmproj_fit_pad(const char * path, int use_gpu, int32_t flash_attn, uint64_t * pad, size_t n) {
+    mtmd_context_params p = mtmd_context_params_default();
+    p.use_gpu             = use_gpu != 0;
+    p.flash_attn_type     = (llama_flash_attn_type) flash_attn;
+    p.warmup              = true;
+    p.print_timings       = false;
+    const mtmd_memory_usage m = mtmd_get_memory_usage(path, p);
+    if (m.backend_mem_usage.empty()) {
+        return 1;
+    }
+    for (const auto & kv : m.backend_mem_usage) {
+        for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+            if (ggml_backend_dev_get(i) == kv.first) {
+                if (i < n) {
+                    pad[i] += (uint64_t) kv.second;
+                }
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
 // The RPC protocol version this build speaks: major << 16 | minor << 8 | patch.
 uint32_t ngl_tune_rpc_protocol(void) {
     return (RPC_PROTO_MAJOR_VERSION << 16) | (RPC_PROTO_MINOR_VERSION << 8) | RPC_PROTO_PATCH_VERSION;

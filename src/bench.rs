@@ -79,6 +79,7 @@ impl BenchOptions {
             sample_interval_ms: 20,
             race: None,
             baseline: false,
+            n_streams: 1,
         }
     }
 }

@@ -201,6 +201,8 @@ pub enum ObjectiveArg {
     Mixed,
     /// Generated tokens per joule (needs an NVIDIA card's NVML or the CPU's RAPL)
     Energy,
+    /// Generated tokens per second of --parallel N sequences decoding together (batch jobs)
+    Throughput,
 }
 
 #[derive(Debug, Args)]
@@ -287,6 +289,16 @@ pub struct TuneArgs {
     /// What to maximize
     #[arg(help_heading = "Search", long, value_enum, default_value_t = ObjectiveArg::Tg)]
     pub objective: ObjectiveArg,
+    /// Sequences decoding together for --objective throughput (llama-server's -np)
+    ///
+    /// Each tg test decodes N sequences one token each a step, each at the depth, and counts all
+    /// their tokens (llama-batched-bench's S_TG); each context is N slots of the --ctx given, so
+    /// the KV cache is sized for N. Emitted as -np N, LLAMA_ARG_N_PARALLEL and OLLAMA_NUM_PARALLEL.
+    #[arg(help_heading = "Search", long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: Option<u32>,
+    /// A batch job to time: REQUESTSxTOKENS generated (like 500x800); the report gives its hours
+    #[arg(help_heading = "Search", long, value_name = "RxT")]
+    pub job: Option<String>,
     /// How to choose what to measure: adaptively, or every grid value in full
     ///
     /// Adaptive measures ngl 0 and the largest setting predicted under the cap, then one or two

@@ -321,6 +321,15 @@ pub fn ollama_fit_margin(projector_bytes: Option<u64>) -> u64 {
     }
 }
 
+/// Whether Ollama loads a projector of `bytes` (its tensors) on the GPU
+/// with num_gpu unset: not where a GPU has less free memory than the
+/// projector plus 1 GiB (llm/llama_server.go, `mmprojOffloadDisabled`:
+/// "limited-vram", then `--no-mmproj-offload` and no fit-target pad).
+#[must_use]
+pub fn ollama_offloads_projector(bytes: u64, free_per_gpu: &[u64]) -> bool {
+    !free_per_gpu.iter().any(|&free| free > 0 && free < bytes + GIB)
+}
+
 /// Whether Ollama's device check lets flash attention run on a CUDA card of
 /// compute capability `major.minor` (ml/device.go,
 /// `cudaFlashAttentionSupported`: 6.0 or newer, except 7.2; the driver
@@ -480,6 +489,10 @@ mod tests {
         };
         let mib = 1u64 << 20;
         assert_eq!(ollama_fit(&v(&[])), OllamaFit { on: true, target_bytes: None });
+        // The projector on the GPU only where every GPU has it plus 1 GiB free.
+        assert!(ollama_offloads_projector(300 * mib, &[2048 * mib, 1325 * mib]));
+        assert!(!ollama_offloads_projector(300 * mib, &[2048 * mib, 1323 * mib]));
+        assert!(ollama_offloads_projector(300 * mib, &[]), "no GPU: nothing to decide");
         assert_eq!((ollama_fit_margin(None), ollama_fit_margin(Some(300 * mib + 1))), (1024 * mib, 1325 * mib));
         assert_eq!(ollama_fit(&v(&[("LLAMA_ARG_FIT_TARGET", "2048,512")])).target_bytes, Some(2048 * mib));
         assert!(!ollama_fit(&v(&[("LLAMA_ARG_FIT", "off")])).on);

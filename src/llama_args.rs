@@ -33,11 +33,13 @@ pub struct LlamaArgs {
     pub n_parallel: Option<u32>,
     /// `--mmproj`: the multimodal projector file.
     pub mmproj: Option<std::path::PathBuf>,
+    /// `--mmproj-offload` / `--no-mmproj-offload`.
+    pub mmproj_offload: Option<bool>,
 }
 
 /// The flags this reads.
 pub const KNOWN: &str =
-    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj";
+    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj, --no-mmproj-offload";
 
 impl LlamaArgs {
     /// `base` with what this command line sets laid over it. An `-ot`
@@ -68,6 +70,7 @@ impl LlamaArgs {
         if let Some(m) = self.mmproj {
             p.mmproj = Some(m);
         }
+        p.mmproj_offload = self.mmproj_offload.unwrap_or(p.mmproj_offload);
         if let Some(v) = self.tensor_split {
             p.tensor_split = v;
         }
@@ -117,7 +120,7 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
 
 /// llama-server's environment variables (`common/arg.cpp`'s `set_env`) for
 /// the flags ngl-tune emits.
-const ENV_FLAGS: [(&str, &str); 17] = [
+const ENV_FLAGS: [(&str, &str); 18] = [
     ("LLAMA_ARG_N_GPU_LAYERS", "-ngl"),
     ("LLAMA_ARG_THREADS", "-t"),
     ("LLAMA_ARG_CTX_SIZE", "-c"),
@@ -135,6 +138,7 @@ const ENV_FLAGS: [(&str, &str); 17] = [
     ("LLAMA_ARG_TENSOR_SPLIT", "-ts"),
     ("LLAMA_ARG_MAIN_GPU", "-mg"),
     ("LLAMA_ARG_MMPROJ", "--mmproj"),
+    ("LLAMA_ARG_MMPROJ_OFFLOAD", "--mmproj-offload"),
 ];
 
 /// What llama-server's `LLAMA_ARG_*` variables set, of the ones ngl-tune
@@ -201,6 +205,10 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
                 a.op_offload = Some(OpOffload::On);
                 continue;
             }
+            "--no-mmproj-offload" => {
+                a.mmproj_offload = Some(false);
+                continue;
+            }
             _ => {}
         }
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -252,6 +260,19 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
             }
             "-mg" | "--main-gpu" => a.main_gpu = Some(number(flag, value()?)?),
             "-mm" | "--mmproj" => a.mmproj = Some(std::path::PathBuf::from(value()?)),
+            // Without a value on the command line; LLAMA_ARG_MMPROJ_OFFLOAD's
+            // value as llama.cpp reads it (is_truthy / is_falsey).
+            "--mmproj-offload" => {
+                let on = match it.clone().next().map(String::as_str) {
+                    Some("1" | "true" | "on" | "enabled") => Some(true),
+                    Some("0" | "false" | "off" | "disabled") => Some(false),
+                    _ => None,
+                };
+                if on.is_some() {
+                    it.next();
+                }
+                a.mmproj_offload = Some(on.unwrap_or(true));
+            }
             other => return Err(format!("'{other}' is not a flag ngl-tune bench runs; it runs {KNOWN}")),
         }
     }
@@ -292,6 +313,19 @@ mod tests {
     }
 
     #[test]
+    fn a_projector_kept_on_the_cpu_reads_back_from_its_flag_and_its_variable() {
+        let p = Placement { mmproj: Some("mm.gguf".into()), mmproj_offload: false, ..Placement::default() };
+        assert!(p.flags().ends_with("--mmproj mm.gguf --no-mmproj-offload"), "{}", p.flags());
+        assert_eq!(parse_placement(&p.flags()).unwrap(), p);
+        let env: Vec<(String, String)> = p.server_env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert!(env.contains(&("LLAMA_ARG_MMPROJ_OFFLOAD".into(), "false".into())), "{env:?}");
+        assert_eq!(from_env(&env).unwrap().over(Placement::default()), p);
+        // The positive flag takes no value on a command line.
+        let on = parse("--mmproj mm.gguf --mmproj-offload -ngl 3").unwrap();
+        assert_eq!((on.mmproj_offload, on.ngl), (Some(true), Some(3)));
+    }
+
+    #[test]
     fn what_a_line_leaves_out_stays_as_laid() {
         let base = Placement::default().with_layers(10, 4, Some(4096)).with_kv(KvType::Q8_0);
         let p = parse("-ngl 20").unwrap().over(base.clone());
@@ -326,8 +360,9 @@ mod tests {
                 Just("mmproj-F16.gguf".to_string()),
                 Just("/models/My Model's/mmproj.gguf".to_string()),
             ]),
+            proptest::bool::ANY,
         )
-            .prop_map(|(a, b, c, (np, devices), mm)| Placement {
+            .prop_map(|(a, b, c, (np, devices), mm, on_gpu)| Placement {
                 n_gpu_layers: a.0,
                 n_threads: a.1,
                 n_ctx: a.2,
@@ -345,6 +380,7 @@ mod tests {
                 tensor_split: c.3,
                 main_gpu: c.4,
                 n_parallel: np,
+                mmproj_offload: on_gpu || mm.is_none(),
                 mmproj: mm.map(std::path::PathBuf::from),
             })
     }

@@ -174,6 +174,7 @@ pub fn tune_settings(
             ObjectiveArg::Pp => Objective::Pp,
             ObjectiveArg::Mixed => Objective::Mixed,
             ObjectiveArg::Energy => Objective::Energy,
+            ObjectiveArg::Throughput => Objective::Throughput,
         },
         grid: if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) },
         quick: a.quick,
@@ -204,6 +205,8 @@ pub fn tune_settings(
         reading_speed: a.reading_speed,
         host_budget_bytes: a.host_budget.as_deref().map(|b| parse_size_for("--host-budget", b)).transpose()?,
         max_power_w: a.max_power,
+        parallel_streams: check_streams(a)?,
+        job: a.job.as_deref().map(parse_job).transpose()?,
         warmup: !w.no_warmup,
         n_parallel: 1,
         consumer: None,
@@ -211,6 +214,29 @@ pub fn tune_settings(
         n_depth: a.depth,
         mmproj: w.mmproj.as_deref().map(check_projector).transpose()?,
     })
+}
+
+/// `--job REQUESTSxTOKENS`: requests, and the tokens each generates.
+fn parse_job(v: &str) -> Result<crate::types::Job> {
+    let no = || bad(format!("--job '{v}' is not a job; give requests x generated tokens each, like 500x800"));
+    let (r, t) = v.split_once(['x', 'X']).ok_or_else(no)?;
+    let n = |s: &str| s.trim().parse::<u32>().ok().filter(|n| *n > 0);
+    Ok(crate::types::Job { requests: n(r).ok_or_else(no)?, n_gen: n(t).ok_or_else(no)? })
+}
+
+/// `--parallel` goes with `--objective throughput` and the other way round.
+fn check_streams(a: &TuneArgs) -> Result<Option<u32>> {
+    match (a.objective, a.parallel) {
+        (ObjectiveArg::Throughput, Some(n)) => Ok(Some(n)),
+        (ObjectiveArg::Throughput, None) => {
+            Err(bad("--objective throughput needs --parallel N: the sequences your job decodes together (like 4)"
+                .to_string()))
+        }
+        (_, Some(n)) => Err(bad(format!(
+            "--parallel {n} measures {n} sequences decoding together: give --objective throughput with it"
+        ))),
+        (_, None) => Ok(None),
+    }
 }
 
 /// Checks `--mmproj`: a GGUF file holding a projector (llama.cpp's `clip`

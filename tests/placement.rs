@@ -273,3 +273,52 @@ fn the_context_is_the_users_and_never_more_than_the_model_was_trained_for() {
     assert_eq!(p["recommendation"]["n_ctx"], 2048);
     assert!(p["settings"]["ctx_rule"].is_null(), "asked for, not chosen");
 }
+
+/// `--objective throughput --parallel 4`: every tg test decodes four
+/// sequences together in a context of four slots (the KV cache sized for
+/// them), the answer is emitted with `-np 4` in each form, and `--job`
+/// gets its hours from the measured rate; the emitted line loads and runs.
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn throughput_decodes_its_streams_together_in_a_cache_sized_for_them() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 4);
+    let store = dir.path().join("store");
+    let extra = ["--objective", "throughput", "--parallel", "4", "--ctx", "512", "--depth", "32", "--job", "100x50"];
+    let p = tune_json(&[m.to_str().unwrap()], &extra, &store, &[VK]);
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    assert_eq!((p["settings"]["parallel_streams"].as_u64(), p["settings"]["n_ctx"].as_u64()), (Some(4), Some(2048)));
+    for t in p["trials"].as_array().unwrap() {
+        let s = &t["spec"];
+        assert_eq!(s["n_streams"], 4, "every tg test decodes four streams: {s}");
+        if !s["baseline"].as_bool().unwrap_or(false) {
+            assert_eq!((s["n_ctx"].as_u64(), s["n_parallel"].as_u64()), (Some(2048), Some(4)), "4 slots of 512: {s}");
+        }
+        if t["status"] == "ok" {
+            let tg = t["tests"].as_array().unwrap().iter().find(|x| x["n_prompt"] == 0).unwrap();
+            assert_eq!(tg["n_streams"], 4, "{tg}");
+            let pp = t["tests"].as_array().unwrap().iter().find(|x| x["n_prompt"] != 0);
+            assert!(pp.is_none_or(|x| x["n_streams"].is_null()), "pp is one sequence's prompt: {pp:?}");
+        }
+    }
+    let rec = &p["recommendation"];
+    let args = rec["llama_cpp_args"].as_str().unwrap();
+    assert!(args.contains("-c 2048 -np 4"), "{args}");
+    let env = rec["ollama_server_env"].to_string();
+    assert!(env.contains("OLLAMA_NUM_PARALLEL=4"), "{env}");
+    assert!(rec["modelfile"].to_string().contains("PARAMETER num_ctx 512"), "{}", rec["modelfile"]);
+    let job = &p["placements"][0]["job"];
+    let (tg, hours) = (job["tg_ts"].as_f64().unwrap(), job["hours"].as_f64().unwrap());
+    assert_eq!((job["streams"].as_u64(), job["job"]["requests"].as_u64()), (Some(4), Some(100)), "{job}");
+    assert!((hours - 100.0 * 50.0 / tg / 3600.0).abs() < 1e-9 * hours.max(1.0), "{job}");
+    assert!(p["placements"][0]["reading"].is_null(), "reading speed judges one chat stream, not a job");
+    // The emitted line loads and runs as it was measured.
+    let o = run_env(
+        &["bench", m.to_str().unwrap(), "--llama-args", args, "-p", "8", "-n", "4", "-r", "1", "-o", "json", "-q"],
+        &[VK],
+    );
+    assert!(o.status.success(), "{args}: {}", stderr(&o));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(rows.as_array().unwrap().iter().all(|r| r["status"] == "ok" && r["n_ctx"] == 2048), "{rows}");
+}

@@ -97,6 +97,9 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
         let cards: &[(String, (u32, u32))] = if on_cuda { cuda.get_or_insert_with(cuda_cards) } else { &[] };
         consumer.apply(&mut req.settings, &req.info.architecture, user_ctx, cards);
+        if let Some(n) = req.settings.parallel_streams {
+            req.settings.decode_together(n);
+        }
         crate::request::check_depth(&req.settings)?;
         reqs.push(req);
     }

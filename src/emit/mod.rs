@@ -453,6 +453,7 @@ mod tests {
             ollama: None,
             split: Some(report),
             reading: None,
+            job: None,
         });
         let r = &mut p.recommendation;
         (r.n_gpu_layers, r.tensor_split, r.tg_ts) = (19, vec![4, 15], Some(30.0));

@@ -47,6 +47,7 @@ pub(crate) fn test_spec() -> TrialSpec {
         sample_interval_ms: 20,
         race: None,
         baseline: false,
+        n_streams: 1,
     }
 }
 

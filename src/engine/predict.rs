@@ -23,6 +23,7 @@ extern "C" {
         cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64, u64),
         user: *mut c_void,
     ) -> c_int;
+    fn ngl_tune_mmproj_fit_pad(path: *const c_char, use_gpu: c_int, flash_attn: i32, pad: *mut u64, n: usize) -> c_int;
     fn ngl_tune_mmproj_memory(
         path: *const c_char,
         use_gpu: c_int,
@@ -99,6 +100,8 @@ impl Prediction {
             && c.n_cpu_moe == spec.placement.n_cpu_moe
             && self.split == spec.placement.tensor_split
             && self.devices == spec.placement.devices
+            // Every prediction counts the projector on its GPU.
+            && spec.placement.mmproj_offload
     }
 }
 
@@ -192,6 +195,10 @@ pub struct OllamaFitAsk {
     pub slots: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_bytes: Option<u64>,
+    /// `LLAMA_ARG_FIT=off` in Ollama's environment: llama-server offloads
+    /// every layer (`-ngl` auto), priced as such.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub off: bool,
 }
 
 /// What a projector adds, as mtmd's dry run reports it: per buffer type,
@@ -235,6 +242,10 @@ pub struct LlamaFit {
     pub predicted_device_bytes: Option<u64>,
     /// Why there is no answer ("could not find allocations that fit", ...).
     pub error: Option<String>,
+    /// Whether the projector (`--mmproj`) loads on the GPU: false where
+    /// Ollama passes `--no-mmproj-offload` (too little free memory for it).
+    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
+    pub mmproj_offload: bool,
 }
 
 impl LlamaFit {
@@ -248,6 +259,7 @@ impl LlamaFit {
             overrides: Vec::new(),
             predicted_device_bytes: None,
             error: None,
+            mmproj_offload: true,
         }
     }
 
@@ -386,8 +398,12 @@ fn run_fit(spec: &PredictSpec, margin: impl Fn(usize) -> u64, ask: FitAsk) -> Fi
     }
 }
 
-fn fit_with(spec: &PredictSpec, margin: u64, ask: FitAsk, extra: &[PredictedBuffer]) -> LlamaFit {
-    let r = run_fit(spec, |_| margin, ask);
+/// llama.cpp's fit with `margin` on every device plus `pad` on the device
+/// of each index (what llama-server adds for a projector; empty: none).
+fn fit_with(spec: &PredictSpec, (margin, pad): (u64, &[u64]), ask: FitAsk, extra: &[PredictedBuffer]) -> LlamaFit {
+    let at = |i: usize| margin + pad.get(i).copied().unwrap_or(0);
+    let r = run_fit(spec, at, ask);
+    let margin = at(0);
     if !r.ok {
         return LlamaFit {
             margin_bytes: margin,
@@ -407,6 +423,7 @@ fn fit_with(spec: &PredictSpec, margin: u64, ask: FitAsk, extra: &[PredictedBuff
         overrides: r.overrides,
         predicted_device_bytes: p.error.is_none().then_some(p.device_bytes),
         error: None,
+        mmproj_offload: true,
     }
 }
 
@@ -548,7 +565,7 @@ pub fn predict_main() -> Result<()> {
             predict_one(&spec, case, (split, devices, mode), extra)
         })
         .collect();
-    let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, m, FitAsk::at(spec.n_ctx), extra));
+    let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, (m, &[]), FitAsk::at(spec.n_ctx), extra));
     let llama_fit_split = (!spec.fit_split_margins.is_empty()).then(|| llama_fit_split(&spec));
     // llama-server without flags: `-c 0` (the training context, which fit
     // shrinks down to 4096 where memory is short), 4 slots over one cache,
@@ -561,19 +578,74 @@ pub fn predict_main() -> Result<()> {
         op_offload: true,
         ..spec.clone()
     };
-    let default_fit = spec.default_fit.then(|| fit_with(&stock, DEFAULT_FIT_MARGIN, server, extra));
+    // llama-server with --mmproj adds the projector's estimate to each
+    // device's fit target (on the first GPU, --mmproj-offload being its default).
+    let pad = |on_gpu: bool, fa: crate::types::FlashAttn| {
+        spec.mmproj.as_deref().map(|m| server_projector_pad(m, on_gpu, fa)).unwrap_or_default()
+    };
+    let default_fit =
+        spec.default_fit.then(|| fit_with(&stock, (DEFAULT_FIT_MARGIN, &pad(true, stock.flash_attn)), server, extra));
     // Ollama's run: its context (`-c num_ctx x P -np P`, which fit keeps),
-    // its batch and KV type (the spec's), its fit target.
+    // its batch and KV type (the spec's), its fit target, llama.cpp's op
+    // offload as Ollama leaves it; with its fit off, every layer.
     let ollama_fit = spec.ollama_fit.map(|o| {
+        let theirs = PredictSpec { op_offload: true, ..spec.clone() };
+        if o.off {
+            return every_layer(&theirs, extra);
+        }
         let ask = FitAsk { slots: o.slots, ..FitAsk::at(spec.n_ctx) };
-        let projector = mmproj.as_ref().map(ProjectorPrediction::device_bytes);
-        let margin = o.target_bytes.unwrap_or_else(|| crate::consumer::ollama_fit_margin(projector));
-        // llama.cpp's op offload, as Ollama leaves it.
-        fit_with(&PredictSpec { op_offload: true, ..spec.clone() }, margin, ask, extra)
+        let projector = spec.mmproj.as_deref().map(ollama_projector_bytes);
+        let offload = projector.is_none_or(|b| crate::consumer::ollama_offloads_projector(b, &offload_free()));
+        let margin =
+            o.target_bytes.unwrap_or_else(|| crate::consumer::ollama_fit_margin(projector.filter(|_| offload)));
+        // A projector Ollama keeps on the CPU adds nothing on the devices.
+        let extra = if offload { extra } else { &[] };
+        LlamaFit { mmproj_offload: offload, ..fit_with(&theirs, (margin, &pad(offload, spec.flash_attn)), ask, extra) }
     });
     let out = PredictOutput { predictions, llama_fit, cases, splits, llama_fit_split, default_fit, ollama_fit, mmproj };
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
+}
+
+/// What llama-server adds to each device's fit target for the projector
+/// (by ggml's device index; all zero where mtmd cannot price it).
+fn server_projector_pad(path: &Path, use_gpu: bool, flash_attn: crate::types::FlashAttn) -> Vec<u64> {
+    // SAFETY: plain query of the device count.
+    let n = unsafe { llama_cpp_sys_2::llama_max_devices() };
+    let mut pad = vec![0u64; n];
+    let c = CString::new(path.to_string_lossy().as_bytes()).unwrap_or_default();
+    // SAFETY: a valid C string and a buffer of `n` entries.
+    let rc = unsafe {
+        ngl_tune_mmproj_fit_pad(c.as_ptr(), c_int::from(use_gpu), i32::from(flash_attn.value()), pad.as_mut_ptr(), n)
+    };
+    let _ = super::logs::take();
+    if rc != 0 {
+        pad.fill(0);
+    }
+    pad
+}
+
+/// The projector's size as Ollama reads it for its fit target: the sum of
+/// its tensors (llm/llama_server.go, `mmprojMemoryRequirement`).
+fn ollama_projector_bytes(path: &Path) -> u64 {
+    crate::gguf::Gguf::read(path).map(|g| g.tensor_bytes()).unwrap_or(0)
+}
+
+/// The free memory of each offload device, as Ollama's scheduler reads it.
+fn offload_free() -> Vec<u64> {
+    crate::probe::ggml::devices().iter().filter(|d| d.is_offload_target()).map(|d| d.memory_free).collect()
+}
+
+/// llama-server with its fit off: every layer on the devices, priced.
+fn every_layer(spec: &PredictSpec, extra: &[PredictedBuffer]) -> LlamaFit {
+    let all = crate::types::Placement { n_gpu_layers: u32::MAX, ..crate::types::Placement::default() };
+    let p = predict_placement(spec, &all, (spec.n_ctx, spec.kv_type), extra);
+    LlamaFit {
+        n_gpu_layers: Some(-1),
+        n_ctx: Some(spec.n_ctx),
+        predicted_device_bytes: p.error.is_none().then_some(p.device_bytes),
+        ..LlamaFit::none(0)
+    }
 }
 
 extern "C" fn collect_mmproj(user: *mut c_void, buft: *const c_char, is_host: c_int, bytes: u64) {

@@ -212,7 +212,8 @@ impl Session {
         let offloaded = logs::parse_offloaded(&load_log);
         let mtmd = match spec.placement.mmproj.as_deref() {
             Some(path) => {
-                let (ctx, lines) = load_projector(path, &model, spec.placement.n_threads)?;
+                let (ctx, lines) =
+                    load_projector(path, &model, spec.placement.n_threads, spec.placement.mmproj_offload)?;
                 buffers.extend(lines);
                 Some(ctx)
             }
@@ -252,15 +253,16 @@ impl Session {
 }
 
 /// The projector for `model`, as llama-server loads it (`--mmproj`: on
-/// the first GPU, warmed up for the largest image, which reserves its
-/// encoder's buffers), and what mtmd said it allocated.
+/// the first GPU unless `--no-mmproj-offload`, warmed up for the largest
+/// image, which reserves its encoder's buffers), and what mtmd said it allocated.
 fn load_projector(
     path: &std::path::Path,
     model: &LlamaModel,
     n_threads: u32,
+    on_gpu: bool,
 ) -> Result<(MtmdContext, Vec<crate::types::BufferLine>), (TrialStatus, String)> {
     let params = MtmdContextParams {
-        use_gpu: true,
+        use_gpu: on_gpu,
         print_timings: false,
         n_threads: i32::try_from(n_threads).unwrap_or(i32::MAX),
         ..MtmdContextParams::default()
@@ -353,7 +355,9 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
                 return fail(result, status_of(&log), format!("{e}: {}", last_error_line(&log)));
             }
         };
-        let mut test = TestResult::from_samples(n_prompt, n_gen, n_ctx, samples).at_depth(spec.n_depth);
+        let streams = if n_prompt == 0 { spec.n_streams } else { 1 };
+        let mut test =
+            TestResult::from_samples(n_prompt, n_gen, n_ctx, samples).at_depth(spec.n_depth).with_streams(streams);
         test.stopped_early = cut.is_some();
         test.tokens_measured = cut.flatten();
         (test.power_w, test.cpu_power_w) = (power_w, cpu_power_w);
@@ -379,7 +383,7 @@ fn open_context<'m>(
     let threads = i32::try_from(p.n_threads).unwrap_or(i32::MAX);
     let cparams = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(n_ctx))
-        .with_n_seq_max(p.n_parallel.max(1))
+        .with_n_seq_max(p.n_parallel.max(spec.n_streams).max(1))
         .with_n_batch(p.n_batch)
         .with_n_ubatch(p.n_ubatch)
         .with_n_threads(threads)
@@ -508,8 +512,9 @@ impl Depth {
     }
 
     /// Back to the depth (at depth 0, the cache cleared), so a repetition
-    /// starts where the last did.
-    fn restore(&self, ctx: &mut LlamaContext<'_>) -> Result<(), String> {
+    /// starts where the last did; with `streams` sequences, each of them
+    /// at the depth (copies of the first).
+    fn restore(&self, ctx: &mut LlamaContext<'_>, streams: u32) -> Result<(), String> {
         let depth = self.n;
         if depth == 0 {
             ctx.clear_kv_cache();
@@ -517,13 +522,24 @@ impl Depth {
         }
         if let Some(s) = &self.saved {
             ctx.clear_kv_cache();
-            return ctx.state_seq_set(s, 0).map_err(|e| format!("restoring the KV cache at depth {depth}: {e}"));
+            for seq in 0..streams.max(1) {
+                let seq = i32::try_from(seq).unwrap_or(i32::MAX);
+                ctx.state_seq_set(s, seq).map_err(|e| format!("restoring the KV cache at depth {depth}: {e}"))?;
+            }
+            return Ok(());
         }
         match ctx.clear_kv_cache_seq(Some(0), Some(depth), None) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(format!("llama.cpp could not trim the KV cache back to depth {depth}")),
-            Err(e) => Err(format!("trimming the KV cache to depth {depth}: {e}")),
+            Ok(true) => {}
+            Ok(false) => return Err(format!("llama.cpp could not trim the KV cache back to depth {depth}")),
+            Err(e) => return Err(format!("trimming the KV cache to depth {depth}: {e}")),
         }
+        for seq in 1..streams {
+            let _ = ctx.clear_kv_cache_seq(Some(seq), None, None);
+            let seq = i32::try_from(seq).unwrap_or(i32::MAX);
+            ctx.copy_kv_cache_seq(0, seq, None, None)
+                .map_err(|e| format!("copying the depth to sequence {seq}: {e}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -542,29 +558,33 @@ fn measure(
     let n_vocab = model.n_vocab().max(1);
     let bos = if vocab.should_add_bos() { Some(vocab.bos()) } else { None };
     let n_batch = spec.placement.n_batch;
+    // A tg test of --objective throughput decodes its streams together.
+    let streams = if n_prompt == 0 { spec.n_streams.max(1) } else { 1 };
+    let gen = Gen { n_vocab, bos, streams, depth: depth.n };
     if spec.warmup {
-        depth.restore(ctx)?;
+        depth.restore(ctx, streams)?;
         if n_prompt > 0 {
             test_prompt(ctx, rng, n_vocab, bos, n_prompt, n_batch, None)?;
         }
         if n_gen > 0 {
-            test_gen(ctx, rng, n_vocab, bos, 1, None)?;
+            test_gen(ctx, rng, &gen, 1, None)?;
         }
     }
     let below = spec.race.and_then(|r| r.below(n_prompt)).filter(|b| *b > 0.0);
     let n_tokens = n_prompt + n_gen;
+    // Every stream's tokens count in the rate the race compares.
+    let counted = f64::from(n_tokens * streams);
     for _ in 0..spec.repetitions {
-        depth.restore(ctx)?;
+        depth.restore(ctx, streams)?;
         let t0 = Instant::now();
         // The first repetition stops as soon as its rate cannot reach the threshold.
-        let limit =
-            below.filter(|_| samples.is_empty()).map(|b| (t0, Duration::from_secs_f64(f64::from(n_tokens) / b)));
+        let limit = below.filter(|_| samples.is_empty()).map(|b| (t0, Duration::from_secs_f64(counted / b)));
         let mut timed = None;
         if n_prompt > 0 {
             timed = test_prompt(ctx, rng, n_vocab, bos, n_prompt, n_batch, limit)?;
         }
         if n_gen > 0 && timed.is_none() {
-            timed = test_gen(ctx, rng, n_vocab, bos, n_gen, limit)?.map(|g| n_prompt + g);
+            timed = test_gen(ctx, rng, &gen, n_gen, limit)?.map(|g| n_prompt + g);
         }
         let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         if let Some(done) = timed {
@@ -575,7 +595,7 @@ fn measure(
         }
         samples.push(ns);
         #[allow(clippy::cast_precision_loss)]
-        let ts = f64::from(n_tokens) * 1e9 / (ns as f64).max(1.0);
+        let ts = counted * 1e9 / (ns as f64).max(1.0);
         if samples.len() == 1 && spec.repetitions > 1 && below.is_some_and(|b| ts < b) {
             return Ok(Some(None));
         }
@@ -628,24 +648,47 @@ fn test_prompt(
     Ok(None)
 }
 
-/// llama-bench's `test_gen`: single-token decodes, synchronize after each.
-/// With a race `limit`, stops after a token once the test cannot reach
-/// its threshold: `Some(tokens generated)`.
+/// What a tg test decodes: random tokens of the vocabulary (BOS first
+/// where it adds one), `streams` sequences together, each after `depth`.
+struct Gen {
+    n_vocab: i32,
+    bos: Option<LlamaToken>,
+    streams: u32,
+    depth: u32,
+}
+
+/// llama-bench's `test_gen`: single-token decodes, synchronize after each;
+/// with several streams, one token of each a step (llama-batched-bench's
+/// generation loop). With a race `limit`, stops after a step once the test
+/// cannot reach its threshold: `Some(steps done)`.
 fn test_gen(
     ctx: &mut LlamaContext<'_>,
     rng: &mut rand::rngs::StdRng,
-    n_vocab: i32,
-    bos: Option<LlamaToken>,
+    g: &Gen,
     n_gen: u32,
     limit: Option<(Instant, Duration)>,
 ) -> Result<Option<u32>, String> {
-    let mut token = bos.unwrap_or_else(|| LlamaToken::new(rng.random_range(0..n_vocab)));
+    let mut token = g.bos.unwrap_or_else(|| LlamaToken::new(rng.random_range(0..g.n_vocab)));
+    let mut batch = (g.streams > 1).then(|| LlamaBatch::new(g.streams as usize, i32::try_from(g.streams).unwrap_or(1)));
     for i in 0..n_gen {
-        let one = [token];
-        let mut batch = LlamaBatch::get_one(&one).map_err(|e| format!("batch: {e}"))?;
-        ctx.decode(&mut batch).map_err(|e| format!("generation decode failed ({e})"))?;
+        match batch.as_mut() {
+            Some(b) => {
+                b.clear();
+                let pos = i32::try_from(g.depth + i).map_err(|e| format!("position: {e}"))?;
+                for seq in 0..i32::try_from(g.streams).unwrap_or(1) {
+                    let t = if i == 0 { token } else { LlamaToken::new(rng.random_range(0..g.n_vocab)) };
+                    b.add(t, pos, &[seq], true).map_err(|e| format!("batch: {e}"))?;
+                }
+                ctx.decode(b).map_err(|e| format!("generation decode failed ({e})"))?;
+            }
+            None => {
+                let one = [token];
+                let mut one = LlamaBatch::get_one(&one).map_err(|e| format!("batch: {e}"))?;
+                ctx.decode(&mut one).map_err(|e| format!("generation decode failed ({e})"))?;
+            }
+        }
         ctx.synchronize();
-        token = LlamaToken::new(rng.random_range(0..n_vocab));
+        token = LlamaToken::new(rng.random_range(0..g.n_vocab));
         if i + 1 < n_gen && hopeless(limit) {
             return Ok(Some(i + 1));
         }

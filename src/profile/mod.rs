@@ -168,6 +168,14 @@ pub struct Settings {
     /// `--max-power`: the GPUs' mean power (W) a setting may draw over its tg test.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_power_w: Option<f64>,
+    /// `--parallel N` of `--objective throughput`: sequences decoding
+    /// together in each tg test (the placement's slots, `-np N`, each
+    /// slot a context of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_streams: Option<u32>,
+    /// `--job`: a batch job whose hours each context's answer states.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::types::Job>,
     /// The consumer's server settings the tune matched, where they were
     /// read, and what each did (`None`: profiles from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -287,6 +295,29 @@ impl Settings {
     #[must_use]
     pub fn ollama(&self) -> Option<&Consumer> {
         self.consumer.as_ref().filter(|c| c.program == "ollama")
+    }
+
+    /// Sequences each tg test decodes together: `--parallel` under
+    /// `--objective throughput`, else one.
+    #[must_use]
+    pub fn streams(&self) -> u32 {
+        match (self.objective, self.parallel_streams) {
+            (crate::types::Objective::Throughput, Some(n)) => n.max(1),
+            _ => 1,
+        }
+    }
+
+    /// Makes each context `n` slots of itself, decoded together
+    /// (`--objective throughput --parallel N`): the KV cache sized for `n`
+    /// sequences, `-np n`; a consumer's own slots are replaced.
+    pub fn decode_together(&mut self, n: u32) {
+        let per = self.n_parallel.max(1);
+        self.n_ctx = self.n_ctx / per * n;
+        for c in &mut self.contexts {
+            *c = *c / per * n;
+        }
+        self.n_parallel = n;
+        self.parallel_streams = Some(n);
     }
 
     /// The depth a context is measured at: `--depth`, else half the
@@ -583,6 +614,9 @@ pub struct ContextPlacement {
     /// a profile from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reading: Option<ReadingVerdict>,
+    /// The hours of `--job` at this answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobVerdict>,
 }
 
 /// How the recommendation compares with llama.cpp's default.

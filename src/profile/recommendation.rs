@@ -205,6 +205,20 @@ pub struct ReadingVerdict {
     pub untried: Vec<ReadingHatch>,
 }
 
+/// A batch job (`--job`) at one context's answer: its generated tokens
+/// over the answer's measured rate (every stream's tokens, under
+/// `--objective throughput`): `tune::verdict::job`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct JobVerdict {
+    pub job: crate::types::Job,
+    /// Sequences decoding together at that rate.
+    pub streams: u32,
+    /// The rate (t/s of generation, all streams).
+    pub tg_ts: f64,
+    /// Hours of generation (prompts not counted).
+    pub hours: f64,
+}
+
 /// A hatch named by the reading-speed verdict: what it is, what it costs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReadingHatch {

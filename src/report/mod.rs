@@ -31,7 +31,11 @@ pub fn trial_table(p: &Profile) -> String {
     let several = p.settings.contexts().len() > 1;
     let images = p.trials.iter().any(|t| t.result.image.is_some());
     let mut columns = if several { vec![("ctx", true)] } else { Vec::new() };
-    columns.extend([("ngl", true), ("threads", true), ("pp t/s", true), ("tg t/s", true)]);
+    let tg_head = match p.settings.streams() {
+        1 => "tg t/s".to_string(),
+        n => format!("tg t/s ({n} streams)"),
+    };
+    columns.extend([("ngl", true), ("threads", true), ("pp t/s", true), (tg_head.as_str(), true)]);
     if images {
         columns.push(("img ms", true));
     }
@@ -265,6 +269,13 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         };
     }
     let _ = writeln!(s, "{}", p.settings.depth_rule());
+    let n = p.settings.streams();
+    if n > 1 {
+        let _ = writeln!(
+            s,
+            "throughput: each tg test decodes {n} sequences together, one token each a step, each at the depth; its t/s counts all of them (llama-batched-bench's S_TG); each context is {n} slots (-np {n}); pp is one sequence's prompt"
+        );
+    }
     if let Some(l) = projector_line(p) {
         let _ = writeln!(s, "{l}");
     }

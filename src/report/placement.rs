@@ -191,8 +191,21 @@ pub fn placement_lines(p: &Profile) -> String {
         if let Some(v) = &c.reading {
             let _ = writeln!(s, "{}", reading_line(c.n_ctx, v));
         }
+        if let Some(j) = &c.job {
+            let _ = writeln!(s, "{}", job_line(c.n_ctx, j));
+        }
     }
     s
+}
+
+/// The hours of `--job` at one context's answer.
+#[must_use]
+pub fn job_line(n_ctx: u32, j: &crate::profile::JobVerdict) -> String {
+    let streams = if j.streams > 1 { format!(", {} streams decoding together", j.streams) } else { String::new() };
+    format!(
+        "job at {n_ctx} context: {} requests x {} generated tokens at tg {:.2} t/s{streams}: {:.2} hours of generation (prompts not counted)",
+        j.job.requests, j.job.n_gen, j.tg_ts, j.hours
+    )
 }
 
 /// What a hatch costs, in the verdict's words.

@@ -102,7 +102,7 @@ pub fn default_candidate(fit: Option<&LlamaFit>, s: &Settings, full: u32, thread
         format!("llama.cpp's fit moves tensors as one trial here cannot ({}): not compared", moved.join(","))
     })?;
     let ngl = if ngl < 0 { full } else { u32::try_from(ngl).unwrap_or(0).min(full) };
-    Ok(Candidate { spill, ctx, ..Candidate::layers(ngl, threads) })
+    Ok(Candidate { spill, ctx, mmproj_cpu: !fit.mmproj_offload, ..Candidate::layers(ngl, threads) })
 }
 
 /// Why `theirs` is over the user's cap in these paired trials (more
@@ -211,7 +211,10 @@ fn default_placement(s: &Settings, cmp: &DefaultComparison, stock: bool) -> Opti
         n_parallel: s.n_parallel,
         ..Placement::default()
     };
-    let p = p.with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?)).with_kv(s.kv_type);
+    let p = p
+        .with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?))
+        .with_kv(s.kv_type)
+        .with_mmproj(s.mmproj.as_deref());
     Some(if stock { p.with_server_defaults() } else { p })
 }
 
@@ -263,7 +266,10 @@ pub fn compare(
     full: u32,
 ) -> Result<DefaultComparison> {
     let s = search.settings();
-    let mine = opponent.mine(rec, s.n_ctx);
+    let mut mine = opponent.mine(rec, s.n_ctx);
+    // Ollama with num_gpu below every layer keeps the projector on the CPU
+    // (llm/llama_server.go, `shouldDisableMMProjOffload`: "partial-text-offload").
+    mine.mmproj_cpu = opponent == Opponent::OllamaRun && s.mmproj.is_some() && mine.ngl < full;
     let mut out = unmeasured(s.depth_at(s.n_ctx));
     let stock = opponent == Opponent::LlamaDefault;
     let theirs = match default_candidate(fit, s, full, crate::engine::llama_default_threads()) {
@@ -278,7 +284,9 @@ pub fn compare(
     out.n_ctx = Some(theirs.ctx);
     out.cpu_overrides = theirs.spill.patterns();
     out.predicted_bytes = fit.and_then(|f| f.predicted_device_bytes);
-    out.llama_cpp_args = default_placement(s, &out, stock).map(|p| p.flags()).unwrap_or_default();
+    out.llama_cpp_args = default_placement(s, &out, stock)
+        .map(|p| Placement { mmproj_offload: !theirs.mmproj_cpu, ..p }.flags())
+        .unwrap_or_default();
     if let Some(why) = priced_over_cap(opponent, out.predicted_bytes, search.cap_bytes()) {
         out.over_cap = true;
         out.note = why;

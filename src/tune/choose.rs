@@ -43,7 +43,8 @@ pub fn score_with_power(
     watts: Option<f64>,
 ) -> Option<f64> {
     match obj {
-        Objective::Tg => tg,
+        // Throughput's tg test counts every stream's tokens.
+        Objective::Tg | Objective::Throughput => tg,
         Objective::Pp => pp,
         Objective::Mixed => {
             let t = f64::from(n_prompt) / pp? + f64::from(n_gen) / tg?;

@@ -54,6 +54,9 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
     if c.ctx > 0 {
         spec.placement.n_ctx = Some(c.ctx);
     }
+    if c.mmproj_cpu {
+        spec.placement.mmproj_offload = false;
+    }
     if c.upstream {
         spec.baseline = true;
         spec.placement.op_offload = crate::types::OpOffload::On;
@@ -126,9 +129,13 @@ pub(crate) mod fake {
         Oom,
     }
 
+    /// What a candidate measures, by its trial's spec.
+    pub type Measures = dyn Fn(Candidate, &TrialSpec) -> Outcome;
+
     pub struct World {
-        /// What a candidate measures at a depth (tokens in the KV cache).
-        pub at: Box<dyn Fn(Candidate, u32) -> Outcome>,
+        /// What a candidate measures as its trial's spec says (the depth,
+        /// the context, the streams decoded together).
+        pub at: Box<Measures>,
         pub base: TrialSpec,
         /// Every candidate measured, in order.
         pub measured: Vec<Candidate>,
@@ -141,6 +148,12 @@ pub(crate) mod fake {
 
         /// A world whose speeds depend on the depth the trial runs at.
         pub fn at_depth(at: impl Fn(Candidate, u32) -> Outcome + 'static) -> World {
+            World::of(move |c, s| at(c, s.n_depth))
+        }
+
+        /// A world whose speeds and memory follow the whole spec; its tg is
+        /// the test's rate, every stream's tokens counted.
+        pub fn of(at: impl Fn(Candidate, &TrialSpec) -> Outcome + 'static) -> World {
             World { at: Box::new(at), base: crate::engine::test_spec(), measured: Vec::new() }
         }
     }
@@ -158,7 +171,7 @@ pub(crate) mod fake {
         fn measure(&mut self, c: Candidate, race: Option<Race>) -> anyhow::Result<TrialResult> {
             self.measured.push(c);
             let spec = spec_of(&self.base, &[], c, race);
-            let (tg, pp, mem) = match (self.at)(c, spec.n_depth) {
+            let (tg, pp, mem) = match (self.at)(c, &spec) {
                 Outcome::Oom => return Ok(TrialResult::failed(spec, TrialStatus::Oom, "out of memory".into())),
                 Outcome::Ok { tg, pp, mem } => (tg, pp, mem),
             };
@@ -172,6 +185,7 @@ pub(crate) mod fake {
                 let reps = if behind { 1 } else { spec.repetitions };
                 let mut t = TestResult::from_samples(np, ng, 256, samples(np + ng, ts, reps));
                 t.stopped_early = behind;
+                t.n_streams = if np == 0 { spec.n_streams } else { 1 };
                 r.tests.push(t);
                 if behind && spec.race.is_some_and(|x| x.skip_rest) {
                     break;

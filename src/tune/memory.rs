@@ -204,11 +204,11 @@ pub fn prediction_check(
 }
 
 /// How Ollama starts llama-server's fit for this workload, where Ollama is
-/// the consumer and its fit is on.
+/// the consumer (with its fit off: every layer, priced).
 fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
     let c = s.ollama()?;
     let fit = crate::consumer::ollama_fit(&c.vars);
-    fit.on.then_some(crate::engine::predict::OllamaFitAsk { slots: s.n_parallel, target_bytes: fit.target_bytes })
+    Some(crate::engine::predict::OllamaFitAsk { slots: s.n_parallel, target_bytes: fit.target_bytes, off: !fit.on })
 }
 
 /// Asks llama.cpp, before any trial, what every grid setting will allocate

@@ -305,8 +305,13 @@ fn tune_context(
         ollama,
         split,
         reading: None,
+        job: None,
     };
-    placement.reading = verdict::reading(&placement, s.reading_speed);
+    // Reading speed judges one chat stream; a throughput job is judged by its hours.
+    if s.objective != crate::types::Objective::Throughput {
+        placement.reading = verdict::reading(&placement, s.reading_speed);
+    }
+    placement.job = s.job.and_then(|j| verdict::job(&placement, j, s.streams()));
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))
@@ -665,6 +670,7 @@ fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
         sample_interval_ms: s.sample_interval_ms,
         race: None,
         baseline: false,
+        n_streams: s.streams(),
     }
 }
 

@@ -85,7 +85,8 @@ pub(super) fn against_ollama(
     let Some(c) = s.ollama() else { return Ok(None) };
     let fit_off = !crate::consumer::ollama_fit(&c.vars).on;
     let all = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(0) };
-    let fit = if fit_off { Some(&all) } else { fit };
+    // Its fit off: every layer, priced by the dry run where it answered.
+    let fit = if fit_off { fit.filter(|f| f.n_gpu_layers == Some(-1)).or(Some(&all)) } else { fit };
     if rec.llama_default {
         let mut out = super::baseline::unmeasured(s.depth_at(s.n_ctx));
         out.note = "num_gpu is left unset already (llama.cpp's default is the answer): Ollama runs its own".into();
@@ -164,6 +165,37 @@ mod tests {
             "llama.cpp's flags keep the tuned layers: {}",
             rec.llama_cpp_args
         );
+    }
+
+    /// With a projector, Ollama runs it on the CPU at a num_gpu below every
+    /// layer, and in its own run where fit's answer says so (too little free
+    /// memory): both sides are measured that way, and its line says it.
+    #[test]
+    fn ollama_keeps_the_projector_where_it_would_run_it() {
+        let mut s = ollama_settings();
+        s.mmproj = Some("mm.gguf".into());
+        let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
+        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let fit =
+            LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), mmproj_offload: false, ..LlamaFit::none(1 << 30) };
+        let mut rec = recommendation();
+        let cmp = against_ollama(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();
+        drop(search);
+        assert!(cmp.llama_cpp_args.ends_with("--mmproj mm.gguf --no-mmproj-offload"), "{}", cmp.llama_cpp_args);
+        let sides: Vec<(u32, bool)> = world.measured.iter().map(|c| (c.ngl, c.mmproj_cpu)).collect();
+        assert!(sides.iter().any(|&(n, cpu)| n == 7 && cpu), "num_gpu 7 of 31: the projector on the CPU: {sides:?}");
+        assert!(sides.iter().all(|&(_, cpu)| cpu), "{sides:?}");
+
+        // Every layer on the GPU and room for the projector: on the GPU on both sides.
+        let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
+        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let fit = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let mut rec = recommendation();
+        rec.n_gpu_layers = 31;
+        let cmp = against_ollama(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();
+        drop(search);
+        assert!(!cmp.llama_cpp_args.contains("--no-mmproj-offload"), "{}", cmp.llama_cpp_args);
+        assert!(world.measured.iter().all(|c| !c.mmproj_cpu), "{:?}", world.measured);
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct Candidate {
     /// A baseline (llama.cpp's default, Ollama's own run): llama.cpp's op
     /// offload, and its trials marked so no other candidate takes them.
     pub upstream: bool,
+    /// The projector on the CPU (`--no-mmproj-offload`: Ollama's run where
+    /// the GPU has too little free memory for it).
+    pub mmproj_cpu: bool,
 }
 
 /// Layers per offload device, in llama.cpp's device order (at most 16, as
@@ -186,6 +189,7 @@ impl Candidate {
             ctx: 0,
             stock: false,
             upstream: false,
+            mmproj_cpu: false,
         }
     }
 
@@ -210,6 +214,7 @@ impl Candidate {
             && spec.placement.cpu_overrides == self.spill.patterns()
             && (self.ctx == 0 || spec.placement.n_ctx == Some(self.ctx))
             && spec.baseline == self.upstream
+            && spec.placement.mmproj_offload != self.mmproj_cpu
             && (!self.stock
                 || (spec.placement.n_batch, spec.placement.n_ubatch, spec.placement.n_parallel)
                     == (crate::types::DEFAULT_N_BATCH, crate::types::DEFAULT_N_UBATCH, 1))

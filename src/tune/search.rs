@@ -141,7 +141,9 @@ impl<'a> Search<'a> {
                 .map(|v| v * RACE_SHARE)
         };
         match self.settings.objective {
-            Objective::Tg => Race { pp_below_ts: None, tg_below_ts: best(false), skip_rest: true },
+            Objective::Tg | Objective::Throughput => {
+                Race { pp_below_ts: None, tg_below_ts: best(false), skip_rest: true }
+            }
             Objective::Pp => Race { pp_below_ts: best(true), tg_below_ts: None, skip_rest: true },
             Objective::Mixed => Race { pp_below_ts: best(true), tg_below_ts: best(false), skip_rest: false },
             // A slower setting may draw less power: nothing is cut for speed.
@@ -740,6 +742,48 @@ mod tests {
         assert!(e.to_string().contains("the least is 600.00 MiB at ngl 10"), "{e}");
         assert!(super::super::memory::check_host(&preds, device, &(600 * MIB, "x".into())).is_ok());
         assert!(super::super::memory::check_host(&[], 800.0, &(1, "x".into())).is_ok(), "nothing priced");
+    }
+
+    /// The README's curve with a KV cache that grows with the context:
+    /// 0.5 GiB, and per offloaded layer 0.1 GiB of weights plus 0.05 GiB
+    /// of cache per 256 tokens of the trial's context; four streams decode
+    /// nearly four times the tokens (batched decoding is memory-bound).
+    fn kv_world(s: &Settings) -> World {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let mut w = World::of(|c, spec| {
+            let (tg, _) = readme_world(c.ngl);
+            let ctx = f64::from(spec.placement.n_ctx.unwrap_or(256));
+            let per_layer = 0.1 + 0.05 * ctx / 256.0;
+            let streams = f64::from(spec.n_streams);
+            let tg = tg * streams * (1.0 - 0.05 * (streams - 1.0));
+            Outcome::Ok { tg, pp: tg * 10.0, mem: ((0.5 + per_layer * f64::from(c.ngl)) * GIB) as u64 }
+        });
+        // The tune's base spec: the settings' context and streams.
+        w.base.placement.n_ctx = Some(s.n_ctx);
+        w.base.n_streams = s.streams();
+        w
+    }
+
+    #[test]
+    fn four_streams_size_the_cache_for_four_and_the_answer_moves() {
+        let grid: Vec<u32> = (0..=35).step_by(2).chain([35]).collect();
+        let p = plan(35, grid, true, 35);
+        let one = settings(None, "grid", false);
+        let mut w = kv_world(&one);
+        let (tg, _) = search(&mut w, &one, 3.0 * GIB, &p, Vec::new());
+        // 0.5 + 0.15 x 16 = 2.9 GiB: the most under 3 GiB with one stream's cache.
+        assert_eq!(tg.decision.recommended_ngl, 16, "{:?}", tg.decision);
+
+        let mut four = Settings { objective: crate::types::Objective::Throughput, ..one.clone() };
+        four.decode_together(4);
+        assert_eq!((four.n_ctx, four.n_parallel, four.streams()), (1024, 4, 4), "four slots of 256 tokens");
+        let mut w = kv_world(&four);
+        let (thr, trials) = search(&mut w, &four, 3.0 * GIB, &p, Vec::new());
+        // The cache for four sequences: 0.5 + 0.3 x 8 = 2.9 GiB.
+        assert_eq!(thr.decision.recommended_ngl, 8, "{:?}", thr.decision);
+        let tg_test = trials.iter().find_map(|t| t.result.test(false)).unwrap();
+        assert_eq!(tg_test.n_streams, 4, "the tg tests decode four streams: {tg_test:?}");
+        assert!(trials.iter().all(|t| t.result.spec.n_streams == 4 && t.result.spec.placement.n_ctx == Some(1024)));
     }
 
     #[test]

@@ -298,7 +298,7 @@ impl SpeedModel {
         self.devices
             .iter()
             .map(|d| match objective {
-                Objective::Tg | Objective::Energy => d.tg_ms_per_layer,
+                Objective::Tg | Objective::Energy | Objective::Throughput => d.tg_ms_per_layer,
                 Objective::Pp => d.pp_ms_per_layer,
                 Objective::Mixed => f64::from(n_prompt) * d.pp_ms_per_layer + f64::from(n_gen) * d.tg_ms_per_layer,
             })

@@ -3,8 +3,9 @@
 //! they send readers to the hatches in order: a q8_0 KV cache, a shorter
 //! context, then one quantization lower and a second GPU. Pure: it reads
 //! one context's answer and the hatches already measured or priced there.
+//! A batch job (`--job`) is judged by its hours instead.
 
-use crate::profile::{ContextPlacement, PlacementOption, ReadingHatch, ReadingVerdict};
+use crate::profile::{ContextPlacement, JobVerdict, PlacementOption, ReadingHatch, ReadingVerdict};
 
 fn hatch(o: &PlacementOption) -> ReadingHatch {
     ReadingHatch {
@@ -38,6 +39,15 @@ pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict
         options.iter().filter(|o| !o.measured).map(|o| hatch(o)).collect()
     };
     Some(ReadingVerdict { threshold_ts, tg_ts: tg, above, reaches: reaches.map(|o| hatch(o)), untried })
+}
+
+/// The hours `job` takes at the answer's measured generation rate (of
+/// `streams` sequences together): generation only.
+#[must_use]
+pub fn job(c: &ContextPlacement, job: crate::types::Job, streams: u32) -> Option<JobVerdict> {
+    let tg = c.recommendation.tg_ts.filter(|t| t.is_finite() && *t > 0.0)?;
+    let tokens = f64::from(job.requests) * f64::from(job.n_gen);
+    Some(JobVerdict { job, streams, tg_ts: tg, hours: tokens / tg / 3600.0 })
 }
 
 #[cfg(test)]
@@ -88,6 +98,7 @@ mod tests {
             ollama: None,
             split: None,
             reading: None,
+            job: None,
         }
     }
 

@@ -4,6 +4,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::curve::{Curve, LinearFit};
 
+/// A batch job (`--job 500x800`): requests, and the tokens each generates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub requests: u32,
+    pub n_gen: u32,
+}
+
 /// What "best" means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -18,6 +25,9 @@ pub enum Objective {
     /// power over the tg test): fewer layers where power grows faster
     /// than speed.
     Energy,
+    /// Generated tokens per second of `--parallel N` sequences decoding
+    /// together (llama-batched-bench's S_TG): batch jobs.
+    Throughput,
 }
 
 impl Objective {
@@ -28,6 +38,7 @@ impl Objective {
             Objective::Pp => "pp",
             Objective::Mixed => "mixed",
             Objective::Energy => "energy",
+            Objective::Throughput => "throughput",
         }
     }
 }

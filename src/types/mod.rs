@@ -38,15 +38,6 @@ pub(crate) fn is_zero_f64(x: &f64) -> bool {
     *x == 0.0
 }
 
-pub(crate) fn one() -> u32 {
-    1
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-pub(crate) fn is_one(n: &u32) -> bool {
-    *n == 1
-}
-
 pub(crate) fn yes() -> bool {
     true
 }
@@ -54,4 +45,13 @@ pub(crate) fn yes() -> bool {
 #[allow(clippy::trivially_copy_pass_by_ref)]
 pub(crate) fn is_true(b: &bool) -> bool {
     *b
+}
+
+pub(crate) fn one() -> u32 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_one(n: &u32) -> bool {
+    *n == 1
 }

@@ -419,6 +419,11 @@ pub struct Placement {
     /// the model on the first GPU, as llama-server loads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<std::path::PathBuf>,
+    /// Whether the projector loads on the GPU (llama.cpp's default); false
+    /// is `--no-mmproj-offload`, as Ollama starts it where the GPU has too
+    /// little free memory for it.
+    #[serde(default = "super::yes", skip_serializing_if = "super::is_true")]
+    pub mmproj_offload: bool,
 }
 
 fn op_on() -> OpOffload {
@@ -470,6 +475,7 @@ impl Default for Placement {
             main_gpu: 0,
             n_parallel: 1,
             mmproj: None,
+            mmproj_offload: true,
         }
     }
 }
@@ -615,6 +621,9 @@ impl Placement {
         }
         if let Some(m) = &self.mmproj {
             f.push(format!("--mmproj {}", shell_quote(&m.to_string_lossy())));
+            if !self.mmproj_offload {
+                f.push("--no-mmproj-offload".into());
+            }
         }
         f.join(" ")
     }
@@ -673,6 +682,9 @@ impl Placement {
         }
         if let Some(m) = &self.mmproj {
             v.push(("LLAMA_ARG_MMPROJ", m.to_string_lossy().into_owned()));
+            if !self.mmproj_offload {
+                v.push(("LLAMA_ARG_MMPROJ_OFFLOAD", "false".into()));
+            }
         }
         v
     }

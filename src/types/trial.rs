@@ -45,6 +45,11 @@ pub struct TrialSpec {
     /// with the answer): run with llama.cpp's op offload (on), as they run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub baseline: bool,
+    /// Sequences its tg test decodes together, one token each a step, each
+    /// at the depth (llama-batched-bench's S_TG; `--objective throughput
+    /// --parallel N`): its rate is their tokens together.
+    #[serde(default = "super::one", skip_serializing_if = "super::is_one")]
+    pub n_streams: u32,
 }
 
 /// Racing: a test whose first repetition is slower than its threshold
@@ -236,6 +241,10 @@ pub struct TestResult {
     /// ([`TestResult::joules_per_token`], written with the power).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub j_per_token: Option<f64>,
+    /// Sequences decoded together (a tg test of `--objective throughput`):
+    /// its rates count every sequence's tokens.
+    #[serde(default = "super::one", skip_serializing_if = "super::is_one")]
+    pub n_streams: u32,
 }
 
 impl TestResult {
@@ -273,7 +282,23 @@ impl TestResult {
             power_w: None,
             cpu_power_w: None,
             j_per_token: None,
+            n_streams: 1,
         }
+    }
+
+    /// The same test with `n` sequences decoded together: its rates are of
+    /// all their tokens (`n` times those of one stream's time).
+    #[must_use]
+    pub fn with_streams(mut self, n: u32) -> Self {
+        if n > 1 {
+            self.n_streams = n;
+            for ts in &mut self.samples_ts {
+                *ts *= f64::from(n);
+            }
+            self.avg_ts = crate::stats::mean(&self.samples_ts);
+            self.stddev_ts = crate::stats::stddev(&self.samples_ts);
+        }
+        self
     }
 
     /// The same test, measured at `n_depth` tokens of KV cache.

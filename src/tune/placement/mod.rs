@@ -530,7 +530,9 @@ fn score_with_noise(o: &PlacementOption, s: &Settings) -> Option<(f64, f64)> {
         _ => 0.0,
     };
     let r = match s.objective {
-        crate::types::Objective::Tg | crate::types::Objective::Energy => rel(o.tg_se_ts, o.tg_ts),
+        crate::types::Objective::Tg | crate::types::Objective::Energy | crate::types::Objective::Throughput => {
+            rel(o.tg_se_ts, o.tg_ts)
+        }
         crate::types::Objective::Pp => rel(o.pp_se_ts, o.pp_ts),
         crate::types::Objective::Mixed => rel(o.tg_se_ts, o.tg_ts).max(rel(o.pp_se_ts, o.pp_ts)),
     };
