@@ -191,6 +191,20 @@ fn layer_split(flag: &str, v: &str) -> Result<Vec<u32>, String> {
     Ok(split)
 }
 
+/// A switch given alone on a command line (on), or with its environment
+/// variable's value as llama.cpp reads it (is_truthy / is_falsey).
+fn switch(it: &mut std::slice::Iter<'_, String>) -> bool {
+    let on = match it.clone().next().map(String::as_str) {
+        Some("1" | "true" | "on" | "enabled") => Some(true),
+        Some("0" | "false" | "off" | "disabled") => Some(false),
+        _ => None,
+    };
+    if on.is_some() {
+        it.next();
+    }
+    on.unwrap_or(true)
+}
+
 fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
     let mut a = LlamaArgs::default();
     let (mut k, mut v) = (None, None);
@@ -260,19 +274,7 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
             }
             "-mg" | "--main-gpu" => a.main_gpu = Some(number(flag, value()?)?),
             "-mm" | "--mmproj" => a.mmproj = Some(std::path::PathBuf::from(value()?)),
-            // Without a value on the command line; LLAMA_ARG_MMPROJ_OFFLOAD's
-            // value as llama.cpp reads it (is_truthy / is_falsey).
-            "--mmproj-offload" => {
-                let on = match it.clone().next().map(String::as_str) {
-                    Some("1" | "true" | "on" | "enabled") => Some(true),
-                    Some("0" | "false" | "off" | "disabled") => Some(false),
-                    _ => None,
-                };
-                if on.is_some() {
-                    it.next();
-                }
-                a.mmproj_offload = Some(on.unwrap_or(true));
-            }
+            "--mmproj-offload" => a.mmproj_offload = Some(switch(&mut it)),
             other => return Err(format!("'{other}' is not a flag ngl-tune bench runs; it runs {KNOWN}")),
         }
     }

@@ -307,11 +307,7 @@ fn tune_context(
         reading: None,
         job: None,
     };
-    // Reading speed judges one chat stream; a throughput job is judged by its hours.
-    if s.objective != crate::types::Objective::Throughput {
-        placement.reading = verdict::reading(&placement, s.reading_speed);
-    }
-    placement.job = s.job.and_then(|j| verdict::job(&placement, j, s.streams()));
+    verdict::judge(&mut placement, s);
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))

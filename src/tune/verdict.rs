@@ -41,6 +41,15 @@ pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict
     Some(ReadingVerdict { threshold_ts, tg_ts: tg, above, reaches: reaches.map(|o| hatch(o)), untried })
 }
 
+/// Writes the context's verdicts: reading speed for chat (one stream: not
+/// under `--objective throughput`, a job judged by its hours) and `--job`'s.
+pub fn judge(c: &mut ContextPlacement, s: &crate::profile::Settings) {
+    if s.objective != crate::types::Objective::Throughput {
+        c.reading = reading(c, s.reading_speed);
+    }
+    c.job = s.job.and_then(|j| job(c, j, s.streams()));
+}
+
 /// The hours `job` takes at the answer's measured generation rate (of
 /// `streams` sequences together): generation only.
 #[must_use]
