@@ -307,15 +307,21 @@ typedef void (*ngl_tune_mmproj_cb)(void * user, const char * buft, int is_host, 
 // (mtmd_get_memory_usage, the dry run llama.cpp's own tools use). `use_gpu`
 // is llama.cpp's --mmproj-offload: the first GPU, as llama-server picks it.
 // Returns 0 on success, 1 when mtmd cannot read the projector (its log says why).
-int ngl_tune_mmproj_memory(const char * path, int use_gpu, int32_t flash_attn, uint32_t n_threads,
-                           ngl_tune_mmproj_cb cb, void * user) {
+// mtmd's estimate for a projector loaded as llama-server loads it
+// (warmed up for the largest image), on the first GPU where `use_gpu`.
+static mtmd_memory_usage mmproj_usage(const char * path, int use_gpu, int32_t flash_attn, uint32_t n_threads) {
     mtmd_context_params p = mtmd_context_params_default();
     p.use_gpu             = use_gpu != 0;
     p.flash_attn_type     = (llama_flash_attn_type) flash_attn;
     p.n_threads           = (int) n_threads;
     p.warmup              = true;
     p.print_timings       = false;
-    const mtmd_memory_usage m = mtmd_get_memory_usage(path, p);
+    return mtmd_get_memory_usage(path, p);
+}
+
+int ngl_tune_mmproj_memory(const char * path, int use_gpu, int32_t flash_attn, uint32_t n_threads,
+                           ngl_tune_mmproj_cb cb, void * user) {
+    const mtmd_memory_usage m = mmproj_usage(path, use_gpu, flash_attn, n_threads);
     if (m.backend_mem_usage.empty()) {
         return 1;
     }
@@ -334,12 +340,7 @@ int ngl_tune_mmproj_memory(const char * path, int use_gpu, int32_t flash_attn, u
 // use. Returns 0 on success, 1 when mtmd cannot price the projector (the
 // server then adds nothing either).
 int ngl_tune_mmproj_fit_pad(const char * path, int use_gpu, int32_t flash_attn, uint64_t * pad, size_t n) {
-    mtmd_context_params p = mtmd_context_params_default();
-    p.use_gpu             = use_gpu != 0;
-    p.flash_attn_type     = (llama_flash_attn_type) flash_attn;
-    p.warmup              = true;
-    p.print_timings       = false;
-    const mtmd_memory_usage m = mtmd_get_memory_usage(path, p);
+    const mtmd_memory_usage m = mmproj_usage(path, use_gpu, flash_attn, 1);
     if (m.backend_mem_usage.empty()) {
         return 1;
     }
