@@ -64,7 +64,7 @@ pub fn compiled_backends() -> String {
 }
 
 impl BenchOptions {
-    fn spec(&self, ngl: u32, n_cpu_moe: u32, n_depth: u32) -> TrialSpec {
+    pub(crate) fn spec(&self, ngl: u32, n_cpu_moe: u32, n_depth: u32) -> TrialSpec {
         TrialSpec {
             model: self.model.clone(),
             placement: crate::types::Placement { n_gpu_layers: ngl, n_cpu_moe, ..self.placement.clone() },

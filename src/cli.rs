@@ -80,6 +80,9 @@ pub enum Command {
     /// Internal: run one trial (spec as JSON on stdin, result as one line on stdout)
     #[command(name = "__trial", hide = true)]
     Trial,
+    /// Internal: keep one model and its context allocated until stdin closes (a resident neighbour)
+    #[command(name = "__hold", hide = true)]
+    Hold,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -178,6 +181,13 @@ pub struct BenchArgs {
     /// (its values replace the options above)
     #[arg(long = "llama-args", value_name = "FLAGS", allow_hyphen_values = true)]
     pub llama_args: Option<String>,
+    /// Another model held resident while this one is measured (its model and context allocated, idle), as
+    /// beside it in an Ollama server or a llama-swap group: a set's member checked with its neighbour
+    #[arg(long, value_name = "MODEL")]
+    pub beside: Option<PathBuf>,
+    /// With --beside: its llama.cpp command line, like a set member's llama_server_args
+    #[arg(long, value_name = "FLAGS", allow_hyphen_values = true, requires = "beside")]
+    pub beside_args: Option<String>,
     #[command(flatten)]
     pub workload: Workload,
     /// Output format
@@ -296,6 +306,17 @@ pub struct TuneArgs {
     /// the KV cache is sized for N. Emitted as -np N, LLAMA_ARG_N_PARALLEL and OLLAMA_NUM_PARALLEL.
     #[arg(help_heading = "Search", long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub parallel: Option<u32>,
+    /// Place the models to stay resident together on one device (two or more models)
+    ///
+    /// One placement per model so that all of them are loaded at once under the cap, the weighted
+    /// time a generated token takes as small as it can be; measured with every model loaded, each
+    /// generating in turn while the others sit resident. Emits each model's lines, the Ollama
+    /// server's settings that keep them loaded, and a llama-swap group.
+    #[arg(help_heading = "Search", long)]
+    pub together: bool,
+    /// With --together: each model's share of requests, like 0.8,0.2 [default: equal]
+    #[arg(help_heading = "Search", long, value_name = "W,W,...", requires = "together")]
+    pub weights: Option<String>,
     /// A batch job to time: REQUESTSxTOKENS generated (like 500x800); the report gives its hours
     #[arg(help_heading = "Search", long, value_name = "RxT")]
     pub job: Option<String>,

@@ -322,3 +322,111 @@ fn throughput_decodes_its_streams_together_in_a_cache_sized_for_them() {
     let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(rows.as_array().unwrap().iter().all(|r| r["status"] == "ok" && r["n_ctx"] == 2048), "{rows}");
 }
+
+/// Validates a set (tune --together) against profiles/set.schema.json.
+fn set_schema_errors(set: &serde_json::Value) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/set.schema.json");
+    let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let v = jsonschema::validator_for(&schema).expect("the schema compiles");
+    v.iter_errors(set).map(|e| format!("{} at {}", e, e.instance_path())).collect()
+}
+
+/// Two models tuned to stay resident together: both members' lines, the
+/// Ollama server settings and a llama-swap group are emitted, every set was
+/// measured with the other model loaded, and each member's emitted line
+/// loads and allocates with `bench` what the set measured, the other held
+/// resident beside it.
+#[test]
+#[cfg_attr(not(feature = "vulkan"), ignore = "needs the vulkan build (scripts/test builds it)")]
+fn two_models_tuned_together_each_load_as_measured_beside_the_other() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let small = synth(dir.path(), 4);
+    let big = dir.path().join("big.gguf");
+    ngl_tune::synth::write_model(&big, &ngl_tune::synth::SynthSpec::default().with_n_layer(8)).unwrap();
+    let store = dir.path().join("store");
+    let (s, b) = (small.to_str().unwrap(), big.to_str().unwrap());
+    let args = [s, b, "--together", "--weights", "0.8,0.2", "-c", "512", "--depth", "32", "-p", "16", "-n", "8"];
+    let o = run_env(&[&args[..], &["-r", "1", "--profiles", store.to_str().unwrap(), "-q", "--json"]].concat(), &[VK]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let set: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(set_schema_errors(&set).is_empty(), "{:?}", set_schema_errors(&set));
+    let members = set["members"].as_array().unwrap();
+    let shares: Vec<f64> = members.iter().map(|m| m["weight"].as_f64().unwrap()).collect();
+    assert!((shares[0] - 0.8).abs() < 1e-12 && (shares[1] - 0.2).abs() < 1e-12, "{shares:?}");
+    let best = &set["sets"][0];
+    assert_eq!(best["recommended"], true);
+    assert_eq!(set["sets"].as_array().unwrap().iter().filter(|s| s["recommended"] == true).count(), 1);
+    for (i, m) in members.iter().enumerate() {
+        assert_eq!(best["n_gpu_layers"][i], m["n_gpu_layers"], "{m}");
+        assert!(m["modelfile"][0].as_str().unwrap().starts_with("PARAMETER num_gpu "), "{m}");
+        // Measured generating while the other was resident.
+        let beside = set["trials"].as_array().unwrap().iter().any(|t| {
+            t["member"] == i
+                && t["beside"][0][0] == 1 - i
+                && t["result"]["status"] == "ok"
+                && t["beside_bytes"].is_u64()
+        });
+        assert!(beside, "member {i} measured with the other resident");
+    }
+    let env = set["ollama_server_env"].to_string();
+    assert!(env.contains("OLLAMA_MAX_LOADED_MODELS=2"), "{env}");
+    let swap = set["llama_swap"].as_str().unwrap();
+    assert!(swap.contains("swap: false") && swap.contains("- \"synth-4L\"") && swap.contains("- \"big\""), "{swap}");
+    let stored = std::fs::read_dir(store.join(set["machine_id"].as_str().unwrap()).join("sets")).unwrap().count();
+    assert_eq!(stored, 1, "the set is kept beside the profiles");
+
+    // Each member's line, with the other held resident by its own line.
+    for (i, m) in members.iter().enumerate() {
+        let other = &members[1 - i];
+        let (me, them) = if i == 0 { (s, b) } else { (b, s) };
+        let line = m["llama_cpp_args"].as_str().unwrap();
+        let o = run_env(
+            &[
+                "bench",
+                me,
+                "--llama-args",
+                line,
+                "--beside",
+                them,
+                "--beside-args",
+                other["llama_cpp_args"].as_str().unwrap(),
+                "-p",
+                "8",
+                "-n",
+                "4",
+                "-r",
+                "1",
+                "-o",
+                "json",
+                "-q",
+            ],
+            &[VK],
+        );
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+        assert!(stderr(&o).contains("held resident"), "{}", stderr(&o));
+        let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let row = rows.as_array().unwrap().iter().find(|r| r["n_gen"] != 0).unwrap();
+        assert_eq!(row["status"], "ok", "{row}");
+        assert_eq!(row["accounted_device_bytes"].as_u64(), m["device_bytes"].as_u64(), "{row}\n{m}");
+    }
+}
+
+#[test]
+fn throughput_and_together_options_that_cannot_run_are_exit_2_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth(dir.path(), 2);
+    let (m, store) = (m.to_str().unwrap(), dir.path().join("store"));
+    for (args, needle) in [
+        (vec!["--objective", "throughput"], "needs --parallel N"),
+        (vec!["--parallel", "4"], "give --objective throughput with it"),
+        (vec!["--job", "500x"], "is not a job"),
+        (vec!["--together"], "two or more models"),
+        (vec![m, "--together", "--weights", "1"], "gives 1 shares for 2 models"),
+    ] {
+        let mut a = vec![m, "--profiles", store.to_str().unwrap()];
+        a.extend(args);
+        assert_bad_input(&run(&a), needle);
+    }
+    assert!(!store.exists(), "nothing was written");
+}

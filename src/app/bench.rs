@@ -37,6 +37,8 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         progress: !a.quiet,
     };
     clock.lap("options");
+    // A neighbour resident for the whole run (dropped, and so ended, at the end).
+    let _beside = beside(a, &opts)?;
     // The first trial is the loadability check (its worker loads the model
     // anyway), and its devices are the machine's: no separate child start.
     let results = bench::run(&opts, |r| {
@@ -65,6 +67,26 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         eprintln!("warning: {failed} of {} trials did not complete; their rows say why", results.len());
     }
     Ok(if failed == results.len() { exit::FAILURE } else { exit::OK })
+}
+
+/// `--beside`: the other model held resident with its own command line.
+fn beside(a: &BenchArgs, opts: &BenchOptions) -> Result<Option<crate::engine::hold::Hold>> {
+    let Some(path) = &a.beside else { return Ok(None) };
+    let info = model::inspect(path)?;
+    let line = a.beside_args.as_deref().unwrap_or("");
+    let placement = crate::llama_args::parse_placement(line)
+        .map_err(|e| crate::error::bad(format!("--beside-args: {e}")))?
+        .with_mmproj(None);
+    let other = BenchOptions { model: info.path.clone(), placement, ..opts.clone() };
+    let spec = other.spec(other.placement.n_gpu_layers, other.placement.n_cpu_moe, 0);
+    let exe = crate::engine::child::current_exe()?;
+    let hold = crate::engine::hold::Hold::start(&exe, &spec, opts.timeout)?;
+    eprintln!(
+        "beside: {} held resident ({} on the devices)",
+        info.file_name,
+        crate::model::human_bytes(hold.device_bytes())
+    );
+    Ok(Some(hold))
 }
 
 /// A first trial whose worker could not load the model at all means

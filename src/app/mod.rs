@@ -35,6 +35,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Bench(a) => bench::cmd_bench(&a),
         Command::Inspect(a) => hw::cmd_inspect(&a),
         Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
+        Command::Hold => crate::engine::worker::hold_main().map(|()| exit::OK),
         Command::Predict => crate::engine::predict::predict_main().map(|()| exit::OK),
         Command::Kl => crate::engine::quality::kl_main().map(|()| exit::OK),
         Command::Devices { rpc } => {

@@ -60,15 +60,7 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     let rpc = rpc_list(a.workload.rpc.as_deref())?;
     let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
-    if a.models.len() > 1 {
-        for (given, flag) in [(a.chart.is_some(), "--chart"), (a.write_modelfile.is_some(), "--write-modelfile")] {
-            if given {
-                return Err(bad(format!(
-                    "{flag} takes one model; tune the models together, then use emit {flag} on the one you pick"
-                )));
-            }
-        }
-    }
+    one_model_flags(a)?;
     // Every model and its settings are checked before anything is measured.
     let mut infos = Vec::new();
     for m in &a.models {
@@ -103,6 +95,7 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         crate::request::check_depth(&req.settings)?;
         reqs.push(req);
     }
+    let shares = set_shares(a, reqs.len())?;
     crate::interrupt::install();
     let names: Vec<&str> = reqs.iter().map(|r| r.info.file_name.as_str()).collect();
     let _lock = crate::profile::lock::StoreLock::acquire(
@@ -111,6 +104,9 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         a.no_wait,
         &format!("ngl-tune tune {}", names.join(" ")),
     )?;
+    if let Some(shares) = shares {
+        return together(a, &reqs, &shares);
+    }
     let mut outcomes = Vec::new();
     for req in &reqs {
         outcomes.push(crate::tune::tune(req)?);
@@ -125,6 +121,44 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
     } else {
         print_report(&mut out, outcome)?;
+    }
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+/// Flags that write one model's files take one model.
+fn one_model_flags(a: &TuneArgs) -> Result<()> {
+    if a.models.len() > 1 {
+        for (given, flag) in [(a.chart.is_some(), "--chart"), (a.write_modelfile.is_some(), "--write-modelfile")] {
+            if given {
+                return Err(bad(format!(
+                    "{flag} takes one model; tune the models together, then use emit {flag} on the one you pick"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--together`'s shares of requests, checked before anything is measured.
+fn set_shares(a: &TuneArgs, n: usize) -> Result<Option<Vec<f64>>> {
+    if !a.together {
+        return Ok(None);
+    }
+    if n < 2 {
+        return Err(bad("--together places two or more models side by side; give them all"));
+    }
+    crate::tune::together::weights(a.weights.as_deref(), n).map(Some)
+}
+
+/// `--together`: the models tuned as neighbours, the set printed.
+fn together(a: &TuneArgs, reqs: &[crate::tune::TuneRequest], shares: &[f64]) -> Result<i32> {
+    let set = crate::tune::together::tune_together(reqs, shares)?;
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&set.profile)?)?;
+    } else {
+        write!(out, "{}", crate::report::together::set_report(&set.profile, &set.path))?;
     }
     out.flush()?;
     Ok(exit::OK)

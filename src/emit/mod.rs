@@ -4,6 +4,7 @@
 
 pub mod chart;
 pub mod modelfile;
+pub mod together;
 
 use std::fmt::Write as _;
 

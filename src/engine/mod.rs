@@ -5,6 +5,7 @@
 //! spawns it, watches it, and turns whatever happened into a [`TrialResult`].
 
 pub mod child;
+pub mod hold;
 pub mod live;
 pub mod logs;
 pub mod placement;

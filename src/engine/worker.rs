@@ -252,6 +252,67 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Loads the model and opens its context the way `spec` runs them (the
+    /// KV cache allocated, not filled), says what llama.cpp allocated, then
+    /// keeps both until `until` returns: a neighbour resident beside a
+    /// trial, as a second model loaded in Ollama or llama-swap sits idle.
+    ///
+    /// # Errors
+    /// Why llama.cpp could not load or open it.
+    pub fn hold(&mut self, spec: &TrialSpec, until: impl FnOnce(&[crate::types::BufferLine])) -> Result<(), String> {
+        logs::install();
+        if self.backend.is_none() {
+            self.backend = Some(LlamaBackend::init().map_err(|e| format!("llama.cpp backend init failed: {e}"))?);
+        }
+        super::placement::add_rpc_servers(&spec.placement.rpc).map_err(|e| e.to_string())?;
+        let mut result = TrialResult::failed(spec.clone(), TrialStatus::Failed, String::new());
+        self.load(spec, &mut result).map_err(|(_, why)| why)?;
+        let (Some(backend), Some(loaded)) = (self.backend.as_ref(), self.loaded.as_ref()) else {
+            unreachable!("loaded above")
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+        let n_ctx = spec.placement.n_ctx.unwrap_or(spec.n_prompt + spec.n_gen).max(1);
+        let (ctx, log) = open_context(&loaded.model, backend, spec, n_ctx, &mut rng).map_err(|(_, why)| why)?;
+        let mut buffers = loaded.buffers.clone();
+        buffers.extend(logs::parse_buffers(&log));
+        until(&buffers);
+        drop(ctx);
+        Ok(())
+    }
+}
+
+/// The prefix of a holder's line once its model and context are allocated.
+pub const HELD_PREFIX: &str = "HELD ";
+
+/// Entry point of the hidden `__hold` subcommand: one [`TrialSpec`] on
+/// stdin's first line; its model and context stay allocated until stdin
+/// closes. Prints `HELD [buffers]` once allocated, or `HELD {"error": ...}`.
+///
+/// # Errors
+/// When the line is not a spec.
+pub fn hold_main() -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let mut lines = std::io::stdin().lock().lines();
+    let line = lines.next().transpose()?.unwrap_or_default();
+    let spec: TrialSpec =
+        serde_json::from_str(&line).map_err(|e| anyhow::anyhow!("__hold expects a TrialSpec: {e}"))?;
+    let say = |v: serde_json::Value| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{HELD_PREFIX}{v}").and_then(|()| out.flush());
+    };
+    let mut session = Session::default();
+    let held = session.hold(&spec, |buffers| {
+        say(serde_json::json!({ "buffers": buffers }));
+        // Resident until the parent closes stdin (or ends).
+        for _ in lines.by_ref() {}
+    });
+    if let Err(e) = held {
+        say(serde_json::json!({ "error": format!("{e}: {}", last_error_line(&logs::take())) }));
+    }
+    Ok(())
+}
+
 /// The projector for `model`, as llama-server loads it (`--mmproj`: on
 /// the first GPU unless `--no-mmproj-offload`, warmed up for the largest
 /// image, which reserves its encoder's buffers), and what mtmd said it allocated.

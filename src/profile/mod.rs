@@ -2,8 +2,10 @@
 //! JSON (`profiles/profile.schema.json`), keyed by machine and model.
 
 mod recommendation;
+mod set;
 mod settings;
 pub use recommendation::*;
+pub use set::*;
 pub mod lock;
 pub mod store;
 

@@ -5,6 +5,7 @@ pub mod listing;
 pub mod note;
 pub mod placement;
 pub mod split;
+pub mod together;
 
 use std::fmt::Write as _;
 use std::path::Path;

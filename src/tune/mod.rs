@@ -20,6 +20,7 @@ pub mod search;
 pub mod speed;
 pub mod split;
 pub mod summary;
+pub mod together;
 pub mod verdict;
 #[cfg(test)]
 pub(crate) mod worlds;

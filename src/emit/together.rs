@@ -1,0 +1,87 @@
+//! The forms that keep a set of models loaded together: the Ollama
+//! server's settings (server/sched.go) and a llama-swap group (its
+//! proxy/config/config.go: `models.<id>.cmd`, `groups.<id>` with
+//! `swap: false` so its members run side by side).
+
+use crate::model::human_bytes;
+use crate::profile::{MemoryPolicy, SetMember};
+
+/// The Ollama server's settings for the set, and what its scheduler does
+/// with it. `envs`: each member's own server settings (KV type, flash
+/// attention, slots), server-wide in Ollama.
+#[must_use]
+pub fn ollama(members: &[SetMember], envs: &[Vec<String>], memory: &MemoryPolicy) -> (Vec<String>, String) {
+    let mut env: Vec<String> = Vec::new();
+    for e in envs.iter().flatten() {
+        if !env.contains(e) {
+            env.push(e.clone());
+        }
+    }
+    env.push(format!("OLLAMA_MAX_LOADED_MODELS={}", members.len()));
+    let full: Vec<&SetMember> = members.iter().filter(|m| m.n_gpu_layers >= m.n_layer_full).collect();
+    let mut note = format!(
+        "Ollama keeps the {} models loaded at once with OLLAMA_MAX_LOADED_MODELS={} (its default: 3 a GPU); each Modelfile sets num_gpu, so a model below every layer loads as placed, without the scheduler's check",
+        members.len(),
+        members.len()
+    );
+    let free = memory.device_total_bytes.map(|t| t.saturating_sub(memory.baseline_bytes));
+    if let (Some(free), [one]) = (free, full.as_slice()) {
+        let others: u64 = members.iter().filter(|m| !std::ptr::eq(*m, *one)).filter_map(|m| m.device_bytes).sum();
+        let left = free.saturating_sub(others);
+        note.push_str(&format!(
+            "; a model fully on the GPU loads beside loaded ones only where Ollama's prediction for it is under 80% of the free memory they leave (server/sched.go), {} of {} here: load {} first and the check does not apply",
+            human_bytes(one.device_bytes.unwrap_or(0)),
+            human_bytes(left * 8 / 10),
+            one.model.file_name
+        ));
+    } else if full.len() > 1 {
+        note.push_str("; a model fully on the GPU loads beside loaded ones only where Ollama's prediction for it is under 80% of the free memory they leave (server/sched.go): load the largest first");
+    }
+    (env, note)
+}
+
+/// llama-swap's name for each member: its file's stem, made unique.
+fn ids(members: &[SetMember]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for m in members {
+        let stem: String = m
+            .model
+            .file_name
+            .trim_end_matches(".gguf")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+            .collect();
+        let mut id = stem.clone();
+        let mut k = 2;
+        while out.contains(&id) {
+            id = format!("{stem}-{k}");
+            k += 1;
+        }
+        out.push(id);
+    }
+    out
+}
+
+/// `-m MODEL FLAGS`: a member's llama-server command line.
+#[must_use]
+pub fn command(m: &SetMember) -> String {
+    format!("-m {} {}", crate::types::shell_quote(&m.model.path.to_string_lossy()), m.llama_cpp_args)
+}
+
+/// A llama-swap config: each member's llama-server command, and one group
+/// that runs them together (`swap: false`).
+#[must_use]
+pub fn llama_swap(members: &[SetMember]) -> String {
+    let ids = ids(members);
+    let mut y = String::from(
+        "# llama-swap config: the group runs its members side by side (swap: false), each as ngl-tune measured it\nmodels:\n",
+    );
+    for (id, m) in ids.iter().zip(members) {
+        y.push_str(&format!("  \"{id}\":\n    cmd: |\n      llama-server --port ${{PORT}} {}\n", command(m)));
+    }
+    y.push_str("groups:\n  \"ngl-tune\":\n    swap: false\n    exclusive: true\n    members:\n");
+    for id in &ids {
+        y.push_str(&format!("      - \"{id}\"\n"));
+    }
+    y
+}
