@@ -540,6 +540,10 @@ fn a_hatch_goes_where_each_consumer_takes_it() {
     assert!(docker.lines().any(|l| l == format!("LLAMA_ARG_OVERRIDE_TENSOR={pattern}")), "{docker}");
     let mf = emit(&ffn, "modelfile");
     assert!(mf.contains("PARAMETER num_gpu 12") && mf.contains("Ollama has no tensor overrides"), "{mf}");
+    // The faster placement under Ollama: the override server-wide, with its own num_gpu, said so.
+    let server = format!("LLAMA_ARG_OVERRIDE_TENSOR='{pattern}' in the Ollama server's environment");
+    assert!(mf.contains(&server) && mf.contains("every model the server runs gets it"), "{mf}");
+    assert!(mf.contains("and PARAMETER num_gpu 19 here"), "the pair that was measured: {mf}");
     check_ollama_rules(&mf);
 }
 

@@ -72,8 +72,9 @@ pub fn render(p: &Profile) -> String {
     }
     if p.recommendation.n_cpu_moe > 0 {
         s.push_str(&format!(
-            "# llama.cpp is faster with -ngl {} --n-cpu-moe {}; a Modelfile cannot say that, so num_gpu is the best whole-layer split. A set num_gpu also stops llama.cpp's fit, which moves experts to the CPU itself when num_gpu is unset; LLAMA_ARG_N_CPU_MOE on the Ollama server gives every model it runs the overrides\n",
-            p.recommendation.n_gpu_layers, p.recommendation.n_cpu_moe
+            "# llama.cpp is faster with -ngl {n} --n-cpu-moe {k}; a Modelfile cannot say that, so num_gpu is the best whole-layer split. A set num_gpu also stops llama.cpp's fit, which moves experts to the CPU itself when num_gpu is unset.\n# To run the faster one under Ollama, server-wide (every model the server runs gets it): LLAMA_ARG_N_CPU_MOE={k} in the Ollama server's environment (its llama-server inherits it) and PARAMETER num_gpu {n} here\n",
+            n = p.recommendation.n_gpu_layers,
+            k = p.recommendation.n_cpu_moe
         ));
     }
     let r = &p.recommendation;
@@ -97,8 +98,10 @@ pub fn render(p: &Profile) -> String {
     }
     if r.n_cpu_ffn > 0 {
         s.push_str(&format!(
-            "# llama.cpp is faster with -ngl {} and the FFN weights of {} layers on the CPU (-ot); Ollama has no tensor overrides, so num_gpu is the best whole-layer split\n",
-            r.n_gpu_layers, r.n_cpu_ffn
+            "# llama.cpp is faster with -ngl {n} and the FFN weights of {k} layers on the CPU (-ot); Ollama has no tensor overrides per model, so num_gpu is the best whole-layer split.\n# To run the faster one under Ollama, server-wide (every model the server runs gets it): LLAMA_ARG_OVERRIDE_TENSOR='{o}' in the Ollama server's environment (its llama-server inherits it) and PARAMETER num_gpu {n} here\n",
+            n = r.n_gpu_layers,
+            k = r.n_cpu_ffn,
+            o = crate::types::cpu_ffn_override(r.n_cpu_ffn)
         ));
     }
     if let Some(line) = r.unset_num_gpu_line() {

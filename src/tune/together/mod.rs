@@ -92,7 +92,9 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     let runner = Runner::current(Duration::from_secs(s0.trial_timeout_s), first.verbose)?
         .with_sample_interval(Duration::from_millis(s0.sample_interval_ms))
         .with_busy_threshold(s0.busy_threshold);
-    let depth = crate::engine::DepthCache::unless_disabled();
+    // One depth cache a model: its files are named by depth and cache type, not by model.
+    let depths: Vec<Option<crate::engine::DepthCache>> =
+        reqs.iter().map(|_| crate::engine::DepthCache::unless_disabled()).collect();
     let mut parts = Vec::new();
     let mut members = Vec::new();
     let mut trials = Vec::new();
@@ -100,7 +102,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         let s = &req.settings;
         let op = s.op_offload.resolve(crate::probe::only_software_offload(&hw.llama_devices));
         let mut base = super::base_spec(&req.info, s, op);
-        base.depth_cache = depth.as_ref().map(|d| d.0.clone());
+        base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
         let part = Part { req, base, devices: req.caps.iter().map(|c| c.device.clone()).collect() };
         let priced = price(&exe, req, &policy, op);
         let most = priced.iter().map(|p| p.0).max().unwrap_or(0);
