@@ -25,6 +25,12 @@ pub fn ollama(members: &[SetMember], envs: &[Vec<String>], memory: &MemoryPolicy
         members.len()
     );
     let free = memory.device_total_bytes.map(|t| t.saturating_sub(memory.baseline_bytes));
+    let set: u64 = members.iter().filter_map(|m| m.device_bytes).sum();
+    note.push_str(&format!(
+        "; the set takes {} on the device{} (llama.cpp's own allocations; Ollama's scheduler predicts each model whole at its context)",
+        human_bytes(set),
+        free.map_or_else(String::new, |f| format!(" of {} free", human_bytes(f)))
+    ));
     if let (Some(free), [one]) = (free, full.as_slice()) {
         let others: u64 = members.iter().filter(|m| !std::ptr::eq(*m, *one)).filter_map(|m| m.device_bytes).sum();
         let left = free.saturating_sub(others);
@@ -84,4 +90,51 @@ pub fn llama_swap(members: &[SetMember]) -> String {
         y.push_str(&format!("      - \"{id}\"\n"));
     }
     y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, ngl: u32, full: u32, bytes: u64) -> SetMember {
+        let model: crate::profile::ModelIdentity = serde_json::from_value(serde_json::json!({
+            "file_name": name, "path": format!("/m/{name}"), "file_size": 1, "sha256_16m": "0".repeat(64), "mtime": 0,
+            "architecture": "llama", "n_layer": full - 1, "n_layer_full": full, "quantization": "Q4_0", "n_params": 1, "n_expert": 0
+        }))
+        .unwrap();
+        SetMember {
+            model,
+            weight: 0.5,
+            n_gpu_layers: ngl,
+            n_layer_full: full,
+            n_threads: 2,
+            n_ctx: 4096,
+            tg_ts: Some(10.0),
+            device_bytes: Some(bytes),
+            why: String::new(),
+            llama_cpp_args: format!("-ngl {ngl} -t 2 -c 4096"),
+            modelfile: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_swap_group_runs_every_member_and_ollama_keeps_them_loaded() {
+        let m = [member("a b.gguf", 31, 31, 1 << 30), member("big.gguf", 9, 41, 3 << 30), member("big.gguf", 0, 41, 0)];
+        let y = llama_swap(&m);
+        // Unique ids, each member's command with llama-swap's port macro, one group side by side.
+        for line in ["  \"a-b\":", "  \"big\":", "  \"big-2\":", "    swap: false", "      - \"big-2\""] {
+            assert!(y.lines().any(|l| l == line), "{line} in\n{y}");
+        }
+        assert!(y.contains("llama-server --port ${PORT} -m '/m/a b.gguf' -ngl 31 -t 2 -c 4096"), "{y}");
+        let memory = MemoryPolicy { device_total_bytes: Some(8 << 30), ..MemoryPolicy::no_gpu() };
+        let (env, note) = ollama(
+            &m,
+            &[vec!["OLLAMA_KV_CACHE_TYPE=q8_0".into()], vec!["OLLAMA_KV_CACHE_TYPE=q8_0".into()], vec![]],
+            &memory,
+        );
+        assert_eq!(env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_MAX_LOADED_MODELS=3"]);
+        // The one member fully on the GPU is checked against 80% of what the others leave: load it first.
+        assert!(note.contains("1.00 GiB of 4.00 GiB here: load a b.gguf first"), "{note}");
+        assert!(note.contains("the set takes 4.00 GiB on the device of 8.00 GiB free"), "{note}");
+    }
 }
