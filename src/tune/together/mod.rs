@@ -118,8 +118,12 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         parts.push(part);
     }
     let ranked = choose::ranked(&members, policy.cap_bytes);
-    let mut sets = Vec::new();
-    for set in ranked.iter().take(2) {
+    // The best two that load whole and measure under the cap (at most four tried).
+    let mut sets: Vec<MeasuredSet> = Vec::new();
+    for set in ranked.iter().take(4) {
+        if sets.iter().filter(|s| s.under_cap && s.s_per_token.is_some()).count() == 2 {
+            break;
+        }
         let (m, t) = measure_set(&exe, &runner, &parts, set, &policy, shares)?;
         sets.push(m);
         trials.extend(t);
@@ -193,7 +197,14 @@ fn measure_set(
         let mut beside = Vec::new();
         for (j, other) in parts.iter().enumerate().filter(|(j, _)| *j != i) {
             let spec = other.resident(set.ngls[j]);
-            holds.push(Hold::start(exe, &spec, Duration::from_secs(other.req.settings.trial_timeout_s))?);
+            match Hold::start(exe, &spec, Duration::from_secs(other.req.settings.trial_timeout_s)) {
+                Ok(h) => holds.push(h),
+                // A neighbour that cannot be loaded (out of memory): this set cannot be resident.
+                Err(e) if e.downcast_ref::<crate::error::Interrupted>().is_none() => {
+                    return Ok((unmeasured(set, parts.len()), trials));
+                }
+                Err(e) => return Err(e),
+            }
             beside.push((j, set.ngls[j]));
         }
         let beside_bytes = holds.iter().map(Hold::device_bytes).sum();
@@ -218,6 +229,19 @@ fn measure_set(
         recommended: false,
     };
     Ok((measured, trials))
+}
+
+/// A set that could not be loaded whole: not measured, not under the cap.
+fn unmeasured(set: &choose::Set, n: usize) -> MeasuredSet {
+    MeasuredSet {
+        n_gpu_layers: set.ngls.clone(),
+        predicted_s_per_token: set.s_per_token,
+        s_per_token: None,
+        tg_ts: vec![None; n],
+        device_bytes: None,
+        under_cap: false,
+        recommended: false,
+    }
 }
 
 /// The set's profile: each member's answer and forms, the sets measured.
