@@ -128,12 +128,7 @@ fn ours(env: &ServerEnv, prefixes: &[&str]) -> Vec<(String, String)> {
 /// Each context tuned becomes `parallel` slots of it: Ollama starts
 /// llama-server with `-c num_ctx x P -np P`.
 fn scale_contexts(s: &mut Settings, parallel: u32) {
-    if parallel <= 1 {
-        return;
-    }
-    s.n_parallel = parallel;
-    s.n_ctx *= parallel;
-    for c in &mut s.contexts {
-        *c *= parallel;
+    if parallel > 1 {
+        s.into_slots(parallel);
     }
 }

@@ -25,13 +25,20 @@ impl Settings {
     /// (`--objective throughput --parallel N`): the KV cache sized for `n`
     /// sequences, `-np n`; a consumer's own slots are replaced.
     pub fn decode_together(&mut self, n: u32) {
+        self.into_slots(n);
+        self.parallel_streams = Some(n);
+    }
+
+    /// Makes each context `n` slots of one slot's context (`-c ctx x n
+    /// -np n`, as llama-server splits it and Ollama starts it); slots set
+    /// before are replaced.
+    pub fn into_slots(&mut self, n: u32) {
         let per = self.n_parallel.max(1);
         self.n_ctx = self.n_ctx / per * n;
         for c in &mut self.contexts {
             *c = *c / per * n;
         }
         self.n_parallel = n;
-        self.parallel_streams = Some(n);
     }
 
     /// The depth a context is measured at: `--depth`, else half the

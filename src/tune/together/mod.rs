@@ -255,7 +255,8 @@ fn set_profile(
     started: Instant,
 ) -> SetProfile {
     let names: Vec<String> = parts.iter().map(|p| p.req.info.file_name.clone()).collect();
-    let members: Vec<SetMember> = parts
+    // Each member with its own Ollama server settings (KV type, flash attention, slots).
+    let (members, envs): (Vec<SetMember>, Vec<Vec<String>>) = parts
         .iter()
         .enumerate()
         .map(|(i, p)| {
@@ -272,7 +273,7 @@ fn set_profile(
                 .filter_map(|t| ok_tg(&t.result).map(|tg| (t.result.spec.placement.n_gpu_layers, tg)))
                 .collect();
             let model = crate::profile::ModelIdentity::of(&p.req.info);
-            SetMember {
+            let member = SetMember {
                 llama_cpp_args: placement.flags(),
                 model,
                 weight: shares[i],
@@ -285,10 +286,11 @@ fn set_profile(
                 device_bytes: own.and_then(|t| trial_memory(&t.result, &memory).0).map(|m| m.max(0.0) as u64),
                 why: choose::why(ngl, p.req.info.n_layer_full, shares[i], &alone, &others),
                 modelfile: placement.modelfile_lines(),
-            }
+            };
+            (member, placement.ollama_server_env())
         })
-        .collect();
-    let (ollama_server_env, ollama_note) = crate::emit::together::ollama(&members, &parts_env(parts, chosen), &memory);
+        .unzip();
+    let (ollama_server_env, ollama_note) = crate::emit::together::ollama(&members, &envs, &memory);
     SetProfile {
         schema_version: crate::profile::SCHEMA_VERSION,
         kind: "set".into(),
@@ -305,11 +307,6 @@ fn set_profile(
         trials,
         wall_s: started.elapsed().as_secs_f64(),
     }
-}
-
-/// Each member's Ollama server settings (its KV type, flash attention, slots).
-fn parts_env(parts: &[Part<'_>], chosen: &MeasuredSet) -> Vec<Vec<String>> {
-    parts.iter().enumerate().map(|(i, p)| p.spec(chosen.n_gpu_layers[i]).placement.ollama_server_env()).collect()
 }
 
 /// Writes the set to `<store>/<machine>/sets/<models>.json`.
