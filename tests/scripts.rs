@@ -145,8 +145,18 @@ fn the_truth_tables_ci_cell_answers_under_the_cap() {
         for d in c["answers"].as_array().unwrap()[1..].iter().filter(|d| d["under_cap"] == false) {
             assert_eq!(d["over_cap_reported"], true, "a baseline over the cap is reported as such: {d}");
         }
+        // Every ngl with the cell's base cache; a quantized cache the tune tried is brute-forced
+        // beside it (at the ngl the tune tried it), so the rows are not one an ngl.
         let brute = c["brute"].as_array().unwrap();
-        assert_eq!(brute.len() as u64, c["n_layer_full"].as_u64().unwrap() + 1, "every ngl: {c}");
+        let f16: Vec<u64> = brute.iter().filter(|b| b["kv"] == "f16").map(|b| b["ngl"].as_u64().unwrap()).collect();
+        assert_eq!(f16, (0..=c["n_layer_full"].as_u64().unwrap()).collect::<Vec<_>>(), "every ngl: {c}");
+        let tried: Vec<&serde_json::Value> = c["tune_trials_detail"].as_array().unwrap().iter().collect();
+        for b in brute.iter().filter(|b| b["kv"] != "f16") {
+            assert!(
+                tried.iter().any(|t| t["kv"] == b["kv"] && t["ngl"] == b["ngl"]),
+                "brute-forced where the tune tried it: {b}"
+            );
+        }
         assert!(c["cost_ratio"].as_f64().is_some_and(|r| r > 0.0), "{c}");
     }
     assert_eq!(cells[0]["cell"], "ample");
