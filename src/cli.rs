@@ -1,6 +1,7 @@
 //! Command line: clap derive, llama-bench's option names, NGL_TUNE_* env vars.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -129,24 +130,16 @@ pub struct Workload {
     /// Seconds before a trial is killed and recorded as a timeout
     #[arg(long, default_value_t = 900, env = "NGL_TUNE_TRIAL_TIMEOUT")]
     pub trial_timeout: u64,
-    /// Share of a trial's threads other processes may use before the trial counts as contended
-    ///
-    /// 0.1 with -t 8: 0.8 cores' worth of CPU. A contended trial is measured once more after a
-    /// short wait, and marked if the machine is still busy.
-    #[arg(long, default_value = "0.1", value_name = "F", env = "NGL_TUNE_BUSY_THRESHOLD", allow_hyphen_values = true)]
-    pub busy_threshold: String,
+    #[command(flatten)]
+    pub busy: BusyArg,
     /// Offload host tensor operations to the GPU (llama.cpp's --op-offload)
     ///
     /// The prompt's matrix products of layers on the CPU. Auto turns it off where the only GPU is
     /// a CPU-based Vulkan device (llvmpipe), where it cannot beat the CPU backend.
     #[arg(long, value_enum, default_value_t = crate::types::OpOffload::Auto)]
     pub op_offload: crate::types::OpOffload,
-    /// llama.cpp RPC servers whose devices join this machine's, host:port,... (llama.cpp's --rpc)
-    ///
-    /// Each runs `ngl-tune rpc-server` or llama.cpp's rpc-server of the same revision. With two or
-    /// more offload devices, tune measures how to split the layers between them.
-    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC", help_heading = "Devices")]
-    pub rpc: Option<String>,
+    #[command(flatten)]
+    pub rpc: RpcArg,
     /// A multimodal projector (mmproj-*.gguf) loaded beside the model, as llama-server's --mmproj
     ///
     /// It goes on the first GPU, as llama-server puts it: its weights and image-encoder buffers are
@@ -193,12 +186,8 @@ pub struct BenchArgs {
     /// Output format
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Md)]
     pub output: OutputFormat,
-    /// Show llama.cpp's log
-    #[arg(short = 'v', long)]
-    pub verbose: bool,
-    /// No progress bar
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub talk: Verbosity,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -226,8 +215,9 @@ pub struct TuneArgs {
     /// Use at most this share of each device's memory
     ///
     /// All processes are counted where a sampler can see them (NVML).
-    #[arg(help_heading = "Cap", long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
-    pub target_vram: String,
+    #[arg(help_heading = "Cap", long, default_value = "0.9", value_name = "F", allow_hyphen_values = true,
+          value_parser = target_share)]
+    pub target_vram: f64,
     /// Absolute cap on the memory the model may take, e.g. 8GiB, or per device DEV=SIZE,...
     ///
     /// The stricter of this and --target-vram applies. DEV is a llama.cpp device (CUDA1, RPC0; see
@@ -280,14 +270,16 @@ pub struct TuneArgs {
     /// Largest KL divergence (nats) a quantized KV cache may cost and still be recommended
     ///
     /// Measured against the f16 cache on tokens the f16 cache generated.
-    #[arg(help_heading = "Search", long, default_value = "0.05", value_name = "NATS", allow_hyphen_values = true)]
-    pub max_kl: String,
+    #[arg(help_heading = "Search", long, default_value = "0.05", value_name = "NATS", allow_hyphen_values = true,
+          value_parser = kl_nats)]
+    pub max_kl: f64,
     /// Smallest share of positions whose top token a quantized KV cache must keep
     ///
     /// Against the f16 cache's, on the tokens scored for --max-kl; with --max-kl, the gate a lossy
     /// option passes before it can be recommended.
-    #[arg(help_heading = "Search", long, default_value = "0.9", value_name = "F", allow_hyphen_values = true)]
-    pub min_top1: String,
+    #[arg(help_heading = "Search", long, default_value = "0.9", value_name = "F", allow_hyphen_values = true,
+          value_parser = top1_share)]
+    pub min_top1: f64,
     /// Reading speed for chat: each context's answer is judged against it (tg, t/s)
     ///
     /// Below it, the report names the first hatch in the guides' order (q8_0 KV cache, shorter
@@ -336,30 +328,16 @@ pub struct TuneArgs {
     /// Continue an interrupted tuning of this model from its checkpoint
     #[arg(help_heading = "Output", long)]
     pub resume: bool,
-    /// Exit at once if another tuner holds the store instead of waiting
-    #[arg(help_heading = "Output", long)]
-    pub no_wait: bool,
-    /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
-    #[arg(help_heading = "Output", long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
-    pub profiles: Option<PathBuf>,
-    /// Print the profile JSON instead of the report
-    #[arg(help_heading = "Output", long)]
-    pub json: bool,
-    /// Also update this Ollama Modelfile in place with the recommendation
-    ///
-    /// It is read as Ollama reads it; the old file is kept as PATH.bak; a Modelfile Ollama would
-    /// reject is refused, untouched.
-    #[arg(help_heading = "Output", long, value_name = "PATH")]
-    pub write_modelfile: Option<PathBuf>,
-    /// Also draw the tuning curve as an SVG chart
-    #[arg(help_heading = "Output", long, value_name = "FILE.svg")]
-    pub chart: Option<PathBuf>,
-    /// Show llama.cpp's log
-    #[arg(help_heading = "Output", short = 'v', long)]
-    pub verbose: bool,
-    /// No progress bar
-    #[arg(help_heading = "Output", short = 'q', long)]
-    pub quiet: bool,
+    #[command(flatten, next_help_heading = "Output")]
+    pub lock: LockArg,
+    #[command(flatten, next_help_heading = "Output")]
+    pub store: StoreArg,
+    #[command(flatten, next_help_heading = "Output")]
+    pub print: PrintJson,
+    #[command(flatten, next_help_heading = "Output")]
+    pub files: ProfileFiles,
+    #[command(flatten, next_help_heading = "Output")]
+    pub talk: Verbosity,
 }
 
 #[derive(Debug, Args)]
@@ -369,70 +347,53 @@ pub struct EmitArgs {
     /// Output format [default: modelfile, unless only --chart or --write-modelfile is asked for]
     #[arg(short = 'f', long, value_enum)]
     pub format: Option<crate::emit::Format>,
-    /// Update this Ollama Modelfile in place, read as Ollama reads it (only the values of num_gpu, num_thread and
-    /// num_ctx change; the old file is kept as PATH.bak; a Modelfile Ollama would reject is refused, untouched)
-    #[arg(long, value_name = "PATH")]
-    pub write_modelfile: Option<PathBuf>,
-    /// Draw the tuning curve as an SVG chart
-    #[arg(long, value_name = "FILE.svg")]
-    pub chart: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ProfileFiles,
     /// The context size whose placement to emit, of those tuned [default: the largest]
     #[arg(long, value_name = "N")]
     pub ctx: Option<u32>,
-    /// Profile store directory, for a model path [default: $XDG_DATA_HOME/ngl-tune/profiles]
-    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
-    pub profiles: Option<PathBuf>,
+    #[command(flatten)]
+    pub store: StoreArg,
 }
 
 #[derive(Debug, Args)]
 pub struct ReprofileArgs {
-    /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
-    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
-    pub profiles: Option<PathBuf>,
+    #[command(flatten)]
+    pub store: StoreArg,
     /// Re-tune profiles older than this (7d, 12h, 30m)
-    #[arg(long, default_value = "7d", value_name = "AGE")]
-    pub max_age: String,
+    #[arg(long, default_value = "7d", value_name = "AGE", value_parser = max_age)]
+    pub max_age: Duration,
     /// Only list what would be re-tuned and why
     #[arg(long)]
     pub dry_run: bool,
     /// Smallest change (fraction) that counts as drift; a change must also be significant (Welch's t-test, p < 0.05)
-    #[arg(long, default_value = "0.05", value_name = "F", allow_hyphen_values = true)]
-    pub drift_threshold: String,
+    #[arg(long, default_value = "0.05", value_name = "F", allow_hyphen_values = true, value_parser = drift_fraction)]
+    pub drift_threshold: f64,
     /// Rewrite the Modelfiles in DIR whose FROM is a model whose recommendation changed
     #[arg(long, value_name = "DIR")]
     pub update_modelfiles: Option<PathBuf>,
-    /// Exit at once if another tuner holds the store instead of waiting
-    #[arg(long)]
-    pub no_wait: bool,
+    #[command(flatten)]
+    pub lock: LockArg,
     /// Before re-tuning, wait up to this long for the machine to be idle (0: do not wait);
     /// then re-tune anyway, and trials measured while it was busy are not judged for drift
-    #[arg(long, default_value = "10m", value_name = "DURATION")]
-    pub wait_idle: String,
-    /// The machine counts as busy when other processes use more than this share of the
-    /// tuning's threads (see tune --busy-threshold)
-    #[arg(long, default_value = "0.1", value_name = "F", env = "NGL_TUNE_BUSY_THRESHOLD", allow_hyphen_values = true)]
-    pub busy_threshold: String,
-    /// Print a JSON summary for monitoring
-    #[arg(long)]
-    pub json: bool,
-    /// Show llama.cpp's log
-    #[arg(short = 'v', long)]
-    pub verbose: bool,
-    /// No progress bars
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = wait_idle)]
+    pub wait_idle: Duration,
+    #[command(flatten)]
+    pub busy: BusyArg,
+    #[command(flatten)]
+    pub print: PrintJson,
+    #[command(flatten)]
+    pub talk: Verbosity,
 }
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
     /// A model (its profile for this machine) or a profile (.json)
     pub source: PathBuf,
-    /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
-    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
-    pub profiles: Option<PathBuf>,
-    /// Print JSON
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub print: PrintJson,
 }
 
 #[derive(Debug, Args)]
@@ -445,12 +406,10 @@ pub struct ProfilesArgs {
 pub enum ProfilesCommand {
     /// Every profile in the store: machine, model, recommendation, age
     List {
-        /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
-        #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
-        profiles: Option<PathBuf>,
-        /// Print JSON
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+        #[command(flatten)]
+        print: PrintJson,
     },
 }
 
@@ -495,12 +454,10 @@ pub struct SynthArgs {
 
 #[derive(Debug, Args)]
 pub struct HwArgs {
-    /// Print JSON (stable; documented in docs/commands.md)
-    #[arg(long)]
-    pub json: bool,
-    /// Also list the devices of these llama.cpp RPC servers (host:port,...) and the round trip to each
-    #[arg(long, value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC", help_heading = "Devices")]
-    pub rpc: Option<String>,
+    #[command(flatten)]
+    pub print: PrintJson,
+    #[command(flatten)]
+    pub rpc: RpcArg,
 }
 
 #[derive(Debug, Args)]
@@ -529,9 +486,99 @@ pub struct RpcServerArgs {
 pub struct InspectArgs {
     /// GGUF model file
     pub model: PathBuf,
-    /// Print JSON
+    #[command(flatten)]
+    pub print: PrintJson,
+}
+
+// Flags several commands take, each defined once here and flattened into
+// the commands that take it: one help text, one env var, one type.
+
+/// The profile store.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArg {
+    /// Profile store directory [default: $XDG_DATA_HOME/ngl-tune/profiles]
+    #[arg(long, env = "NGL_TUNE_PROFILES", value_name = "DIR")]
+    pub profiles: Option<PathBuf>,
+}
+
+impl StoreArg {
+    /// The directory given, if any.
+    #[must_use]
+    pub fn given(&self) -> Option<&Path> {
+        self.profiles.as_deref()
+    }
+}
+
+/// Machine output on stdout.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct PrintJson {
+    /// Print JSON instead of the text report (stable forms: docs/commands.md)
     #[arg(long)]
     pub json: bool,
+}
+
+/// llama.cpp's log and the progress bars.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct Verbosity {
+    /// Show llama.cpp's log
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// No progress bars
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+/// The store's lock: wait for another tuner, or not.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct LockArg {
+    /// Exit at once if another tuner holds the store instead of waiting
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+/// Files written from a profile beside it.
+#[derive(Debug, Clone, Args)]
+pub struct ProfileFiles {
+    /// Update this Ollama Modelfile in place with the recommendation, read as Ollama reads it
+    ///
+    /// Only the lines ngl-tune owns change (num_gpu, num_thread, num_ctx); the old file is kept as
+    /// PATH.bak; a Modelfile Ollama would reject is refused, untouched.
+    #[arg(long, value_name = "PATH")]
+    pub write_modelfile: Option<PathBuf>,
+    /// Draw the tuning curve as an SVG chart
+    #[arg(long, value_name = "FILE.svg")]
+    pub chart: Option<PathBuf>,
+}
+
+/// Remote devices.
+#[derive(Debug, Clone, Args)]
+pub struct RpcArg {
+    /// llama.cpp RPC servers whose devices join this machine's, host:port,... (llama.cpp's --rpc)
+    ///
+    /// Each runs `ngl-tune rpc-server` or llama.cpp's rpc-server of the same revision. With two or
+    /// more offload devices, tune measures how to split the layers between them; `hw` lists their
+    /// devices and the round trip to each.
+    #[arg(long = "rpc", value_name = "HOST:PORT,...", env = "NGL_TUNE_RPC", help_heading = "Devices")]
+    pub servers: Option<String>,
+}
+
+/// When a trial counts as contended.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct BusyArg {
+    /// Share of a trial's threads other processes may use before the trial counts as contended
+    ///
+    /// 0.1 with -t 8: 0.8 cores' worth of CPU. A contended trial is measured once more after a
+    /// short wait, and marked if the machine is still busy; reprofile waits for the machine to
+    /// fall under it first.
+    #[arg(
+        long = "busy-threshold",
+        default_value = "0.1",
+        value_name = "F",
+        env = "NGL_TUNE_BUSY_THRESHOLD",
+        allow_hyphen_values = true,
+        value_parser = busy_share
+    )]
+    pub threshold: f64,
 }
 
 /// `ngl-tune MODEL ...` means `ngl-tune tune MODEL ...`.
@@ -568,6 +615,79 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
         .collect()
 }
 
+// Values typed at the parser. Each error names the flag, the value and the
+// fix; `main` prints it as one line, exit 2.
+
+fn number(v: &str, ok: impl Fn(f64) -> bool) -> Option<f64> {
+    v.trim().parse::<f64>().ok().filter(|x| !x.is_nan() && ok(*x))
+}
+
+/// `--target-vram`: a share of device memory in (0, 1].
+///
+/// # Errors
+/// The message names the value and the fix.
+pub fn target_share(v: &str) -> Result<f64, String> {
+    let f: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("--target-vram '{v}' is not a number; give a fraction of device memory like 0.9"))?;
+    if f.is_nan() || f <= 0.0 || f > 1.0 {
+        return Err(format!("--target-vram {v} is outside (0, 1]; give the share of device memory to use, like 0.9"));
+    }
+    Ok(f)
+}
+
+fn busy_share(v: &str) -> Result<f64, String> {
+    number(v, |f| f.is_finite() && f > 0.0).ok_or_else(|| {
+        format!(
+            "--busy-threshold {v} is not a positive share of the trial's threads; give one like 0.1 (others may use a tenth of them)"
+        )
+    })
+}
+
+fn kl_nats(v: &str) -> Result<f64, String> {
+    number(v, |k| k.is_finite() && k >= 0.0)
+        .ok_or_else(|| format!("--max-kl {v} is not a KL divergence; give nats like 0.05"))
+}
+
+fn top1_share(v: &str) -> Result<f64, String> {
+    number(v, |k| (0.0..=1.0).contains(&k))
+        .ok_or_else(|| format!("--min-top1 {v} is not a share in [0, 1]; give one like 0.9"))
+}
+
+fn drift_fraction(v: &str) -> Result<f64, String> {
+    number(v, |t| (0.0..1.0).contains(&t)).ok_or_else(|| {
+        format!("--drift-threshold {v} is not a fraction in [0, 1); give the smallest change that counts, like 0.05")
+    })
+}
+
+fn max_age(v: &str) -> Result<Duration, String> {
+    duration(v, "--max-age")
+}
+
+fn wait_idle(v: &str) -> Result<Duration, String> {
+    duration(v, "--wait-idle")
+}
+
+/// Parses "7d", "12h", "30m", "45s", "2w" (a bare number is seconds).
+///
+/// # Errors
+/// The message names `opt`, the value and the form.
+pub fn duration(s: &str, opt: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = num.parse().map_err(|_| format!("{opt} '{s}' is not a duration; write it like 7d, 12h or 30m"))?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(format!("{opt} '{s}' has an unknown unit; use s, m, h, d or w")),
+    };
+    Ok(Duration::from_secs(n.saturating_mul(mult)))
+}
+
 /// A positive finite number (a power in watts, a speed in tokens a
 /// second); `what` names it and the fix in the error.
 fn positive(v: &str, what: &str) -> Result<f64, String> {
@@ -575,11 +695,21 @@ fn positive(v: &str, what: &str) -> Result<f64, String> {
 }
 
 fn positive_watts(v: &str) -> Result<f64, String> {
-    positive(v, "a power; give watts above 0, like 250")
+    positive(v, "a power; give watts above 0, like 250").map_err(|e| format!("--max-power {e}"))
 }
 
 fn positive_speed(v: &str) -> Result<f64, String> {
-    positive(v, "a speed; give tokens a second above 0, like 10")
+    positive(v, "a speed; give tokens a second above 0, like 10").map_err(|e| format!("--reading-speed {e}"))
+}
+
+/// A value the parser refused, as one line: its own message, which names
+/// the flag, the value and the fix (clap's form adds the usage around it).
+#[must_use]
+pub fn one_line(e: &clap::Error) -> Option<String> {
+    if e.kind() != clap::error::ErrorKind::ValueValidation {
+        return None;
+    }
+    std::error::Error::source(e).map(ToString::to_string)
 }
 
 #[cfg(test)]
@@ -605,11 +735,36 @@ mod tests {
         assert_eq!(a[1], "tune");
         let cli = Cli::try_parse_from(a).unwrap();
         let Command::Tune(t) = cli.command else { panic!("not tune") };
-        assert_eq!(t.target_vram, "0.8");
+        assert!((t.target_vram - 0.8).abs() < 1e-12);
         let b = default_to_tune(["ngl-tune", "bench", "m.gguf"].map(String::from).to_vec());
         assert_eq!(b[1], "bench");
         let h = default_to_tune(["ngl-tune", "--help"].map(String::from).to_vec());
         assert_eq!(h[1], "--help");
+    }
+
+    #[test]
+    fn numbers_and_durations_are_typed_at_the_parser() {
+        assert!((target_share("0.9").unwrap() - 0.9).abs() < 1e-12);
+        assert_eq!(target_share("1").unwrap(), 1.0);
+        for bad in ["0", "-0.5", "1.5", "NaN", "abc", "inf"] {
+            assert!(target_share(bad).is_err(), "{bad}");
+        }
+        assert_eq!(duration("7d", "--max-age").unwrap(), Duration::from_secs(7 * 86_400));
+        assert_eq!(duration("12h", "--max-age").unwrap(), Duration::from_secs(43_200));
+        assert_eq!(duration("0", "--max-age").unwrap(), Duration::ZERO);
+        assert!(duration("soon", "--max-age").unwrap_err().contains("--max-age 'soon' is not a duration"));
+        assert!(duration("3y", "--max-age").unwrap_err().contains("unknown unit"));
+        assert!(busy_share("0").is_err() && kl_nats("-1").is_err() && top1_share("1.1").is_err());
+        assert!(drift_fraction("1").is_err() && drift_fraction("0").is_ok());
+        let parse = |a: &[&str]| Cli::try_parse_from(default_to_tune(a.iter().map(|s| (*s).to_string()).collect()));
+        let e = parse(&["ngl-tune", "m.gguf", "--max-kl", "x"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+        assert_eq!(one_line(&e).as_deref(), Some("--max-kl x is not a KL divergence; give nats like 0.05"));
+        let Command::Reprofile(r) = parse(&["ngl-tune", "reprofile", "--wait-idle", "0"]).unwrap().command else {
+            panic!("not reprofile")
+        };
+        assert_eq!((r.max_age, r.wait_idle), (Duration::from_secs(7 * 86_400), Duration::ZERO));
+        assert!((r.busy.threshold - 0.1).abs() < 1e-12 && (r.drift_threshold - 0.05).abs() < 1e-12);
     }
 
     #[test]

@@ -11,7 +11,10 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { exit::BAD_INPUT } else { exit::OK };
-            let _ = e.print();
+            match ngl_tune::cli::one_line(&e) {
+                Some(line) => eprintln!("error: {line}"),
+                None => drop(e.print()),
+            }
             std::process::exit(code);
         }
     };

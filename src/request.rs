@@ -79,22 +79,6 @@ pub fn parse_size_for(flag: &str, s: &str) -> Result<u64> {
     Ok(bytes as u64)
 }
 
-/// Parses and checks `--target-vram`.
-///
-/// # Errors
-/// `BadInput` unless 0 < F <= 1.
-pub fn parse_target(s: &str) -> Result<f64> {
-    let f: f64 = s.trim().parse().map_err(|_| {
-        crate::error::bad(format!("--target-vram '{s}' is not a number; give a fraction of device memory like 0.9"))
-    })?;
-    if f.is_nan() || f <= 0.0 || f > 1.0 {
-        return Err(crate::error::bad(format!(
-            "--target-vram {s} is outside (0, 1]; give the share of device memory to use, like 0.9"
-        )));
-    }
-    Ok(f)
-}
-
 /// Checks workload options, returning the thread count to use.
 ///
 /// # Errors
@@ -114,7 +98,6 @@ pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
     if w.trial_timeout == 0 {
         return Err(bad("--trial-timeout 0 kills every trial; give it seconds, e.g. 900"));
     }
-    parse_busy_threshold(&w.busy_threshold)?;
     let threads = match w.threads {
         Some(0) => return Err(bad("-t 0 runs no threads; use -t 1 or more (default: physical cores)")),
         Some(t) => t,
@@ -132,18 +115,6 @@ pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
         }
     }
     Ok(threads)
-}
-
-/// Parses `--busy-threshold`: a positive share of a trial's threads.
-///
-/// # Errors
-/// `BadInput` naming the value and the form.
-pub fn parse_busy_threshold(s: &str) -> Result<f64> {
-    s.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0).ok_or_else(|| {
-        bad(format!(
-            "--busy-threshold {s} is not a positive share of the trial's threads; give one like 0.1 (others may use a tenth of them)"
-        ))
-    })
 }
 
 /// The tuning settings the command line asks for, checked.
@@ -182,26 +153,14 @@ pub fn tune_settings(
         trial_timeout_s: w.trial_timeout,
         sample_interval_ms: w.sample_interval_ms,
         search: a.search,
-        busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
+        busy_threshold: w.busy.threshold,
         op_offload: w.op_offload,
         contexts: contexts.unwrap_or_default(),
         ctx_rule: None,
         rpc: Vec::new(),
         device_budgets: Vec::new(),
-        max_kl: a
-            .max_kl
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|k| k.is_finite() && *k >= 0.0)
-            .ok_or_else(|| bad(format!("--max-kl {} is not a KL divergence; give nats like 0.05", a.max_kl)))?,
-        min_top1: a
-            .min_top1
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|k| (0.0..=1.0).contains(k))
-            .ok_or_else(|| bad(format!("--min-top1 {} is not a share in [0, 1]; give one like 0.9", a.min_top1)))?,
+        max_kl: a.max_kl,
+        min_top1: a.min_top1,
         reading_speed: a.reading_speed,
         host_budget_bytes: a.host_budget.as_deref().map(|b| parse_size_for("--host-budget", b)).transpose()?,
         max_power_w: a.max_power,
@@ -318,7 +277,7 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
         ..crate::types::Placement::default()
     }
     .with_layers(0, threads, w.ctx_size)
-    .with_split(&[], &rpc_list(w.rpc.as_deref())?)
+    .with_split(&[], &rpc_list(w.rpc.servers.as_deref())?)
     .with_mmproj(w.mmproj.as_deref());
     let mut p = llama.over(base);
     p.mmproj = p.mmproj.as_deref().map(check_projector).transpose()?;
@@ -376,20 +335,8 @@ pub fn bench_depths(a: &BenchArgs, p: &crate::types::Placement) -> Result<Vec<u3
 /// # Errors
 /// `BadInput` naming the flag, the value and the fix.
 pub fn reprofile_options(a: &ReprofileArgs) -> Result<crate::reprofile::ReprofileOptions> {
-    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    let store = a.store.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
-    let max_age = crate::reprofile::parse_duration(&a.max_age, "--max-age")?;
-    let wait_idle = crate::reprofile::parse_duration(&a.wait_idle, "--wait-idle")?;
-    let busy_threshold = parse_busy_threshold(&a.busy_threshold)?;
-    let threshold: f64 =
-        a.drift_threshold.trim().parse().ok().filter(|t: &f64| t.is_finite() && *t >= 0.0 && *t < 1.0).ok_or_else(
-            || {
-                bad(format!(
-                    "--drift-threshold {} is not a fraction in [0, 1); give the smallest change that counts, like 0.05",
-                    a.drift_threshold
-                ))
-            },
-        )?;
     if let Some(d) = &a.update_modelfiles {
         if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {
             return Err(bad(format!(
@@ -400,14 +347,14 @@ pub fn reprofile_options(a: &ReprofileArgs) -> Result<crate::reprofile::Reprofil
     }
     Ok(crate::reprofile::ReprofileOptions {
         store,
-        max_age,
+        max_age: a.max_age,
         dry_run: a.dry_run,
-        threshold,
+        threshold: a.drift_threshold,
         update_modelfiles: a.update_modelfiles.clone(),
-        wait_idle,
-        busy_threshold,
-        verbose: a.verbose,
-        progress: !a.quiet && !a.json,
+        wait_idle: a.wait_idle,
+        busy_threshold: a.busy.threshold,
+        verbose: a.talk.verbose,
+        progress: !a.talk.quiet && !a.print.json,
     })
 }
 
@@ -482,10 +429,15 @@ mod tests {
         assert_eq!((s.n_prompt, s.n_gen, s.repetitions, s.n_batch), (128, 32, 2, 1024));
         assert_eq!((s.contexts.clone(), s.n_ctx), (vec![512, 1024], 1024));
         assert!(tune_settings(&tune_args(&["ngl-tune", "m.gguf"]), &info, 0.9, None).unwrap().warmup);
-        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "--max-kl", "-1"]), &info, 0.9, None), "--max-kl");
         says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-r", "0"]), &info, 0.9, None), "-r 0");
         says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-t", "0"]), &info, 0.9, None), "-t 0");
-        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "--busy-threshold", "x"]), &info, 0.9, None), "x");
+        // Numbers are refused by the parser itself, each in one line naming the flag.
+        for (flag, v) in [("--max-kl", "-1"), ("--busy-threshold", "x"), ("--target-vram", "2")] {
+            let argv = default_to_tune(normalize_args(["ngl-tune", "m.gguf", flag, v].map(String::from)));
+            let e = Cli::try_parse_from(argv).unwrap_err();
+            let line = crate::cli::one_line(&e).expect("a value the parser refused");
+            assert!(line.starts_with(&format!("{flag} {v}")), "{line}");
+        }
     }
 
     #[test]
@@ -526,14 +478,5 @@ mod tests {
         assert!(parse_size("0").unwrap_err().to_string().contains("zero"));
         assert!(parse_size("lots").unwrap_err().to_string().contains("not a size"));
         assert!(parse_size("8 parsecs").unwrap_err().to_string().contains("unknown unit"));
-    }
-
-    #[test]
-    fn targets() {
-        assert!((parse_target("0.9").unwrap() - 0.9).abs() < 1e-12);
-        assert_eq!(parse_target("1").unwrap(), 1.0);
-        for bad in ["0", "-0.5", "1.5", "NaN", "abc", "inf"] {
-            assert!(parse_target(bad).is_err(), "{bad}");
-        }
     }
 }

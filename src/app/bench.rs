@@ -10,7 +10,7 @@ use crate::bench::{self, BenchOptions};
 use crate::cli::BenchArgs;
 use crate::error::exit;
 use crate::model::{self, ModelInfo};
-use crate::request::{bench_placement, parse_busy_threshold};
+use crate::request::bench_placement;
 
 pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let mut clock = crate::clock::Phases::from_env();
@@ -32,9 +32,9 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
         warmup: !w.no_warmup,
         timeout: Duration::from_secs(w.trial_timeout),
         sample_interval: Duration::from_millis(w.sample_interval_ms),
-        busy_threshold: parse_busy_threshold(&w.busy_threshold)?,
-        verbose: a.verbose,
-        progress: !a.quiet,
+        busy_threshold: w.busy.threshold,
+        verbose: a.talk.verbose,
+        progress: !a.talk.quiet,
     };
     clock.lap("options");
     // A neighbour resident for the whole run (dropped, and so ended, at the end).

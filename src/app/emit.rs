@@ -9,23 +9,23 @@ use crate::cli::EmitArgs;
 use crate::error::exit;
 
 pub(super) fn cmd_emit(a: &EmitArgs) -> Result<i32> {
-    if let Some(c) = &a.chart {
+    if let Some(c) = &a.files.chart {
         check_output_path(c, "--chart")?;
     }
-    if let Some(m) = &a.write_modelfile {
+    if let Some(m) = &a.files.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
-    let mut p = load_profile(&a.source, a.profiles.as_deref())?;
+    let mut p = load_profile(&a.source, a.store.given())?;
     if let Some(c) = a.ctx {
         p = p.at_context(c)?;
     }
     let format = match a.format {
         Some(f) => Some(f),
-        None if a.chart.is_some() || a.write_modelfile.is_some() => None,
+        None if a.files.chart.is_some() || a.files.write_modelfile.is_some() => None,
         None => Some(crate::emit::Format::Modelfile),
     };
     let for_ollama = matches!(format, Some(crate::emit::Format::Modelfile | crate::emit::Format::OllamaOptions))
-        || a.write_modelfile.is_some();
+        || a.files.write_modelfile.is_some();
     if for_ollama {
         if let Some(n) = crate::emit::ollama_ctx_note(&p, &|k| p.ollama_var(k)) {
             eprintln!("note: {n}");
@@ -37,6 +37,6 @@ pub(super) fn cmd_emit(a: &EmitArgs) -> Result<i32> {
         out.write_all(text.as_bytes())?;
         out.flush()?;
     }
-    write_extras(&p, a.chart.as_deref(), a.write_modelfile.as_deref())?;
+    write_extras(&p, a.files.chart.as_deref(), a.files.write_modelfile.as_deref())?;
     Ok(exit::OK)
 }

@@ -10,7 +10,7 @@ use crate::report::listing::{version_contexts, Version};
 
 pub(super) fn cmd_history(a: &HistoryArgs) -> Result<i32> {
     use crate::profile::store;
-    let current_path = crate::profile::store::resolve(&a.source, a.profiles.as_deref())?;
+    let current_path = crate::profile::store::resolve(&a.source, a.store.given())?;
     let current = store::read_profile(&current_path)?;
     let store_dir =
         current_path.parent().and_then(std::path::Path::parent).map(std::path::Path::to_path_buf).unwrap_or_default();
@@ -39,7 +39,7 @@ pub(super) fn cmd_history(a: &HistoryArgs) -> Result<i32> {
     }
     versions.sort_by(|x, y| x.created_at.cmp(&y.created_at).then(x.current.cmp(&y.current)));
     let mut out = std::io::stdout().lock();
-    if a.json {
+    if a.print.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&versions)?)?;
         return Ok(exit::OK);
     }

@@ -58,8 +58,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Reprofile(a) => reprofile::cmd_reprofile(&a),
         Command::History(a) => history::cmd_history(&a),
         Command::Profiles(a) => match a.command {
-            crate::cli::ProfilesCommand::List { profiles, json } => {
-                profiles::cmd_profiles_list(profiles.as_deref(), json)
+            crate::cli::ProfilesCommand::List { store, print } => {
+                profiles::cmd_profiles_list(store.given(), print.json)
             }
         },
         Command::Check { model, rpc, mmproj } => {

@@ -12,10 +12,10 @@ pub(super) fn cmd_reprofile(a: &ReprofileArgs) -> Result<i32> {
     let _lock = crate::profile::lock::StoreLock::acquire(
         &opts.store,
         &crate::probe::machine_id(),
-        a.no_wait,
+        a.lock.no_wait,
         "ngl-tune reprofile",
     )?;
-    let json = a.json;
+    let json = a.print.json;
     // A reader that went away (a pager closed early) does not stop the
     // nightly run: its exit code still says what happened.
     let mut say = |line: &str| {

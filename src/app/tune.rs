@@ -8,7 +8,7 @@ use super::{check_output_path, print_notes, write_extras};
 use crate::cli::TuneArgs;
 use crate::error::{bad, exit};
 use crate::model::{self, ModelInfo};
-use crate::request::{parse_budgets, parse_target, rpc_list, tune_settings};
+use crate::request::{parse_budgets, rpc_list, tune_settings};
 
 /// The contexts to tune and the rule that chose them: `--ctx`, `-c`, the
 /// Modelfile's num_ctx, or Ollama's default here.
@@ -23,7 +23,7 @@ fn choose_contexts(
     devices: &[crate::types::LlamaDevice],
     consumer: &super::consumer::Source,
 ) -> Result<()> {
-    let existing = a.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
+    let existing = a.files.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
     let cmds = existing.map(crate::emit::modelfile::read).transpose()?;
     if a.ctx.is_some() || a.workload.ctx_size.is_some() {
         return Ok(());
@@ -53,12 +53,13 @@ fn choose_contexts(
 }
 
 pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
-    // The cap's options are judged first, before the store and the models.
-    let target = parse_target(&a.target_vram)?;
+    // The cap's options are judged first, before the store and the models
+    // (--target-vram by the parser, before this).
+    let target = a.target_vram;
     let (budget, device_budgets) = a.vram_budget.as_deref().map(parse_budgets).transpose()?.unwrap_or_default();
     // The servers are probed with the request (tune::TuneRequest::new).
-    let rpc = rpc_list(a.workload.rpc.as_deref())?;
-    let store = a.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    let rpc = rpc_list(a.workload.rpc.servers.as_deref())?;
+    let store = a.store.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
     crate::profile::store::check_dir(&store)?;
     one_model_flags(a)?;
     // Every model and its settings are checked before anything is measured.
@@ -70,10 +71,10 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         settings.device_budgets.clone_from(&device_budgets);
         infos.push((info, settings));
     }
-    if let Some(c) = &a.chart {
+    if let Some(c) = &a.files.chart {
         check_output_path(c, "--chart")?;
     }
-    if let Some(m) = &a.write_modelfile {
+    if let Some(m) = &a.files.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
     let consumer = super::consumer::read(a)?;
@@ -83,7 +84,7 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     for (info, settings) in infos {
         let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
             .with_resume(a.resume)
-            .with_output(a.verbose, !a.quiet);
+            .with_output(a.talk.verbose, !a.talk.quiet);
         choose_contexts(a, &mut req.settings, &req.info, &req.devices, &consumer)?;
         let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
         let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
@@ -101,7 +102,7 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     let _lock = crate::profile::lock::StoreLock::acquire(
         &store,
         &crate::probe::machine_id(),
-        a.no_wait,
+        a.lock.no_wait,
         &format!("ngl-tune tune {}", names.join(" ")),
     )?;
     if let Some(shares) = shares {
@@ -115,9 +116,9 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         return ranked(a, &mut outcomes);
     }
     let outcome = &outcomes[0];
-    write_extras(&outcome.profile, a.chart.as_deref(), a.write_modelfile.as_deref())?;
+    write_extras(&outcome.profile, a.files.chart.as_deref(), a.files.write_modelfile.as_deref())?;
     let mut out = std::io::stdout().lock();
-    if a.json {
+    if a.print.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&outcome.profile)?)?;
     } else {
         print_report(&mut out, outcome)?;
@@ -129,7 +130,9 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
 /// Flags that write one model's files take one model.
 fn one_model_flags(a: &TuneArgs) -> Result<()> {
     if a.models.len() > 1 {
-        for (given, flag) in [(a.chart.is_some(), "--chart"), (a.write_modelfile.is_some(), "--write-modelfile")] {
+        for (given, flag) in
+            [(a.files.chart.is_some(), "--chart"), (a.files.write_modelfile.is_some(), "--write-modelfile")]
+        {
             if given {
                 return Err(bad(format!(
                     "{flag} takes one model; tune the models together, then use emit {flag} on the one you pick"
@@ -155,7 +158,7 @@ fn set_shares(a: &TuneArgs, n: usize) -> Result<Option<Vec<f64>>> {
 fn together(a: &TuneArgs, reqs: &[crate::tune::TuneRequest], shares: &[f64]) -> Result<i32> {
     let set = crate::tune::together::tune_together(reqs, shares)?;
     let mut out = std::io::stdout().lock();
-    if a.json {
+    if a.print.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&set.profile)?)?;
     } else {
         write!(out, "{}", crate::report::together::set_report(&set.profile, &set.path))?;
@@ -188,7 +191,7 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
     let s = &profiles[0].settings;
     let rows = rank::rank(&profiles, &qualities, s.max_kl, s.min_top1);
     let mut out = std::io::stdout().lock();
-    if a.json {
+    if a.print.json {
         let all: Vec<&crate::profile::Profile> = outcomes.iter().map(|o| &o.profile).collect();
         writeln!(out, "{}", serde_json::to_string_pretty(&serde_json::json!({ "ranking": rows, "profiles": all }))?)?;
     } else {

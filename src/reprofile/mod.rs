@@ -153,27 +153,6 @@ pub fn stale_reasons(p: &Profile, hw: &Hardware, now: u64, max_age: Duration) ->
     r
 }
 
-/// Parses "7d", "12h", "30m", "45s", "2w" (a bare number is seconds).
-///
-/// # Errors
-/// `BadInput` naming the value.
-pub fn parse_duration(s: &str, opt: &str) -> Result<Duration> {
-    let t = s.trim();
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| crate::error::bad(format!("{opt} '{s}' is not a duration; write it like 7d, 12h or 30m")))?;
-    let mult = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 604_800,
-        _ => return Err(crate::error::bad(format!("{opt} '{s}' has an unknown unit; use s, m, h, d or w"))),
-    };
-    Ok(Duration::from_secs(n.saturating_mul(mult)))
-}
-
 /// One measured quantity compared between the previous and the new profile.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Comparison {

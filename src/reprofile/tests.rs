@@ -15,15 +15,6 @@ fn a_retune_on_another_cpu_starts_from_its_cores_unless_the_user_chose() {
 }
 
 #[test]
-fn durations() {
-    assert_eq!(parse_duration("7d", "--max-age").unwrap(), Duration::from_secs(7 * 86_400));
-    assert_eq!(parse_duration("12h", "--max-age").unwrap(), Duration::from_secs(43_200));
-    assert_eq!(parse_duration("0", "--max-age").unwrap(), Duration::ZERO);
-    assert!(parse_duration("soon", "--max-age").is_err());
-    assert!(parse_duration("3y", "--max-age").is_err());
-}
-
-#[test]
 fn an_unclear_change_is_measured_again_until_clear_or_said_to_stay_unclear() {
     let mut c = Comparison {
         n_gpu_layers: 0,
