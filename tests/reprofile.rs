@@ -4,22 +4,32 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use common::*;
 
-/// Tunes the real model CPU-only (threads), small workload: stable numbers in seconds.
+/// The real model tuned CPU-only (threads), small workload: stable numbers
+/// in seconds. Tuned once for this file (under the heavy lock, by the first
+/// test that asks); each test gets a copy of the store to change.
 fn tuned_store(dir: &Path) -> (PathBuf, PathBuf) {
-    tuned_store_of(dir, &real_model())
+    static STORE: OnceLock<PathBuf> = OnceLock::new();
+    copy_of(STORE.get_or_init(|| tuned_store_of(&fixture_dir("real"), &real_model()).0), dir)
 }
 
 /// The same with a synthetic model: a tenth of the time, for tests whose
 /// point is not the numbers (what is skipped, listed, left alone, rewritten).
+/// The model stays where the one tune wrote it (`model.path` of the profile).
 fn tuned_synth_store(dir: &Path) -> (PathBuf, PathBuf) {
-    let m = ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_dims(256, 512, 4);
-    let path = dir.join("synth.gguf");
-    ngl_tune::synth::write_model(&path, &m).unwrap();
-    tuned_store_of(dir, &path)
+    static STORE: OnceLock<PathBuf> = OnceLock::new();
+    let store = STORE.get_or_init(|| {
+        let d = fixture_dir("synth");
+        let m = ngl_tune::synth::SynthSpec::default().with_n_layer(4).with_dims(256, 512, 4);
+        let path = d.join("synth.gguf");
+        ngl_tune::synth::write_model(&path, &m).unwrap();
+        tuned_store_of(&d, &path).0
+    });
+    copy_of(store, dir)
 }
 
 fn tuned_store_of(dir: &Path, m: &Path) -> (PathBuf, PathBuf) {
@@ -28,6 +38,22 @@ fn tuned_store_of(dir: &Path, m: &Path) -> (PathBuf, PathBuf) {
     assert!(o.status.success(), "{}", stderr(&o));
     let p = profiles_in(&store).pop().unwrap();
     (store, p)
+}
+
+/// A directory of this test run's own for a store tuned once.
+fn fixture_dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("reprofile-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A test's own copy of a tuned store, and its profile.
+fn copy_of(store: &Path, dir: &Path) -> (PathBuf, PathBuf) {
+    let to = dir.join("store");
+    copy_dir(store, &to);
+    let p = profiles_in(&to).pop().unwrap();
+    (to, p)
 }
 
 /// Runs reprofile on the store. These tests are about staleness, exit codes,
@@ -136,7 +162,7 @@ fn a_previous_profile_half_again_faster_is_a_regression_and_noise_is_not() {
 }
 
 #[test]
-fn a_quick_profile_claiming_a_quarter_more_speed_is_a_regression_once_measured_again() {
+fn a_quick_profile_claiming_far_more_speed_is_a_regression_once_measured_again() {
     let _heavy = heavy();
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
@@ -146,7 +172,10 @@ fn a_quick_profile_claiming_a_quarter_more_speed_is_a_regression_once_measured_a
     let p = profiles_in(&store).pop().unwrap();
     // Two repetitions a setting: Welch's test over two samples rarely clears 5%, so a
     // first verdict may be "inconclusive"; the setting is measured again until it is clear.
-    edit(&p, |v| claim_faster(v, 1.25));
+    // The claim is beyond what the machine moves between two runs: on a 2-core Xeon the
+    // re-profile once measured tg32 at -t 2 33% faster than the tune a minute before it
+    // (18.2 against 24.2 t/s, nothing else running), so a claimed 25% read as an improvement.
+    edit(&p, |v| claim_faster(v, 1.6));
     let o = reprofile(&store, &["--max-age", "0s", "--drift-threshold", "0.05", "--json"]);
     let s: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
     assert_eq!(o.status.code(), Some(3), "a confirmed regression: {s:#}");
@@ -237,7 +266,7 @@ fn changed_recommendations_update_the_modelfiles_that_use_the_model() {
     let (store, p) = tuned_synth_store(dir.path());
     let mdir = dir.path().join("modelfiles");
     std::fs::create_dir(&mdir).unwrap();
-    let model = dir.path().join("synth.gguf");
+    let model = PathBuf::from(read_json(&p)["model"]["path"].as_str().unwrap());
     let ours = format!("FROM {}\nSYSTEM \"\"\"Be brief.\"\"\"\nPARAMETER num_thread 1\n", model.display());
     let theirs = "FROM /models/other.gguf\nPARAMETER num_thread 1\n";
     std::fs::write(mdir.join("gemma.modelfile"), &ours).unwrap();

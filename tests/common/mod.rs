@@ -22,6 +22,19 @@ pub fn real_model() -> PathBuf {
     p
 }
 
+/// Copies a directory tree (a tuned store) to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
 /// Tests run beside each other, so trials are often measured again: a
 /// short pause before that (the product waits 3 s).
 pub const RETRY_WAIT: (&str, &str) = ("NGL_TUNE_RETRY_WAIT_MS", "300");
