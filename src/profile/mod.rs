@@ -18,7 +18,9 @@ use crate::types::Hardware;
 use crate::types::TrialResult;
 use crate::types::{Decision, KvType, Objective, Placement, Point, Quality};
 
-/// 2: per-context placements, KV cache types, FFN overrides; version 1 is read.
+/// The profile's schema version. 2: per-context placements, KV cache types,
+/// FFN overrides; 3: the typed placement (flattened into each trial's spec)
+/// and typed notes. Versions 1 and 2 are read.
 pub const SCHEMA_VERSION: u32 = 3;
 
 /// Who wrote a profile.
