@@ -497,10 +497,12 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         fit_split_margins,
         ..predict_spec(info, s, sh.op_offload)
     };
-    // Splits priced with a KV cache type and FFN layers kept on the CPU.
+    // Splits priced with a KV cache type and FFN layers kept on the CPU; a
+    // failed dry run leaves them unpriced, and the first failure is said.
+    let mut failed: Option<String> = None;
     let mut price = |splits: &[plan::Split], kv: crate::types::KvType, cpu_ffn: u32| {
         let spec = PredictSpec { kv_type: kv, split_cpu_ffn: vec![cpu_ffn; splits.len()], ..spec(splits, Vec::new()) };
-        predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_default()
+        predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_else(|e| unpriced(&mut failed, &e))
     };
     let inp = split::SplitInputs {
         devs: &sh.opts.caps,
@@ -533,6 +535,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     split::kv_hatch(search, &inp, &mut found, &mut price, &mut assess)?;
     split::ffn_hatch(search, &inp, &mut found, &mut price)?;
     split::split_modes(search, &inp, &mut found, &mut |x: &[plan::Split]| price(x, kv, 0))?;
+    found.notes.extend(failed.map(|e| Note::split(dry_run_failed("splits", &e))));
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
     let fit = predict_in_child(&sh.exe, &spec(&[], margins)).ok().and_then(|o| o.llama_fit_split);
     found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;
@@ -563,15 +566,29 @@ fn hatches(
         rpc: s.rpc.clone(),
         grid: plan.full_grid.clone(),
     };
+    let mut failed: Option<String> = None;
     let mut predict = |cases: &[crate::engine::predict::PredictCase]| {
         let spec = PredictSpec { cases: cases.to_vec(), ..predict_spec(info, s, sh.op_offload) };
-        predict_in_child(&sh.exe, &spec).map(|o| o.cases).unwrap_or_default()
+        predict_in_child(&sh.exe, &spec).map(|o| o.cases).unwrap_or_else(|e| unpriced(&mut failed, &e))
     };
     // Quality does not depend on where the layers run: score at the fastest measured split.
     let ngl = layer_split.n_gpu_layers;
     let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
     let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload, bound);
-    placement::escape_hatches(search, &h, &mut predict, &mut assess, layer_split)
+    let mut found = placement::escape_hatches(search, &h, &mut predict, &mut assess, layer_split)?;
+    found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(s.n_ctx)));
+    Ok(found)
+}
+
+/// A dry run that failed: nothing priced (each option then says "could not
+/// price it"), the first failure kept to be said once.
+fn unpriced<T>(failed: &mut Option<String>, e: &anyhow::Error) -> Vec<T> {
+    failed.get_or_insert_with(|| format!("{e:#}"));
+    Vec::new()
+}
+
+fn dry_run_failed(what: &str, e: &str) -> String {
+    format!("llama.cpp's dry run of the {what} failed ({e}): the options it could not price have no price")
 }
 
 /// The checkpoint to continue from: the previous one with `--resume` when
@@ -726,5 +743,16 @@ mod tests {
         let options = [option(crate::profile::HatchKind::KvCache), option(crate::profile::HatchKind::ShorterContext)];
         assert!((quality_seconds(&options, None) - 35.0).abs() < 1e-9);
         assert!(quality_seconds(&[], None).abs() < 1e-9);
+    }
+
+    /// A failed dry run prices nothing and is said once, with its first error.
+    #[test]
+    fn a_failed_dry_run_is_said_once_not_swallowed() {
+        let mut failed = None;
+        let none: Vec<u32> = unpriced(&mut failed, &anyhow::anyhow!("worker killed by signal 6"));
+        assert!(none.is_empty());
+        let _: Vec<u32> = unpriced(&mut failed, &anyhow::anyhow!("a later failure"));
+        let said = dry_run_failed("escape hatches", failed.as_deref().unwrap());
+        assert!(said.contains("escape hatches failed (worker killed by signal 6)"), "{said}");
     }
 }

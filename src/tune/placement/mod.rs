@@ -296,12 +296,23 @@ fn partial_q8(
     0
 }
 
+/// How many layers' dense FFN weights must go to the CPU for full offload to fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FfnNeed {
+    /// Full offload fits, or the model is MoE (its experts are the spill): nothing to spill.
+    None,
+    /// Not even every layer's FFN on the CPU is enough.
+    Beyond,
+    /// About this many layers (the line through K = 1 and K = n_layer).
+    Layers(u32),
+}
+
 /// The second dry run: the solved context sizes and FFN spills, priced exactly.
 struct Second {
     /// The largest context that fits fully, per KV type (only those below the asked one).
     shorter: Vec<(KvType, u32)>,
-    /// FFN layers to spill: `None` when full offload fits (or MoE), `Some(None)` when no K is enough.
-    k: Option<Option<u32>>,
+    /// FFN layers to spill.
+    k: FfnNeed,
     /// K from one below the solved value to three above (priced exactly).
     spills: Vec<u32>,
     /// A q8_0 cache over the whole-layer grid (only when none fits at full offload).
@@ -319,16 +330,17 @@ fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Seco
             (c < h.n_ctx).then_some((kv, c))
         })
         .collect();
-    let k = (!fits_fully && !h.is_moe).then(|| {
-        ffn_layers_needed(
-            at(full(h.n_ctx, KvType::F16, 1)),
-            at(full(h.n_ctx, KvType::F16, h.n_layer)),
-            h.n_layer,
-            h.cap,
-        )
-    });
-    let spills: Vec<u32> =
-        k.flatten().map(|k| (k.saturating_sub(1).max(1)..=(k + 3).min(h.n_layer)).collect()).unwrap_or_default();
+    let k = if fits_fully || h.is_moe {
+        FfnNeed::None
+    } else {
+        let one = at(full(h.n_ctx, KvType::F16, 1));
+        ffn_layers_needed(one, at(full(h.n_ctx, KvType::F16, h.n_layer)), h.n_layer, h.cap)
+            .map_or(FfnNeed::Beyond, FfnNeed::Layers)
+    };
+    let spills: Vec<u32> = match k {
+        FfnNeed::Layers(k) => (k.saturating_sub(1).max(1)..=(k + 3).min(h.n_layer)).collect(),
+        FfnNeed::None | FfnNeed::Beyond => Vec::new(),
+    };
     // No quantized cache fits at full offload: a q8_0 cache may still let more layers on.
     #[allow(clippy::cast_precision_loss)]
     let kv_fits =
@@ -406,9 +418,17 @@ impl World<'_> {
     }
 
     fn over(&self, case: PredictCase) -> String {
+        self.over_even(case, "")
+    }
+
+    /// "over the cap{even}: llama.cpp's dry run predicts ...", `even` saying
+    /// what was already tried ("even with q4_0").
+    fn over_even(&self, case: PredictCase, even: &str) -> String {
         bytes(find(self.preds, case)).map_or_else(
             || "llama.cpp's dry run could not price it".into(),
-            |b| format!("over the cap: llama.cpp's dry run predicts {} > {}", human_bytes(b), cap_str(self.h.cap)),
+            |b| {
+                format!("over the cap{even}: llama.cpp's dry run predicts {} > {}", human_bytes(b), cap_str(self.h.cap))
+            },
         )
     }
 
@@ -416,7 +436,7 @@ impl World<'_> {
         &self,
         (kv_pick, kv_at): (Option<KvType>, u32),
         shorter: &[(KvType, u32)],
-        k: Option<Option<u32>>,
+        k: FfnNeed,
         spills: &[u32],
         layer_split: &Recommendation,
     ) -> Vec<PlacementOption> {
@@ -427,11 +447,8 @@ impl World<'_> {
             // Over the cap at full offload with either type; the q8_0 cache at the most layers it lets on.
             let mut o = self.option(HatchKind::KvCache, PredictCase { ngl: kv_at, ..full(h.n_ctx, KvType::Q8_0, 0) });
             if o.note.is_empty() {
-                o.note = format!(
-                    "full offload is {}",
-                    self.over(full(h.n_ctx, KvType::Q4_0, 0))
-                        .replace("over the cap: ", "over the cap even with q4_0: ")
-                );
+                o.note =
+                    format!("full offload is {}", self.over_even(full(h.n_ctx, KvType::Q4_0, 0), " even with q4_0"));
             }
             v.push(o);
         }
@@ -458,21 +475,18 @@ impl World<'_> {
         v
     }
 
-    fn spill_options(&self, k: Option<Option<u32>>, spills: &[u32]) -> Vec<PlacementOption> {
+    fn spill_options(&self, k: FfnNeed, spills: &[u32]) -> Vec<PlacementOption> {
         let h = self.h;
         let full = |k| PredictCase { ngl: h.full, n_ctx: h.n_ctx, kv_type: KvType::F16, n_cpu_ffn: k, n_cpu_moe: 0 };
         match k {
-            None if h.is_moe => Vec::new(), // experts: the MoE search keeps them on the CPU
-            None => Vec::new(),             // full offload fits: nothing to spill
-            Some(None) => {
+            // Full offload fits, or MoE: the MoE search keeps the experts on the CPU.
+            FfnNeed::None => Vec::new(),
+            FfnNeed::Beyond => {
                 let mut o = self.option(HatchKind::FfnSpill, full(h.n_layer));
-                o.note = format!(
-                    "over the cap even with every layer's FFN weights on the CPU: {}",
-                    self.over(full(h.n_layer)).trim_start_matches("over the cap: ")
-                );
+                o.note = self.over_even(full(h.n_layer), " even with every layer's FFN weights on the CPU");
                 vec![o]
             }
-            Some(Some(_)) => spills.iter().map(|k| self.option(HatchKind::FfnSpill, full(*k))).collect(),
+            FfnNeed::Layers(_) => spills.iter().map(|k| self.option(HatchKind::FfnSpill, full(*k))).collect(),
         }
     }
 }

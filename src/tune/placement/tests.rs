@@ -297,6 +297,17 @@ fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_w
     assert!(kv[0].ngl > 3 && kv[0].ngl < 11, "more layers than the f16 split's 3: {:?}", kv[0]);
     let o = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.measured).unwrap();
     assert!(o.fits && o.recommended, "{o:?}");
+    assert!(o.note.contains("full offload is over the cap even with q4_0: llama.cpp's dry run predicts"), "{}", o.note);
+    // Every layer's FFN on the CPU is not enough either: one option says so, from the price.
+    let ffn: Vec<&PlacementOption> = h.options.iter().filter(|o| o.kind == HatchKind::FfnSpill).collect();
+    assert_eq!(ffn.len(), 1, "{ffn:?}");
+    assert!(
+        ffn[0]
+            .note
+            .starts_with("over the cap even with every layer's FFN weights on the CPU: llama.cpp's dry run predicts"),
+        "{}",
+        ffn[0].note
+    );
 }
 
 #[test]

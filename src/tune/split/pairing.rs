@@ -55,16 +55,17 @@ pub fn against_llama(
         let c = Candidate::layers(best.n_gpu_layers, threads);
         Candidate { split: split_of(&best), kv: best.kv_type, n_cpu_ffn: best.n_cpu_ffn, ..c }
     };
-    let mut sides: Vec<(String, Vec<u32>)> =
-        vec![("llama.cpp's default split (by free memory)".into(), vec![best.n_gpu_layers])];
+    // (label, layers, is llama.cpp's default): the default wins a tie, fit's own split does not.
+    let mut sides: Vec<(String, Vec<u32>, bool)> =
+        vec![("llama.cpp's default split (by free memory)".into(), vec![best.n_gpu_layers], true)];
     match fit.and_then(|f| fit_split(f, inp.full, inp.devs.len())) {
         Some(l) if l == sides[0].1 => sides[0].0 += ", which llama.cpp's fit for the same caps chooses too",
-        Some(l) => sides.push(("llama.cpp's fit for the same caps".into(), l)),
+        Some(l) => sides.push(("llama.cpp's fit for the same caps".into(), l, false)),
         None => {}
     }
     let mut out = Vec::new();
     let mut switch: Option<(String, Candidate)> = None;
-    for (label, layers) in sides {
+    for (label, layers, default) in sides {
         let theirs = candidate(&layers);
         let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
         let mut r = DefaultComparison {
@@ -78,7 +79,6 @@ pub fn against_llama(
             r.note = "the recommendation is this split".into();
         } else {
             let cut = crate::tune::baseline::pair(search, mine, theirs, &mut r)?;
-            let default = label.starts_with("llama.cpp's default");
             r.note = match r.verdict {
                 Verdict::Faster if cut => crate::profile::CUT_SHORT.into(),
                 Verdict::Tie if default => "within the noise: llama.cpp's default split is recommended".into(),
