@@ -638,11 +638,8 @@ pub fn target_share(v: &str) -> Result<f64, String> {
 }
 
 fn busy_share(v: &str) -> Result<f64, String> {
-    number(v, |f| f.is_finite() && f > 0.0).ok_or_else(|| {
-        format!(
-            "--busy-threshold {v} is not a positive share of the trial's threads; give one like 0.1 (others may use a tenth of them)"
-        )
-    })
+    let what = "a positive share of the trial's threads; give one like 0.1 (others may use a tenth of them)";
+    positive(v, "--busy-threshold", what)
 }
 
 fn kl_nats(v: &str) -> Result<f64, String> {
@@ -688,18 +685,18 @@ pub fn duration(s: &str, opt: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(n.saturating_mul(mult)))
 }
 
-/// A positive finite number (a power in watts, a speed in tokens a
-/// second); `what` names it and the fix in the error.
-fn positive(v: &str, what: &str) -> Result<f64, String> {
-    v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| format!("{v} is not {what}"))
+/// A positive finite number (a share, a power in watts, a speed in tokens
+/// a second); the error names `flag`, the value and, in `what`, the fix.
+fn positive(v: &str, flag: &str, what: &str) -> Result<f64, String> {
+    number(v, |x| x.is_finite() && x > 0.0).ok_or_else(|| format!("{flag} {v} is not {what}"))
 }
 
 fn positive_watts(v: &str) -> Result<f64, String> {
-    positive(v, "a power; give watts above 0, like 250").map_err(|e| format!("--max-power {e}"))
+    positive(v, "--max-power", "a power; give watts above 0, like 250")
 }
 
 fn positive_speed(v: &str) -> Result<f64, String> {
-    positive(v, "a speed; give tokens a second above 0, like 10").map_err(|e| format!("--reading-speed {e}"))
+    positive(v, "--reading-speed", "a speed; give tokens a second above 0, like 10")
 }
 
 /// A value the parser refused, as one line: its own message, which names

@@ -335,7 +335,7 @@ pub fn bench_depths(a: &BenchArgs, p: &crate::types::Placement) -> Result<Vec<u3
 /// # Errors
 /// `BadInput` naming the flag, the value and the fix.
 pub fn reprofile_options(a: &ReprofileArgs) -> Result<crate::reprofile::ReprofileOptions> {
-    let store = a.store.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    let store = crate::profile::store::dir_or_default(a.store.given());
     crate::profile::store::check_dir(&store)?;
     if let Some(d) = &a.update_modelfiles {
         if !std::fs::metadata(d).is_ok_and(|m| m.is_dir()) {

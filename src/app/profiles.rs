@@ -9,7 +9,7 @@ use crate::report::listing::Listed;
 
 pub(super) fn cmd_profiles_list(store: Option<&std::path::Path>, json: bool) -> Result<i32> {
     use crate::profile::store as st;
-    let dir = store.map_or_else(st::default_dir, std::path::Path::to_path_buf);
+    let dir = st::dir_or_default(store);
     st::check_dir(&dir)?;
     let me = crate::probe::machine_id();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());

@@ -59,7 +59,7 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     let (budget, device_budgets) = a.vram_budget.as_deref().map(parse_budgets).transpose()?.unwrap_or_default();
     // The servers are probed with the request (tune::TuneRequest::new).
     let rpc = rpc_list(a.workload.rpc.servers.as_deref())?;
-    let store = a.store.profiles.clone().unwrap_or_else(crate::profile::store::default_dir);
+    let store = crate::profile::store::dir_or_default(a.store.given());
     crate::profile::store::check_dir(&store)?;
     one_model_flags(a)?;
     // Every model and its settings are checked before anything is measured.

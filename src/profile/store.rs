@@ -24,6 +24,12 @@ pub fn default_dir() -> PathBuf {
     home.join(".local/share/ngl-tune/profiles")
 }
 
+/// The store given on the command line, else [`default_dir`].
+#[must_use]
+pub fn dir_or_default(given: Option<&Path>) -> PathBuf {
+    given.map_or_else(default_dir, Path::to_path_buf)
+}
+
 /// Checks that a store path is usable (a directory, or absent).
 ///
 /// # Errors
@@ -232,7 +238,7 @@ pub fn resolve(source: &Path, store: Option<&Path>) -> Result<PathBuf> {
     }
     let info = crate::model::inspect(source)?;
     let identity = crate::profile::ModelIdentity::of(&info);
-    let dir = store.map_or_else(default_dir, Path::to_path_buf);
+    let dir = dir_or_default(store);
     let path = profile_path(&dir, &crate::probe::machine_id(), &identity);
     if !path.exists() {
         return Err(bad(format!(
