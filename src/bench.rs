@@ -17,9 +17,8 @@ pub struct BenchOptions {
     pub model: PathBuf,
     /// What every trial runs but its layers and experts (RPC servers probed by the caller).
     pub placement: crate::types::Placement,
-    pub ngl: Vec<u32>,
-    /// `--n-cpu-moe` values; every ngl is measured with each.
-    pub n_cpu_moe: Vec<u32>,
+    /// The settings measured: every ngl with each expert and FFN spill.
+    pub grid: Grid,
     /// Depths (`-d`); every setting is measured at each.
     pub depths: Vec<u32>,
     pub n_prompt: u32,
@@ -31,6 +30,31 @@ pub struct BenchOptions {
     pub busy_threshold: f64,
     pub verbose: bool,
     pub progress: bool,
+}
+
+/// What a bench sweeps: each ngl with each `--n-cpu-moe` and each
+/// `--n-cpu-ffn` value (an empty list is the one value 0).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grid {
+    pub ngl: Vec<u32>,
+    pub n_cpu_moe: Vec<u32>,
+    pub n_cpu_ffn: Vec<u32>,
+}
+
+impl Grid {
+    /// Every setting in the order measured: (ngl, experts on the CPU, FFN layers on the CPU).
+    #[must_use]
+    pub fn settings(&self) -> Vec<(u32, u32, u32)> {
+        let or_zero = |v: &Vec<u32>| if v.is_empty() { vec![0] } else { v.clone() };
+        let (moe, ffn) = (or_zero(&self.n_cpu_moe), or_zero(&self.n_cpu_ffn));
+        let mut out = Vec::new();
+        for &n in &self.ngl {
+            for &m in &moe {
+                out.extend(ffn.iter().map(|&f| (n, m, f)));
+            }
+        }
+        out
+    }
 }
 
 /// Physical cores, llama-bench's default thread count.
@@ -64,10 +88,10 @@ pub fn compiled_backends() -> String {
 }
 
 impl BenchOptions {
-    pub(crate) fn spec(&self, ngl: u32, n_cpu_moe: u32, n_depth: u32) -> TrialSpec {
+    pub(crate) fn spec(&self, (ngl, n_cpu_moe, n_cpu_ffn): (u32, u32, u32), n_depth: u32) -> TrialSpec {
         TrialSpec {
             model: self.model.clone(),
-            placement: crate::types::Placement { n_gpu_layers: ngl, n_cpu_moe, ..self.placement.clone() },
+            placement: crate::types::Placement { n_gpu_layers: ngl, n_cpu_moe, n_cpu_ffn, ..self.placement.clone() },
             n_prompt: self.n_prompt,
             n_gen: self.n_gen,
             n_depth,
@@ -95,35 +119,48 @@ pub fn run(opts: &BenchOptions, mut first: impl FnMut(&TrialResult) -> Result<()
     let runner = Runner::current(opts.timeout, opts.verbose)?
         .with_sample_interval(opts.sample_interval)
         .with_busy_threshold(opts.busy_threshold);
-    let moe = if opts.n_cpu_moe.is_empty() { vec![0] } else { opts.n_cpu_moe.clone() };
+    let settings = opts.grid.settings();
     let depths = if opts.depths.is_empty() { vec![0] } else { opts.depths.clone() };
-    let progress = crate::progress::Progress::new(opts.progress, (opts.ngl.len() * moe.len() * depths.len()) as u64);
+    let progress = crate::progress::Progress::new(opts.progress, (settings.len() * depths.len()) as u64);
     let mut results = Vec::new();
     // The cache filled to a depth is the same wherever the layers run: the
     // first setting fills it, the others load it (as a tune's trials do).
     let cache = depths.iter().any(|d| *d > 0).then(crate::engine::DepthCache::unless_disabled).flatten();
-    for &ngl in &opts.ngl {
-        for &k in &moe {
-            for &d in &depths {
-                let at = if d > 0 { format!("ngl {ngl} @ d{d}") } else { format!("ngl {ngl}") };
-                progress.starting(at.clone());
-                let spec = TrialSpec { depth_cache: cache.as_ref().map(|c| c.0.clone()), ..opts.spec(ngl, k, d) };
-                let r = runner.run_settled(&spec, |_| {})?;
-                if results.is_empty() {
-                    first(&r)?;
-                }
-                let said = match r.test(false).or_else(|| r.test(true)) {
-                    Some(t) => format!("{at}: {} {:.2} t/s", t.name(), t.avg_ts),
-                    None => format!("{at}: {}", r.status.as_str()),
-                };
-                progress.println(said.clone());
-                progress.finished(&r, said);
-                results.push(r);
+    for setting in settings {
+        for &d in &depths {
+            let at = setting_label(setting, d);
+            progress.starting(at.clone());
+            let spec = TrialSpec { depth_cache: cache.as_ref().map(|c| c.0.clone()), ..opts.spec(setting, d) };
+            let r = runner.run_settled(&spec, |_| {})?;
+            if results.is_empty() {
+                first(&r)?;
             }
+            let said = match r.test(false).or_else(|| r.test(true)) {
+                Some(t) => format!("{at}: {} {:.2} t/s", t.name(), t.avg_ts),
+                None => format!("{at}: {}", r.status.as_str()),
+            };
+            progress.println(said.clone());
+            progress.finished(&r, said);
+            results.push(r);
         }
     }
     progress.clear();
     Ok(results)
+}
+
+/// "ngl 99 moe 2 ffn 3 @ d512": the spills and the depth only where set.
+fn setting_label((ngl, moe, ffn): (u32, u32, u32), depth: u32) -> String {
+    let mut at = format!("ngl {ngl}");
+    if moe > 0 {
+        at += &format!(" n-cpu-moe {moe}");
+    }
+    if ffn > 0 {
+        at += &format!(" n-cpu-ffn {ffn}");
+    }
+    if depth > 0 {
+        at += &format!(" @ d{depth}");
+    }
+    at
 }
 
 /// One output row: a test (pp or tg) at one ngl, or a failed trial.
@@ -145,6 +182,8 @@ pub struct Row {
     pub type_v: &'static str,
     pub n_gpu_layers: u32,
     pub n_cpu_moe: u32,
+    /// ngl-tune's: layers whose dense FFN weights stay on the CPU (`-ot`, `bench --n-cpu-ffn`).
+    pub n_cpu_ffn: u32,
     /// llama-bench's fields: split mode, main device, `-ts` as "a/b/c" ("0.00": none).
     pub split_mode: &'static str,
     pub main_gpu: u32,
@@ -275,6 +314,7 @@ fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -
         type_v: s.placement.kv_type.as_str(),
         n_gpu_layers: s.placement.n_gpu_layers,
         n_cpu_moe: s.placement.n_cpu_moe,
+        n_cpu_ffn: s.placement.n_cpu_ffn,
         split_mode: s.placement.split_mode.as_str(),
         main_gpu: s.placement.main_gpu,
         tensor_split: tensor_split_field(&s.placement.tensor_split),
@@ -377,7 +417,7 @@ pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
             human_params(r.model_n_params),
             r.backends.clone(),
             r.n_threads.to_string(),
-            r.n_gpu_layers.to_string(),
+            ngl_cell(r),
             off,
             dev,
             r.peak_host_rss_bytes.map_or("-".to_string(), human_bytes),
@@ -387,6 +427,18 @@ pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
         ]);
     }
     t.render()
+}
+
+/// The ngl column, with the spills a row ran ("31 moe 2", "31 ffn 4").
+fn ngl_cell(r: &Row) -> String {
+    let mut s = r.n_gpu_layers.to_string();
+    if r.n_cpu_moe > 0 {
+        s += &format!(" moe {}", r.n_cpu_moe);
+    }
+    if r.n_cpu_ffn > 0 {
+        s += &format!(" ffn {}", r.n_cpu_ffn);
+    }
+    s
 }
 
 fn csv_field(s: &str) -> String {

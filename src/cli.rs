@@ -159,6 +159,11 @@ pub struct BenchArgs {
     /// Layers whose MoE expert tensors stay on the CPU, as llama.cpp's --n-cpu-moe (list and ranges as -ngl; llama-bench: -ncmoe)
     #[arg(long = "n-cpu-moe", default_value = "0")]
     pub n_cpu_moe: Vec<String>,
+    /// Layers (from the first) whose dense FFN weights stay on the CPU, as the tune's FFN spill emits it
+    /// (-ot 'blk\.(0|1|..)\.ffn_(up|down|gate)\.weight=CPU'); a list and ranges as -ngl; every ngl is
+    /// measured with each
+    #[arg(long = "n-cpu-ffn", default_value = "0")]
+    pub n_cpu_ffn: Vec<String>,
     /// Tokens in the KV cache before each test, as llama-bench's -d: a list and ranges as -ngl
     /// (0,4096,16384); every setting is measured at each
     #[arg(short = 'd', long = "n-depth", default_value = "0")]

@@ -242,7 +242,7 @@ pub fn parse_contexts(list: &str, info: &ModelInfo) -> Result<Vec<u32>> {
 
 /// Bench's placement: the options, with `--llama-args` laid over them;
 /// the ngl and `--n-cpu-moe` lists (one value each when the line sets it).
-pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types::Placement, Vec<u32>, Vec<u32>)> {
+pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types::Placement, crate::bench::Grid)> {
     let llama = match &a.llama_args {
         Some(line) => crate::llama_args::parse(line).map_err(|e| bad(format!("--llama-args: {e}")))?,
         None => crate::llama_args::LlamaArgs::default(),
@@ -264,7 +264,7 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
         Some(n) => vec![n],
         None => crate::ngl::parse_all(&a.ngl, "-ngl")?,
     };
-    let moe = match llama.n_cpu_moe {
+    let n_cpu_moe = match llama.n_cpu_moe {
         Some(n) => vec![n],
         None => crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
     };
@@ -284,7 +284,14 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
     // --override-tensor's patterns come first, then the line's.
     cpu_overrides.append(&mut p.cpu_overrides);
     p.cpu_overrides = cpu_overrides;
-    Ok((p, ngl, moe))
+    // The line's FFN pattern is its one spill; else --n-cpu-ffn's list.
+    let n_cpu_ffn =
+        if p.n_cpu_ffn > 0 { vec![p.n_cpu_ffn] } else { crate::ngl::parse_all(&a.n_cpu_ffn, "--n-cpu-ffn")? };
+    let layers = info.n_layer;
+    if let Some(k) = n_cpu_ffn.iter().find(|k| **k > layers) {
+        return Err(bad(format!("--n-cpu-ffn {k}: the model has {layers} layers; give {layers} or less")));
+    }
+    Ok((p, crate::bench::Grid { ngl, n_cpu_moe, n_cpu_ffn }))
 }
 
 /// A `--depth` every context (each parallel slot of it) can hold with room
@@ -456,14 +463,20 @@ mod tests {
             "--llama-args",
             "-ngl 2 -c 512 -ub 256 -ot 'blk\\.(0|1)\\.ffn_(up|down|gate)\\.weight=CPU'",
         ]);
-        let (p, ngl, moe) = bench_placement(&a, &info).unwrap();
-        assert_eq!((ngl, moe), (vec![2], vec![0]));
+        let (p, grid) = bench_placement(&a, &info).unwrap();
+        assert_eq!((grid.ngl, grid.n_cpu_moe, grid.n_cpu_ffn), (vec![2], vec![0], vec![2]));
         assert_eq!((p.n_threads, p.n_ctx, p.n_ubatch, p.kv_type), (3, Some(512), 256, crate::types::KvType::Q8_0));
         assert_eq!((p.n_cpu_ffn, p.cpu_overrides), (2, vec!["output\\.weight".to_string()]));
         says(
             bench_placement(&bench_args(&["ngl-tune", "bench", "m.gguf", "--llama-args", "--mlock"]), &info),
             "--mlock",
         );
+        // --n-cpu-ffn sweeps like -ngl: each ngl with each spill, in order.
+        let a = bench_args(&["ngl-tune", "bench", "m.gguf", "-ngl", "4,2", "--n-cpu-ffn", "0,1-2"]);
+        let (_, grid) = bench_placement(&a, &info).unwrap();
+        assert_eq!(grid.settings(), vec![(4, 0, 0), (4, 0, 1), (4, 0, 2), (2, 0, 0), (2, 0, 1), (2, 0, 2)]);
+        let beyond = bench_args(&["ngl-tune", "bench", "m.gguf", "--n-cpu-ffn", "5"]);
+        says(bench_placement(&beyond, &info), "--n-cpu-ffn 5: the model has 4 layers");
         let bad_ot = bench_args(&["ngl-tune", "bench", "m.gguf", "--override-tensor", "x=CUDA0"]);
         says(bench_placement(&bad_ot, &info), "PATTERN=CPU");
     }

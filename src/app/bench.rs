@@ -16,15 +16,14 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let mut clock = crate::clock::Phases::from_env();
     let info = model::inspect(&a.model)?;
     clock.lap("inspect (GGUF header, sha256 of the first 16 MiB)");
-    let (placement, ngl, n_cpu_moe) = bench_placement(a, &info)?;
+    let (placement, grid) = bench_placement(a, &info)?;
     crate::rpc::probe_all(&placement.rpc)?;
     let w = &a.workload;
     let depths = crate::request::bench_depths(a, &placement)?;
     let opts = BenchOptions {
         model: a.model.clone(),
         placement,
-        ngl,
-        n_cpu_moe,
+        grid,
         depths,
         n_prompt: w.n_prompt.unwrap_or(512),
         n_gen: w.n_gen.unwrap_or(128),
@@ -78,7 +77,8 @@ fn beside(a: &BenchArgs, opts: &BenchOptions) -> Result<Option<crate::engine::ho
         .map_err(|e| crate::error::bad(format!("--beside-args: {e}")))?
         .with_mmproj(None);
     let other = BenchOptions { model: info.path.clone(), placement, ..opts.clone() };
-    let spec = other.spec(other.placement.n_gpu_layers, other.placement.n_cpu_moe, 0);
+    let p = &other.placement;
+    let spec = other.spec((p.n_gpu_layers, p.n_cpu_moe, p.n_cpu_ffn), 0);
     let exe = crate::engine::child::current_exe()?;
     let hold = crate::engine::hold::Hold::start(&exe, &spec, opts.timeout)?;
     eprintln!(

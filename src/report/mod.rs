@@ -216,6 +216,9 @@ pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::t
     if s.placement.n_cpu_moe > 0 {
         let _ = write!(setting, " --n-cpu-moe {}", s.placement.n_cpu_moe);
     }
+    if s.placement.n_cpu_ffn > 0 {
+        let _ = write!(setting, " (FFN of {} layers on the CPU)", s.placement.n_cpu_ffn);
+    }
     if !s.placement.tensor_split.is_empty() {
         let _ = write!(setting, " -ts {}", crate::types::split_list(&s.placement.tensor_split));
     }
