@@ -132,7 +132,8 @@ fn the_truth_tables_ci_cell_answers_under_the_cap() {
         serde_json::from_str(&std::fs::read_to_string(out.path().join("truth.json")).unwrap()).unwrap();
     let cells = t["table"].as_array().unwrap();
     assert_eq!(cells.len(), 2, "{t}");
-    assert!(t["regime"]["speedup"].as_f64().is_some(), "the regime is measured: {}", t["regime"]);
+    let run = &t["runs"][0];
+    assert!(run["regime"]["speedup"].as_f64().is_some(), "the regime is measured: {run}");
     for c in cells {
         assert!(c["best"].is_object(), "something fits: {c}");
         let tune = &c["answers"][0];
@@ -148,10 +149,16 @@ fn the_truth_tables_ci_cell_answers_under_the_cap() {
         // Every ngl with the cell's base cache; a quantized cache the tune tried is brute-forced
         // beside it (at the ngl the tune tried it), so the rows are not one an ngl.
         let brute = c["brute"].as_array().unwrap();
-        let f16: Vec<u64> = brute.iter().filter(|b| b["kv"] == "f16").map(|b| b["ngl"].as_u64().unwrap()).collect();
+        let whole = |b: &&serde_json::Value| b["n_cpu_moe"] == 0 && b["n_cpu_ffn"] == 0;
+        let f16: Vec<u64> =
+            brute.iter().filter(whole).filter(|b| b["kv"] == "f16").map(|b| b["ngl"].as_u64().unwrap()).collect();
         assert_eq!(f16, (0..=c["n_layer_full"].as_u64().unwrap()).collect::<Vec<_>>(), "every ngl: {c}");
+        // Where full offload does not fit, every FFN spill at full offload (f16), as the tune may try.
+        let spills: Vec<u64> = brute.iter().map(|b| b["n_cpu_ffn"].as_u64().unwrap()).filter(|k| *k > 0).collect();
+        let want: Vec<u64> = if c["cell"] == "tight" { (1..c["n_layer_full"].as_u64().unwrap()).collect() } else { vec![] };
+        assert_eq!(spills, want, "every FFN spill where the cell is tight: {c}");
         let tried: Vec<&serde_json::Value> = c["tune_trials_detail"].as_array().unwrap().iter().collect();
-        for b in brute.iter().filter(|b| b["kv"] != "f16") {
+        for b in brute.iter().filter(whole).filter(|b| b["kv"] != "f16") {
             assert!(
                 tried.iter().any(|t| t["kv"] == b["kv"] && t["ngl"] == b["ngl"]),
                 "brute-forced where the tune tried it: {b}"
@@ -164,7 +171,7 @@ fn the_truth_tables_ci_cell_answers_under_the_cap() {
     assert!(cells[0]["device_bytes"].as_u64() > cells[1]["device_bytes"].as_u64());
     let md = std::fs::read_to_string(out.path().join("truth.md")).unwrap();
     assert!(
-        md.contains("# The truth table") && md.contains("| tiny | ample |") && md.contains("| tiny | tight |"),
+        md.contains("# The truth table") && md.contains("| 1 | tiny | ample |") && md.contains("| 1 | tiny | tight |"),
         "{md}"
     );
 }
