@@ -155,7 +155,8 @@ fn the_truth_tables_ci_cell_answers_under_the_cap() {
         assert_eq!(f16, (0..=c["n_layer_full"].as_u64().unwrap()).collect::<Vec<_>>(), "every ngl: {c}");
         // Where full offload does not fit, every FFN spill at full offload (f16), as the tune may try.
         let spills: Vec<u64> = brute.iter().map(|b| b["n_cpu_ffn"].as_u64().unwrap()).filter(|k| *k > 0).collect();
-        let want: Vec<u64> = if c["cell"] == "tight" { (1..c["n_layer_full"].as_u64().unwrap()).collect() } else { vec![] };
+        let want: Vec<u64> =
+            if c["cell"] == "tight" { (1..c["n_layer_full"].as_u64().unwrap()).collect() } else { vec![] };
         assert_eq!(spills, want, "every FFN spill where the cell is tight: {c}");
         let tried: Vec<&serde_json::Value> = c["tune_trials_detail"].as_array().unwrap().iter().collect();
         for b in brute.iter().filter(whole).filter(|b| b["kv"] != "f16") {
@@ -174,4 +175,44 @@ fn the_truth_tables_ci_cell_answers_under_the_cap() {
         md.contains("# The truth table") && md.contains("| 1 | tiny | ample |") && md.contains("| 1 | tiny | tight |"),
         "{md}"
     );
+}
+
+/// `scripts/truth --merge`: cells measured again replace theirs, each cell
+/// keeps naming the run that measured it, and merging after every cell (as
+/// a run does) never shifts an index twice (it once did: a run of two cells
+/// ended in an IndexError after its second).
+#[test]
+fn the_truth_tables_merge_keeps_each_cells_run() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/truth");
+    let check = r#"
+import importlib.machinery, importlib.util, sys
+sys.dont_write_bytecode = True
+loader = importlib.machinery.SourceFileLoader("truth", sys.argv[1])
+spec = importlib.util.spec_from_loader("truth", loader)
+t = importlib.util.module_from_spec(spec)
+loader.exec_module(t)
+def cell(model, kind, tg):
+    return {"model": model, "cell": kind, "tg": tg}
+# The older form: one run's facts at the top.
+old = {"cells": "full", "date": "d1", "mode": "m", "workload": "w", "machine": {}, "regime": {},
+       "table": [cell("smol", "ample", 1), cell("moe", "tight", 2), cell("moe", "ample", 3)]}
+new = {"runs": [{"command": "c2"}], "table": [cell("moe", "tight", 20)]}
+a = t.merged(old, new)
+new["table"].append(cell("moe", "long", 30))
+b = t.merged(old, new)
+for m in (a, b):
+    assert [r.get("command") for r in m["runs"]] == ["--cells full", "c2"], m["runs"]
+rows = {(c["model"], c["cell"]): (c["tg"], c["run"]) for c in b["table"]}
+assert rows == {("smol", "ample"): (1, 0), ("moe", "ample"): (3, 0), ("moe", "tight"): (20, 1),
+                ("moe", "long"): (30, 1)}, rows
+# In the full set's order, and a run no cell names any more is dropped.
+assert [(c["model"], c["cell"]) for c in b["table"]] == [("smol", "ample"), ("moe", "ample"), ("moe", "tight"),
+                                                         ("moe", "long")], b["table"]
+again = t.merged(b, {"runs": [{"command": "c3"}], "table": [cell("smol", "ample", 9), cell("moe", "ample", 8)]})
+assert [r.get("command") for r in again["runs"]] == ["c2", "c3"], again["runs"]
+print("ok")
+"#;
+    let o = std::process::Command::new("python3").args(["-c", check]).arg(&script).output().unwrap();
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok");
 }
