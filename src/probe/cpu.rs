@@ -309,6 +309,7 @@ impl Tally {
             threshold_cores,
             repeated: false,
             first_others_cores: None,
+            quota_cores: cpu_quota_cores(),
         })
     }
 }

@@ -42,9 +42,15 @@ impl fmt::Display for NoteKind {
                     "busy machine: {trials} of {of} trials ran while other processes used more CPU than the threshold (up to {worst_cores:.2} of {cores} cores), also when measured again after a pause; {who}{gpu}. Their speeds are lower than this machine gives when idle, so the recommendation's confidence is low: re-run when the machine is idle"
                 )
             }
-            NoteKind::Threads { n_threads, n_gpu_layers, free_cores, cores, others_cores } => {
+            NoteKind::Threads { n_threads, n_gpu_layers, free_cores, cores, others_cores, quota } => {
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 let fits = (free_cores.floor() as u32).max(1);
+                if let Some(q) = quota {
+                    return write!(
+                        f,
+                        "more threads than the CPU quota: -t {n_threads} at ngl {n_gpu_layers} ran in a quota of {q:.2} of a core (a cgroup's cpu.max; others used {others_cores:.1} of {cores} cores); llama.cpp's threads then wait on each other and every speed drops: in this quota use -t {fits}, or raise the quota"
+                    );
+                }
                 write!(
                     f,
                     "more threads than free cores: -t {n_threads} at ngl {n_gpu_layers} had about {free_cores:.1} of {cores} cores to itself (others used {others_cores:.1}); llama.cpp's threads then wait on each other and every speed drops: on a shared machine use -t {fits}, or stop the other work"
@@ -90,6 +96,17 @@ pub fn busy<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Option<No
     }))
 }
 
+/// More threads than the cores a trial had: half a core short of what
+/// others left, or, in a CPU quota, more than the quota rounded up (a
+/// 0.3-core quota is one thread's).
+fn over_threads(c: &crate::types::Contention, n_threads: u32) -> bool {
+    let n = f64::from(n_threads);
+    match c.binding_quota() {
+        Some(q) => n > q.ceil().max(1.0),
+        None => c.free_cores() + 0.5 < n,
+    }
+}
+
 /// When a trial asked for more threads than there were free cores:
 /// llama.cpp's threads then wait on each other.
 #[must_use]
@@ -97,7 +114,7 @@ pub fn threads<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Option
     let (r, c) = results
         .into_iter()
         .filter_map(|r| r.contention.as_ref().map(|c| (r, c)))
-        .filter(|(r, c)| c.free_cores() + 0.5 < f64::from(r.spec.placement.n_threads))
+        .filter(|(r, c)| over_threads(c, r.spec.placement.n_threads))
         .min_by(|a, b| a.1.free_cores().total_cmp(&b.1.free_cores()))?;
     Some(Note::new(NoteKind::Threads {
         n_threads: r.spec.placement.n_threads,
@@ -105,12 +122,41 @@ pub fn threads<'a>(results: impl IntoIterator<Item = &'a TrialResult>) -> Option
         free_cores: c.free_cores(),
         cores: c.logical_cores,
         others_cores: c.others_cores_mean,
+        quota: c.binding_quota(),
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_over_a_cpu_quota_name_the_quota_not_other_processes() {
+        let c: crate::types::Contention = serde_json::from_value(serde_json::json!({
+            "others_cores_mean": 0.0, "others_cores_peak": 0.0, "others_share_mean": 0.0, "others_share_peak": 0.0,
+            "logical_cores": 1, "load_avg_1m": null, "top": [], "contended": false, "threshold_cores": 0.5,
+            "quota_cores": 0.3
+        }))
+        .unwrap();
+        assert!((c.free_cores() - 0.3).abs() < 1e-9, "the quota bounds the free cores");
+        let ok = crate::types::TrialStatus::Ok;
+        let mut r = crate::types::TrialResult::failed(crate::engine::test_spec(), ok, String::new());
+        r.spec.placement.n_threads = 2;
+        r.contention = Some(c.clone());
+        let words = threads([&r]).expect("-t 2 in 0.3 of a core").to_string();
+        assert!(words.contains("ran in a quota of 0.30 of a core") && words.contains("use -t 1"), "{words}");
+        r.spec.placement.n_threads = 1;
+        assert!(threads([&r]).is_none(), "one thread is what a 0.3-core quota holds");
+        r.spec.placement.n_threads = 2;
+        // Without a quota, other processes are what took the cores.
+        let mut busy = c;
+        busy.quota_cores = None;
+        busy.logical_cores = 4;
+        busy.others_cores_mean = 3.5;
+        r.contention = Some(busy);
+        let words = threads([&r]).expect("-t 2 with half a core free").to_string();
+        assert!(words.contains("others used 3.5") && !words.contains("quota"), "{words}");
+    }
 
     #[test]
     fn a_note_from_a_smaller_context_says_its_context_and_stays_a_warning() {

@@ -165,6 +165,10 @@ pub struct Contention {
     pub repeated: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_others_cores: Option<f64>,
+    /// The CPU quota (a cgroup's `cpu.max`) the measurement ran in, in
+    /// cores: a container's limit, the rig's host. Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_cores: Option<f64>,
 }
 
 /// Another process on the GPU.
@@ -185,10 +189,18 @@ impl Contention {
             .join(", ")
     }
 
-    /// Cores the trial could have had to itself, on average.
+    /// Cores the trial could have had to itself, on average: what others
+    /// left of the machine, at most its CPU quota.
     #[must_use]
     pub fn free_cores(&self) -> f64 {
-        (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0)
+        let left = (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0);
+        self.quota_cores.map_or(left, |q| left.min(q))
+    }
+
+    /// The quota, where it (not other processes) is what limited the trial.
+    #[must_use]
+    pub fn binding_quota(&self) -> Option<f64> {
+        self.quota_cores.filter(|q| *q <= (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0))
     }
 }
 

@@ -35,7 +35,16 @@ pub enum NoteKind {
         gpu_pids: Vec<u32>,
     },
     /// A trial asked for more threads than there were free cores (warning).
-    Threads { n_threads: u32, n_gpu_layers: u32, free_cores: f64, cores: u32, others_cores: f64 },
+    Threads {
+        n_threads: u32,
+        n_gpu_layers: u32,
+        free_cores: f64,
+        cores: u32,
+        others_cores: f64,
+        /// The CPU quota that limited it (not other processes), in cores.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quota: Option<f64>,
+    },
     /// A source of facts about the machine is missing or untrustworthy.
     Hardware { text: String },
     /// Op offload was turned off (every offload device runs on the CPU).
