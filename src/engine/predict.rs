@@ -146,14 +146,9 @@ pub struct PredictSpec {
     /// More placements to price (answered in `PredictOutput::cases`).
     #[serde(default)]
     pub cases: Vec<PredictCase>,
-    /// Splits to price at the spec's context, f16 KV: layers per offload
-    /// device (answered in `PredictOutput::splits`).
+    /// Splits to price at the spec's context (answered in `PredictOutput::splits`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub splits: Vec<Vec<u32>>,
-    /// The `--device` order of each split, where it is not llama.cpp's
-    /// (by position; missing or empty: llama.cpp's order, `splits` in it).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub split_devices: Vec<Vec<String>>,
+    pub splits: Vec<SplitCase>,
     /// RPC servers whose devices join (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
@@ -177,14 +172,22 @@ pub struct PredictSpec {
     /// once and added to every prediction on the device it loads on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<PathBuf>,
-    /// The split mode of each split (`-sm`), by position; missing:
-    /// llama.cpp's default, layer.
+}
+
+/// One split to price: everything that places it, in one value.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SplitCase {
+    /// Layers per offload device, in the order below.
+    pub layers: Vec<u32>,
+    /// The `--device` order, where it is not llama.cpp's (empty: its order).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub split_modes: Vec<crate::types::SplitMode>,
-    /// The FFN layers each split keeps on the CPU (`-ot`, the first K), by
-    /// position; missing: none.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub split_cpu_ffn: Vec<u32>,
+    pub devices: Vec<String>,
+    /// `-sm` (llama.cpp's default: layer).
+    #[serde(default)]
+    pub mode: crate::types::SplitMode,
+    /// The FFN layers kept on the CPU (`-ot`, the first K).
+    #[serde(default)]
+    pub n_cpu_ffn: u32,
 }
 
 /// How Ollama starts llama-server's fit: `-np slots` (not unified), and
@@ -556,13 +559,9 @@ pub fn predict_main() -> Result<()> {
     let splits = spec
         .splits
         .iter()
-        .enumerate()
-        .map(|(i, split)| {
-            let devices = spec.split_devices.get(i).map_or(&[][..], |d| &d[..]);
-            let mode = spec.split_modes.get(i).copied().unwrap_or(Layer);
-            let n_cpu_ffn = spec.split_cpu_ffn.get(i).copied().unwrap_or(0);
-            let case = PredictCase { n_cpu_ffn, ..PredictCase::layers(split.iter().sum(), spec.n_ctx) };
-            predict_one(&spec, case, (split, devices, mode), extra)
+        .map(|x| {
+            let case = PredictCase { n_cpu_ffn: x.n_cpu_ffn, ..PredictCase::layers(x.layers.iter().sum(), spec.n_ctx) };
+            predict_one(&spec, case, (&x.layers, &x.devices, x.mode), extra)
         })
         .collect();
     let llama_fit = spec.fit_margin_bytes.map(|m| fit_with(&spec, (m, &[]), FitAsk::at(spec.n_ctx), extra));

@@ -472,28 +472,29 @@ fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engi
         fit_margin_bytes: None,
         cases: Vec::new(),
         splits: Vec::new(),
-        split_devices: Vec::new(),
         rpc: s.rpc.clone(),
         fit_split_margins: Vec::new(),
         default_fit: false,
         ollama_fit: None,
         kv_type: s.kv_type,
         mmproj: s.mmproj.clone(),
-        split_modes: Vec::new(),
-        split_cpu_ffn: Vec::new(),
     }
 }
 
 /// The split across several devices at the search's context, priced by
 /// the dry run in a child (with llama.cpp's own fit for the same caps).
 fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
-    use crate::engine::predict::{predict_in_child, PredictSpec};
+    use crate::engine::predict::{predict_in_child, PredictSpec, SplitCase};
     let info = &sh.opts.info;
     let names: Vec<String> = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
-    let spec = |splits: &[plan::Split], fit_split_margins: Vec<u64>| PredictSpec {
-        splits: splits.iter().map(plan::Split::listed).collect(),
-        split_devices: splits.iter().map(|x| x.device_names(&names)).collect(),
-        split_modes: splits.iter().map(plan::Split::mode).collect(),
+    let case = |x: &plan::Split, n_cpu_ffn| SplitCase {
+        layers: x.listed(),
+        devices: x.device_names(&names),
+        mode: x.mode(),
+        n_cpu_ffn,
+    };
+    let spec = |splits: &[plan::Split], n_cpu_ffn: u32, fit_split_margins: Vec<u64>| PredictSpec {
+        splits: splits.iter().map(|x| case(x, n_cpu_ffn)).collect(),
         fit_split_margins,
         ..predict_spec(info, s, sh.op_offload)
     };
@@ -501,7 +502,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     // failed dry run leaves them unpriced, and the first failure is said.
     let mut failed: Option<String> = None;
     let mut price = |splits: &[plan::Split], kv: crate::types::KvType, cpu_ffn: u32| {
-        let spec = PredictSpec { kv_type: kv, split_cpu_ffn: vec![cpu_ffn; splits.len()], ..spec(splits, Vec::new()) };
+        let spec = PredictSpec { kv_type: kv, ..spec(splits, cpu_ffn, Vec::new()) };
         predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_else(|e| unpriced(&mut failed, &e))
     };
     let inp = split::SplitInputs {
@@ -537,7 +538,14 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     split::split_modes(search, &inp, &mut found, &mut |x: &[plan::Split]| price(x, kv, 0))?;
     found.notes.extend(failed.map(|e| Note::split(dry_run_failed("splits", &e))));
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
-    let fit = predict_in_child(&sh.exe, &spec(&[], margins)).ok().and_then(|o| o.llama_fit_split);
+    // Without llama.cpp's own split the pairing has no default to run: said, not swallowed.
+    let fit = match predict_in_child(&sh.exe, &spec(&[], 0, margins)) {
+        Ok(o) => o.llama_fit_split,
+        Err(e) => {
+            found.notes.push(Note::split(dry_run_failed("split llama.cpp's fit would choose", &format!("{e:#}"))));
+            None
+        }
+    };
     found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;
     found.report = split::report(&sh.opts.caps, &found, fit, &sh.hw.rpc_servers);
     Ok(found)
