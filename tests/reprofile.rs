@@ -40,9 +40,19 @@ fn tuned_store_of(dir: &Path, m: &Path) -> (PathBuf, PathBuf) {
     (store, p)
 }
 
-/// A directory of this test run's own for a store tuned once.
+/// A directory of this test run's own for a store tuned once; those of
+/// earlier runs (their process gone) are removed, so they do not pile up.
 fn fixture_dir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("reprofile-{name}-{}", std::process::id()));
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let prefix = format!("reprofile-{name}-");
+    for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let pid = file.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let d = tmp.join(format!("{prefix}{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
