@@ -148,19 +148,27 @@ pub fn run(opts: &BenchOptions, mut first: impl FnMut(&TrialResult) -> Result<()
     Ok(results)
 }
 
-/// "ngl 99 moe 2 ffn 3 @ d512": the spills and the depth only where set.
-fn setting_label((ngl, moe, ffn): (u32, u32, u32), depth: u32) -> String {
-    let mut at = format!("ngl {ngl}");
+/// "ngl 99 moe 2 ffn 3 @ d512": the setting, the depth only where set.
+fn setting_label(setting: (u32, u32, u32), depth: u32) -> String {
+    let at = format!("ngl {}", setting_words(setting));
+    if depth > 0 {
+        format!("{at} @ d{depth}")
+    } else {
+        at
+    }
+}
+
+/// "99 moe 2 ffn 3": the layers, and the spills only where set (the
+/// progress label and the markdown's ngl column).
+fn setting_words((ngl, moe, ffn): (u32, u32, u32)) -> String {
+    let mut s = ngl.to_string();
     if moe > 0 {
-        at += &format!(" n-cpu-moe {moe}");
+        s += &format!(" moe {moe}");
     }
     if ffn > 0 {
-        at += &format!(" n-cpu-ffn {ffn}");
+        s += &format!(" ffn {ffn}");
     }
-    if depth > 0 {
-        at += &format!(" @ d{depth}");
-    }
-    at
+    s
 }
 
 /// One output row: a test (pp or tg) at one ngl, or a failed trial.
@@ -417,7 +425,7 @@ pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
             human_params(r.model_n_params),
             r.backends.clone(),
             r.n_threads.to_string(),
-            ngl_cell(r),
+            setting_words((r.n_gpu_layers, r.n_cpu_moe, r.n_cpu_ffn)),
             off,
             dev,
             r.peak_host_rss_bytes.map_or("-".to_string(), human_bytes),
@@ -427,18 +435,6 @@ pub fn to_markdown(rows: &[Row], model: &ModelInfo) -> String {
         ]);
     }
     t.render()
-}
-
-/// The ngl column, with the spills a row ran ("31 moe 2", "31 ffn 4").
-fn ngl_cell(r: &Row) -> String {
-    let mut s = r.n_gpu_layers.to_string();
-    if r.n_cpu_moe > 0 {
-        s += &format!(" moe {}", r.n_cpu_moe);
-    }
-    if r.n_cpu_ffn > 0 {
-        s += &format!(" ffn {}", r.n_cpu_ffn);
-    }
-    s
 }
 
 fn csv_field(s: &str) -> String {

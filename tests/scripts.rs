@@ -210,6 +210,9 @@ assert [(c["model"], c["cell"]) for c in b["table"]] == [("smol", "ample"), ("mo
                                                          ("moe", "long")], b["table"]
 again = t.merged(b, {"runs": [{"command": "c3"}], "table": [cell("smol", "ample", 9), cell("moe", "ample", 8)]})
 assert [r.get("command") for r in again["runs"]] == ["c2", "c3"], again["runs"]
+# Without --merge a run's table is its own, each cell in run 0.
+alone = t.merged(None, new)
+assert [(c["cell"], c["run"]) for c in alone["table"]] == [("tight", 0), ("long", 0)], alone
 print("ok")
 "#;
     let o = std::process::Command::new("python3").args(["-c", check]).arg(&script).output().unwrap();
