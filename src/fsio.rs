@@ -5,11 +5,11 @@
 //! valid file of its kind can have (`/dev/zero` or a runaway file never ends).
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::error::bad;
 
@@ -129,9 +129,68 @@ pub fn check_dir_arg(dir: &Path, opt: &str, what: &str) -> Result<()> {
     }
 }
 
+/// Writes `bytes` to `path` so that readers see the old file or the new one,
+/// never a torn one. On any error the old file is untouched and the
+/// temporary file is removed.
+///
+/// # Errors
+/// I/O errors, with the path named.
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        let hint = match e.raw_os_error() {
+            Some(libc::ENOSPC) => "; the disk is full: free space and run again (the previous file is intact)",
+            Some(libc::EROFS) => "; the file system is read-only: pass --profiles with a writable directory",
+            Some(libc::EACCES | libc::EPERM) => "; no permission: pass --profiles with a directory you can write",
+            _ => "",
+        };
+        return Err(anyhow::anyhow!("cannot write {}: {e}{hint}", path.display()));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a/b/x.json");
+        atomic_write(&p, b"one").unwrap();
+        atomic_write(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        atomic_write(&p, b"old").unwrap();
+        // A directory where the temp file should go makes the write fail.
+        let tmp = dir.path().join(format!(".x.json.tmp.{}", std::process::id()));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(atomic_write(&p, b"new").is_err());
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+    }
 
     fn fifo(dir: &Path) -> std::path::PathBuf {
         let p = dir.join("pipe");

@@ -18,10 +18,8 @@ fn main() {
             std::process::exit(code);
         }
     };
-    let outcome = ngl_tune::app::run(cli);
-    // The trial worker kept for a next trial ends with the run.
-    ngl_tune::engine::live::release();
-    match outcome {
+    // The trial worker kept for a next trial ended with the runner that ran it.
+    match ngl_tune::app::run(cli) {
         Ok(code) => std::process::exit(code),
         Err(err) if is_broken_pipe(&err) => std::process::exit(exit::OK),
         Err(err) => {

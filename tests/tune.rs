@@ -344,7 +344,8 @@ fn an_out_of_memory_trial_skips_larger_settings() {
         .filter(|t| t["role"] == "grid")
         .map(|t| (t["spec"]["n_gpu_layers"].as_u64().unwrap(), t["status"].as_str().unwrap()))
         .collect();
-    assert_eq!(status, [(0, "ok"), (10, "ok"), (20, "oom")]);
+    let reasons: Vec<&serde_json::Value> = p["trials"].as_array().unwrap().iter().map(|t| &t["reason"]).collect();
+    assert_eq!(status, [(0, "ok"), (10, "ok"), (20, "oom")], "reasons: {reasons:?}");
     assert_eq!(p["skipped"], serde_json::json!([30]));
     let reason = p["trials"][2]["reason"].as_str().unwrap().to_ascii_lowercase();
     assert!(

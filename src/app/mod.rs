@@ -125,10 +125,10 @@ fn write_extras(
     chart: Option<&std::path::Path>,
     modelfile: Option<&std::path::Path>,
 ) -> Result<()> {
-    use crate::emit::modelfile::WriteOutcome;
+    use crate::consumer::modelfile::WriteOutcome;
     if let Some(c) = chart {
         let svg = crate::emit::chart::svg(p)?;
-        crate::profile::store::atomic_write(c, svg.as_bytes())?;
+        crate::fsio::atomic_write(c, svg.as_bytes())?;
         eprintln!("chart written to {}", c.display());
     }
     if let Some(m) = modelfile {

@@ -21,15 +21,15 @@ fn choose_contexts(
     s: &mut crate::profile::Settings,
     info: &ModelInfo,
     devices: &[crate::types::LlamaDevice],
-    consumer: &super::consumer::Source,
+    consumer: &dyn crate::consumer::Consumer,
 ) -> Result<()> {
     let existing = a.files.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
-    let cmds = existing.map(crate::emit::modelfile::read).transpose()?;
+    let cmds = existing.map(crate::consumer::modelfile::read).transpose()?;
     if a.ctx.is_some() || a.workload.ctx_size.is_some() {
         return Ok(());
     }
     let from_modelfile = cmds.as_deref().zip(existing).and_then(|(cmds, p)| {
-        let params = crate::emit::modelfile::parameters(cmds);
+        let params = crate::consumer::modelfile::parameters(cmds);
         let v = params.iter().find(|(k, _)| k == "num_ctx")?.1.last()?.trim().parse::<u32>().ok().filter(|v| *v > 0)?;
         // llama.cpp (and Ollama) cap the context at the trained one.
         let v = if info.ctx_train > 0 { v.min(u32::try_from(info.ctx_train).unwrap_or(u32::MAX)) } else { v };
@@ -37,15 +37,8 @@ fn choose_contexts(
     });
     let (ctx, rule) = match from_modelfile {
         Some((v, path)) => (v, format!("context {v}: num_ctx of the Modelfile being updated ({path})")),
-        None => {
-            // Probed only here: the tune probes the machine itself.
-            let hw = crate::probe::hardware(devices.to_vec());
-            let c = crate::emit::ollama_ctx_here(&hw, info.ctx_train, &|k| consumer.ollama_var(k));
-            let c = u32::try_from(c).unwrap_or(u32::MAX);
-            (c, format!(
-                "context {c}: what current Ollama gives this model here without num_ctx (4k under 23 GiB of GPU memory, 32k from 23 GiB, 256k from 47 GiB; OLLAMA_CONTEXT_LENGTH replaces the rule; at most the trained context); --ctx tunes others"
-            ))
-        }
+        // Probed only here: the tune probes the machine itself.
+        None => consumer.default_ctx(&crate::probe::hardware(devices.to_vec()), info.ctx_train),
     };
     s.n_ctx = ctx;
     s.ctx_rule = Some(rule);
@@ -85,11 +78,11 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
             .with_resume(a.resume)
             .with_output(a.talk.verbose, !a.talk.quiet);
-        choose_contexts(a, &mut req.settings, &req.info, &req.devices, &consumer)?;
+        choose_contexts(a, &mut req.settings, &req.info, &req.devices, consumer.as_ref())?;
         let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
         let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
         let cards: &[(String, (u32, u32))] = if on_cuda { cuda.get_or_insert_with(cuda_cards) } else { &[] };
-        consumer.apply(&mut req.settings, &req.info.architecture, user_ctx, cards);
+        super::consumer::apply(consumer.as_ref(), &mut req.settings, &req.info.architecture, user_ctx, cards);
         if let Some(n) = req.settings.parallel_streams {
             req.settings.decode_together(n);
         }

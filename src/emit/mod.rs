@@ -75,56 +75,6 @@ fn op_offload_comment(p: &Profile) -> &'static str {
     }
 }
 
-/// The context Ollama gives a model when no `num_ctx` is set, as current
-/// Ollama chooses it (server/routes.go): 256k tokens when the GPUs' memory
-/// (less `OLLAMA_GPU_OVERHEAD` each) adds up to at least 47 GiB, 32k from
-/// 23 GiB, else 4k; `OLLAMA_CONTEXT_LENGTH` replaces the rule; never more
-/// than the model was trained for.
-#[must_use]
-pub fn ollama_default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64>, ctx_train: u64) -> u64 {
-    const GIB: u64 = 1 << 30;
-    let total: u64 = gpu_totals.iter().map(|t| t.saturating_sub(overhead)).sum();
-    let by_vram = if total >= 47 * GIB {
-        262_144
-    } else if total >= 23 * GIB {
-        32_768
-    } else {
-        4096
-    };
-    let ctx = env_ctx.filter(|c| *c > 0).unwrap_or(by_vram);
-    if ctx_train > 0 {
-        ctx.min(ctx_train)
-    } else {
-        ctx
-    }
-}
-
-/// The context current Ollama gives a model on this machine when no
-/// `num_ctx` is set: its rule over the GPUs its discovery keeps
-/// (discover/runner.go: NVIDIA cards, else this machine's own offload
-/// devices, never RPC servers, which Ollama does not start, nor CPU-emulated
-/// ones, which ggml hides from it; integrated GPUs only on CUDA or with
-/// `OLLAMA_IGPU_ENABLE`), `OLLAMA_GPU_OVERHEAD` and `OLLAMA_CONTEXT_LENGTH`
-/// read through `env` (the Ollama server's environment).
-#[must_use]
-pub fn ollama_ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
-    let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
-    // Ollama's admission of integrated GPUs: its variable when set, else CUDA's only.
-    let igpu_env = env("OLLAMA_IGPU_ENABLE").map(|v| crate::consumer::ollama_bool(&v));
-    let igpu = |d: &crate::types::LlamaDevice| igpu_env.unwrap_or(d.backend == "CUDA");
-    let mut totals: Vec<u64> = hw.gpus.iter().filter_map(|g| g.memory_total).collect();
-    if totals.is_empty() {
-        totals = hw
-            .llama_devices
-            .iter()
-            .filter(|d| d.is_offload_target() && !d.is_remote() && !d.is_software_renderer())
-            .filter(|d| d.kind != crate::types::DeviceKind::Igpu || igpu(d))
-            .map(|d| d.memory_total)
-            .collect();
-    }
-    ollama_default_ctx(&totals, num("OLLAMA_GPU_OVERHEAD").unwrap_or(0), num("OLLAMA_CONTEXT_LENGTH"), ctx_train)
-}
-
 /// One line when pinning `num_ctx` changes what an Ollama user gets: a
 /// context smaller than Ollama's default on this machine, or
 /// `OLLAMA_NUM_PARALLEL` multiplying it. `env` reads Ollama's variables.
@@ -132,7 +82,7 @@ pub fn ollama_ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn
 pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     let n_ctx = u64::from(p.recommendation.placement().num_ctx().unwrap_or(p.recommendation.n_ctx));
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
-    let default = ollama_ctx_here(&p.hardware, p.model.ctx_train, env);
+    let default = crate::consumer::ollama::ctx_here(&p.hardware, p.model.ctx_train, env);
     let tuned = u64::from(p.recommendation.n_parallel.max(1));
     let parallel = num("OLLAMA_NUM_PARALLEL").unwrap_or(1).max(1);
     let mut parts = Vec::new();
@@ -351,37 +301,6 @@ mod tests {
     }
 
     #[test]
-    fn ollamas_context_tier_counts_only_the_gpus_ollama_sees() {
-        use crate::types::{DeviceKind, LlamaDevice};
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
-        let mut hw = crate::profile::store::read_profile(&path).unwrap().hardware;
-        hw.gpus.clear();
-        let dev = |name: &str, description: &str, backend: &str, kind: DeviceKind, gib: u64| LlamaDevice {
-            index: 0,
-            name: name.into(),
-            description: description.into(),
-            backend: backend.into(),
-            kind,
-            memory_total: gib << 30,
-            memory_free: gib << 30,
-        };
-        // A CPU host with two local rpc-servers (llvmpipe 2 GiB, the CPU 23.5 GiB, as llama.cpp lists them).
-        hw.llama_devices = vec![
-            dev("RPC0", "127.0.0.1:50052", "RPC", DeviceKind::Gpu, 2),
-            dev("RPC1", "127.0.0.1:50053", "RPC", DeviceKind::Gpu, 24),
-            dev("CPU", "Intel Xeon", "CPU", DeviceKind::Cpu, 24),
-        ];
-        let none = |_: &str| None;
-        assert_eq!(ollama_ctx_here(&hw, 131_072, &none), 4096, "RPC servers are not Ollama's GPUs");
-        hw.llama_devices.push(dev("Vulkan0", "AMD Radeon 780M", "Vulkan", DeviceKind::Igpu, 24));
-        assert_eq!(ollama_ctx_here(&hw, 131_072, &none), 4096, "a Vulkan iGPU is dropped by default");
-        let on = |k: &str| (k == "OLLAMA_IGPU_ENABLE").then(|| "1".to_string());
-        assert_eq!(ollama_ctx_here(&hw, 131_072, &on), 32_768, "unless OLLAMA_IGPU_ENABLE");
-        hw.llama_devices.push(dev("CUDA0", "NVIDIA GB10", "CUDA", DeviceKind::Igpu, 48));
-        assert_eq!(ollama_ctx_here(&hw, 1 << 20, &none), 262_144, "a CUDA iGPU counts");
-    }
-
-    #[test]
     fn every_emitted_form_reads_back_as_the_measured_settings() {
         use crate::types::{FlashAttn, KvType};
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
@@ -408,8 +327,8 @@ mod tests {
         // Ollama: one slot's context and the batch size in the Modelfile,
         // the server-wide settings apart.
         let mf = render(&p, Format::Modelfile).unwrap();
-        let cmds = modelfile::parse(&mf).unwrap();
-        let params = modelfile::parameters(&cmds);
+        let cmds = crate::consumer::modelfile::parse(&mf).unwrap();
+        let params = crate::consumer::modelfile::parameters(&cmds);
         let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.join(","));
         assert_eq!(
             (get("num_gpu"), get("num_thread"), get("num_ctx"), get("num_batch")),
@@ -504,7 +423,7 @@ mod tests {
         let o: serde_json::Value = serde_json::from_str(&render(&p, Format::OllamaOptions).unwrap()).unwrap();
         assert!(o["options"].get("num_gpu").is_none() && o["options"]["num_thread"] == 2, "{o}");
         let old = "FROM x.gguf\nPARAMETER num_gpu 12\nPARAMETER temperature 0.2\n";
-        let new = modelfile::update(old, &modelfile::params(&p)).unwrap();
+        let new = crate::consumer::modelfile::update(old, &modelfile::params(&p)).unwrap();
         assert_eq!(
             new,
             format!(

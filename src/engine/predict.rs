@@ -594,9 +594,9 @@ pub fn predict_main() -> Result<()> {
         }
         let ask = FitAsk { slots: o.slots, ..FitAsk::at(spec.n_ctx) };
         let projector = spec.mmproj.as_deref().map(ollama_projector_bytes);
-        let offload = projector.is_none_or(|b| crate::consumer::ollama_offloads_projector(b, &offload_free()));
+        let offload = projector.is_none_or(|b| crate::consumer::ollama::offloads_projector(b, &offload_free()));
         let margin =
-            o.target_bytes.unwrap_or_else(|| crate::consumer::ollama_fit_margin(projector.filter(|_| offload)));
+            o.target_bytes.unwrap_or_else(|| crate::consumer::ollama::fit_margin(projector.filter(|_| offload)));
         // A projector Ollama keeps on the CPU adds nothing on the devices.
         let extra = if offload { extra } else { &[] };
         LlamaFit { mmproj_offload: offload, ..fit_with(&theirs, (margin, &pad(offload, spec.flash_attn)), ask, extra) }

@@ -26,7 +26,9 @@ const RPC_GRACE: Duration = Duration::from_secs(5);
 pub const RESULT_PREFIX: &str = "NGL_TUNE_RESULT ";
 
 /// How trials are run. One place decides the executable and the limits.
-#[derive(Debug, Clone)]
+/// The worker it keeps between trials ends with it (or with
+/// [`Runner::release`], or when any other llama.cpp child starts).
+#[derive(Debug)]
 pub struct Runner {
     /// The ngl-tune binary to re-execute.
     pub exe: PathBuf,
@@ -71,6 +73,14 @@ impl Runner {
                 std::env::var("NGL_TUNE_RETRY_WAIT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000),
             ),
         })
+    }
+
+    /// Ends the trial worker kept for a next trial, if any, and waits until
+    /// it has freed what it holds: before something that needs the devices
+    /// or the RPC servers as they were, that is not a llama.cpp child
+    /// (which ends it itself).
+    pub fn release(&self) {
+        live::release();
     }
 
     #[must_use]
@@ -209,6 +219,15 @@ impl Runner {
     }
 }
 
+impl Drop for Runner {
+    /// The worker kept for a next trial ends with the runner: no trial
+    /// process outlives the command, the tune's context or the set that
+    /// measured with it.
+    fn drop(&mut self) {
+        live::release();
+    }
+}
+
 /// Set: every trial runs in a worker of its own (the model loaded each
 /// time), as before workers were kept; `scripts/bench-search share`.
 pub const NO_SHARE_ENV: &str = "NGL_TUNE_NO_SHARE";
@@ -266,5 +285,44 @@ fn local_rpc_servers(rpc: &[String]) -> Vec<u32> {
         Vec::new()
     } else {
         crate::probe::cpu::listening_pids(&ports)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for the trial worker: answers every request with `answer`
+    /// and stays up until its stdin closes.
+    fn fake_worker(dir: &std::path::Path, answer: &TrialResult) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let json = dir.join("answer.json");
+        std::fs::write(&json, serde_json::to_vec(answer).unwrap()).unwrap();
+        let exe = dir.join("worker");
+        let script = format!(
+            "#!/bin/sh\nwhile read -r _; do printf '%s' '{RESULT_PREFIX}'; cat '{}'; echo; done\n",
+            json.display()
+        );
+        std::fs::write(&exe, script).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        exe
+    }
+
+    #[test]
+    fn the_worker_kept_between_trials_ends_with_its_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::engine::test_spec();
+        let mut ok = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
+        ok.reason = None;
+        let mut runner = Runner::current(Duration::from_secs(20), false).unwrap().with_sample_interval(Duration::ZERO);
+        runner.exe = fake_worker(dir.path(), &ok);
+        runner.nvml_note = Some("not sampled in this test".into());
+        assert_eq!(runner.run(&spec, |_| {}).unwrap().status, TrialStatus::Ok);
+        let pid = live::kept().as_ref().map(|k| k.live.pid()).expect("kept for a next trial of the same load");
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        assert!(proc.exists(), "the worker waits for the next trial");
+        drop(runner);
+        assert!(live::kept().is_none(), "released with the runner");
+        assert!(!proc.exists(), "the worker has exited and been waited for");
     }
 }

@@ -210,8 +210,8 @@ pub struct Settings {
 /// The settings of the program that will run the model, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Consumer {
-    /// "ollama" (its server's environment) or "llama-server" (`LLAMA_ARG_*`).
-    pub program: String,
+    /// Ollama (its server's environment) or llama-server (`LLAMA_ARG_*`).
+    pub program: crate::consumer::Program,
     /// Where they were read, or why nothing was.
     pub source: String,
     pub found: bool,
@@ -243,7 +243,7 @@ impl Profile {
     #[must_use]
     pub fn ollama_var(&self, key: &str) -> Option<String> {
         match &self.settings.consumer {
-            Some(c) if c.found && c.program == "ollama" => c.var(key),
+            Some(c) if c.found && c.program == crate::consumer::Program::Ollama => c.var(key),
             _ => std::env::var(key).ok(),
         }
     }

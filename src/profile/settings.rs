@@ -8,7 +8,7 @@ impl Settings {
     /// environment, found or its defaults).
     #[must_use]
     pub fn ollama(&self) -> Option<&Consumer> {
-        self.consumer.as_ref().filter(|c| c.program == "ollama")
+        self.consumer.as_ref().filter(|c| c.program == crate::consumer::Program::Ollama)
     }
 
     /// Sequences each tg test decodes together: `--parallel` under
@@ -33,12 +33,7 @@ impl Settings {
     /// -np n`, as llama-server splits it and Ollama starts it); slots set
     /// before are replaced.
     pub fn into_slots(&mut self, n: u32) {
-        let per = self.n_parallel.max(1);
-        self.n_ctx = self.n_ctx / per * n;
-        for c in &mut self.contexts {
-            *c = *c / per * n;
-        }
-        self.n_parallel = n;
+        crate::consumer::into_slots((&mut self.n_ctx, &mut self.contexts, &mut self.n_parallel), n);
     }
 
     /// The depth a context is measured at: `--depth`, else half the

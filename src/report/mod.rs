@@ -263,7 +263,7 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         let _ = writeln!(s, "{rule}");
     }
     if let Some(c) = &p.settings.consumer {
-        let what = if c.program == "ollama" { "Ollama server settings" } else { "llama-server settings" };
+        let what = c.program.settings_words();
         let _ = if c.found {
             let applied =
                 if c.applied.is_empty() { "none that change the run".to_string() } else { c.applied.join("; ") };

@@ -22,6 +22,11 @@ pub trait TrialExecutor {
     /// What a trial of `c` would run (unraced), without running it.
     fn spec(&self, c: Candidate) -> TrialSpec;
 
+    /// Ends whatever the executor keeps between trials (a loaded worker),
+    /// before something that needs the devices or the RPC servers as they
+    /// were. The default keeps nothing.
+    fn release(&mut self) {}
+
     /// Runs `c` once, unmeasured, so that it fills the KV cache to the
     /// trials' depth and keeps it for the trials of its KV type (where `c`
     /// fills faster than they would). The default does nothing.
@@ -76,28 +81,34 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
 }
 
 /// The real world: one worker process per trial, measured again once when
-/// the machine was busy (see [`Runner::run_settled`]).
-pub struct WorkerExecutor {
-    runner: Runner,
+/// the machine was busy (see [`Runner::run_settled`]). The runner, and the
+/// worker it keeps, outlive one context's executor: the next context's
+/// trials may run in the same worker.
+pub struct WorkerExecutor<'r> {
+    runner: &'r Runner,
     base: TrialSpec,
     /// The offload devices' names, in llama.cpp's order.
     devices: Vec<String>,
 }
 
-impl WorkerExecutor {
+impl<'r> WorkerExecutor<'r> {
     #[must_use]
-    pub fn new(runner: Runner, base: TrialSpec, devices: Vec<String>) -> Self {
+    pub fn new(runner: &'r Runner, base: TrialSpec, devices: Vec<String>) -> Self {
         WorkerExecutor { runner, base, devices }
     }
 }
 
-impl TrialExecutor for WorkerExecutor {
+impl TrialExecutor for WorkerExecutor<'_> {
     fn measure(&mut self, c: Candidate, race: Option<Race>) -> Result<TrialResult> {
         self.runner.run_settled(&spec_of(&self.base, &self.devices, c, race), |_| {})
     }
 
     fn spec(&self, c: Candidate) -> TrialSpec {
         spec_of(&self.base, &self.devices, c, None)
+    }
+
+    fn release(&mut self) {
+        self.runner.release();
     }
 
     fn prefill(&mut self, c: Candidate) -> Result<()> {

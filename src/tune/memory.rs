@@ -207,7 +207,7 @@ pub fn prediction_check(
 /// the consumer (with its fit off: every layer, priced).
 fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
     let c = s.ollama()?;
-    let fit = crate::consumer::ollama_fit(&c.vars);
+    let fit = crate::consumer::ollama::fit(&c.vars);
     Some(crate::engine::predict::OllamaFitAsk { slots: s.n_parallel, target_bytes: fit.target_bytes, off: !fit.on })
 }
 
@@ -231,7 +231,7 @@ pub fn predict(
         fit_margin_bytes: margin,
         default_fit: true,
         ollama_fit: ollama_ask(s),
-        ..super::predict_spec(info, s, op_offload)
+        ..super::pricer::workload_spec(info, s, op_offload)
     };
     match predict_in_child(exe, &spec) {
         Ok(out) => {
@@ -322,22 +322,21 @@ pub fn priced_under(price: &mut dyn FnMut(u32) -> Option<u64>, n: u32, floor: u3
 
 /// llama.cpp's dry-run price of a whole-layer split at the settings'
 /// workload (the device bytes), kept in `predictions`; priced once.
+///
+/// # Errors
+/// When the dry run failed as a whole (a setting llama.cpp refuses is `None`).
 pub fn price(
-    exe: &Path,
-    info: &ModelInfo,
-    s: &Settings,
-    op_offload: bool,
+    pricer: &mut dyn super::pricer::Pricer,
     predictions: &mut Vec<Prediction>,
     ngl: u32,
-) -> Option<u64> {
+) -> anyhow::Result<Option<u64>> {
     if let Some(p) = predictions.iter().find(|p| p.n_gpu_layers == ngl && p.case.is_none() && p.split.is_empty()) {
-        return p.error.is_none().then_some(p.device_bytes);
+        return Ok(p.error.is_none().then_some(p.device_bytes));
     }
-    let spec = crate::engine::predict::PredictSpec { ngl: vec![ngl], ..super::predict_spec(info, s, op_offload) };
-    let p = crate::engine::predict::predict_in_child(exe, &spec).ok()?.predictions.into_iter().next()?;
+    let Some(p) = pricer.layers(&[ngl])?.into_iter().next() else { return Ok(None) };
     let bytes = p.error.is_none().then_some(p.device_bytes);
     predictions.push(p);
-    bytes
+    Ok(bytes)
 }
 
 /// One offload device and its cap.

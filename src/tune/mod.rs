@@ -14,6 +14,7 @@ pub mod memory;
 mod ollama;
 pub mod placement;
 pub mod plan;
+pub mod pricer;
 pub mod quality;
 pub mod rank;
 pub mod search;
@@ -133,6 +134,8 @@ struct Shared<'a> {
     policy: Option<MemoryPolicy>,
     op_offload: bool,
     exe: PathBuf,
+    /// Runs every context's trials; the worker it keeps ends with the tune.
+    runner: Runner,
     /// Where the trials keep the KV cache filled to each context's depth.
     depth_cache: Option<PathBuf>,
 }
@@ -158,17 +161,12 @@ pub fn tune(opts: &TuneRequest) -> Result<TuneOutcome> {
     if !op_offload && s.op_offload == crate::types::OpOffload::Auto {
         notes.push(Note::op_offload(probe::op_offload_note(&hw.llama_devices)));
     }
-    let exe = crate::engine::child::current_exe()?;
     // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
     let depth_cache = crate::engine::DepthCache::unless_disabled();
-    let shared = Shared {
-        opts,
-        hw: &hw,
-        policy: policy.clone(),
-        op_offload,
-        exe,
-        depth_cache: depth_cache.as_ref().map(|d| d.0.clone()),
-    };
+    let (exe, runner) = (crate::engine::child::current_exe()?, runner(s, opts.verbose)?);
+    let depth_cache_dir = depth_cache.as_ref().map(|d| d.0.clone());
+    let shared =
+        Shared { opts, hw: &hw, policy: policy.clone(), op_offload, exe, runner, depth_cache: depth_cache_dir };
     let mut outcomes = Vec::new();
     for ctx in s.contexts() {
         let mut sc = Settings { n_ctx: ctx, ..s.clone() };
@@ -242,17 +240,18 @@ fn tune_context(
 ) -> Result<(ContextOutcome, Option<Checkpointing>)> {
     let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
     let mut plan = plan_for(info, s, sh.hw, policy.is_none());
-    let (mut prediction, mut notes) = priced_plan(sh, s, &mut plan);
-    let mut executor = executor(sh, s)?;
+    let names = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
+    let mut pricer = pricer::ChildPricer::new(sh.exe.clone(), pricer::workload_spec(info, s, sh.op_offload), names);
+    let (mut prediction, mut notes) = priced_plan(sh, s, &mut plan, &mut pricer);
+    let mut executor = executor(sh, s);
     let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
     let progress = Progress::new(sh.opts.progress, planned);
-    let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint);
+    let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint).with_pricer(Box::new(pricer));
     search.host_cap = Some(host_cap(sh, s, prediction.as_ref())?);
     search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
-    if prediction.as_ref().is_some_and(|p| p.error.is_none()) {
-        search.pricer = Some(pricer(sh, s));
-    }
+    search.confirmations_priced = prediction.as_ref().is_some_and(|p| p.error.is_none());
     let found = search.run(&plan)?;
+    notes.extend(search.take_unpriced().map(|e| confirmation_unpriced(&e)));
     if let Some(pr) = prediction.as_mut() {
         // What the search priced itself (confirmations) joins the report.
         let new: Vec<_> = search.predicted.iter().filter(|p| !pr.predictions.contains(p)).cloned().collect();
@@ -386,6 +385,7 @@ fn priced_plan(
     sh: &Shared<'_>,
     s: &Settings,
     plan: &mut Plan,
+    pricer: &mut dyn pricer::Pricer,
 ) -> (Option<crate::profile::PredictionReport>, Vec<Note>) {
     let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
     let mut prediction = policy.map(|p| memory::predict(&sh.exe, info, s, p, &plan.full_grid, sh.op_offload));
@@ -396,8 +396,14 @@ fn priced_plan(
         let floor = plan.full_grid.iter().copied().filter(|n| *n <= top && !plan.predicted_over.contains(n)).max();
         let priced = pr.error.is_none();
         let predictions = &mut pr.predictions;
-        let mut price = |n| memory::price(&sh.exe, info, s, sh.op_offload, predictions, n);
+        let mut failed = None;
+        let mut price = |n| memory::price(pricer, predictions, n).unwrap_or_else(|e| unpriced(&mut failed, &e));
         plan.n_max = if priced { memory::priced_under(&mut price, top, floor.unwrap_or(0), p.cap_bytes) } else { top };
+        notes.extend(failed.map(|e| {
+            Note::prediction(format!(
+                "llama.cpp's dry run of the search's top end failed ({e}): it is measured unpriced"
+            ))
+        }));
         notes.extend(pr.error.as_ref().map(|e| {
             Note::prediction(format!(
                 "llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured"
@@ -407,25 +413,19 @@ fn priced_plan(
     (prediction, notes)
 }
 
-/// Prices a whole-layer setting at this context with llama.cpp's dry run, in a child.
-fn pricer(sh: &Shared<'_>, s: &Settings) -> Box<dyn FnMut(u32) -> Option<crate::engine::predict::Prediction>> {
-    let exe = sh.exe.clone();
-    let base = predict_spec(&sh.opts.info, s, sh.op_offload);
-    Box::new(move |n| {
-        let spec = crate::engine::predict::PredictSpec { ngl: vec![n], ..base.clone() };
-        crate::engine::predict::predict_in_child(&exe, &spec).ok()?.predictions.into_iter().next()
-    })
+/// What runs the trials of every context, with the settings' limits.
+fn runner(s: &Settings, verbose: bool) -> Result<Runner> {
+    Ok(Runner::current(Duration::from_secs(s.trial_timeout_s), verbose)?
+        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
+        .with_busy_threshold(s.busy_threshold))
 }
 
 /// The worker executor for this context's trials (the depth cache shared).
-fn executor(sh: &Shared<'_>, s: &Settings) -> Result<WorkerExecutor> {
-    let runner = Runner::current(Duration::from_secs(s.trial_timeout_s), sh.opts.verbose)?
-        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
-        .with_busy_threshold(s.busy_threshold);
+fn executor<'s>(sh: &'s Shared<'_>, s: &Settings) -> WorkerExecutor<'s> {
     let mut base = base_spec(&sh.opts.info, s, sh.op_offload);
     base.depth_cache.clone_from(&sh.depth_cache);
     let devices = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
-    Ok(WorkerExecutor::new(runner, base, devices))
+    WorkerExecutor::new(&sh.runner, base, devices)
 }
 
 /// The recommendation measured against llama.cpp's default, alternately;
@@ -459,52 +459,10 @@ fn against_baselines(
     Ok((Some(d), o))
 }
 
-/// A dry run of the settings' workload that prices nothing yet.
-fn predict_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> crate::engine::predict::PredictSpec {
-    crate::engine::predict::PredictSpec {
-        model: info.path.clone(),
-        ngl: Vec::new(),
-        n_ctx: s.n_ctx,
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
-        flash_attn: s.flash_attn,
-        op_offload,
-        fit_margin_bytes: None,
-        cases: Vec::new(),
-        splits: Vec::new(),
-        rpc: s.rpc.clone(),
-        fit_split_margins: Vec::new(),
-        default_fit: false,
-        ollama_fit: None,
-        kv_type: s.kv_type,
-        mmproj: s.mmproj.clone(),
-    }
-}
-
 /// The split across several devices at the search's context, priced by
 /// the dry run in a child (with llama.cpp's own fit for the same caps).
 fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
-    use crate::engine::predict::{predict_in_child, PredictSpec, SplitCase};
     let info = &sh.opts.info;
-    let names: Vec<String> = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
-    let case = |x: &plan::Split, n_cpu_ffn| SplitCase {
-        layers: x.listed(),
-        devices: x.device_names(&names),
-        mode: x.mode(),
-        n_cpu_ffn,
-    };
-    let spec = |splits: &[plan::Split], n_cpu_ffn: u32, fit_split_margins: Vec<u64>| PredictSpec {
-        splits: splits.iter().map(|x| case(x, n_cpu_ffn)).collect(),
-        fit_split_margins,
-        ..predict_spec(info, s, sh.op_offload)
-    };
-    // Splits priced with a KV cache type and FFN layers kept on the CPU; a
-    // failed dry run leaves them unpriced, and the first failure is said.
-    let mut failed: Option<String> = None;
-    let mut price = |splits: &[plan::Split], kv: crate::types::KvType, cpu_ffn: u32| {
-        let spec = PredictSpec { kv_type: kv, ..spec(splits, cpu_ffn, Vec::new()) };
-        predict_in_child(&sh.exe, &spec).map(|o| o.splits).unwrap_or_else(|e| unpriced(&mut failed, &e))
-    };
     let inp = split::SplitInputs {
         devs: &sh.opts.caps,
         full: plan.full,
@@ -519,7 +477,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     };
     // A kept trial worker holds its connection to each server, and a
     // server serves one client at a time: end it before asking them.
-    crate::engine::live::release();
+    search.release_worker();
     if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
         let n = sh.opts.caps.len();
         return Ok(split::SplitFound {
@@ -527,20 +485,21 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
             ..split::SplitFound::default()
         });
     }
-    let kv = s.kv_type;
-    let mut found = split::split_stage(search, &inp, &mut |x: &[plan::Split]| price(x, kv, 0))?;
+    // Splits priced with a KV cache type and FFN layers kept on the CPU; a
+    // failed dry run leaves them unpriced, and the first failure is said.
+    let mut found = split::split_stage(search, &inp)?;
     // A quantized cache's quality does not depend on where the layers run:
     // scored with every layer on this CPU (the scoring child has no RPC servers).
     let bound = (quality::speeds_at(&search.trials, 0), quality::bound_s(&search.trials));
     let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload, bound);
-    split::kv_hatch(search, &inp, &mut found, &mut price, &mut assess)?;
-    split::ffn_hatch(search, &inp, &mut found, &mut price)?;
-    split::split_modes(search, &inp, &mut found, &mut |x: &[plan::Split]| price(x, kv, 0))?;
-    found.notes.extend(failed.map(|e| Note::split(dry_run_failed("splits", &e))));
+    split::kv_hatch(search, &inp, &mut found, &mut assess)?;
+    split::ffn_hatch(search, &inp, &mut found)?;
+    split::split_modes(search, &inp, &mut found)?;
+    found.notes.extend(search.take_unpriced().map(|e| Note::split(dry_run_failed("splits", &e))));
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
     // Without llama.cpp's own split the pairing has no default to run: said, not swallowed.
-    let fit = match predict_in_child(&sh.exe, &spec(&[], 0, margins)) {
-        Ok(o) => o.llama_fit_split,
+    let fit = match search.price_fit_split(&margins) {
+        Ok(fit) => fit,
         Err(e) => {
             found.notes.push(Note::split(dry_run_failed("split llama.cpp's fit would choose", &format!("{e:#}"))));
             None
@@ -561,7 +520,6 @@ fn hatches(
     search: &mut Search<'_>,
     layer_split: &crate::profile::Recommendation,
 ) -> Result<placement::Hatches> {
-    use crate::engine::predict::{predict_in_child, PredictSpec};
     let info = &sh.opts.info;
     let h = placement::HatchInputs {
         full: plan.full,
@@ -574,25 +532,27 @@ fn hatches(
         rpc: s.rpc.clone(),
         grid: plan.full_grid.clone(),
     };
-    let mut failed: Option<String> = None;
-    let mut predict = |cases: &[crate::engine::predict::PredictCase]| {
-        let spec = PredictSpec { cases: cases.to_vec(), ..predict_spec(info, s, sh.op_offload) };
-        predict_in_child(&sh.exe, &spec).map(|o| o.cases).unwrap_or_else(|e| unpriced(&mut failed, &e))
-    };
     // Quality does not depend on where the layers run: score at the fastest measured split.
     let ngl = layer_split.n_gpu_layers;
     let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
     let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload, bound);
-    let mut found = placement::escape_hatches(search, &h, &mut predict, &mut assess, layer_split)?;
+    let mut found = placement::escape_hatches(search, &h, &mut assess, layer_split)?;
+    let failed = search.take_unpriced();
     found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(s.n_ctx)));
     Ok(found)
 }
 
-/// A dry run that failed: nothing priced (each option then says "could not
-/// price it"), the first failure kept to be said once.
-fn unpriced<T>(failed: &mut Option<String>, e: &anyhow::Error) -> Vec<T> {
+/// A dry run that failed as a whole: nothing priced, the first failure
+/// kept in `failed` to be said once.
+fn unpriced<T: Default>(failed: &mut Option<String>, e: &anyhow::Error) -> T {
     failed.get_or_insert_with(|| format!("{e:#}"));
-    Vec::new()
+    T::default()
+}
+
+/// A confirmation whose dry run failed: measured as it was (a trial over
+/// the cap is recorded as such, never recommended).
+fn confirmation_unpriced(e: &str) -> Note {
+    Note::prediction(format!("llama.cpp's dry run of a confirmation failed ({e}): it was measured without a price"))
 }
 
 fn dry_run_failed(what: &str, e: &str) -> String {
@@ -753,14 +713,13 @@ mod tests {
         assert!(quality_seconds(&[], None).abs() < 1e-9);
     }
 
-    /// A failed dry run prices nothing and is said once, with its first error.
+    /// A failed dry run's note names the stage, its first error, and what it left unpriced.
     #[test]
-    fn a_failed_dry_run_is_said_once_not_swallowed() {
-        let mut failed = None;
-        let none: Vec<u32> = unpriced(&mut failed, &anyhow::anyhow!("worker killed by signal 6"));
-        assert!(none.is_empty());
-        let _: Vec<u32> = unpriced(&mut failed, &anyhow::anyhow!("a later failure"));
-        let said = dry_run_failed("escape hatches", failed.as_deref().unwrap());
-        assert!(said.contains("escape hatches failed (worker killed by signal 6)"), "{said}");
+    fn a_failed_dry_run_is_said_with_its_stage_and_error() {
+        let said = dry_run_failed("escape hatches", "worker killed by signal 6");
+        assert_eq!(
+            said,
+            "llama.cpp's dry run of the escape hatches failed (worker killed by signal 6): the options it could not price have no price"
+        );
     }
 }

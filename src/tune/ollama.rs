@@ -34,7 +34,7 @@ pub(super) fn batch_here(sh: &Shared<'_>, s: &mut Settings) -> Option<Note> {
     if !auto_batch(s) {
         return None;
     }
-    let rule = crate::consumer::ollama_batch(s.n_ctx);
+    let rule = crate::consumer::ollama::batch(s.n_ctx);
     let free = available(sh);
     let full = sh.opts.info.n_layer_full;
     let predicted = if free == 0 || rule == 512 {
@@ -44,14 +44,14 @@ pub(super) fn batch_here(sh: &Shared<'_>, s: &mut Settings) -> Option<Note> {
             ngl: vec![full],
             n_batch: 512,
             n_ubatch: 512,
-            ..super::predict_spec(&sh.opts.info, s, sh.op_offload)
+            ..super::pricer::workload_spec(&sh.opts.info, s, sh.op_offload)
         };
         let out = predict_in_child(&sh.exe, &spec).ok();
         out.and_then(|o| o.predictions.into_iter().find(|p| p.error.is_none())).map_or(0, |p| p.device_bytes)
     };
     let cuda = sh.hw.llama_devices.iter().find(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
     let cuda_without_fa = cuda.filter(|_| s.flash_attn == crate::types::FlashAttn::Off).map(|d| d.memory_total);
-    let b = crate::consumer::ollama_batch_for(s.n_ctx, predicted, free, cuda_without_fa);
+    let b = crate::consumer::ollama::batch_for(s.n_ctx, predicted, free, cuda_without_fa);
     (s.n_batch, s.n_ubatch) = (b, b);
     let why = if b < rule && cuda_without_fa.is_none() {
         format!(
@@ -83,7 +83,7 @@ pub(super) fn against_ollama(
 ) -> Result<Option<DefaultComparison>> {
     let s = search.settings();
     let Some(c) = s.ollama() else { return Ok(None) };
-    let fit_off = !crate::consumer::ollama_fit(&c.vars).on;
+    let fit_off = !crate::consumer::ollama::fit(&c.vars).on;
     let all = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(0) };
     // Its fit off: every layer, priced by the dry run where it answered.
     let fit = if fit_off { fit.filter(|f| f.n_gpu_layers == Some(-1)).or(Some(&all)) } else { fit };
@@ -112,7 +112,7 @@ mod tests {
         s.n_batch = 512;
         s.n_ubatch = 512;
         s.consumer = Some(crate::profile::Consumer {
-            program: "ollama".into(),
+            program: crate::consumer::Program::Ollama,
             source: "test".into(),
             found: false,
             applied: Vec::new(),

@@ -110,10 +110,8 @@ pub fn kv_quality(
 /// # Errors
 /// Only an interrupt (the tuning stops; its finished trials are kept).
 pub fn score(exe: &Path, spec: &KlSpec) -> anyhow::Result<Vec<Option<Quality>>> {
-    if !spec.rpc.is_empty() {
-        // A server serves one client at a time: the kept trial worker lets go first.
-        crate::engine::live::release();
-    }
+    // (A server serves one client at a time: the child, like every
+    // llama.cpp child, ends the kept trial worker first.)
     Ok(match kl_in_child(exe, spec) {
         Ok(out) => {
             if let Some(e) = &out.error {

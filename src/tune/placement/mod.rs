@@ -62,8 +62,6 @@ pub struct Hatches {
     pub notes: Vec<crate::types::Note>,
 }
 
-/// Prices placements (llama.cpp's dry run in a child process; curves in tests).
-pub type Predictor<'a> = dyn FnMut(&[PredictCase]) -> Vec<Prediction> + 'a;
 /// Measures the quality of a KV cache type against f16.
 pub type Assessor<'a> = dyn FnMut(KvType) -> Result<Option<Quality>> + 'a;
 
@@ -158,11 +156,10 @@ fn find(preds: &[Prediction], c: PredictCase) -> Option<&Prediction> {
 pub fn escape_hatches(
     search: &mut Search<'_>,
     h: &HatchInputs,
-    predict: &mut Predictor<'_>,
     assess: &mut Assessor<'_>,
     layer_split: &Recommendation,
 ) -> Result<Hatches> {
-    let mut preds = predict(&first_cases(h));
+    let mut preds = search.price_cases(&first_cases(h));
     let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
     let f16 = find(&preds, full(h.n_ctx, KvType::F16, 0));
     let Some(f16_bytes) = bytes(f16) else {
@@ -181,7 +178,7 @@ pub fn escape_hatches(
         return Ok(Hatches { fits_fully, kv_bytes, ..Hatches::default() });
     }
     let second = second_round(h, &preds, fits_fully);
-    preds.extend(predict(&second.cases));
+    preds.extend(search.price_cases(&second.cases));
     search.predicted.extend(preds.iter().cloned());
     let Second { shorter, k, spills: priced, partial, .. } = second;
     // The line through K = 1 and K = n_layer is close, not exact (compute
@@ -201,7 +198,7 @@ pub fn escape_hatches(
     // Or: the most layers a q8_0 cache lets on, when that is more than the layer split's.
     let kv_at = match kv_pick {
         Some(_) => h.full,
-        None => partial_q8(h, &partial, &mut preds, predict, layer_split.n_gpu_layers),
+        None => partial_q8(h, &partial, &mut preds, search, layer_split.n_gpu_layers),
     };
     search.predicted.extend(preds.iter().filter(|p| p.case.is_some_and(|c| c.ngl == kv_at && kv_at < h.full)).cloned());
     let kv_pick = kv_pick.or((kv_at > 0).then_some(KvType::Q8_0));
@@ -266,7 +263,7 @@ fn partial_q8(
     h: &HatchInputs,
     partial: &[PredictCase],
     preds: &mut Vec<Prediction>,
-    predict: &mut Predictor<'_>,
+    search: &mut Search<'_>,
     split: u32,
 ) -> u32 {
     let q8: Vec<Prediction> = partial.iter().filter_map(|c| find(preds, *c).cloned()).collect();
@@ -274,9 +271,9 @@ fn partial_q8(
     if q8.is_empty() {
         return 0;
     }
-    let price = |n: u32, preds: &mut Vec<Prediction>, predict: &mut Predictor<'_>| {
+    let price = |n: u32, preds: &mut Vec<Prediction>, search: &mut Search<'_>| {
         let case = partial.first().map(|c| PredictCase { ngl: n, ..*c }).expect("q8 is not empty");
-        let priced = predict(&[case]);
+        let priced = search.price_cases(&[case]);
         #[allow(clippy::cast_precision_loss)]
         let fits = bytes(priced.first()).is_some_and(|b| b as f64 <= h.cap);
         preds.extend(priced);
@@ -285,10 +282,10 @@ fn partial_q8(
     if n <= split {
         // The grid's first offloaded point is already over: a layer or two past the split may fit.
         let top = (split + super::memory::MAX_PRICE_STEPS).min(h.full.saturating_sub(1));
-        return (split + 1..=top).take_while(|m| price(*m, preds, predict)).last().unwrap_or(0);
+        return (split + 1..=top).take_while(|m| price(*m, preds, search)).last().unwrap_or(0);
     }
     while n > split {
-        if price(n, preds, predict) {
+        if price(n, preds, search) {
             return n;
         }
         n -= 1;

@@ -1,6 +1,7 @@
 //! The escape hatches' tests, in worlds of curves.
 
 use super::*;
+use crate::tune::pricer::fake::Curves;
 
 fn option(kind: HatchKind, kv: KvType, tg: f64, fits: bool, kl: Option<f64>) -> PlacementOption {
     PlacementOption {
@@ -197,6 +198,19 @@ fn hatch_world(cap: f64, split_ngl: u32) -> (Hatches, Vec<Candidate>) {
 /// The hatch stage at `depth` in a world whose tg is `tg` (the layer
 /// split measured there too).
 fn hatch_world_at(cap: f64, split_ngl: u32, depth: u32, tg: fn(Candidate, u32) -> f64) -> (Hatches, Vec<Candidate>) {
+    let (hatches, measured, unpriced) = hatch_world_priced(cap, split_ngl, depth, tg, Curves::cases(predictor));
+    assert_eq!(unpriced, None, "every dry run answered");
+    (hatches, measured)
+}
+
+/// As [`hatch_world_at`], priced by `pricer`; also the dry run's first failure.
+fn hatch_world_priced(
+    cap: f64,
+    split_ngl: u32,
+    depth: u32,
+    tg: fn(Candidate, u32) -> f64,
+    pricer: Curves<'static>,
+) -> (Hatches, Vec<Candidate>, Option<String>) {
     use crate::tune::executor::fake::{Outcome, World};
     let s = settings();
     let mut world =
@@ -205,7 +219,7 @@ fn hatch_world_at(cap: f64, split_ngl: u32, depth: u32, tg: fn(Candidate, u32) -
     world.base.n_depth = depth;
     let policy = crate::tune::worlds::policy(cap);
     let progress = crate::progress::Progress::hidden();
-    let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
+    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
     let h = HatchInputs {
         full: 11,
         n_layer: 10,
@@ -231,9 +245,21 @@ fn hatch_world_at(cap: f64, split_ngl: u32, depth: u32, tg: fn(Candidate, u32) -
         depth_asked: 0,
         wall_s: 0.0,
     };
-    let hatches = escape_hatches(&mut search, &h, &mut predictor, &mut |k| Ok(Some(quality(k))), &split).unwrap();
+    let hatches = escape_hatches(&mut search, &h, &mut |k| Ok(Some(quality(k))), &split).unwrap();
+    let unpriced = search.take_unpriced();
     drop(search);
-    (hatches, world.measured)
+    (hatches, world.measured, unpriced)
+}
+
+#[test]
+fn a_dry_run_that_fails_leaves_the_hatches_unpriced_unmeasured_and_said() {
+    let (hatches, measured, unpriced) =
+        hatch_world_priced(4000.0, 6, 0, guide_tg, Curves::failing("worker killed by signal 6"));
+    assert_eq!(unpriced.as_deref(), Some("worker killed by signal 6"), "kept for the tune to say");
+    assert!(measured.is_empty(), "nothing priced, nothing run: {measured:?}");
+    assert!(hatches.options.is_empty(), "{:?}", hatches.options);
+    let said: Vec<String> = hatches.notes.iter().map(ToString::to_string).collect();
+    assert!(said.iter().any(|n| n.contains("escape hatches not priced")), "{said:?}");
 }
 
 #[test]

@@ -11,6 +11,7 @@ use super::choose::{self, decide, Inputs};
 use super::executor::TrialExecutor;
 use super::memory::{prediction_check, trial_memory};
 use super::plan::{adaptive_points, moe_grid, Candidate, Found, Plan};
+use super::pricer::Pricer;
 use crate::engine::predict::Prediction;
 use crate::error::Interrupted;
 use crate::profile::store;
@@ -52,9 +53,15 @@ pub struct Search<'a> {
     /// A resumed checkpoint's trials at other context sizes.
     others: Vec<ProfileTrial>,
     pub predicted: Vec<Prediction>,
-    /// Prices a whole-layer setting with llama.cpp's dry run (the settings'
-    /// workload): a confirmation the fit chose is priced before it runs.
-    pub pricer: Option<Box<dyn FnMut(u32) -> Option<Prediction> + 'a>>,
+    /// llama.cpp's dry run of the settings' workload at this context: what
+    /// the hatches and the splits price, and the confirmations (see
+    /// `priced`) where `confirmations_priced`.
+    pricer: Option<Box<dyn Pricer + 'a>>,
+    /// A confirmation the fit chose is priced before it runs (the grid's
+    /// dry run answered, so a single setting's can too).
+    pub confirmations_priced: bool,
+    /// The first dry run that failed as a whole, to be said once.
+    unpriced: Option<String>,
     /// The dry run of the baseline being paired (llama.cpp's fit's choice,
     /// at its own context and batch): what its trials are priced by.
     pub baseline_bytes: Option<u64>,
@@ -93,6 +100,8 @@ impl<'a> Search<'a> {
             others,
             predicted: Vec::new(),
             pricer: None,
+            confirmations_priced: false,
+            unpriced: None,
             baseline_bytes: None,
             host_cap: None,
             filled: Vec::new(),
@@ -396,7 +405,10 @@ impl<'a> Search<'a> {
         if let Some(p) = self.predicted.iter().find(known) {
             return p.error.is_none().then_some(p.device_bytes);
         }
-        let p = self.pricer.as_mut()?(ngl)?;
+        if !self.confirmations_priced {
+            return None;
+        }
+        let p = self.price_layers(&[ngl]).into_iter().next()?;
         let bytes = p.error.is_none().then_some(p.device_bytes);
         self.predicted.push(p);
         bytes
@@ -406,7 +418,7 @@ impl<'a> Search<'a> {
     /// the cap (down to the largest one measured under it).
     fn priced_under_cap(&mut self, ngl: u32) -> u32 {
         let Some(cap) = self.policy.as_ref().map(|p| p.cap_bytes) else { return ngl };
-        if self.pricer.is_none() {
+        if !self.confirmations_priced {
             return ngl;
         }
         let floor = self
@@ -609,5 +621,6 @@ pub fn fit_check(trials: &[ProfileTrial], d: &Decision, full: u32) -> Vec<FitChe
         .collect()
 }
 
+mod priced;
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,6 @@ pub fn kv_hatch(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
     found: &mut SplitFound,
-    predict: &mut HatchPricer<'_>,
     assess: &mut dyn FnMut(crate::types::KvType) -> Result<Option<crate::types::Quality>>,
 ) -> Result<()> {
     let s = search.settings();
@@ -35,7 +34,8 @@ pub fn kv_hatch(
     }
     let (devs, full) = (inp.devs, inp.full);
     let q8 = KvType::Q8_0;
-    let Ok((cost, full_cap, partial_cap)) = capacities(&mut |x: &[Split]| predict(x, q8, 0), devs, full) else {
+    let Ok((cost, full_cap, partial_cap)) = capacities(&mut |x: &[Split]| search.price_splits(x, q8, 0), devs, full)
+    else {
         return Ok(());
     };
     let best_score = crate::tune::choose::score_for(s, best.tg_ts, best.pp_ts).unwrap_or(0.0);
@@ -45,8 +45,8 @@ pub fn kv_hatch(
         .filter(|(_, x)| predicted_score(&m, s, x) > best_score)
         .map(|(_, x)| ("q8_0 KV cache: more layers on the faster devices".to_string(), x))
         .collect();
-    let Some((label, split, p)) = price_all(todo, &mut |x: &[Split]| predict(x, q8, 0), devs, &cost).into_iter().next()
-    else {
+    let priced = price_all(todo, &mut |x: &[Split]| search.price_splits(x, q8, 0), devs, &cost);
+    let Some((label, split, p)) = priced.into_iter().next() else {
         return Ok(());
     };
     let ngl: u32 = split.layers().iter().sum();
@@ -94,12 +94,7 @@ pub(super) fn cpu_layer_ms(search: &Search<'_>, m: &SpeedModel, inp: &SplitInput
 ///
 /// # Errors
 /// What the executor returns (an interrupt).
-pub fn ffn_hatch(
-    search: &mut Search<'_>,
-    inp: &SplitInputs<'_>,
-    found: &mut SplitFound,
-    predict: &mut HatchPricer<'_>,
-) -> Result<()> {
+pub fn ffn_hatch(search: &mut Search<'_>, inp: &SplitInputs<'_>, found: &mut SplitFound) -> Result<()> {
     let s = search.settings();
     let (Some(m), Some(best)) = (found.speed.clone(), found.best.map(|i| found.options[i].clone())) else {
         return Ok(());
@@ -113,7 +108,7 @@ pub fn ffn_hatch(
     layers[d] = full;
     let alone = Split::new(&layers);
     let (kv, cap) = (s.kv_type, devs[d].cap_bytes);
-    let mut at = |k: u32| predict(&[alone], kv, k).into_iter().next().filter(|p| p.error.is_none());
+    let mut at = |k: u32| search.price_splits(&[alone], kv, k).into_iter().next().filter(|p| p.error.is_none());
     let (Some(one), Some(all)) = (at(1), at(n_layer)) else { return Ok(()) };
     let bytes = |p: &Prediction| parts(p, devs)[d].0;
     let dev = &devs[d].device;
@@ -180,12 +175,7 @@ pub fn ffn_hatch(
 ///
 /// # Errors
 /// What the executor returns (an interrupt).
-pub fn split_modes(
-    search: &mut Search<'_>,
-    inp: &SplitInputs<'_>,
-    found: &mut SplitFound,
-    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
-) -> Result<()> {
+pub fn split_modes(search: &mut Search<'_>, inp: &SplitInputs<'_>, found: &mut SplitFound) -> Result<()> {
     use crate::types::SplitMode;
     let devs = inp.devs;
     let Some(best) = found.best.map(|i| found.options[i].clone()) else { return Ok(()) };
@@ -197,7 +187,7 @@ pub fn split_modes(
     let mut measured = false;
     for mode in [SplitMode::Row, SplitMode::Tensor] {
         let split = split_of(&best).with_mode(mode);
-        let said = match predict(&[split]).into_iter().next() {
+        let said = match super::dry_run(search, &[split]).into_iter().next() {
             None => "no answer from llama.cpp's dry run".to_string(),
             Some(p) => match &p.error {
                 Some(e) => format!("llama.cpp refuses it: {}", e.split(": ").last().unwrap_or(e)),

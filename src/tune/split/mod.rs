@@ -184,14 +184,10 @@ fn price_all(
 ///
 /// # Errors
 /// What the search's executor returns (an interrupt).
-pub fn split_stage(
-    search: &mut Search<'_>,
-    inp: &SplitInputs<'_>,
-    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
-) -> Result<SplitFound> {
+pub fn split_stage(search: &mut Search<'_>, inp: &SplitInputs<'_>) -> Result<SplitFound> {
     let (devs, full) = (inp.devs, inp.full);
     let mut found = SplitFound::default();
-    let (cost, full_cap, partial_cap) = match capacities(predict, devs, full) {
+    let (cost, full_cap, partial_cap) = match capacities(&mut |x: &[Split]| dry_run(search, x), devs, full) {
         Ok(c) => c,
         Err(why) => {
             found.notes.push(crate::types::Note::split(format!(
@@ -203,7 +199,7 @@ pub fn split_stage(
     };
     // llama.cpp's default splits as the search measured them (layers per device by their bytes).
     let defaults = default_splits(search, devs, &cost, full);
-    let probed = probe_speeds(search, inp, (&full_cap, &partial_cap), predict, (&cost, &defaults), &mut found)?;
+    let probed = probe_speeds(search, inp, (&full_cap, &partial_cap), (&cost, &defaults), &mut found)?;
     // The splits the model was solved from: their predictions are their measurements.
     let inputs: Vec<Split> = probed.as_ref().map(|(_, x)| x.clone()).unwrap_or_default();
     let mut speed = probed.map(|(m, _)| m);
@@ -215,7 +211,7 @@ pub fn split_stage(
         fast.extend(todo.into_iter().filter(|(_, x)| !found.options.iter().any(|o| split_of(o) == *x)));
         todo = fast;
     }
-    let mut priced = price_all(todo, predict, devs, &cost);
+    let mut priced = price_all(todo, &mut |x: &[Split]| dry_run(search, x), devs, &cost);
     priced.retain(|(_, x, _)| !found.options.iter().any(|o| split_of(o) == *x));
     search.predicted.extend(priced.iter().map(|(_, _, p)| p.clone()));
     let trials = measure_by_speed(search, inp, &priced, &defaults, speed.as_mut(), &found)?;
@@ -373,9 +369,12 @@ fn split_list(l: &[u32]) -> String {
     l.iter().map(u32::to_string).collect::<Vec<_>>().join(" + ")
 }
 
-/// Prices splits with a KV cache type and the FFN of the first K layers
-/// on the CPU.
-pub type HatchPricer<'a> = dyn FnMut(&[Split], crate::types::KvType, u32) -> Vec<Prediction> + 'a;
+/// Splits priced by the search's dry run at the settings' KV type, every
+/// tensor of a layer on its device.
+pub(super) fn dry_run(search: &mut Search<'_>, splits: &[Split]) -> Vec<Prediction> {
+    let kv = search.settings().kv_type;
+    search.price_splits(splits, kv, 0)
+}
 
 /// What llama.cpp allocated on each device in a trial.
 #[must_use]

@@ -75,7 +75,6 @@ pub(super) fn probe_speeds(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
     (full_cap, partial_cap): (&[u32], &[u32]),
-    predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
     (cost, defaults): (&[DeviceCost], &[Measured]),
     found: &mut SplitFound,
 ) -> Result<Option<(SpeedModel, Vec<Split>)>> {
@@ -122,7 +121,8 @@ pub(super) fn probe_speeds(
             }
         })
         .collect();
-    for (label, split, p) in price_all(todo, predict, devs, cost) {
+    let priced = price_all(todo, &mut |x: &[Split]| super::dry_run(search, x), devs, cost);
+    for (label, split, p) in priced {
         let ngl: u32 = split.layers().iter().sum();
         let c = Candidate { split, ..Candidate::layers(ngl, threads) };
         let race = search.race();

@@ -3,6 +3,7 @@
 use super::*;
 use crate::profile::DeviceBudget;
 use crate::tune::memory::{device_caps, offload_devices};
+use crate::tune::pricer::fake::Curves;
 
 fn dev(name: &str, backend: &str, desc: &str, kind: &str, total: u64) -> LlamaDevice {
     LlamaDevice {
@@ -238,16 +239,13 @@ fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
     let mut world = SplitWorld { extra_d1, measured: Vec::new(), tensor_ms: 0.0 };
     let progress = crate::progress::Progress::hidden();
     let policy = crate::tune::worlds::policy(255e6);
-    let mut search = Search::new(&s, &mut world, Some(policy), progress, None);
+    let pricer =
+        Curves::splits(move |x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), extra_d1)).collect());
+    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let inp = inputs(&devs, &[]);
-    let mut priced = Vec::new();
-    let mut predict = |splits: &[Split]| {
-        priced.extend(splits.iter().map(Split::layers));
-        splits.iter().map(|s| split_prediction(&s.layers(), extra_d1)).collect()
-    };
-    let found = split_stage(&mut search, &inp, &mut predict).unwrap();
+    let found = split_stage(&mut search, &inp).unwrap();
     drop(search);
     (found, world.measured)
 }
@@ -285,12 +283,13 @@ fn with_every_layer_offloaded_the_fast_device_takes_what_it_holds() {
     s.grid = Some(vec![21]);
     let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms: 0.0 };
     let policy = crate::tune::worlds::policy(255e6);
-    let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
+    let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
+    let progress = crate::progress::Progress::hidden();
+    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let inp = inputs(&devs, &[]);
-    let mut predict = |splits: &[Split]| splits.iter().map(|s| split_prediction(&s.layers(), 0)).collect();
-    let found = split_stage(&mut search, &inp, &mut predict).unwrap();
+    let found = split_stage(&mut search, &inp).unwrap();
     drop(search);
     let best = &found.options[found.best.unwrap()];
     assert_eq!(
@@ -310,7 +309,7 @@ fn beside_llama_cpps_default_split_one_probe_a_device_and_the_answer_is_paired_w
         tensor_split: vec![10.0, 11.0],
         error: None,
     };
-    let (found, measured) = fixed_world(|search, inp, found, _| {
+    let (found, measured) = fixed_world(|search, inp, found| {
         found.against = against_llama(search, found, inp, Some(&fit)).unwrap();
     });
     // D0 (11 layers in the default) leads, D1 (10) is solved from it: only D0 is probed (it cannot
@@ -374,13 +373,22 @@ fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
     assert!(r.placement().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
 }
 
+/// What the search and the stage are given to do `then` with.
+type Then<'t> = dyn FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound) + 't;
+
+/// How the fixed world's dry run prices splits (by KV type and FFN layers on the CPU).
+type PriceFn = fn(&[Split], crate::types::KvType, u32) -> Vec<Prediction>;
+
+/// The layer split's price in the fixed world.
+fn world_price(x: &[Split], kv: crate::types::KvType, k: u32) -> Vec<Prediction> {
+    x.iter().map(|s| split_prediction_kv(&s.layers(), 0, kv, k)).collect()
+}
+
 /// --ngl 21 and llama.cpp's default split measured by the search, the
 /// split stage, then `then` (the search, the inputs, what the stage
-/// found, a pricer by KV type); what was found and measured.
-fn fixed_world(
-    then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut HatchPricer<'_>),
-) -> (SplitFound, Vec<Vec<u32>>) {
-    fixed_world_with(0.0, &[0.0, 0.0], then)
+/// found); what was found and measured.
+fn fixed_world(then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound)) -> (SplitFound, Vec<Vec<u32>>) {
+    fixed_world_priced(0.0, &[0.0, 0.0], world_price, Box::new(then))
 }
 
 /// As [`fixed_world`], `-sm tensor` adding `tensor_ms` to a token, each
@@ -388,24 +396,33 @@ fn fixed_world(
 fn fixed_world_with(
     tensor_ms: f64,
     link_ms: &[f64],
-    then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound, &mut HatchPricer<'_>),
+    then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound),
+) -> (SplitFound, Vec<Vec<u32>>) {
+    fixed_world_priced(tensor_ms, link_ms, world_price, Box::new(then))
+}
+
+/// As [`fixed_world_with`], the dry run pricing by `price`.
+fn fixed_world_priced(
+    tensor_ms: f64,
+    link_ms: &[f64],
+    price: PriceFn,
+    then: Box<Then<'_>>,
 ) -> (SplitFound, Vec<Vec<u32>>) {
     let mut s = crate::tune::worlds::settings();
     s.grid = Some(vec![21]);
     let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms };
     let policy = crate::tune::worlds::policy(255e6);
-    let mut search = Search::new(&s, &mut world, Some(policy), crate::progress::Progress::hidden(), None);
+    let progress = crate::progress::Progress::hidden();
+    let pricer = Box::new(Curves::splits(price));
+    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(pricer);
     search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let mut inp = inputs(&devs, &[]);
     inp.links = link_ms.iter().map(|l| Link { tg_ms: *l, ..Link::default() }).collect();
-    let mut predict = |x: &[Split], kv: crate::types::KvType, k: u32| -> Vec<Prediction> {
-        x.iter().map(|s| split_prediction_kv(&s.layers(), 0, kv, k)).collect()
-    };
-    let mut found =
-        split_stage(&mut search, &inp, &mut |x: &[Split]| predict(x, crate::types::KvType::F16, 0)).unwrap();
-    then(&mut search, &inp, &mut found, &mut predict);
+    let mut found = split_stage(&mut search, &inp).unwrap();
+    assert_eq!(search.take_unpriced(), None, "every dry run answered");
+    then(&mut search, &inp, &mut found);
     drop(search);
     (found, world.measured)
 }
@@ -424,9 +441,9 @@ fn with_kv_hatch(kl: f64) -> (SplitFound, Vec<Vec<u32>>) {
         depth_asked: 0,
         wall_s: 0.0,
     };
-    fixed_world(|search, inp, found, predict| {
+    fixed_world(|search, inp, found| {
         let mut assess = |_| Ok(Some(quality.clone()));
-        kv_hatch(search, inp, found, predict, &mut assess).unwrap();
+        kv_hatch(search, inp, found, &mut assess).unwrap();
     })
 }
 
@@ -457,8 +474,8 @@ fn a_q8_0_cache_is_measured_where_it_lets_more_layers_onto_the_fast_device() {
 /// (layers), and the FFN layers on the CPU in each paired trial.
 fn with_ffn_hatch(link_ms: &[f64]) -> (SplitFound, Vec<Vec<u32>>, Vec<u32>) {
     let mut paired = Vec::new();
-    let (found, measured) = fixed_world_with(0.0, link_ms, |search, inp, found, predict| {
-        ffn_hatch(search, inp, found, predict).unwrap();
+    let (found, measured) = fixed_world_with(0.0, link_ms, |search, inp, found| {
+        ffn_hatch(search, inp, found).unwrap();
         found.against = against_llama(search, found, inp, None).unwrap();
         let trials = search.trials.iter().filter(|t| t.role == Role::Paired);
         paired = trials.map(|t| t.result.spec.placement.n_cpu_ffn).collect();
@@ -499,8 +516,12 @@ fn ffn_spill_lets_the_fast_device_hold_every_layer_where_it_is_predicted_faster(
     assert!(found.notes.iter().any(|n| n.to_string().contains("predicted slower")), "{:?}", found.notes);
 }
 
-/// Row refused by the dry run, tensor priced on llama.cpp's meta device (200 MiB).
-fn modes_dry_run(x: &[Split]) -> Vec<Prediction> {
+/// Row refused by the dry run, tensor priced on llama.cpp's meta device
+/// (200 MiB), the layer split as in the fixed world.
+fn modes_dry_run(x: &[Split], kv: crate::types::KvType, k: u32) -> Vec<Prediction> {
+    if x.iter().all(|s| s.mode() == crate::types::SplitMode::Layer) {
+        return world_price(x, kv, k);
+    }
     let mut p = split_prediction(&x[0].layers(), 0);
     match x[0].mode() {
         crate::types::SplitMode::Row => {
@@ -524,9 +545,14 @@ fn modes_dry_run(x: &[Split]) -> Vec<Prediction> {
 fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen_on_speed() {
     use crate::types::SplitMode;
     // Tensor 2 ms a token slower than the layer split [9, 12]: measured, not recommended.
-    let (found, measured) = fixed_world_with(2.0, &[0.0, 0.0], |search, inp, found, _| {
-        split_modes(search, inp, found, &mut modes_dry_run).unwrap();
-    });
+    let (found, measured) = fixed_world_priced(
+        2.0,
+        &[0.0, 0.0],
+        modes_dry_run,
+        Box::new(|search, inp, found| {
+            split_modes(search, inp, found).unwrap();
+        }),
+    );
     assert_eq!(measured.last(), Some(&vec![9, 12]), "the tensor trial, the answer's proportions");
     let modes = &found.split_modes;
     assert!(modes[0].contains("row") && modes[0].contains("does not support split buffers"), "{modes:?}");
@@ -536,19 +562,33 @@ fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen
     let best = &found.options[found.best.unwrap()];
     assert_eq!((best.split_mode, best.tensor_split.clone()), (SplitMode::Layer, vec![9, 12]));
     // Tensor 5 ms a token faster: recommended, emitted as such.
-    let (found, _) = fixed_world_with(-5.0, &[0.0, 0.0], |search, inp, found, _| {
-        split_modes(search, inp, found, &mut modes_dry_run).unwrap();
-    });
+    let (found, _) = fixed_world_priced(
+        -5.0,
+        &[0.0, 0.0],
+        modes_dry_run,
+        Box::new(|search, inp, found| {
+            split_modes(search, inp, found).unwrap();
+        }),
+    );
     let best = &found.options[found.best.unwrap()];
     assert_eq!(best.split_mode, SplitMode::Tensor);
     let devs = caps(&[105_000_000, 150_000_000]);
     let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
     assert!(r.split_mode == SplitMode::Tensor && r.llama_cpp_args.contains("-sm tensor"), "{}", r.llama_cpp_args);
     // One device holds the answer: nothing to split, nothing measured.
-    let (found, _) = fixed_world(|search, inp, found, _| {
-        let one = found.options.iter().position(|o| o.measured && o.tensor_split == [10, 0]).unwrap();
-        found.best = Some(one);
-        split_modes(search, inp, found, &mut |_| unreachable!()).unwrap();
-    });
+    let layers_only = |x: &[Split], kv, k| {
+        assert!(x.iter().all(|s| s.mode() == SplitMode::Layer), "a split mode priced: {x:?}");
+        world_price(x, kv, k)
+    };
+    let (found, _) = fixed_world_priced(
+        0.0,
+        &[0.0, 0.0],
+        layers_only,
+        Box::new(|search, inp, found| {
+            let one = found.options.iter().position(|o| o.measured && o.tensor_split == [10, 0]).unwrap();
+            found.best = Some(one);
+            split_modes(search, inp, found).unwrap();
+        }),
+    );
     assert!(found.split_modes[0].contains("one device"), "{:?}", found.split_modes);
 }

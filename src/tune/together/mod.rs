@@ -128,7 +128,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         sets.push(m);
         trials.extend(t);
     }
-    crate::engine::live::release();
+    runner.release();
     let best = sets
         .iter()
         .enumerate()
@@ -192,7 +192,7 @@ fn measure_set(
     let mut bytes = Some(0u64);
     for (i, part) in parts.iter().enumerate() {
         // The last trial's worker holds memory that is not this set's.
-        crate::engine::live::release();
+        runner.release();
         let mut holds = Vec::new();
         let mut beside = Vec::new();
         for (j, other) in parts.iter().enumerate().filter(|(j, _)| *j != i) {
@@ -316,7 +316,7 @@ fn store_set(store: &std::path::Path, p: &SetProfile) -> Result<PathBuf> {
     let path = store.join(&p.machine_id).join("sets").join(format!("{}.json", stems.join("+")));
     let mut json = serde_json::to_vec_pretty(p)?;
     json.push(b'\n');
-    crate::profile::store::atomic_write(&path, &json)?;
+    crate::fsio::atomic_write(&path, &json)?;
     Ok(path)
 }
 

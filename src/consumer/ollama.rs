@@ -1,131 +1,29 @@
-//! The consumer's own settings, read where they live, so a tune measures
-//! the run the user will really make: the Ollama server's environment (its
-//! systemd unit and drop-ins, as `systemctl show` reports them, or an env
-//! file given with `--ollama-env`) and llama-server's `LLAMA_ARG_*`
-//! variables (`--server-env`).
-//!
-//! Ollama reads a variable with spaces and quotes trimmed
-//! (`envconfig.Var`); a number that does not parse is its default; a
-//! boolean that does not parse is true (`envconfig.BoolWithDefault`).
+//! Ollama's rules, read in its source: how its server reads its
+//! environment (`envconfig`), the systemd unit it runs under, and what it
+//! passes llama-server for a model (slots, KV type, flash attention, batch,
+//! fit target, where the projector goes).
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
+use super::{parse_env_file, read_env_file, var_in, ServerEnv};
 use crate::types::{FlashAttn, KvType};
 
-/// Environment variables and where they were read.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerEnv {
-    /// Where they come from, in words ("--ollama-env /etc/ollama.env",
-    /// "systemd unit ollama.service (Environment=, /etc/ollama.env)"), or
-    /// why nothing was read.
-    pub source: String,
-    /// Whether a source was found at all.
-    pub found: bool,
-    /// The variables read, in order (a later one overrides an earlier).
-    pub vars: Vec<(String, String)>,
-}
-
 impl ServerEnv {
-    /// A variable's value as Ollama reads it: the last assignment, spaces
-    /// and quotes trimmed; `None` when unset or empty.
-    #[must_use]
-    pub fn var(&self, key: &str) -> Option<String> {
-        var_in(&self.vars, key)
-    }
-
     fn number(&self, key: &str) -> Option<u64> {
         self.var(key).and_then(|v| v.parse().ok())
     }
 
     /// Ollama's boolean: unset is `None`.
     fn flag(&self, key: &str) -> Option<bool> {
-        self.var(key).map(|v| ollama_bool(&v))
+        self.var(key).map(|v| parse_bool(&v))
     }
 }
 
 /// A boolean as Ollama reads one (`envconfig.BoolWithDefault`): false only
 /// where Go's `strconv.ParseBool` says false, anything unparsable true.
 #[must_use]
-pub fn ollama_bool(v: &str) -> bool {
+pub fn parse_bool(v: &str) -> bool {
     !matches!(v.trim(), "0" | "f" | "F" | "false" | "FALSE" | "False")
-}
-
-/// A variable of `vars` as Ollama reads one (`envconfig.Var`): the last
-/// assignment, spaces and quotes trimmed; `None` when unset or empty.
-#[must_use]
-pub fn var_in(vars: &[(String, String)], key: &str) -> Option<String> {
-    let v = vars.iter().rev().find(|(k, _)| k == key)?.1.trim().trim_matches(['"', '\'']).to_string();
-    (!v.is_empty()).then_some(v)
-}
-
-/// Reads KEY=VALUE lines as docker's `--env-file`, systemd's
-/// `EnvironmentFile=` and a shell's `set -a; . FILE` share them: blank
-/// lines and `#` comments skipped, an `export ` prefix allowed, a value in
-/// double quotes unescaped (`\"`, `\\`, `` \` ``, `\$`), in single quotes
-/// taken as is.
-///
-/// # Errors
-/// The first line that is not an assignment, by number.
-pub fn parse_env_file(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut out = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
-        }
-        let line = line.strip_prefix("export ").map_or(line, str::trim_start);
-        let Some((key, value)) = line.split_once('=') else {
-            return Err(format!("line {}: '{line}' is not KEY=VALUE", i + 1));
-        };
-        let key = key.trim();
-        let valid = key.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(format!("line {}: '{key}' is not a variable name", i + 1));
-        }
-        out.push((key.to_string(), unquote(value.trim())));
-    }
-    Ok(out)
-}
-
-fn unquote(v: &str) -> String {
-    if v.len() >= 2 && v.starts_with('\'') && v.ends_with('\'') {
-        return v[1..v.len() - 1].to_string();
-    }
-    if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
-        let mut s = String::new();
-        let mut chars = v[1..v.len() - 1].chars();
-        while let Some(c) = chars.next() {
-            match (c, chars.clone().next()) {
-                ('\\', Some(n)) if "\"\\`$".contains(n) => {
-                    s.push(n);
-                    chars.next();
-                }
-                _ => s.push(c),
-            }
-        }
-        return s;
-    }
-    v.to_string()
-}
-
-/// Reads an env file given on the command line.
-///
-/// # Errors
-/// `BadInput` naming the file and the line.
-pub fn read_env_file(path: &Path, flag: &str) -> anyhow::Result<ServerEnv> {
-    // A FIFO or a device would wait for ever: a regular file only, of an env file's size.
-    let bytes = crate::fsio::read_regular(path, 1 << 20, "give a file of KEY=VALUE lines")
-        .map_err(|e| crate::error::bad(format!("{flag} {e:#}")))?;
-    let text = String::from_utf8(bytes).map_err(|_| {
-        crate::error::bad(format!("{flag} {}: not UTF-8 text; give a file of KEY=VALUE lines", path.display()))
-    })?;
-    let vars = parse_env_file(&text).map_err(|e| {
-        crate::error::bad(format!("{flag} {}: {e}; write one KEY=VALUE a line, as docker's --env-file", path.display()))
-    })?;
-    Ok(ServerEnv { source: format!("{flag} {}", path.display()), found: true, vars })
 }
 
 /// The environment of a systemd unit from `systemctl show UNIT
@@ -175,7 +73,7 @@ pub fn parse_systemctl_show(unit: &str, text: &str, read: &dyn Fn(&Path) -> Opti
 ///
 /// # Errors
 /// `BadInput` for a file that cannot be read or is not KEY=VALUE lines.
-pub fn ollama_env(file: Option<&Path>) -> anyhow::Result<ServerEnv> {
+pub fn server_env(file: Option<&Path>) -> anyhow::Result<ServerEnv> {
     if let Some(f) = file {
         return read_env_file(f, "--ollama-env");
     }
@@ -221,7 +119,7 @@ pub struct OllamaRun {
     /// `OLLAMA_KV_CACHE_TYPE`, when one llama.cpp and ngl-tune know.
     pub kv_type: Option<KvType>,
     /// `OLLAMA_FLASH_ATTENTION` when set; unset, off where Ollama's device
-    /// check refuses a card (see [`ollama_cuda_flash_attention`]), else
+    /// check refuses a card (see [`cuda_flash_attention`]), else
     /// None (Ollama passes auto).
     pub flash_attn: Option<FlashAttn>,
     /// What was read and what it does, a phrase each.
@@ -230,10 +128,10 @@ pub struct OllamaRun {
 
 /// Ollama's automatic batch size for a context (server/sched.go,
 /// `generationBatchForContext`): 2048 above 32768 tokens, 1024 above 4096,
-/// else 512, passed as both `-b` and `-ub`, before [`ollama_batch_for`]
+/// else 512, passed as both `-b` and `-ub`, before [`batch_for`]
 /// steps it down.
 #[must_use]
-pub fn ollama_batch(effective_ctx: u32) -> u32 {
+pub fn batch(effective_ctx: u32) -> u32 {
     match effective_ctx {
         c if c > 32768 => 2048,
         c if c > 4096 => 1024,
@@ -277,11 +175,11 @@ fn batch_fits(batch: u32, predicted: u64, available: u64) -> bool {
 /// memory of the model (`predicted`, bytes) leaves too little of the free
 /// memory (`available`).
 #[must_use]
-pub fn ollama_batch_for(effective_ctx: u32, predicted: u64, available: u64, cuda_without_fa: Option<u64>) -> u32 {
+pub fn batch_for(effective_ctx: u32, predicted: u64, available: u64, cuda_without_fa: Option<u64>) -> u32 {
     if let Some(card) = cuda_without_fa {
         return if effective_ctx > 4096 && card > 0 && card <= 8 * GIB { 256 } else { 512 };
     }
-    let mut batch = ollama_batch(effective_ctx);
+    let mut batch = batch(effective_ctx);
     while batch > 512 && !batch_fits(batch, predicted, available) {
         batch = if batch > 1024 { 1024 } else { 512 };
     }
@@ -292,7 +190,7 @@ pub fn ollama_batch_for(effective_ctx: u32, predicted: u64, available: u64, cuda
 /// unless `LLAMA_ARG_FIT` (inherited from Ollama's environment) says off;
 /// its margin `LLAMA_ARG_FIT_TARGET` where set there (MiB, the first of a
 /// list; Ollama keeps an inherited one as it is), else
-/// [`ollama_fit_margin`].
+/// [`fit_margin`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OllamaFit {
     pub on: bool,
@@ -301,7 +199,7 @@ pub struct OllamaFit {
 
 /// [`OllamaFit`] from Ollama's environment.
 #[must_use]
-pub fn ollama_fit(vars: &[(String, String)]) -> OllamaFit {
+pub fn fit(vars: &[(String, String)]) -> OllamaFit {
     // llama.cpp's is_falsey.
     let on = !var_in(vars, "LLAMA_ARG_FIT").is_some_and(|v| matches!(v.as_str(), "off" | "false" | "0" | "disabled"));
     let target_bytes = var_in(vars, "LLAMA_ARG_FIT_TARGET")
@@ -314,7 +212,7 @@ pub fn ollama_fit(vars: &[(String, String)]) -> OllamaFit {
 /// projector, its memory plus 1 GiB in whole MiB (llm/llama_server.go,
 /// `mmprojFitTargetMiB`), which replaces llama.cpp's 1 GiB; else 1 GiB.
 #[must_use]
-pub fn ollama_fit_margin(projector_bytes: Option<u64>) -> u64 {
+pub fn fit_margin(projector_bytes: Option<u64>) -> u64 {
     match projector_bytes {
         Some(b) if b > 0 => (b + GIB).div_ceil(MIB) * MIB,
         _ => GIB,
@@ -326,7 +224,7 @@ pub fn ollama_fit_margin(projector_bytes: Option<u64>) -> u64 {
 /// projector plus 1 GiB (llm/llama_server.go, `mmprojOffloadDisabled`:
 /// "limited-vram", then `--no-mmproj-offload` and no fit-target pad).
 #[must_use]
-pub fn ollama_offloads_projector(bytes: u64, free_per_gpu: &[u64]) -> bool {
+pub fn offloads_projector(bytes: u64, free_per_gpu: &[u64]) -> bool {
     !free_per_gpu.iter().any(|&free| free > 0 && free < bytes + GIB)
 }
 
@@ -335,7 +233,7 @@ pub fn ollama_offloads_projector(bytes: u64, free_per_gpu: &[u64]) -> bool {
 /// `cudaFlashAttentionSupported`: 6.0 or newer, except 7.2; the driver
 /// check there passes every driver a current llama.cpp runs on).
 #[must_use]
-pub fn ollama_cuda_flash_attention((major, minor): (u32, u32)) -> bool {
+pub fn cuda_flash_attention((major, minor): (u32, u32)) -> bool {
     major >= 6 && (major, minor) != (7, 2)
 }
 
@@ -343,7 +241,7 @@ pub fn ollama_cuda_flash_attention((major, minor): (u32, u32)) -> bool {
 /// architecture `arch`, on CUDA cards `cuda` (name and compute capability,
 /// empty where llama.cpp offloads to none).
 #[must_use]
-pub fn ollama_run(env: &ServerEnv, arch: &str, cuda: &[(String, (u32, u32))]) -> OllamaRun {
+pub fn run(env: &ServerEnv, arch: &str, cuda: &[(String, (u32, u32))]) -> OllamaRun {
     let mut applied = Vec::new();
     let asked = env.number("OLLAMA_NUM_PARALLEL").map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX));
     let parallel = if asked > 1 && ONE_SLOT.contains(&arch) {
@@ -372,7 +270,7 @@ pub fn ollama_run(env: &ServerEnv, arch: &str, cuda: &[(String, (u32, u32))]) ->
             env.var("OLLAMA_FLASH_ATTENTION").unwrap_or_default(),
             fa.as_str()
         ));
-    } else if let Some((name, (major, minor))) = cuda.iter().find(|(_, cc)| !ollama_cuda_flash_attention(*cc)) {
+    } else if let Some((name, (major, minor))) = cuda.iter().find(|(_, cc)| !cuda_flash_attention(*cc)) {
         // llm/llama_server.go: unset, flash attention is off where any card fails the check.
         flash_attn = Some(FlashAttn::Off);
         applied.push(format!(
@@ -387,26 +285,136 @@ pub fn ollama_run(env: &ServerEnv, arch: &str, cuda: &[(String, (u32, u32))]) ->
     OllamaRun { parallel, kv_type, flash_attn, applied }
 }
 
+/// The context Ollama gives a model when no `num_ctx` is set, as current
+/// Ollama chooses it (server/routes.go): 256k tokens when the GPUs' memory
+/// (less `OLLAMA_GPU_OVERHEAD` each) adds up to at least 47 GiB, 32k from
+/// 23 GiB, else 4k; `OLLAMA_CONTEXT_LENGTH` replaces the rule; never more
+/// than the model was trained for.
+#[must_use]
+pub fn default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64>, ctx_train: u64) -> u64 {
+    const GIB: u64 = 1 << 30;
+    let total: u64 = gpu_totals.iter().map(|t| t.saturating_sub(overhead)).sum();
+    let by_vram = if total >= 47 * GIB {
+        262_144
+    } else if total >= 23 * GIB {
+        32_768
+    } else {
+        4096
+    };
+    let ctx = env_ctx.filter(|c| *c > 0).unwrap_or(by_vram);
+    if ctx_train > 0 {
+        ctx.min(ctx_train)
+    } else {
+        ctx
+    }
+}
+
+/// The context current Ollama gives a model on this machine when no
+/// `num_ctx` is set: its rule over the GPUs its discovery keeps
+/// (discover/runner.go: NVIDIA cards, else this machine's own offload
+/// devices, never RPC servers, which Ollama does not start, nor CPU-emulated
+/// ones, which ggml hides from it; integrated GPUs only on CUDA or with
+/// `OLLAMA_IGPU_ENABLE`), `OLLAMA_GPU_OVERHEAD` and `OLLAMA_CONTEXT_LENGTH`
+/// read through `env` (the Ollama server's environment).
+#[must_use]
+pub fn ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
+    let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
+    // Ollama's admission of integrated GPUs: its variable when set, else CUDA's only.
+    let igpu_env = env("OLLAMA_IGPU_ENABLE").map(|v| parse_bool(&v));
+    let igpu = |d: &crate::types::LlamaDevice| igpu_env.unwrap_or(d.backend == "CUDA");
+    let mut totals: Vec<u64> = hw.gpus.iter().filter_map(|g| g.memory_total).collect();
+    if totals.is_empty() {
+        totals = hw
+            .llama_devices
+            .iter()
+            .filter(|d| d.is_offload_target() && !d.is_remote() && !d.is_software_renderer())
+            .filter(|d| d.kind != crate::types::DeviceKind::Igpu || igpu(d))
+            .map(|d| d.memory_total)
+            .collect();
+    }
+    default_ctx(&totals, num("OLLAMA_GPU_OVERHEAD").unwrap_or(0), num("OLLAMA_CONTEXT_LENGTH"), ctx_train)
+}
+
+/// The Ollama server as the consumer: its environment, found or not (its
+/// defaults then).
+pub struct Ollama {
+    pub env: ServerEnv,
+}
+
+impl Ollama {
+    /// The server's environment: `--ollama-env FILE`, else the `ollama`
+    /// systemd unit's, else none.
+    ///
+    /// # Errors
+    /// As [`server_env`].
+    pub fn read(file: Option<&Path>) -> anyhow::Result<Ollama> {
+        Ok(Ollama { env: server_env(file)? })
+    }
+}
+
+impl super::Consumer for Ollama {
+    fn program(&self) -> super::Program {
+        super::Program::Ollama
+    }
+
+    fn env(&self) -> &ServerEnv {
+        &self.env
+    }
+
+    /// Ollama's own and the `LLAMA_ARG_*` its llama-server inherits.
+    fn vars(&self) -> Vec<(String, String)> {
+        super::namespaced(&self.env, &["OLLAMA_", "LLAMA_ARG_"])
+    }
+
+    fn default_ctx(&self, hw: &crate::types::Hardware, ctx_train: u64) -> (u32, String) {
+        let c = u32::try_from(ctx_here(hw, ctx_train, &|k| self.env.var(k))).unwrap_or(u32::MAX);
+        (c, format!(
+            "context {c}: what current Ollama gives this model here without num_ctx (4k under 23 GiB of GPU memory, 32k from 23 GiB, 256k from 47 GiB; OLLAMA_CONTEXT_LENGTH replaces the rule; at most the trained context); --ctx tunes others"
+        ))
+    }
+
+    /// Parallel slots multiply each context, the KV type and flash
+    /// attention are the server's, and the batch size is its rule for the
+    /// context (unless `-b`/`--ubatch-size` were given).
+    fn apply(
+        &self,
+        w: &mut super::Workload,
+        arch: &str,
+        _user_ctx: bool,
+        cuda: &[(String, (u32, u32))],
+    ) -> super::Applied {
+        let defaults = w.default_batch();
+        let run = run(&self.env, arch, cuda);
+        let mut said = run.applied;
+        if self.env.found {
+            if run.parallel > 1 {
+                w.into_slots(run.parallel);
+            }
+            if let Some(k) = run.kv_type {
+                w.kv_type = k;
+            }
+        }
+        // Its setting where found, or its device check's.
+        if let Some(fa) = run.flash_attn {
+            w.flash_attn = fa;
+        }
+        // Ollama's batch rule holds with or without its settings found.
+        if defaults {
+            let b = batch(w.n_ctx);
+            (w.n_batch, w.n_ubatch) = (b, b);
+            said.push(format!(
+                "Ollama's batch size, its rule per context (-b {b} -ub {b} at {} tokens before its step-down)",
+                w.n_ctx
+            ));
+        }
+        super::Applied { said, auto_batch: defaults }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn env_files_read_as_docker_systemd_and_a_shell_agree() {
-        let text = "# ollama\n\nOLLAMA_NUM_PARALLEL=4\nexport OLLAMA_CONTEXT_LENGTH=\"8192\"\nOLLAMA_KV_CACHE_TYPE='q8_0'\nLLAMA_ARG_OVERRIDE_TENSOR=\"a\\\\.b=CPU\"\n";
-        let v = parse_env_file(text).unwrap();
-        assert_eq!(
-            v,
-            [
-                ("OLLAMA_NUM_PARALLEL".into(), "4".into()),
-                ("OLLAMA_CONTEXT_LENGTH".into(), "8192".into()),
-                ("OLLAMA_KV_CACHE_TYPE".into(), "q8_0".into()),
-                ("LLAMA_ARG_OVERRIDE_TENSOR".into(), "a\\.b=CPU".into()),
-            ]
-        );
-        assert!(parse_env_file("OLLAMA_NUM_PARALLEL 4").unwrap_err().starts_with("line 1:"));
-        assert!(parse_env_file("\n1X=2").unwrap_err().contains("line 2: '1X' is not a variable name"));
-    }
+    use std::path::Path;
 
     #[test]
     fn a_systemd_unit_gives_environment_then_its_files_over_it() {
@@ -426,7 +434,7 @@ mod tests {
             found: true,
             vars: pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect(),
         };
-        let r = ollama_run(
+        let r = run(
             &env(&[
                 ("OLLAMA_NUM_PARALLEL", " 4 "),
                 ("OLLAMA_KV_CACHE_TYPE", "\"Q8_0\""),
@@ -438,31 +446,28 @@ mod tests {
         assert_eq!((r.parallel, r.kv_type, r.flash_attn), (4, Some(KvType::Q8_0), Some(FlashAttn::On)));
         // Every type llama-server takes, lowercased as Ollama passes it; others would not start.
         for (raw, k) in [("q5_1", Some(KvType::Q5_1)), ("BF16", Some(KvType::Bf16)), ("iq4_nl", Some(KvType::Iq4Nl))] {
-            assert_eq!(ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", raw)]), "gemma3", &[]).kv_type, k, "{raw}");
+            assert_eq!(run(&env(&[("OLLAMA_KV_CACHE_TYPE", raw)]), "gemma3", &[]).kv_type, k, "{raw}");
         }
-        let odd = ollama_run(&env(&[("OLLAMA_KV_CACHE_TYPE", "q6_k")]), "gemma3", &[]);
+        let odd = run(&env(&[("OLLAMA_KV_CACHE_TYPE", "q6_k")]), "gemma3", &[]);
         assert_eq!(odd.kv_type, None);
         assert!(odd.applied[0].contains("not a cache type llama-server takes"), "{:?}", odd.applied);
-        let one = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "4")]), "qwen3vl", &[]);
+        let one = run(&env(&[("OLLAMA_NUM_PARALLEL", "4")]), "qwen3vl", &[]);
         assert_eq!(one.parallel, 1);
         assert!(one.applied[0].contains("one slot"), "{:?}", one.applied);
-        let bad = ollama_run(&env(&[("OLLAMA_NUM_PARALLEL", "four"), ("OLLAMA_FLASH_ATTENTION", "0")]), "gemma3", &[]);
+        let bad = run(&env(&[("OLLAMA_NUM_PARALLEL", "four"), ("OLLAMA_FLASH_ATTENTION", "0")]), "gemma3", &[]);
         assert_eq!((bad.parallel, bad.flash_attn), (1, Some(FlashAttn::Off)), "an unparsable number is the default");
         // Unset, Ollama's device check decides: a Maxwell card (5.2) or a Jetson Xavier (7.2) turns it off.
         let cards = |cc: (u32, u32)| vec![("NVIDIA H200".to_string(), (9, 0)), ("old card".to_string(), cc)];
-        assert_eq!(ollama_run(&env(&[]), "gemma3", &cards((8, 6))).flash_attn, None, "auto where all pass");
+        assert_eq!(run(&env(&[]), "gemma3", &cards((8, 6))).flash_attn, None, "auto where all pass");
         for cc in [(5, 2), (7, 2)] {
-            let off = ollama_run(&env(&[]), "gemma3", &cards(cc));
+            let off = run(&env(&[]), "gemma3", &cards(cc));
             assert_eq!(off.flash_attn, Some(FlashAttn::Off), "{cc:?}");
             assert!(off.applied[0].contains("device check refuses flash attention on old card"), "{:?}", off.applied);
         }
-        let set = ollama_run(&env(&[("OLLAMA_FLASH_ATTENTION", "1")]), "gemma3", &cards((5, 2)));
+        let set = run(&env(&[("OLLAMA_FLASH_ATTENTION", "1")]), "gemma3", &cards((5, 2)));
         assert_eq!(set.flash_attn, Some(FlashAttn::On), "the user's setting overrides the check");
-        assert!(!ollama_bool("False") && !ollama_bool(" F ") && ollama_bool("fAlSe"), "Go's ParseBool, else true");
-        assert_eq!(
-            [ollama_batch(4096), ollama_batch(8192), ollama_batch(32768), ollama_batch(65536)],
-            [512, 1024, 1024, 2048]
-        );
+        assert!(!parse_bool("False") && !parse_bool(" F ") && parse_bool("fAlSe"), "Go's ParseBool, else true");
+        assert_eq!([batch(4096), batch(8192), batch(32768), batch(65536)], [512, 1024, 1024, 2048]);
     }
 
     /// server/sched.go's step-down, case by case: headroom 60% for 2048,
@@ -470,16 +475,16 @@ mod tests {
     #[test]
     fn ollamas_batch_steps_down_where_the_model_leaves_little_room() {
         let gib = 1u64 << 30;
-        assert_eq!(ollama_batch_for(65536, 4 * gib, 24 * gib, None), 2048, "ample room");
-        assert_eq!(ollama_batch_for(65536, 16 * gib, 24 * gib, None), 1024, "67% of free: over 60%, under 75%");
-        assert_eq!(ollama_batch_for(65536, 19 * gib, 24 * gib, None), 512, "79%: over 75%");
-        assert_eq!(ollama_batch_for(8192, 17 * gib, 24 * gib, None), 1024, "1024's surcharge fits: 19.2 - 17 > 0.75");
-        assert_eq!(ollama_batch_for(8192, 18 * gib + gib / 2, 24 * gib, None), 512, "0.7 GiB left under 80%");
-        assert_eq!(ollama_batch_for(4096, 30 * gib, 24 * gib, None), 512, "never below 512");
-        assert_eq!(ollama_batch_for(65536, 0, 0, None), 2048, "nothing predicted: the context's");
-        assert_eq!(ollama_batch_for(65536, gib, 24 * gib, Some(8 * gib)), 256, "CUDA, 8 GiB, no flash attention");
-        assert_eq!(ollama_batch_for(4096, gib, 24 * gib, Some(8 * gib)), 512);
-        assert_eq!(ollama_batch_for(65536, gib, 24 * gib, Some(24 * gib)), 512);
+        assert_eq!(batch_for(65536, 4 * gib, 24 * gib, None), 2048, "ample room");
+        assert_eq!(batch_for(65536, 16 * gib, 24 * gib, None), 1024, "67% of free: over 60%, under 75%");
+        assert_eq!(batch_for(65536, 19 * gib, 24 * gib, None), 512, "79%: over 75%");
+        assert_eq!(batch_for(8192, 17 * gib, 24 * gib, None), 1024, "1024's surcharge fits: 19.2 - 17 > 0.75");
+        assert_eq!(batch_for(8192, 18 * gib + gib / 2, 24 * gib, None), 512, "0.7 GiB left under 80%");
+        assert_eq!(batch_for(4096, 30 * gib, 24 * gib, None), 512, "never below 512");
+        assert_eq!(batch_for(65536, 0, 0, None), 2048, "nothing predicted: the context's");
+        assert_eq!(batch_for(65536, gib, 24 * gib, Some(8 * gib)), 256, "CUDA, 8 GiB, no flash attention");
+        assert_eq!(batch_for(4096, gib, 24 * gib, Some(8 * gib)), 512);
+        assert_eq!(batch_for(65536, gib, 24 * gib, Some(24 * gib)), 512);
     }
 
     #[test]
@@ -488,14 +493,46 @@ mod tests {
             pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
         };
         let mib = 1u64 << 20;
-        assert_eq!(ollama_fit(&v(&[])), OllamaFit { on: true, target_bytes: None });
+        assert_eq!(fit(&v(&[])), OllamaFit { on: true, target_bytes: None });
         // The projector on the GPU only where every GPU has it plus 1 GiB free.
-        assert!(ollama_offloads_projector(300 * mib, &[2048 * mib, 1325 * mib]));
-        assert!(!ollama_offloads_projector(300 * mib, &[2048 * mib, 1323 * mib]));
-        assert!(ollama_offloads_projector(300 * mib, &[]), "no GPU: nothing to decide");
-        assert_eq!((ollama_fit_margin(None), ollama_fit_margin(Some(300 * mib + 1))), (1024 * mib, 1325 * mib));
-        assert_eq!(ollama_fit(&v(&[("LLAMA_ARG_FIT_TARGET", "2048,512")])).target_bytes, Some(2048 * mib));
-        assert!(!ollama_fit(&v(&[("LLAMA_ARG_FIT", "off")])).on);
-        assert!(ollama_fit(&v(&[("LLAMA_ARG_FIT", "on")])).on);
+        assert!(offloads_projector(300 * mib, &[2048 * mib, 1325 * mib]));
+        assert!(!offloads_projector(300 * mib, &[2048 * mib, 1323 * mib]));
+        assert!(offloads_projector(300 * mib, &[]), "no GPU: nothing to decide");
+        assert_eq!((fit_margin(None), fit_margin(Some(300 * mib + 1))), (1024 * mib, 1325 * mib));
+        assert_eq!(fit(&v(&[("LLAMA_ARG_FIT_TARGET", "2048,512")])).target_bytes, Some(2048 * mib));
+        assert!(!fit(&v(&[("LLAMA_ARG_FIT", "off")])).on);
+        assert!(fit(&v(&[("LLAMA_ARG_FIT", "on")])).on);
+    }
+
+    #[test]
+    fn ollamas_context_tier_counts_only_the_gpus_ollama_sees() {
+        use crate::types::{DeviceKind, LlamaDevice};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        let profile: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let mut hw: crate::types::Hardware = serde_json::from_value(profile["hardware"].clone()).unwrap();
+        hw.gpus.clear();
+        let dev = |name: &str, description: &str, backend: &str, kind: DeviceKind, gib: u64| LlamaDevice {
+            index: 0,
+            name: name.into(),
+            description: description.into(),
+            backend: backend.into(),
+            kind,
+            memory_total: gib << 30,
+            memory_free: gib << 30,
+        };
+        // A CPU host with two local rpc-servers (llvmpipe 2 GiB, the CPU 23.5 GiB, as llama.cpp lists them).
+        hw.llama_devices = vec![
+            dev("RPC0", "127.0.0.1:50052", "RPC", DeviceKind::Gpu, 2),
+            dev("RPC1", "127.0.0.1:50053", "RPC", DeviceKind::Gpu, 24),
+            dev("CPU", "Intel Xeon", "CPU", DeviceKind::Cpu, 24),
+        ];
+        let none = |_: &str| None;
+        assert_eq!(ctx_here(&hw, 131_072, &none), 4096, "RPC servers are not Ollama's GPUs");
+        hw.llama_devices.push(dev("Vulkan0", "AMD Radeon 780M", "Vulkan", DeviceKind::Igpu, 24));
+        assert_eq!(ctx_here(&hw, 131_072, &none), 4096, "a Vulkan iGPU is dropped by default");
+        let on = |k: &str| (k == "OLLAMA_IGPU_ENABLE").then(|| "1".to_string());
+        assert_eq!(ctx_here(&hw, 131_072, &on), 32_768, "unless OLLAMA_IGPU_ENABLE");
+        hw.llama_devices.push(dev("CUDA0", "NVIDIA GB10", "CUDA", DeviceKind::Igpu, 48));
+        assert_eq!(ctx_here(&hw, 1 << 20, &none), 262_144, "a CUDA iGPU counts");
     }
 }
