@@ -11,26 +11,49 @@ use crate::profile::{DeviceBudget, MemoryPolicy, PredictionReport, Settings};
 use crate::types::{Hardware, LlamaDevice};
 use crate::types::{Source, TrialResult, TrialStatus};
 
+/// The one cap of a device: `target` of its `total` memory less what is
+/// already in use there (`in_use`: other processes' memory, where the
+/// memory source sees it; 0 where it does not), or `budget`
+/// (`--vram-budget`) where that is stricter; and the reason in words
+/// (`on`: the device, where the reason names it).
+#[must_use]
+pub fn cap_of(target: f64, total: u64, in_use: u64, budget: Option<u64>, on: Option<&str>) -> (f64, String) {
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let by_target = target * total as f64 - in_use as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let reason = format!(
+        "{:.0}% of {}{}{} = {}",
+        target * 100.0,
+        human_bytes(total),
+        on.map(|d| format!(" on {d}")).unwrap_or_default(),
+        if in_use > 0 { format!(", less {} already in use", human_bytes(in_use)) } else { String::new() },
+        human_bytes(by_target.max(0.0) as u64)
+    );
+    match budget {
+        #[allow(clippy::cast_precision_loss)]
+        Some(b) if (b as f64) < by_target => {
+            (b as f64, format!("--vram-budget {} (stricter than {reason})", human_bytes(b)))
+        }
+        _ => (by_target, reason),
+    }
+}
+
+/// What other processes hold on a llama.cpp device, where its figures
+/// move with use (see [`probe::ggml::has_budget`]); else 0.
+#[must_use]
+pub fn in_use(d: &LlamaDevice) -> u64 {
+    if probe::ggml::has_budget(d) {
+        d.memory_total.saturating_sub(d.memory_free)
+    } else {
+        0
+    }
+}
+
 /// How device memory is measured on this machine and the cap that follows.
 #[must_use]
 pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<MemoryPolicy> {
-    #[allow(clippy::cast_precision_loss)]
     let mk = |source: Source, device: String, total: u64, baseline: u64| {
-        let by_target = target * total as f64 - baseline as f64;
-        let mut cap = by_target;
-        let mut reason = format!(
-            "{:.0}% of {} on {device}{} = {}",
-            target * 100.0,
-            human_bytes(total),
-            if baseline > 0 { format!(", less {} already in use", human_bytes(baseline)) } else { String::new() },
-            human_bytes(by_target.max(0.0) as u64)
-        );
-        if let Some(b) = budget {
-            if (b as f64) < by_target {
-                cap = b as f64;
-                reason = format!("--vram-budget {} (stricter than {reason})", human_bytes(b));
-            }
-        }
+        let (cap, reason) = cap_of(target, total, baseline, budget, Some(&device));
         MemoryPolicy {
             source,
             device,
@@ -55,7 +78,7 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
     let short = dev.description.split(" (").next().unwrap_or(&dev.description);
     let name = format!("{} ({short})", dev.name);
     if probe::ggml::has_budget(dev) {
-        Some(mk(Source::Ggml, name, dev.memory_total, dev.memory_total - dev.memory_free))
+        Some(mk(Source::Ggml, name, dev.memory_total, in_use(dev)))
     } else {
         Some(mk(Source::Accounted, name, dev.memory_total, 0))
     }
@@ -370,9 +393,10 @@ pub fn offload_devices(devices: &[LlamaDevice]) -> Vec<(LlamaDevice, String)> {
     out
 }
 
-/// Each offload device's cap: `target` of its memory, or a budget of
-/// `--vram-budget` (one size for all, or `DEV=SIZE` naming it by its
-/// llama.cpp name or its RPC server's host:port), the stricter.
+/// Each offload device's cap ([`cap_of`]: `target` of its memory less
+/// what others hold there, or a budget of `--vram-budget`, one size for
+/// all or `DEV=SIZE` naming it by its llama.cpp name or its RPC server's
+/// host:port, the stricter).
 ///
 /// # Errors
 /// `BadInput` for a budget that names no device here.
@@ -397,14 +421,10 @@ pub fn device_caps(
     Ok(offload
         .into_iter()
         .map(|(d, buffer_type)| {
-            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let by_target = (target * d.memory_total as f64) as u64;
             let named = per.iter().find(|b| b.device == d.name || b.device == d.description).map(|b| b.bytes);
-            let budget = named.or(all);
-            let (cap_bytes, cap_reason) = match budget {
-                Some(b) if b < by_target => (b, format!("--vram-budget {}", human_bytes(b))),
-                _ => (by_target, format!("{:.0}% of {}", target * 100.0, human_bytes(d.memory_total))),
-            };
+            let (cap, cap_reason) = cap_of(target, d.memory_total, in_use(&d), named.or(all), None);
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let cap_bytes = cap.max(0.0) as u64;
             DeviceCap { device: d.name, buffer_type, description: d.description, cap_bytes, cap_reason }
         })
         .collect())
@@ -413,6 +433,38 @@ pub fn device_caps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_cap_takes_what_others_hold_off_the_target_on_every_device() {
+        const GIB: u64 = 1 << 30;
+        let (cap, why) = cap_of(0.9, 10 * GIB, 2 * GIB, None, Some("nvml0 (A)"));
+        #[allow(clippy::cast_precision_loss)]
+        let want = 0.9 * (10 * GIB) as f64 - (2 * GIB) as f64;
+        assert!((cap - want).abs() < 1.0, "{cap}");
+        assert_eq!(why, "90% of 10.00 GiB on nvml0 (A), less 2.00 GiB already in use = 7.00 GiB");
+        let (cap, why) = cap_of(0.9, 10 * GIB, 0, Some(4 * GIB), None);
+        #[allow(clippy::cast_precision_loss)]
+        let four = (4 * GIB) as f64;
+        assert!((cap - four).abs() < 1.0);
+        assert_eq!(why, "--vram-budget 4.00 GiB (stricter than 90% of 10.00 GiB = 9.00 GiB)");
+        // Each device of a split the same way: a card whose figures move with use
+        // loses what others hold; an RPC device (accounted memory) does not.
+        let dev = |name: &str, backend: &str, desc: &str, free: u64| LlamaDevice {
+            index: 0,
+            name: name.into(),
+            description: desc.into(),
+            backend: backend.into(),
+            kind: crate::types::DeviceKind::Gpu,
+            memory_total: 10 * GIB,
+            memory_free: free,
+        };
+        let devices = [dev("CUDA0", "CUDA", "NVIDIA L4", 8 * GIB), dev("RPC0", "RPC", "10.0.0.2:50052", 8 * GIB)];
+        let caps = device_caps(&devices, 0.9, None, &[]).unwrap();
+        let by_name = |n: &str| caps.iter().find(|c| c.device == n).unwrap();
+        assert_eq!(by_name("CUDA0").cap_bytes, 7 * GIB, "{}", by_name("CUDA0").cap_reason);
+        assert!(by_name("CUDA0").cap_reason.contains("less 2.00 GiB already in use"));
+        assert_eq!(by_name("RPC0").cap_bytes, 9 * GIB, "{}", by_name("RPC0").cap_reason);
+    }
 
     #[test]
     fn an_interpolated_end_is_priced_and_stepped_down_while_over_the_cap() {
