@@ -281,7 +281,7 @@ fn tune_context(
         recommendation.llama_cpp_args = recommendation.flags();
     }
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
-    let (default, ollama) = against_baselines(&mut search, &mut recommendation, priced, plan.full)?;
+    let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;
     let (trials, checkpoint) = search.into_parts();
     notes.extend(summary::noise_note(&trials));
     if let Some(pr) = prediction.as_mut() {
@@ -426,37 +426,6 @@ fn executor<'s>(sh: &'s Shared<'_>, s: &Settings) -> WorkerExecutor<'s> {
     base.depth_cache.clone_from(&sh.depth_cache);
     let devices = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
     WorkerExecutor::new(&sh.runner, base, devices)
-}
-
-/// The recommendation measured against llama.cpp's default, alternately;
-/// when the default is as fast (within the noise) or faster, it becomes
-/// the recommendation.
-pub(crate) fn against_default(
-    search: &mut Search<'_>,
-    recommendation: &mut crate::profile::Recommendation,
-    fit: Option<&crate::engine::predict::LlamaFit>,
-    full: u32,
-) -> Result<crate::profile::DefaultComparison> {
-    use crate::profile::Verdict;
-    let cmp = baseline::compare(search, recommendation, (fit, baseline::Opponent::LlamaDefault), full)?;
-    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower) && !cmp.over_cap {
-        *recommendation = baseline::default_recommendation(recommendation, &cmp, &search.trials);
-    }
-    Ok(cmp)
-}
-
-/// The answer against llama.cpp's default, then its Ollama form against
-/// Ollama's own run (one offload device, the dry run priced).
-fn against_baselines(
-    search: &mut Search<'_>,
-    rec: &mut crate::profile::Recommendation,
-    priced: Option<&crate::profile::PredictionReport>,
-    full: u32,
-) -> Result<(Option<crate::profile::DefaultComparison>, Option<crate::profile::DefaultComparison>)> {
-    let Some(pr) = priced else { return Ok((None, None)) };
-    let d = against_default(search, rec, pr.default_fit.as_ref(), full)?;
-    let o = ollama::against_ollama(search, rec, pr.ollama_fit.as_ref(), full)?;
-    Ok((Some(d), o))
 }
 
 /// The split across several devices at the search's context, priced by

@@ -8,6 +8,8 @@
 //! faster beyond that interval; otherwise llama.cpp's default is
 //! recommended (unless it is over the user's cap).
 
+pub mod against;
+
 use anyhow::Result;
 
 use super::plan::Candidate;
@@ -518,7 +520,7 @@ mod tests {
         let mut search = Search::new(&s, &mut world, Some(policy(cap)), crate::progress::Progress::hidden(), None);
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
-        let cmp = crate::tune::against_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
+        let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
         assert_eq!(cmp.n_gpu_layers, Some(31));
         assert_eq!(cmp.verdict, Verdict::Slower, "the default is faster: {cmp:?}");
         assert!(cmp.over_cap, "{cmp:?}");
@@ -542,7 +544,7 @@ mod tests {
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         assert_eq!(rec.n_threads, 2);
-        let cmp = crate::tune::against_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
+        let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
         assert!(!cmp.over_cap);
         assert!(rec.llama_default, "{cmp:?}");
         assert_eq!(rec.n_gpu_layers, 31);
