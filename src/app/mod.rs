@@ -3,7 +3,6 @@
 //! printing what `report` renders.
 
 mod bench;
-mod consumer;
 mod emit;
 mod history;
 mod hw;

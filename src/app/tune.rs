@@ -7,43 +7,8 @@ use anyhow::Result;
 use super::{check_output_path, print_notes, write_extras};
 use crate::cli::TuneArgs;
 use crate::error::{bad, exit};
-use crate::model::{self, ModelInfo};
+use crate::model;
 use crate::request::{parse_budgets, rpc_list, tune_settings};
-
-/// The contexts to tune and the rule that chose them: `--ctx`, `-c`, the
-/// Modelfile's num_ctx, or Ollama's default here.
-///
-/// # Errors
-/// `BadInput` for a Modelfile to update that Ollama would reject (said
-/// before anything is measured, not after).
-fn choose_contexts(
-    a: &TuneArgs,
-    s: &mut crate::profile::Settings,
-    info: &ModelInfo,
-    devices: &[crate::types::LlamaDevice],
-    consumer: &dyn crate::consumer::Consumer,
-) -> Result<()> {
-    let existing = a.files.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
-    let cmds = existing.map(crate::consumer::modelfile::read).transpose()?;
-    if a.ctx.is_some() || a.workload.ctx_size.is_some() {
-        return Ok(());
-    }
-    let from_modelfile = cmds.as_deref().zip(existing).and_then(|(cmds, p)| {
-        let params = crate::consumer::modelfile::parameters(cmds);
-        let v = params.iter().find(|(k, _)| k == "num_ctx")?.1.last()?.trim().parse::<u32>().ok().filter(|v| *v > 0)?;
-        // llama.cpp (and Ollama) cap the context at the trained one.
-        let v = if info.ctx_train > 0 { v.min(u32::try_from(info.ctx_train).unwrap_or(u32::MAX)) } else { v };
-        Some((v, p.display().to_string()))
-    });
-    let (ctx, rule) = match from_modelfile {
-        Some((v, path)) => (v, format!("context {v}: num_ctx of the Modelfile being updated ({path})")),
-        // Probed only here: the tune probes the machine itself.
-        None => consumer.default_ctx(&crate::probe::hardware(devices.to_vec()), info.ctx_train),
-    };
-    s.n_ctx = ctx;
-    s.ctx_rule = Some(rule);
-    Ok(())
-}
 
 pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     // The cap's options are judged first, before the store and the models
@@ -70,24 +35,15 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     if let Some(m) = &a.files.write_modelfile {
         check_output_path(m, "--write-modelfile")?;
     }
-    let consumer = super::consumer::read(a)?;
+    let consumer = crate::request::finish::consumer(a)?;
     // NVML's cards, read only where a model offloads to a CUDA device.
     let mut cuda: Option<Vec<(String, (u32, u32))>> = None;
     let mut reqs = Vec::new();
     for (info, settings) in infos {
-        let mut req = crate::tune::TuneRequest::new(info, settings, store.clone())?
+        let req = crate::tune::TuneRequest::new(info, settings, store.clone())?
             .with_resume(a.resume)
             .with_output(a.talk.verbose, !a.talk.quiet);
-        choose_contexts(a, &mut req.settings, &req.info, &req.devices, consumer.as_ref())?;
-        let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
-        let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
-        let cards: &[(String, (u32, u32))] = if on_cuda { cuda.get_or_insert_with(cuda_cards) } else { &[] };
-        super::consumer::apply(consumer.as_ref(), &mut req.settings, &req.info.architecture, user_ctx, cards);
-        if let Some(n) = req.settings.parallel_streams {
-            req.settings.decode_together(n);
-        }
-        crate::request::check_depth(&req.settings)?;
-        reqs.push(req);
+        reqs.push(crate::request::finish::finish(a, req, consumer.as_ref(), &mut cuda)?);
     }
     let shares = set_shares(a, reqs.len())?;
     crate::interrupt::install();
@@ -196,10 +152,4 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
     }
     out.flush()?;
     Ok(exit::OK)
-}
-
-/// The NVIDIA cards NVML lists, with their CUDA compute capability.
-fn cuda_cards() -> Vec<(String, (u32, u32))> {
-    let Ok(nvml) = crate::probe::nvml::open() else { return Vec::new() };
-    crate::probe::nvml::gpus(&nvml).into_iter().filter_map(|g| Some((g.name, g.cuda_compute?))).collect()
 }

@@ -80,3 +80,53 @@ impl Consumer for LlamaServer {
         Applied { said, auto_batch: false }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{FlashAttn, KvType, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
+
+    fn server(vars: &[(&str, &str)]) -> LlamaServer {
+        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect();
+        let args = crate::llama_args::from_env(&vars).unwrap();
+        LlamaServer { env: ServerEnv { source: "--server-env s.env".into(), found: true, vars }, args }
+    }
+
+    fn workload() -> Workload {
+        Workload {
+            n_ctx: 4096,
+            contexts: Vec::new(),
+            ctx_rule: None,
+            n_parallel: 1,
+            kv_type: KvType::F16,
+            flash_attn: FlashAttn::Auto,
+            n_batch: DEFAULT_N_BATCH,
+            n_ubatch: DEFAULT_N_UBATCH,
+        }
+    }
+
+    #[test]
+    fn the_servers_variables_are_the_workload_the_users_flags_kept() {
+        let s = server(&[
+            ("LLAMA_ARG_CTX_SIZE", "8192"),
+            ("LLAMA_ARG_N_PARALLEL", "2"),
+            ("LLAMA_ARG_CACHE_TYPE_K", "q8_0"),
+            ("LLAMA_ARG_CACHE_TYPE_V", "q8_0"),
+            ("LLAMA_ARG_FLASH_ATTN", "on"),
+            ("LLAMA_ARG_BATCH", "1024"),
+            ("HOME", "/root"),
+        ]);
+        let mut w = workload();
+        let applied = s.apply(&mut w, "gemma3", false, &[]);
+        assert_eq!((w.n_ctx, w.n_parallel, w.kv_type, w.flash_attn), (8192, 2, KvType::Q8_0, FlashAttn::On));
+        assert_eq!((w.n_batch, w.n_ubatch), (1024, DEFAULT_N_UBATCH));
+        assert_eq!(w.ctx_rule.as_deref(), Some("context 8192: LLAMA_ARG_CTX_SIZE of --server-env s.env"));
+        assert!(applied.said.contains(&"LLAMA_ARG_N_PARALLEL=2: -np 2, each slot 4096 tokens".to_string()));
+        assert!(!applied.auto_batch);
+        assert_eq!(s.vars().len(), 6, "its own namespace only: {:?}", s.vars());
+        // The user's context and batch sizes are kept.
+        let mut w = Workload { n_batch: 512, ..workload() };
+        s.apply(&mut w, "gemma3", true, &[]);
+        assert_eq!((w.n_ctx, w.ctx_rule, w.n_batch), (4096, None, 512));
+    }
+}

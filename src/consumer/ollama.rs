@@ -535,4 +535,32 @@ mod tests {
         hw.llama_devices.push(dev("CUDA0", "NVIDIA GB10", "CUDA", DeviceKind::Igpu, 48));
         assert_eq!(ctx_here(&hw, 1 << 20, &none), 262_144, "a CUDA iGPU counts");
     }
+
+    #[test]
+    fn ollamas_slots_multiply_each_context_and_its_batch_rule_holds_found_or_not() {
+        use crate::consumer::{Consumer, Workload};
+        let w = || Workload {
+            n_ctx: 32768,
+            contexts: vec![4096, 32768],
+            ctx_rule: None,
+            n_parallel: 1,
+            kv_type: KvType::F16,
+            flash_attn: FlashAttn::Auto,
+            n_batch: crate::types::DEFAULT_N_BATCH,
+            n_ubatch: crate::types::DEFAULT_N_UBATCH,
+        };
+        let vars = vec![("OLLAMA_NUM_PARALLEL".to_string(), "2".to_string()), ("PATH".into(), "/bin".into())];
+        let found = Ollama { env: ServerEnv { source: "test".into(), found: true, vars } };
+        let mut got = w();
+        let applied = found.apply(&mut got, "gemma3", false, &[]);
+        assert_eq!((got.n_ctx, got.contexts.clone(), got.n_parallel), (65536, vec![8192, 65536], 2));
+        assert_eq!((got.n_batch, got.n_ubatch), (2048, 2048), "its rule above 32768 tokens");
+        assert!(applied.auto_batch);
+        assert_eq!(found.vars().len(), 1, "Ollama's own variables only");
+        // Not found: its defaults, one slot; its batch rule still holds.
+        let none = Ollama { env: ServerEnv::default() };
+        let mut got = w();
+        none.apply(&mut got, "gemma3", false, &[]);
+        assert_eq!((got.n_ctx, got.n_parallel, got.n_batch), (32768, 1, 1024));
+    }
 }

@@ -4,6 +4,8 @@
 //! Each check names the flag, the value and the fix; nothing here runs
 //! llama.cpp or measures anything.
 
+pub mod finish;
+
 use anyhow::Result;
 
 use crate::cli::{BenchArgs, ObjectiveArg, ReprofileArgs, TuneArgs, Workload};
