@@ -6,7 +6,7 @@ use crate::engine::predict::{predict_in_child, PredictSpec};
 use crate::profile::Settings;
 use crate::types::Note;
 
-use super::Shared;
+use super::start::Shared;
 
 /// Whether Ollama picks the batch itself here (no `-b`/`-ub` given, Ollama the consumer).
 fn auto_batch(s: &Settings) -> bool {

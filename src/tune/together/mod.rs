@@ -101,7 +101,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     for (i, req) in reqs.iter().enumerate() {
         let s = &req.settings;
         let op = s.op_offload.resolve(crate::probe::only_software_offload(&hw.llama_devices));
-        let mut base = super::base_spec(&req.info, s, op);
+        let mut base = super::context::base_spec(&req.info, s, op);
         base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
         let part = Part { req, base, devices: req.caps.iter().map(|c| c.device.clone()).collect() };
         let priced = price(&exe, req, &policy, op);

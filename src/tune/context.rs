@@ -1,0 +1,406 @@
+//! One context size's tune: the whole-layer search (planned, priced by
+//! llama.cpp's dry run, measured through the executor), then its escape
+//! hatches with one offload device or the split with several, then the
+//! pairing with the baselines; what it found, for the profile.
+
+use anyhow::Result;
+
+use super::executor::WorkerExecutor;
+use super::plan::{self, Plan};
+use super::search::{self, Checkpointing, Search};
+use super::start::Shared;
+use super::{baseline, memory, ollama, placement, pricer, quality, split, summary, verdict};
+use crate::model::ModelInfo;
+use crate::profile::{Confidence, MemoryPolicy, Settings};
+use crate::progress::Progress;
+use crate::types::{Hardware, Note, TrialSpec};
+
+/// What one context size's search found.
+pub(super) struct ContextOutcome {
+    pub found: plan::Found,
+    pub trials: Vec<crate::profile::ProfileTrial>,
+    pub prediction: Option<crate::profile::PredictionReport>,
+    pub search: Option<crate::profile::SearchReport>,
+    pub fit_check: Vec<crate::profile::FitCheck>,
+    pub placement: crate::profile::ContextPlacement,
+    pub no_gpu: bool,
+    pub notes: Vec<Note>,
+}
+
+/// Every context size's tune, smallest first, each continuing the
+/// checkpoint of the one before.
+///
+/// # Errors
+/// Worker start failures, an interrupt (the checkpoint keeps finished trials).
+pub(super) fn every_context(sh: &Shared<'_>, checkpoint: Checkpointing) -> Result<Vec<ContextOutcome>> {
+    let s = &sh.opts.settings;
+    let mut checkpoint = Some(checkpoint);
+    let mut outcomes = Vec::new();
+    for ctx in s.contexts() {
+        let mut sc = Settings { n_ctx: ctx, ..s.clone() };
+        let batch = ollama::batch_here(sh, &mut sc);
+        let (mut o, c) = tune_context(sh, &sc, checkpoint.take())?;
+        o.notes.extend(batch);
+        checkpoint = c;
+        outcomes.push(o);
+    }
+    Ok(outcomes)
+}
+
+/// The whole-layer search at one context size, then its escape hatches.
+fn tune_context(
+    sh: &Shared<'_>,
+    s: &Settings,
+    checkpoint: Option<Checkpointing>,
+) -> Result<(ContextOutcome, Option<Checkpointing>)> {
+    let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
+    let mut plan = plan_for(info, s, &sh.hw, policy.is_none());
+    let names = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
+    let mut pricer = pricer::ChildPricer::new(sh.exe.clone(), pricer::workload_spec(info, s, sh.op_offload), names);
+    let (mut prediction, mut notes) = priced_plan(sh, s, &mut plan, &mut pricer);
+    let mut executor = executor(sh, s);
+    let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
+    let progress = Progress::new(sh.opts.progress, planned);
+    let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint).with_pricer(Box::new(pricer));
+    search.host_cap = Some(host_cap(sh, s, prediction.as_ref())?);
+    search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
+    search.confirmations_priced = prediction.as_ref().is_some_and(|p| p.error.is_none());
+    let found = search.run(&plan)?;
+    notes.extend(search.take_unpriced().map(|e| confirmation_unpriced(&e)));
+    if let Some(pr) = prediction.as_mut() {
+        // What the search priced itself (confirmations) joins the report.
+        let new: Vec<_> = search.predicted.iter().filter(|p| !pr.predictions.contains(p)).cloned().collect();
+        pr.predictions.extend(new);
+    }
+    notes.extend(found.notes.iter().cloned());
+    let layer_split = {
+        let t = &search.trials;
+        summary::recommendation(&found, t, s, info.n_layer_full, sh.op_offload, Confidence::High)
+    };
+    let several = sh.opts.caps.len() >= 2 && !plan.no_gpu;
+    // A KV type the consumer's server forces leaves Ollama whole layers only.
+    let kv_fixed = s.kv_type.is_quantized();
+    let priced_ok = prediction.as_ref().is_some_and(|p| p.error.is_none());
+    // Energy chooses among whole layers: the hatches are judged by speed alone.
+    let energy = s.objective == crate::types::Objective::Energy;
+    let hatches = match policy.filter(|_| !several && !kv_fixed && !plan.no_gpu && priced_ok && !energy) {
+        Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
+        None => placement::Hatches::default(),
+    };
+    notes.extend(hatches.notes.iter().cloned());
+    let split = if several { Some(split(sh, s, &plan, &mut search)?) } else { None };
+    notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
+    let mut recommendation = placement::recommend(&layer_split, &hatches.options, s.n_threads);
+    if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
+        recommendation.rpc.clone_from(&s.rpc);
+        recommendation.llama_cpp_args = recommendation.flags();
+    }
+    let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
+    let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;
+    let (trials, checkpoint) = search.into_parts();
+    notes.extend(summary::noise_note(&trials));
+    if let Some(pr) = prediction.as_mut() {
+        summary::finish_prediction(pr, &trials, info.n_layer_full);
+    }
+    let runnable: Vec<u32> = plan.full_grid.iter().copied().filter(|n| !plan.predicted_over.contains(n)).collect();
+    let search_report = (!plan.no_gpu).then(|| crate::profile::SearchReport {
+        quality_wall_s: quality_seconds(&hatches.options, split.as_ref()),
+        ..summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full)
+    });
+    let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
+    let options = hatches.options;
+    let split = split.and_then(|f| apply_split(&mut recommendation, f, &sh.opts.caps, &s.rpc));
+    let mut placement = crate::profile::ContextPlacement {
+        n_ctx: s.n_ctx,
+        fits_fully: hatches.fits_fully,
+        kv_bytes: hatches.kv_bytes,
+        recommendation,
+        options,
+        default,
+        ollama,
+        split,
+        reading: None,
+        job: None,
+    };
+    verdict::judge(&mut placement, s);
+    let no_gpu = plan.no_gpu;
+    let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
+    Ok((o, checkpoint))
+}
+
+/// The split stage's answer made the recommendation (its best split, if
+/// it found one); its report where it placed layers on devices.
+fn apply_split(
+    r: &mut crate::profile::Recommendation,
+    f: split::SplitFound,
+    caps: &[memory::DeviceCap],
+    rpc: &[String],
+) -> Option<crate::profile::SplitReport> {
+    if let Some(best) = f.best.map(|i| &f.options[i]) {
+        *r = split::recommendation(r, best, caps, rpc);
+    }
+    Some(f.report).filter(|r| !r.devices.is_empty())
+}
+
+/// The host memory cap, where some placement the device can hold stays
+/// under it (else the tune is bad input: it would only swap).
+fn host_cap(
+    sh: &Shared<'_>,
+    s: &Settings,
+    prediction: Option<&crate::profile::PredictionReport>,
+) -> Result<(u64, String)> {
+    let (info, host) = (&sh.opts.info, memory::host_cap(s, &sh.hw.ram));
+    match (prediction, sh.policy.as_ref()) {
+        (Some(pr), Some(p)) => memory::check_host(&pr.predictions, p.cap_bytes, &host)?,
+        // Every layer on the CPU, no dry run: the weights alone say it.
+        _ if info.file_size > host.0 => return Err(memory::weights_over_host(info.file_size, &host)),
+        _ => {}
+    }
+    Ok(host)
+}
+
+/// Seconds the quality checks took: one check a context (every option
+/// with its KV type carries a copy of its score: the q8_0 cache and the
+/// shorter context at q8_0), and the split's KV hatch once (its other
+/// modes carry the same score).
+fn quality_seconds(options: &[crate::profile::PlacementOption], split: Option<&split::SplitFound>) -> f64 {
+    let wall = |q: Option<&crate::types::Quality>| q.map_or(0.0, |q| q.wall_s);
+    options.iter().map(|o| wall(o.quality.as_ref())).fold(0.0, f64::max)
+        + split.iter().flat_map(|f| &f.options).map(|o| wall(o.quality.as_ref())).fold(0.0, f64::max)
+}
+
+/// llama.cpp's dry run over the grid: what is over the cap, and the
+/// adaptive search's top end, priced (it may lie between grid points).
+fn priced_plan(
+    sh: &Shared<'_>,
+    s: &Settings,
+    plan: &mut Plan,
+    pricer: &mut dyn pricer::Pricer,
+) -> (Option<crate::profile::PredictionReport>, Vec<Note>) {
+    let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
+    let mut prediction = policy.map(|p| memory::predict(&sh.exe, info, s, p, &plan.full_grid, sh.op_offload));
+    let mut notes = Vec::new();
+    if let (Some(pr), Some(p)) = (prediction.as_mut(), policy) {
+        plan.predicted_over.clone_from(&pr.predicted_over_cap);
+        let top = memory::largest_predicted_under(&pr.predictions, p.cap_bytes, info.n_layer_full);
+        let floor = plan.full_grid.iter().copied().filter(|n| *n <= top && !plan.predicted_over.contains(n)).max();
+        let priced = pr.error.is_none();
+        let predictions = &mut pr.predictions;
+        let mut failed = None;
+        let mut price = |n| memory::price(pricer, predictions, n).unwrap_or_else(|e| unpriced(&mut failed, &e));
+        plan.n_max = if priced { memory::priced_under(&mut price, top, floor.unwrap_or(0), p.cap_bytes) } else { top };
+        notes.extend(failed.map(|e| {
+            Note::prediction(format!(
+                "llama.cpp's dry run of the search's top end failed ({e}): it is measured unpriced"
+            ))
+        }));
+        notes.extend(pr.error.as_ref().map(|e| {
+            Note::prediction(format!(
+                "llama.cpp's dry-run memory prediction is unavailable ({e}); every grid value is measured"
+            ))
+        }));
+    }
+    (prediction, notes)
+}
+
+/// The worker executor for this context's trials (the depth cache shared).
+fn executor<'s>(sh: &'s Shared<'_>, s: &Settings) -> WorkerExecutor<'s> {
+    let mut base = base_spec(&sh.opts.info, s, sh.op_offload);
+    base.depth_cache.clone_from(&sh.depth_cache);
+    let devices = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
+    WorkerExecutor::new(&sh.runner, base, devices)
+}
+
+/// The split across several devices at the search's context, priced by
+/// the dry run in a child (with llama.cpp's own fit for the same caps).
+fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
+    let info = &sh.opts.info;
+    let inp = split::SplitInputs {
+        devs: &sh.opts.caps,
+        full: plan.full,
+        threads: s.n_threads,
+        rpc: &s.rpc,
+        op_offload: sh.op_offload,
+        output_layers: info.output_work_layers(),
+        is_moe: info.is_moe(),
+        #[allow(clippy::cast_precision_loss)]
+        layer_bytes: info.total_layer_bytes() as f64 / f64::from(info.n_layer.max(1)),
+        links: split::links(&sh.opts.caps, &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), s.n_ubatch),
+    };
+    // A kept trial worker holds its connection to each server, and a
+    // server serves one client at a time: end it before asking them.
+    search.release_worker();
+    if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
+        let n = sh.opts.caps.len();
+        return Ok(split::SplitFound {
+            notes: vec![Note::split(format!("the split across {n} devices was not tuned: {dead}"))],
+            ..split::SplitFound::default()
+        });
+    }
+    // Splits priced with a KV cache type and FFN layers kept on the CPU; a
+    // failed dry run leaves them unpriced, and the first failure is said.
+    let mut found = split::split_stage(search, &inp)?;
+    // A quantized cache's quality does not depend on where the layers run:
+    // scored with every layer on this CPU (the scoring child has no RPC servers).
+    let bound = (quality::speeds_at(&search.trials, 0), quality::bound_s(&search.trials));
+    let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload, bound);
+    split::kv_hatch(search, &inp, &mut found, &mut assess)?;
+    split::ffn_hatch(search, &inp, &mut found)?;
+    split::split_modes(search, &inp, &mut found)?;
+    found.notes.extend(search.take_unpriced().map(|e| Note::split(dry_run_failed("splits", &e))));
+    let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
+    // Without llama.cpp's own split the pairing has no default to run: said, not swallowed.
+    let fit = match search.price_fit_split(&margins) {
+        Ok(fit) => fit,
+        Err(e) => {
+            found.notes.push(Note::split(dry_run_failed("split llama.cpp's fit would choose", &format!("{e:#}"))));
+            None
+        }
+    };
+    found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;
+    found.report = split::report(&sh.opts.caps, &found, fit, &sh.hw.rpc_servers);
+    Ok(found)
+}
+
+/// The escape hatches at the search's context: priced by the dry run in a
+/// child, the KV cache's quality measured in another.
+fn hatches(
+    sh: &Shared<'_>,
+    s: &Settings,
+    policy: &MemoryPolicy,
+    plan: &Plan,
+    search: &mut Search<'_>,
+    layer_split: &crate::profile::Recommendation,
+) -> Result<placement::Hatches> {
+    let info = &sh.opts.info;
+    let h = placement::HatchInputs {
+        full: plan.full,
+        n_layer: plan.n_layer,
+        is_moe: plan.is_moe,
+        cap: policy.cap_bytes,
+        n_ctx: s.n_ctx,
+        threads: s.n_threads,
+        op_offload: sh.op_offload,
+        rpc: s.rpc.clone(),
+        grid: plan.full_grid.clone(),
+    };
+    // Quality does not depend on where the layers run: score at the fastest measured split.
+    let ngl = layer_split.n_gpu_layers;
+    let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
+    let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload, bound);
+    let mut found = placement::escape_hatches(search, &h, &mut assess, layer_split)?;
+    let failed = search.take_unpriced();
+    found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(s.n_ctx)));
+    Ok(found)
+}
+
+/// A dry run that failed as a whole: nothing priced, the first failure
+/// kept in `failed` to be said once.
+fn unpriced<T: Default>(failed: &mut Option<String>, e: &anyhow::Error) -> T {
+    failed.get_or_insert_with(|| format!("{e:#}"));
+    T::default()
+}
+
+/// A confirmation whose dry run failed: measured as it was (a trial over
+/// the cap is recorded as such, never recommended).
+fn confirmation_unpriced(e: &str) -> Note {
+    Note::prediction(format!("llama.cpp's dry run of a confirmation failed ({e}): it was measured without a price"))
+}
+
+fn dry_run_failed(what: &str, e: &str) -> String {
+    format!("llama.cpp's dry run of the {what} failed ({e}): the options it could not price have no price")
+}
+
+/// What the search is asked, from the model, the settings and the machine
+/// (the dry run's answers are added by the caller).
+fn plan_for(info: &ModelInfo, s: &Settings, hw: &Hardware, no_gpu: bool) -> Plan {
+    let full_grid = match &s.grid {
+        Some(g) => plan::normalize(g, info.n_layer_full),
+        None => plan::default_grid(info.n_layer_full, 10),
+    };
+    Plan {
+        full: info.n_layer_full,
+        n_layer: info.n_layer,
+        is_moe: info.is_moe(),
+        full_grid,
+        grid_mode: !(s.search == crate::types::SearchMode::Adaptive && s.grid.is_none()),
+        no_gpu,
+        predicted_over: Vec::new(),
+        n_max: info.n_layer_full,
+        // The expected faster end first, so the other can be raced.
+        top_first: hw.llama_devices.iter().any(|d| d.is_offload_target() && !d.is_software_renderer()),
+        cpu: hw.cpu.clone(),
+    }
+}
+
+/// The trial spec every candidate starts from: the settings' workload.
+pub(super) fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
+    TrialSpec {
+        model: info.path.clone(),
+        placement: crate::types::Placement {
+            n_batch: s.n_batch,
+            n_ubatch: s.n_ubatch,
+            flash_attn: s.flash_attn,
+            ..crate::types::Placement::default()
+        }
+        .with_layers(0, s.n_threads, Some(s.n_ctx))
+        .with_parallel(s.n_parallel)
+        .with_kv(s.kv_type)
+        .with_op_offload(op_offload)
+        .with_split(&[], &s.rpc)
+        .with_mmproj(s.mmproj.as_deref()),
+        n_prompt: s.n_prompt,
+        n_gen: s.n_gen,
+        n_depth: s.depth_at(s.n_ctx),
+        depth_cache: None,
+        kv_base: s.kv_type,
+        repetitions: s.repetitions,
+        warmup: s.warmup,
+        seed: 1234,
+        sample_interval_ms: s.sample_interval_ms,
+        race: None,
+        baseline: false,
+        n_streams: s.streams(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_quality_check_is_counted_once_however_many_options_carry_its_score() {
+        let q = crate::types::Quality { wall_s: 35.0, ..crate::types::Quality::passing() };
+        let option = |kind| crate::profile::PlacementOption {
+            kind,
+            n_ctx: 4096,
+            n_gpu_layers: 9,
+            n_cpu_ffn: 0,
+            kv_type: crate::types::KvType::Q8_0,
+            measured: kind == crate::profile::HatchKind::KvCache,
+            tg_ts: None,
+            pp_ts: None,
+            tg_se_ts: None,
+            pp_se_ts: None,
+            device_bytes: None,
+            fits: true,
+            quality: Some(q.clone()),
+            recommended: false,
+            note: String::new(),
+            llama_cpp_args: String::new(),
+        };
+        let options = [option(crate::profile::HatchKind::KvCache), option(crate::profile::HatchKind::ShorterContext)];
+        assert!((quality_seconds(&options, None) - 35.0).abs() < 1e-9);
+        assert!(quality_seconds(&[], None).abs() < 1e-9);
+    }
+
+    /// A failed dry run's note names the stage, its first error, and what it left unpriced.
+    #[test]
+    fn a_failed_dry_run_is_said_with_its_stage_and_error() {
+        let said = dry_run_failed("escape hatches", "worker killed by signal 6");
+        assert_eq!(
+            said,
+            "llama.cpp's dry run of the escape hatches failed (worker killed by signal 6): the options it could not price have no price"
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! The start of a tune: the machine probed once, the memory policy and
+//! its cap, the power checks, the checkpoint to continue from, the runner
+//! whose worker every context's trials share, and the KV cache kept at
+//! each context's depth. What every context's search shares.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::search::Checkpointing;
+use super::{memory, TuneRequest};
+use crate::clock::now_rfc3339;
+use crate::engine::runner::Runner;
+use crate::probe;
+use crate::profile::store;
+use crate::profile::{Checkpoint, MemoryPolicy, ModelIdentity, Settings, SCHEMA_VERSION};
+use crate::types::{Hardware, Note};
+
+/// The machine-wide facts every context's search shares.
+pub(super) struct Shared<'a> {
+    pub opts: &'a TuneRequest,
+    pub hw: Hardware,
+    pub identity: ModelIdentity,
+    pub policy: Option<MemoryPolicy>,
+    pub op_offload: bool,
+    pub exe: PathBuf,
+    /// Runs every context's trials; the worker it keeps ends with the tune
+    /// (before the depth cache below is removed).
+    pub runner: Runner,
+    /// Where the trials keep the KV cache filled to each context's depth.
+    pub depth_cache: Option<PathBuf>,
+    /// Removes that directory at the end.
+    _depth_guard: Option<crate::engine::DepthCache>,
+}
+
+/// Starts a tune: what it shares, the checkpoint to continue from, and
+/// what was said so far.
+///
+/// # Errors
+/// `BadInput` for power settings the machine cannot read; the runner
+/// cannot find this binary.
+pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Vec<Note>)> {
+    let s = &opts.settings;
+    let mut hw = probe::hardware(opts.devices.clone());
+    hw.rpc_servers.clone_from(&opts.rpc_servers);
+    hw.fingerprint = probe::fingerprint(&hw);
+    let identity = ModelIdentity::of(&opts.info);
+    let policy = memory::policy_for(&hw, s, &opts.caps);
+    check_power(s, opts.caps.len(), !hw.gpus.is_empty())?;
+    let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
+    let checkpoint = resume(opts, &identity, &hw, &mut notes);
+    let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
+    if !op_offload && s.op_offload == crate::types::OpOffload::Auto {
+        notes.push(Note::op_offload(probe::op_offload_note(&hw.llama_devices)));
+    }
+    // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
+    let guard = crate::engine::DepthCache::unless_disabled();
+    let (exe, runner) = (crate::engine::child::current_exe()?, runner(s, opts.verbose)?);
+    let depth_cache = guard.as_ref().map(|d| d.0.clone());
+    let sh = Shared { opts, hw, identity, policy, op_offload, exe, runner, depth_cache, _depth_guard: guard };
+    Ok((sh, checkpoint, notes))
+}
+
+/// `--objective energy` and `--max-power` need the power they choose by,
+/// and energy chooses whole layers on one device (the hatches and splits
+/// are judged by speed): bad input otherwise, before any work. `nvml`:
+/// the hardware probe saw NVIDIA cards through NVML.
+fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
+    let energy = s.objective == crate::types::Objective::Energy;
+    if s.max_power_w.is_some() && !nvml {
+        return Err(crate::error::bad(
+            "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",
+        ));
+    }
+    if energy && !nvml && crate::probe::rapl::Rapl::open().is_none() {
+        return Err(crate::error::bad(format!(
+            "--objective energy needs power readings: no NVIDIA card through NVML and no RAPL counter under {} here; use --objective tg",
+            crate::probe::rapl::POWERCAP
+        )));
+    }
+    if energy && devices >= 2 {
+        return Err(crate::error::bad(format!(
+            "--objective energy tunes whole layers on one device; with {devices} offload devices use --objective tg"
+        )));
+    }
+    Ok(())
+}
+
+/// What runs the trials of every context, with the settings' limits.
+fn runner(s: &Settings, verbose: bool) -> Result<Runner> {
+    Ok(Runner::current(Duration::from_secs(s.trial_timeout_s), verbose)?
+        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
+        .with_busy_threshold(s.busy_threshold))
+}
+
+/// The checkpoint to continue from: the previous one with `--resume` when
+/// it is for the same model, settings and hardware, else a fresh one; what
+/// happened is said in `notes`.
+fn resume(opts: &TuneRequest, identity: &ModelIdentity, hw: &Hardware, notes: &mut Vec<Note>) -> Checkpointing {
+    let s = &opts.settings;
+    let path = store::checkpoint_path(&opts.store, &hw.machine_id, identity);
+    let fresh = Checkpoint {
+        schema_version: SCHEMA_VERSION,
+        kind: "checkpoint".into(),
+        created_at: now_rfc3339(),
+        model: identity.clone(),
+        fingerprint: hw.fingerprint.clone(),
+        settings: s.clone(),
+        trials: Vec::new(),
+    };
+    let same = |c: &Checkpoint| c.model == *identity && c.settings == *s && c.fingerprint == hw.fingerprint;
+    let checkpoint = match store::read_checkpoint(&path) {
+        Some(c) if opts.resume && same(&c) => {
+            notes.push(Note::resume(format!("resuming: {} finished trials from {}", c.trials.len(), path.display())));
+            c
+        }
+        Some(_) if opts.resume => {
+            notes.push(Note::resume(format!(
+                "{} is for other settings, another model file or changed hardware; starting fresh",
+                path.display()
+            )));
+            fresh
+        }
+        None if opts.resume => {
+            notes.push(Note::resume("nothing to resume (no checkpoint for this model and machine); starting fresh"));
+            fresh
+        }
+        Some(c) => {
+            notes.push(Note::resume(format!(
+                "an unfinished tuning ({} trials) was replaced; --resume would have continued it",
+                c.trials.len()
+            )));
+            fresh
+        }
+        None => fresh,
+    };
+    Checkpointing::new(path, checkpoint)
+}
