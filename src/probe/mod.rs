@@ -286,10 +286,23 @@ pub fn machine_id() -> String {
     }
 }
 
-/// Builds the hardware report. `llama_devices` comes from the caller: the
-/// parent process of a sweep must not initialize GPU backends itself (a CUDA
-/// context would take device memory from the trials), so it passes what a
-/// worker reported; `hw` initializes them directly.
+/// Reads again the figures other programs move, that a tune's caps start
+/// from: each NVIDIA card's memory (NVML) and the host's available RAM.
+/// The rest of a probe stands for the whole command.
+pub fn refresh_memory(hw: &mut Hardware) {
+    if let Ok(n) = nvml::open() {
+        hw.gpus = nvml::gpus(&n);
+    }
+    let mut sys = sysinfo::System::new();
+    sys.refresh_memory();
+    hw.ram.available = sys.available_memory();
+}
+
+/// Builds the hardware report, once a command (see [`refresh_memory`]).
+/// `llama_devices` comes from the caller: the parent process of a sweep
+/// must not initialize GPU backends itself (a CUDA context would take
+/// device memory from the trials), so it passes what a worker reported;
+/// `hw` initializes them directly.
 #[must_use]
 pub fn hardware(llama_devices: Vec<LlamaDevice>) -> Hardware {
     let (gpus, nvml_note) = match nvml::open() {

@@ -25,7 +25,7 @@ pub fn finish(
     consumer: &dyn Consumer,
     cuda: &mut Option<Vec<(String, (u32, u32))>>,
 ) -> Result<TuneRequest> {
-    choose_contexts(a, &mut req.settings, &req.info, &req.devices, consumer)?;
+    choose_contexts(a, &mut req.settings, &req.info, &req.hw, consumer)?;
     let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
     let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
     let cards: &[(String, (u32, u32))] = if on_cuda { cuda.get_or_insert_with(cuda_cards) } else { &[] };
@@ -47,7 +47,7 @@ fn choose_contexts(
     a: &TuneArgs,
     s: &mut Settings,
     info: &ModelInfo,
-    devices: &[crate::types::LlamaDevice],
+    hw: &crate::types::Hardware,
     consumer: &dyn Consumer,
 ) -> Result<()> {
     let existing = a.files.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
@@ -64,8 +64,7 @@ fn choose_contexts(
     });
     let (ctx, rule) = match from_modelfile {
         Some((v, path)) => (v, format!("context {v}: num_ctx of the Modelfile being updated ({path})")),
-        // Probed only here: the tune probes the machine itself.
-        None => consumer.default_ctx(&crate::probe::hardware(devices.to_vec()), info.ctx_train),
+        None => consumer.default_ctx(hw, info.ctx_train),
     };
     s.n_ctx = ctx;
     s.ctx_rule = Some(rule);

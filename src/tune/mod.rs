@@ -58,6 +58,9 @@ pub struct TuneRequest {
     pub rpc_servers: Vec<crate::types::RpcServer>,
     /// Each offload device's cap, in llama.cpp's device order.
     pub caps: Vec<memory::DeviceCap>,
+    /// The machine, probed once with the request (its memory read again
+    /// when the tune starts).
+    pub hw: crate::types::Hardware,
 }
 
 impl TuneRequest {
@@ -74,6 +77,9 @@ impl TuneRequest {
         let exe = crate::engine::child::current_exe()?;
         let devices = crate::engine::child::check_loadable(&exe, &info, &s.rpc, s.mmproj.as_deref())?;
         let caps = memory::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
+        let mut hw = crate::probe::hardware(devices.clone());
+        hw.rpc_servers.clone_from(&rpc_servers);
+        hw.fingerprint = crate::probe::fingerprint(&hw);
         Ok(TuneRequest {
             info,
             settings,
@@ -84,6 +90,7 @@ impl TuneRequest {
             devices,
             rpc_servers,
             caps,
+            hw,
         })
     }
 

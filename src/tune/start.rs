@@ -42,9 +42,9 @@ pub(super) struct Shared<'a> {
 /// cannot find this binary.
 pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Vec<Note>)> {
     let s = &opts.settings;
-    let mut hw = probe::hardware(opts.devices.clone());
-    hw.rpc_servers.clone_from(&opts.rpc_servers);
-    hw.fingerprint = probe::fingerprint(&hw);
+    let mut hw = opts.hw.clone();
+    // Minutes may have passed since the request (another model's tune).
+    probe::refresh_memory(&mut hw);
     let identity = ModelIdentity::of(&opts.info);
     let policy = memory::policy_for(&hw, s, &opts.caps);
     check_power(s, opts.caps.len(), !hw.gpus.is_empty())?;

@@ -83,9 +83,8 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     if first.caps.len() > 1 {
         return Err(bad("--together places the models on one offload device; give --vram-budget DEV=SIZE for one, or tune them apart"));
     }
-    let mut hw = crate::probe::hardware(first.devices.clone());
-    hw.rpc_servers.clone_from(&first.rpc_servers);
-    hw.fingerprint = crate::probe::fingerprint(&hw);
+    let mut hw = first.hw.clone();
+    crate::probe::refresh_memory(&mut hw);
     let policy = super::memory::policy_for(&hw, &first.settings, &first.caps).unwrap_or_else(MemoryPolicy::no_gpu);
     let exe = crate::engine::child::current_exe()?;
     let s0 = &first.settings;
