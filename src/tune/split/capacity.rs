@@ -133,31 +133,6 @@ pub fn costs(a: (&[u32], &[(u64, u64)]), b: (&[u32], &[(u64, u64)])) -> Vec<Devi
         .collect()
 }
 
-/// The candidate splits (label, layers per device), without repeats:
-/// `full_cap` is each device's capacity at full offload, `partial_cap` at
-/// partial offload.
-#[must_use]
-pub fn candidates(full_cap: &[u32], partial_cap: &[u32], full: u32) -> Vec<(String, Vec<u32>)> {
-    let n = full_cap.len();
-    let mut out: Vec<(String, Vec<u32>)> = Vec::new();
-    let mut add = |label: &str, split: Vec<u32>| {
-        if split.iter().sum::<u32>() > 0 && !out.iter().any(|(_, s)| *s == split) {
-            out.push((label.to_string(), split));
-        }
-    };
-    if full_cap.iter().sum::<u32>() < full {
-        // The output layer goes to the GPU first: the CPU keeps at least one repeating layer.
-        let most = full - 1;
-        let total: u32 = partial_cap.iter().sum::<u32>().min(most);
-        add("every device at its capacity, the rest on the CPU", proportional(total, partial_cap));
-        return out;
-    }
-    add("in proportion to what each device holds", proportional(full, full_cap));
-    add("devices filled in llama.cpp's order", fill(full, full_cap, &(0..n).collect::<Vec<_>>()));
-    add("devices filled in reverse order", fill(full, full_cap, &(0..n).rev().collect::<Vec<_>>()));
-    out
-}
-
 /// Each device's cost, and its capacity at full and at partial offload.
 pub(super) type Capacities = (Vec<DeviceCost>, Vec<u32>, Vec<u32>);
 
