@@ -36,14 +36,12 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
         check_output_path(m, "--write-modelfile")?;
     }
     let consumer = crate::request::finish::consumer(a)?;
-    // NVML's cards, read only where a model offloads to a CUDA device.
-    let mut cuda: Option<Vec<(String, (u32, u32))>> = None;
     let mut reqs = Vec::new();
     for (info, settings) in infos {
         let req = crate::tune::TuneRequest::new(info, settings, store.clone())?
             .with_resume(a.resume)
             .with_output(a.talk.verbose, !a.talk.quiet);
-        reqs.push(crate::request::finish::finish(a, req, consumer.as_ref(), &mut cuda)?);
+        reqs.push(crate::request::finish::finish(a, req, consumer.as_ref())?);
     }
     let shares = set_shares(a, reqs.len())?;
     crate::interrupt::install();

@@ -13,23 +13,23 @@ use crate::profile::Settings;
 use crate::tune::TuneRequest;
 
 /// Finishes `req` for `a`'s command line: its contexts, the consumer's
-/// settings, the streams decoded together, the depth checked. `cuda`:
-/// NVML's cards, read once, where a model offloads to a CUDA device.
+/// settings, the streams decoded together, the depth checked.
 ///
 /// # Errors
 /// `BadInput` for a Modelfile to update that Ollama would reject, or a
 /// depth a context cannot hold.
-pub fn finish(
-    a: &TuneArgs,
-    mut req: TuneRequest,
-    consumer: &dyn Consumer,
-    cuda: &mut Option<Vec<(String, (u32, u32))>>,
-) -> Result<TuneRequest> {
-    choose_contexts(a, &mut req.settings, &req.info, &req.hw, consumer)?;
+pub fn finish(a: &TuneArgs, mut req: TuneRequest, consumer: &dyn Consumer) -> Result<TuneRequest> {
     let user_ctx = a.ctx.is_some() || a.workload.ctx_size.is_some();
+    choose_contexts(a, &mut req.settings, &req.info, &req.hw, consumer, user_ctx)?;
+    // NVML's cards with their compute capability (Ollama's flash-attention
+    // check), where the model offloads to a CUDA device: from the request's probe.
     let on_cuda = req.devices.iter().any(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
-    let cards: &[(String, (u32, u32))] = if on_cuda { cuda.get_or_insert_with(cuda_cards) } else { &[] };
-    apply(consumer, &mut req.settings, &req.info.architecture, user_ctx, cards);
+    let cards: Vec<(String, (u32, u32))> = if on_cuda {
+        req.hw.gpus.iter().filter_map(|g| Some((g.name.clone(), g.cuda_compute?))).collect()
+    } else {
+        Vec::new()
+    };
+    apply(consumer, &mut req.settings, &req.info.architecture, user_ctx, &cards);
     if let Some(n) = req.settings.parallel_streams {
         req.settings.decode_together(n);
     }
@@ -37,8 +37,9 @@ pub fn finish(
     Ok(req)
 }
 
-/// The contexts to tune and the rule that chose them: `--ctx`, `-c`, the
-/// Modelfile's num_ctx, or Ollama's default here.
+/// The contexts to tune and the rule that chose them: `--ctx`, `-c`
+/// (`user_ctx`: kept as given), the Modelfile's num_ctx, or the consumer's
+/// default here.
 ///
 /// # Errors
 /// `BadInput` for a Modelfile to update that Ollama would reject (said
@@ -49,10 +50,11 @@ fn choose_contexts(
     info: &ModelInfo,
     hw: &crate::types::Hardware,
     consumer: &dyn Consumer,
+    user_ctx: bool,
 ) -> Result<()> {
     let existing = a.files.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
     let cmds = existing.map(crate::consumer::modelfile::read).transpose()?;
-    if a.ctx.is_some() || a.workload.ctx_size.is_some() {
+    if user_ctx {
         return Ok(());
     }
     let from_modelfile = cmds.as_deref().zip(existing).and_then(|(cmds, p)| {
@@ -109,10 +111,4 @@ fn apply(c: &dyn Consumer, s: &mut Settings, arch: &str, user_ctx: bool, cuda: &
         vars: c.vars(),
         auto_batch: applied.auto_batch,
     });
-}
-
-/// The NVIDIA cards NVML lists, with their CUDA compute capability.
-fn cuda_cards() -> Vec<(String, (u32, u32))> {
-    let Ok(nvml) = crate::probe::nvml::open() else { return Vec::new() };
-    crate::probe::nvml::gpus(&nvml).into_iter().filter_map(|g| Some((g.name, g.cuda_compute?))).collect()
 }
