@@ -127,15 +127,6 @@ pub enum Program {
 }
 
 impl Program {
-    /// Its name, as its users write it.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Program::Ollama => "Ollama",
-            Program::LlamaServer => "llama-server",
-        }
-    }
-
     /// Its settings, in the report's words.
     #[must_use]
     pub fn settings_words(self) -> &'static str {

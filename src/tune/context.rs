@@ -187,7 +187,9 @@ fn priced_plan(
         let priced = pr.error.is_none();
         let predictions = &mut pr.predictions;
         let mut failed = None;
-        let mut price = |n| memory::price(pricer, predictions, n).unwrap_or_else(|e| unpriced(&mut failed, &e));
+        let mut price = |n| {
+            memory::price(pricer, predictions, n).unwrap_or_else(|e| crate::tune::pricer::unpriced(&mut failed, &e))
+        };
         plan.n_max = if priced { memory::priced_under(&mut price, top, floor.unwrap_or(0), p.cap_bytes) } else { top };
         notes.extend(failed.map(|e| {
             Note::prediction(format!(
@@ -292,13 +294,6 @@ fn hatches(
     let failed = search.take_unpriced();
     found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(s.n_ctx)));
     Ok(found)
-}
-
-/// A dry run that failed as a whole: nothing priced, the first failure
-/// kept in `failed` to be said once.
-fn unpriced<T: Default>(failed: &mut Option<String>, e: &anyhow::Error) -> T {
-    failed.get_or_insert_with(|| format!("{e:#}"));
-    T::default()
 }
 
 /// A confirmation whose dry run failed: measured as it was (a trial over

@@ -118,6 +118,14 @@ impl Pricer for ChildPricer {
     }
 }
 
+/// A dry run that failed as a whole: nothing priced, its first failure
+/// kept in `failed` to be said once (each stage says it in a note, so an
+/// option left unpriced says why).
+pub fn unpriced<T: Default>(failed: &mut Option<String>, e: &anyhow::Error) -> T {
+    failed.get_or_insert_with(|| format!("{e:#}"));
+    T::default()
+}
+
 /// A dry run made of functions, for tests.
 #[cfg(test)]
 pub(crate) mod fake {
@@ -132,9 +140,7 @@ pub(crate) mod fake {
     pub(crate) struct Curves<'a> {
         cases: Option<Cases<'a>>,
         splits: Option<Splits<'a>>,
-        pub failing: Option<String>,
-        /// How many dry runs were asked.
-        pub asked: u32,
+        failing: Option<String>,
     }
 
     impl<'a> Curves<'a> {
@@ -153,8 +159,7 @@ pub(crate) mod fake {
             Curves { failing: Some(why.into()), ..Curves::default() }
         }
 
-        fn check(&mut self) -> Result<()> {
-            self.asked += 1;
+        fn check(&self) -> Result<()> {
             match &self.failing {
                 Some(why) => Err(anyhow::anyhow!("{why}")),
                 None => Ok(()),

@@ -193,14 +193,19 @@ impl Contention {
     /// left of the machine, at most its CPU quota.
     #[must_use]
     pub fn free_cores(&self) -> f64 {
-        let left = (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0);
+        let left = self.left_by_others();
         self.quota_cores.map_or(left, |q| left.min(q))
     }
 
     /// The quota, where it (not other processes) is what limited the trial.
     #[must_use]
     pub fn binding_quota(&self) -> Option<f64> {
-        self.quota_cores.filter(|q| *q <= (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0))
+        self.quota_cores.filter(|q| *q <= self.left_by_others())
+    }
+
+    /// Cores other processes left of the machine, on average.
+    fn left_by_others(&self) -> f64 {
+        (f64::from(self.logical_cores) - self.others_cores_mean).max(0.0)
     }
 }
 

@@ -65,10 +65,7 @@ impl<'a> Search<'a> {
     }
 
     fn answered(&mut self, r: Result<Vec<Prediction>>) -> Vec<Prediction> {
-        r.unwrap_or_else(|e| {
-            self.unpriced.get_or_insert_with(|| format!("{e:#}"));
-            Vec::new()
-        })
+        r.unwrap_or_else(|e| crate::tune::pricer::unpriced(&mut self.unpriced, &e))
     }
 }
 
