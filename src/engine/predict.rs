@@ -89,13 +89,14 @@ impl Prediction {
 
 impl Prediction {
     /// Whether this prediction is for the placement `spec` measures (a
-    /// whole-layer prediction: at the spec's context with an f16 KV cache).
+    /// whole-layer prediction: at the spec's context with the tune's own
+    /// KV cache type, `spec.kv_base`).
     #[must_use]
     pub fn prices(&self, spec: &crate::types::TrialSpec) -> bool {
         let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, spec.placement.n_ctx.unwrap_or(0)));
         c.ngl == spec.placement.n_gpu_layers
             && Some(c.n_ctx) == spec.placement.n_ctx.or(Some(0))
-            && c.kv_type == spec.placement.kv_type
+            && c.kv_type.unwrap_or(spec.kv_base) == spec.placement.kv_type
             && c.n_cpu_ffn == spec.placement.n_cpu_ffn
             && c.n_cpu_moe == spec.placement.n_cpu_moe
             && self.split == spec.placement.tensor_split
@@ -111,8 +112,10 @@ impl Prediction {
 pub struct PredictCase {
     pub ngl: u32,
     pub n_ctx: u32,
-    #[serde(default)]
-    pub kv_type: crate::types::KvType,
+    /// The KV cache type of both caches; `None`: the tune's own
+    /// ([`PredictSpec::kv_type`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_type: Option<crate::types::KvType>,
     #[serde(default)]
     pub n_cpu_ffn: u32,
     #[serde(default)]
@@ -120,10 +123,16 @@ pub struct PredictCase {
 }
 
 impl PredictCase {
-    /// A whole-layer split at `n_ctx` with an f16 KV cache.
+    /// A whole-layer split at `n_ctx` with the tune's own KV cache type.
     #[must_use]
     pub fn layers(ngl: u32, n_ctx: u32) -> PredictCase {
-        PredictCase { ngl, n_ctx, kv_type: crate::types::KvType::F16, n_cpu_ffn: 0, n_cpu_moe: 0 }
+        PredictCase { ngl, n_ctx, kv_type: None, n_cpu_ffn: 0, n_cpu_moe: 0 }
+    }
+
+    /// The same placement with a KV cache of type `kv` (`None`: the tune's own).
+    #[must_use]
+    pub fn with_kv(self, kv: Option<crate::types::KvType>) -> PredictCase {
+        PredictCase { kv_type: kv, ..self }
     }
 }
 
@@ -164,8 +173,8 @@ pub struct PredictSpec {
     /// for its split (answered in `PredictOutput::llama_fit_split`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fit_split_margins: Vec<u64>,
-    /// The KV type an f16 case stands for: the tune's base type (f16, or
-    /// the one the consumer's server forces on every model).
+    /// The tune's own KV cache type, of every case that names none: f16,
+    /// `--cache-type`, or the one the consumer's server forces on every model.
     #[serde(default, skip_serializing_if = "crate::types::is_f16")]
     pub kv_type: crate::types::KvType,
     /// A multimodal projector loaded beside the model (`--mmproj`): priced
@@ -418,7 +427,7 @@ fn fit_with(spec: &PredictSpec, (margin, pad): (u64, &[u64]), ask: FitAsk, extra
     let cpu_overrides = r.overrides.iter().filter(|o| o.buffer_type == "CPU").map(|o| o.pattern.clone()).collect();
     let all = u32::try_from(r.n_gpu_layers).unwrap_or(u32::MAX);
     let chosen = crate::types::Placement { n_gpu_layers: all, cpu_overrides, ..crate::types::Placement::default() };
-    let p = predict_placement(spec, &chosen, (r.n_ctx, spec.kv_type), extra);
+    let p = predict_placement(spec, &chosen, (r.n_ctx, None), extra);
     LlamaFit {
         margin_bytes: margin,
         n_gpu_layers: Some(r.n_gpu_layers),
@@ -461,15 +470,15 @@ fn predict_one(
     predict_placement(spec, &placement, (case.n_ctx, case.kv_type), extra)
 }
 
-/// The dry run of `placement` at context `n_ctx` with KV type `kv` (f16:
-/// the spec's base type).
+/// The dry run of `placement` at context `n_ctx` with KV type `kv` (`None`:
+/// the spec's own).
 fn predict_placement(
     spec: &PredictSpec,
     placement: &crate::types::Placement,
-    (n_ctx, kv): (u32, crate::types::KvType),
+    (n_ctx, kv): (u32, Option<crate::types::KvType>),
     extra: &[PredictedBuffer],
 ) -> Prediction {
-    let kv = if kv == crate::types::KvType::F16 { spec.kv_type } else { kv };
+    let kv = kv.unwrap_or(spec.kv_type);
     let mut buffers: Vec<PredictedBuffer> = Vec::new();
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
     let params = super::placement::ModelParams::of(placement);
@@ -638,7 +647,7 @@ fn offload_free() -> Vec<u64> {
 /// llama-server with its fit off: every layer on the devices, priced.
 fn every_layer(spec: &PredictSpec, extra: &[PredictedBuffer]) -> LlamaFit {
     let all = crate::types::Placement { n_gpu_layers: u32::MAX, ..crate::types::Placement::default() };
-    let p = predict_placement(spec, &all, (spec.n_ctx, spec.kv_type), extra);
+    let p = predict_placement(spec, &all, (spec.n_ctx, None), extra);
     LlamaFit {
         n_gpu_layers: Some(-1),
         n_ctx: Some(spec.n_ctx),
@@ -709,4 +718,38 @@ fn llama_fit_split(spec: &PredictSpec) -> LlamaFitSplit {
 /// When the child cannot run or answers nonsense.
 pub fn predict_in_child(exe: &Path, spec: &PredictSpec) -> Result<PredictOutput> {
     super::child::call(exe, "__predict", &[], spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole_layers(ngl: u32) -> Prediction {
+        Prediction {
+            n_gpu_layers: ngl,
+            device_bytes: 1,
+            device_model_bytes: 1,
+            buffers: Vec::new(),
+            error: None,
+            case: None,
+            split: Vec::new(),
+            devices: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_whole_layer_prediction_prices_the_trial_at_the_tunes_own_kv_type_not_only_f16() {
+        let mut spec = crate::engine::test_spec();
+        spec.placement = spec.placement.with_layers(4, 2, Some(256));
+        assert!(whole_layers(4).prices(&spec));
+        // A server forcing q8_0: its trials run q8_0, and the tune's dry run priced q8_0.
+        spec.kv_base = crate::types::KvType::Q8_0;
+        spec.placement = spec.placement.with_kv(crate::types::KvType::Q8_0);
+        assert!(whole_layers(4).prices(&spec));
+        assert!(!whole_layers(3).prices(&spec));
+        // A case naming f16 is not that trial; one naming q8_0 is.
+        let case = |kv| Prediction { case: Some(PredictCase::layers(4, 256).with_kv(Some(kv))), ..whole_layers(4) };
+        assert!(!case(crate::types::KvType::F16).prices(&spec));
+        assert!(case(crate::types::KvType::Q8_0).prices(&spec));
+    }
 }

@@ -281,6 +281,7 @@ fn hatches(
         is_moe: plan.is_moe,
         cap: policy.cap_bytes,
         n_ctx: s.n_ctx,
+        kv: s.kv_type,
         threads: s.n_threads,
         op_offload: sh.op_offload,
         rpc: s.rpc.clone(),

@@ -48,9 +48,8 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
     spec.placement.n_threads = c.threads;
     spec.placement.n_cpu_moe = c.n_cpu_moe;
     spec.placement.n_cpu_ffn = c.n_cpu_ffn;
-    // f16 stands for the base type (the consumer's server may force another).
-    if c.kv != crate::types::KvType::F16 {
-        spec.placement.kv_type = c.kv;
+    if let Some(kv) = c.kv {
+        spec.placement.kv_type = kv;
     }
     spec.placement.tensor_split = c.split.listed();
     spec.placement.devices = c.split.device_names(devices);

@@ -33,7 +33,9 @@ pub struct Candidate {
     pub ngl: u32,
     pub n_cpu_moe: u32,
     pub n_cpu_ffn: u32,
-    pub kv: KvType,
+    /// The KV cache type of both caches; `None`: the workload's own (f16,
+    /// `--cache-type`, or the one the consumer's server forces).
+    pub kv: Option<KvType>,
     pub threads: u32,
     /// Layers per offload device (`-ts`); empty: llama.cpp's default split.
     pub split: Split,
@@ -175,14 +177,14 @@ impl Split {
 }
 
 impl Candidate {
-    /// A whole-layer split with `threads` threads and an f16 KV cache.
+    /// A whole-layer split with `threads` threads and the workload's KV cache type.
     #[must_use]
     pub fn layers(ngl: u32, threads: u32) -> Candidate {
         Candidate {
             ngl,
             n_cpu_moe: 0,
             n_cpu_ffn: 0,
-            kv: KvType::F16,
+            kv: None,
             threads,
             split: Split::default(),
             spill: crate::types::FitSpill::default(),
@@ -205,8 +207,7 @@ impl Candidate {
         spec.placement.n_gpu_layers == self.ngl
             && spec.placement.n_cpu_moe == self.n_cpu_moe
             && spec.placement.n_cpu_ffn == self.n_cpu_ffn
-            && (spec.placement.kv_type == self.kv
-                || (self.kv == crate::types::KvType::F16 && spec.placement.kv_type == spec.kv_base))
+            && spec.placement.kv_type == self.kv.unwrap_or(spec.kv_base)
             && spec.placement.n_threads == self.threads
             && spec.placement.tensor_split == self.split.listed()
             && spec.placement.devices.is_empty() == self.split.in_llama_order()
@@ -347,6 +348,31 @@ pub struct Plan {
 mod tests {
     use super::*;
     use crate::tune::worlds::*;
+
+    #[test]
+    fn a_candidate_of_the_own_kv_type_is_the_trial_at_the_workloads_type_whatever_it_is() {
+        let c = Candidate::layers(5, 2);
+        let spec = |base: KvType, kv: KvType| {
+            let mut spec = crate::engine::test_spec();
+            spec.kv_base = base;
+            crate::tune::executor::spec_of(
+                &crate::types::TrialSpec { placement: spec.placement.with_kv(kv), ..spec },
+                &[],
+                c,
+                None,
+            )
+        };
+        // A server that forces q8_0 on every model: the own type is q8_0, and an f16 trial is another placement.
+        assert!(c.is(&spec(KvType::Q8_0, KvType::Q8_0)));
+        assert!(!c.is(&spec(KvType::Q8_0, KvType::F16)));
+        assert!(c.is(&spec(KvType::F16, KvType::F16)));
+        // A hatch's q8_0 cache is itself at either base, and never the f16 trial.
+        let q8 = Candidate { kv: Some(KvType::Q8_0), ..c };
+        let run = crate::tune::executor::spec_of(&crate::engine::test_spec(), &[], q8, None);
+        assert_eq!(run.placement.kv_type, KvType::Q8_0);
+        assert!(q8.is(&run) && !c.is(&run));
+        assert!(!q8.is(&spec(KvType::F16, KvType::F16)));
+    }
 
     #[test]
     fn grid_has_zero_and_full_offload() {

@@ -70,7 +70,7 @@ pub fn candidate_of(r: &Recommendation) -> Candidate {
     Candidate {
         n_cpu_moe: r.n_cpu_moe,
         n_cpu_ffn: r.n_cpu_ffn,
-        kv: r.kv_type,
+        kv: Some(r.kv_type),
         ..Candidate::layers(r.n_gpu_layers, r.n_threads)
     }
 }
@@ -194,7 +194,7 @@ impl Opponent {
             Opponent::LlamaDefault => Candidate { ctx: n_ctx, ..candidate_of(rec) },
             Opponent::OllamaRun => Candidate {
                 ctx: n_ctx,
-                kv: rec.kv_type,
+                kv: Some(rec.kv_type),
                 ..Candidate::layers(rec.ollama_num_gpu.unwrap_or(rec.n_gpu_layers), rec.n_threads)
             },
         }

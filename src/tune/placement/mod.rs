@@ -31,6 +31,8 @@ pub struct HatchInputs {
     pub is_moe: bool,
     pub cap: f64,
     pub n_ctx: u32,
+    /// The workload's own KV cache type: what a case that names none runs.
+    pub kv: KvType,
     pub threads: u32,
     pub op_offload: bool,
     /// RPC servers whose devices the placements use (`--rpc` in their flags when layers are offloaded).
@@ -47,7 +49,7 @@ impl HatchInputs {
         let rpc = if case.ngl > 0 { self.rpc.as_slice() } else { &[] };
         crate::types::Placement { n_cpu_ffn: case.n_cpu_ffn, ..crate::types::Placement::default() }
             .with_layers(case.ngl, self.threads, Some(case.n_ctx))
-            .with_kv(case.kv_type)
+            .with_kv(case.kv_type.unwrap_or(self.kv))
             .with_op_offload(self.op_offload)
             .with_split(&[], rpc)
     }
@@ -125,15 +127,15 @@ pub fn ffn_layers_needed(one: Option<u64>, all: Option<u64>, n_layer: u32, cap: 
 fn first_cases(h: &HatchInputs) -> Vec<PredictCase> {
     let full = |n_ctx, kv_type, n_cpu_ffn| PredictCase { ngl: h.full, n_ctx, kv_type, n_cpu_ffn, n_cpu_moe: 0 };
     let mut v = vec![
-        full(h.n_ctx, KvType::F16, 0),
-        full(h.n_ctx, KvType::Q8_0, 0),
-        full(h.n_ctx, KvType::Q4_0, 0),
-        full(h.n_ctx / 2, KvType::F16, 0),
-        full(h.n_ctx / 2, KvType::Q8_0, 0),
+        full(h.n_ctx, None, 0),
+        full(h.n_ctx, Some(KvType::Q8_0), 0),
+        full(h.n_ctx, Some(KvType::Q4_0), 0),
+        full(h.n_ctx / 2, None, 0),
+        full(h.n_ctx / 2, Some(KvType::Q8_0), 0),
     ];
     if !h.is_moe && h.n_layer > 0 {
-        v.push(full(h.n_ctx, KvType::F16, 1));
-        v.push(full(h.n_ctx, KvType::F16, h.n_layer));
+        v.push(full(h.n_ctx, None, 1));
+        v.push(full(h.n_ctx, None, h.n_layer));
     }
     v
 }
@@ -161,17 +163,17 @@ pub fn escape_hatches(
 ) -> Result<Hatches> {
     let mut preds = search.price_cases(&first_cases(h));
     let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
-    let f16 = find(&preds, full(h.n_ctx, KvType::F16, 0));
-    let Some(f16_bytes) = bytes(f16) else {
-        let why = f16.and_then(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
+    let own = find(&preds, full(h.n_ctx, None, 0));
+    let Some(own_bytes) = bytes(own) else {
+        let why = own.and_then(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
         return Ok(Hatches {
             notes: vec![crate::types::Note::hatch(format!("escape hatches not priced: {why}"))],
             ..Hatches::default()
         });
     };
     #[allow(clippy::cast_precision_loss)]
-    let fits_fully = f16_bytes as f64 <= h.cap;
-    let kv_bytes = kv_of(f16);
+    let fits_fully = own_bytes as f64 <= h.cap;
+    let kv_bytes = kv_of(own);
     #[allow(clippy::cast_precision_loss)]
     let kv_large = kv_bytes.is_some_and(|k| k as f64 >= KV_SHARE * h.cap);
     if fits_fully && !kv_large {
@@ -183,17 +185,17 @@ pub fn escape_hatches(
     let Second { shorter, k, spills: priced, partial, .. } = second;
     // The line through K = 1 and K = n_layer is close, not exact (compute
     // buffers move too): the fewest priced K that fits, and its neighbour.
-    let spills: Vec<u32> = match priced.iter().position(|k| under(&preds, full(h.n_ctx, KvType::F16, *k), h.cap)) {
+    let spills: Vec<u32> = match priced.iter().position(|k| under(&preds, full(h.n_ctx, None, *k), h.cap)) {
         Some(i) => priced[i..].iter().take(2).copied().collect(),
         None => priced.last().copied().into_iter().collect(),
     };
 
     // Measure what can fit and win: one KV type (the lightest that is
     // needed), the FFN spills that fit.
-    let kv_pick = if under(&preds, full(h.n_ctx, KvType::Q8_0, 0), h.cap) {
+    let kv_pick = if under(&preds, full(h.n_ctx, Some(KvType::Q8_0), 0), h.cap) {
         Some(KvType::Q8_0)
     } else {
-        under(&preds, full(h.n_ctx, KvType::Q4_0, 0), h.cap).then_some(KvType::Q4_0)
+        under(&preds, full(h.n_ctx, Some(KvType::Q4_0), 0), h.cap).then_some(KvType::Q4_0)
     };
     // Or: the most layers a q8_0 cache lets on, when that is more than the layer split's.
     let kv_at = match kv_pick {
@@ -204,11 +206,11 @@ pub fn escape_hatches(
     let kv_pick = kv_pick.or((kv_at > 0).then_some(KvType::Q8_0));
     let base = Candidate::layers(h.full, h.threads);
     let mut to_measure: Vec<Candidate> =
-        kv_pick.map(|kv| Candidate { kv, ..Candidate::layers(kv_at, h.threads) }).into_iter().collect();
+        kv_pick.map(|kv| Candidate { kv: Some(kv), ..Candidate::layers(kv_at, h.threads) }).into_iter().collect();
     to_measure.extend(
         spills
             .iter()
-            .filter(|k| under(&preds, full(h.n_ctx, KvType::F16, **k), h.cap))
+            .filter(|k| under(&preds, full(h.n_ctx, None, **k), h.cap))
             .map(|k| Candidate { n_cpu_ffn: *k, ..base }),
     );
     search.progress.plan(to_measure.len() as u64);
@@ -307,7 +309,7 @@ enum FfnNeed {
 /// The second dry run: the solved context sizes and FFN spills, priced exactly.
 struct Second {
     /// The largest context that fits fully, per KV type (only those below the asked one).
-    shorter: Vec<(KvType, u32)>,
+    shorter: Vec<(Option<KvType>, u32)>,
     /// FFN layers to spill.
     k: FfnNeed,
     /// K from one below the solved value to three above (priced exactly).
@@ -320,7 +322,7 @@ struct Second {
 fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Second {
     let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
     let at = |c| bytes(find(preds, c));
-    let shorter: Vec<(KvType, u32)> = [KvType::F16, KvType::Q8_0]
+    let shorter: Vec<(Option<KvType>, u32)> = [None, Some(KvType::Q8_0)]
         .into_iter()
         .filter_map(|kv| {
             let c = largest_ctx(at(full(h.n_ctx / 2, kv, 0)), at(full(h.n_ctx, kv, 0)), h.n_ctx, h.cap)?;
@@ -330,8 +332,8 @@ fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Seco
     let k = if fits_fully || h.is_moe {
         FfnNeed::None
     } else {
-        let one = at(full(h.n_ctx, KvType::F16, 1));
-        ffn_layers_needed(one, at(full(h.n_ctx, KvType::F16, h.n_layer)), h.n_layer, h.cap)
+        let one = at(full(h.n_ctx, None, 1));
+        ffn_layers_needed(one, at(full(h.n_ctx, None, h.n_layer)), h.n_layer, h.cap)
             .map_or(FfnNeed::Beyond, FfnNeed::Layers)
     };
     let spills: Vec<u32> = match k {
@@ -340,21 +342,22 @@ fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Seco
     };
     // No quantized cache fits at full offload: a q8_0 cache may still let more layers on.
     #[allow(clippy::cast_precision_loss)]
-    let kv_fits =
-        [KvType::Q8_0, KvType::Q4_0].iter().any(|kv| at(full(h.n_ctx, *kv, 0)).is_some_and(|b| b as f64 <= h.cap));
+    let kv_fits = [KvType::Q8_0, KvType::Q4_0]
+        .iter()
+        .any(|kv| at(full(h.n_ctx, Some(*kv), 0)).is_some_and(|b| b as f64 <= h.cap));
     let partial: Vec<PredictCase> = if kv_fits {
         Vec::new()
     } else {
         h.grid
             .iter()
             .filter(|n| **n > 0 && **n < h.full)
-            .map(|n| PredictCase { ngl: *n, ..full(h.n_ctx, KvType::Q8_0, 0) })
+            .map(|n| PredictCase { ngl: *n, ..full(h.n_ctx, Some(KvType::Q8_0), 0) })
             .collect()
     };
     let cases = shorter
         .iter()
         .map(|(kv, c)| full(*c, *kv, 0))
-        .chain(spills.iter().map(|k| full(h.n_ctx, KvType::F16, *k)))
+        .chain(spills.iter().map(|k| full(h.n_ctx, None, *k)))
         .chain(partial.iter().copied())
         .collect();
     Second { shorter, k, spills, partial, cases }
@@ -395,7 +398,7 @@ impl World<'_> {
             n_ctx: case.n_ctx,
             n_gpu_layers: case.ngl,
             n_cpu_ffn: case.n_cpu_ffn,
-            kv_type: case.kv_type,
+            kv_type: case.kv_type.unwrap_or(self.h.kv),
             measured: ok.is_some(),
             tg_ts: ok.and_then(|t| t.result.test(false)).map(|x| x.avg_ts),
             pp_ts: ok.and_then(|t| t.result.test(true)).map(|x| x.avg_ts),
@@ -406,7 +409,7 @@ impl World<'_> {
             quality: self
                 .quality
                 .as_ref()
-                .filter(|(kv, _)| *kv == case.kv_type && kv.is_quantized())
+                .filter(|(kv, _)| Some(*kv) == case.kv_type && kv.is_quantized())
                 .map(|(_, q)| q.clone()),
             recommended: false,
             note,
@@ -432,7 +435,7 @@ impl World<'_> {
     fn options(
         &self,
         (kv_pick, kv_at): (Option<KvType>, u32),
-        shorter: &[(KvType, u32)],
+        shorter: &[(Option<KvType>, u32)],
         k: FfnNeed,
         spills: &[u32],
         layer_split: &Recommendation,
@@ -442,20 +445,21 @@ impl World<'_> {
         let mut v = Vec::new();
         if kv_pick.is_some() && kv_at < h.full {
             // Over the cap at full offload with either type; the q8_0 cache at the most layers it lets on.
-            let mut o = self.option(HatchKind::KvCache, PredictCase { ngl: kv_at, ..full(h.n_ctx, KvType::Q8_0, 0) });
+            let q8 = full(h.n_ctx, Some(KvType::Q8_0), 0);
+            let mut o = self.option(HatchKind::KvCache, PredictCase { ngl: kv_at, ..q8 });
             if o.note.is_empty() {
-                o.note =
-                    format!("full offload is {}", self.over_even(full(h.n_ctx, KvType::Q4_0, 0), " even with q4_0"));
+                let q4 = full(h.n_ctx, Some(KvType::Q4_0), 0);
+                o.note = format!("full offload is {}", self.over_even(q4, " even with q4_0"));
             }
             v.push(o);
         }
         for kv in [KvType::Q8_0, KvType::Q4_0].into_iter().filter(|_| kv_at == h.full || kv_pick.is_none()) {
-            let mut o = self.option(HatchKind::KvCache, full(h.n_ctx, kv, 0));
+            let mut o = self.option(HatchKind::KvCache, full(h.n_ctx, Some(kv), 0));
             if Some(kv) != kv_pick {
                 if kv == KvType::Q4_0 && kv_pick == Some(KvType::Q8_0) {
                     continue; // q8_0 is enough: q4_0 would only cost quality
                 }
-                o.note = self.over(full(h.n_ctx, kv, 0));
+                o.note = self.over(full(h.n_ctx, Some(kv), 0));
             }
             v.push(o);
         }
@@ -463,7 +467,7 @@ impl World<'_> {
             let mut o = self.option(HatchKind::ShorterContext, full(*c, *kv, 0));
             o.note = format!(
                 "the largest context that fits fully with an {} KV cache; another workload, so predicted by llama.cpp's dry run, not measured",
-                kv.as_str()
+                kv.unwrap_or(h.kv).as_str()
             );
             v.push(o);
         }
@@ -474,7 +478,7 @@ impl World<'_> {
 
     fn spill_options(&self, k: FfnNeed, spills: &[u32]) -> Vec<PlacementOption> {
         let h = self.h;
-        let full = |k| PredictCase { ngl: h.full, n_ctx: h.n_ctx, kv_type: KvType::F16, n_cpu_ffn: k, n_cpu_moe: 0 };
+        let full = |k| PredictCase { ngl: h.full, n_ctx: h.n_ctx, kv_type: None, n_cpu_ffn: k, n_cpu_moe: 0 };
         match k {
             // Full offload fits, or MoE: the MoE search keeps the experts on the CPU.
             FfnNeed::None => Vec::new(),
@@ -503,14 +507,14 @@ fn layer_split_option(r: &Recommendation, trials: &[ProfileTrial]) -> PlacementO
             && p.n_threads == r.n_threads
             && p.n_cpu_moe == r.n_cpu_moe
             && p.n_cpu_ffn == 0
-            && p.kv_type == KvType::F16
+            && p.kv_type == r.kv_type
     });
     PlacementOption {
         kind: HatchKind::LayerSplit,
         n_ctx: r.n_ctx,
         n_gpu_layers: r.n_gpu_layers,
         n_cpu_ffn: 0,
-        kv_type: KvType::F16,
+        kv_type: r.kv_type,
         measured: r.measured,
         tg_ts: r.tg_ts,
         pp_ts: r.pp_ts,

@@ -140,11 +140,12 @@ fn layer_split() -> Recommendation {
 /// (half in q8_0, a quarter in q4_0); the output layer 100.
 fn bytes_at(c: Candidate, n_ctx: u32) -> u64 {
     let layers = u64::from(c.ngl.min(10));
+    // The workload's own type is f16 here.
     let per_token = match c.kv {
-        KvType::F16 => 1.0,
-        KvType::Q8_0 => 0.5,
-        KvType::Q4_0 => 0.25,
-        other => unreachable!("the hatches here measure f16, q8_0 and q4_0, not {other:?}"),
+        None => 1.0,
+        Some(KvType::Q8_0) => 0.5,
+        Some(KvType::Q4_0) => 0.25,
+        Some(other) => unreachable!("the hatches here measure q8_0 and q4_0 beside the own type, not {other:?}"),
     };
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let kv = (f64::from(n_ctx) * 0.01 * per_token) as u64 * layers;
@@ -157,7 +158,7 @@ fn predictor(cases: &[PredictCase]) -> Vec<Prediction> {
         .map(|c| {
             let cand = Candidate { n_cpu_ffn: c.n_cpu_ffn, kv: c.kv_type, ..Candidate::layers(c.ngl, 2) };
             let all = bytes_at(cand, c.n_ctx);
-            let weights = bytes_at(Candidate { kv: KvType::F16, ..cand }, 0);
+            let weights = bytes_at(Candidate { kv: None, ..cand }, 0);
             Prediction {
                 devices: Vec::new(),
                 n_gpu_layers: c.ngl,
@@ -184,8 +185,8 @@ fn predictor(cases: &[PredictCase]) -> Vec<Prediction> {
 /// on the GPU).
 fn guide_tg(c: Candidate, _depth: u32) -> f64 {
     match (c.ngl, c.kv, c.n_cpu_ffn) {
-        (11, KvType::F16, 0) => 40.0,
-        (11, KvType::F16, _) => 13.6,
+        (11, None, 0) => 40.0,
+        (11, None, _) => 13.6,
         (11, _, _) => 37.0,
         (n, _, _) => 3.0 + 0.3 * f64::from(n),
     }
@@ -226,6 +227,7 @@ fn hatch_world_priced(
         is_moe: false,
         cap,
         n_ctx: 32768,
+        kv: KvType::F16,
         threads: 2,
         op_offload: true,
         rpc: Vec::new(),
@@ -269,8 +271,8 @@ fn where_whole_layers_lose_only_at_depth_the_spill_is_recommended_when_tuned_at_
     fn tg(c: Candidate, depth: u32) -> f64 {
         let filled = f64::from(depth) / 16384.0;
         match (c.ngl, c.kv, c.n_cpu_ffn) {
-            (11, KvType::F16, 0) => 40.0,
-            (11, KvType::F16, _) => 13.6,
+            (11, None, 0) => 40.0,
+            (11, None, _) => 13.6,
             (11, _, _) => 1.0,
             (n, _, _) => 13.7 + f64::from(n) * 0.01 - 12.6 * filled,
         }
@@ -318,7 +320,7 @@ fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_w
 
     // 1500: not even q4_0 fits at full offload (10 x 181 + 100 = 1910).
     let (h, measured) = hatch_world(1500.0, 3);
-    let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv != KvType::F16).collect();
+    let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv.is_some()).collect();
     assert_eq!(kv.len(), 1, "{measured:?}");
     assert!(kv[0].ngl > 3 && kv[0].ngl < 11, "more layers than the f16 split's 3: {:?}", kv[0]);
     let o = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.measured).unwrap();
@@ -340,7 +342,7 @@ fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_w
 fn a_q8_0_cache_that_fits_only_below_the_grids_first_point_is_found_from_the_split_up() {
     // 800: f16 fits one layer (427), q8_0 three (3 x 263 = 789); the grid's 5 is over either way.
     let (h, measured) = hatch_world(800.0, 1);
-    let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv == KvType::Q8_0).collect();
+    let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv == Some(KvType::Q8_0)).collect();
     assert_eq!(kv.iter().map(|c| c.ngl).collect::<Vec<_>>(), [3], "{measured:?}");
     assert!(h.options.iter().any(|o| o.kind == HatchKind::KvCache && o.measured && o.n_gpu_layers == 3));
 }

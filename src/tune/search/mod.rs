@@ -376,10 +376,11 @@ impl<'a> Search<'a> {
     /// on a machine whose GPU is slower than its CPU the fill of a fully
     /// offloaded q8_0 trial would otherwise take minutes.
     fn prefill_for(&mut self, c: Candidate) -> Result<()> {
-        if self.filled.contains(&c.kv) {
+        let kv = c.kv.unwrap_or(self.settings.kv_type);
+        if self.filled.contains(&kv) {
             return Ok(());
         }
-        self.filled.push(c.kv);
+        self.filled.push(kv);
         let fastest = self
             .trials
             .iter()

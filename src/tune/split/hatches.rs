@@ -22,7 +22,7 @@ pub fn kv_hatch(
     search: &mut Search<'_>,
     inp: &SplitInputs<'_>,
     found: &mut SplitFound,
-    assess: &mut dyn FnMut(crate::types::KvType) -> Result<Option<crate::types::Quality>>,
+    assess: &mut crate::tune::placement::Assessor<'_>,
 ) -> Result<()> {
     let s = search.settings();
     let (Some(m), Some(best)) = (found.speed.clone(), found.best.map(|i| found.options[i].clone())) else {
@@ -49,7 +49,7 @@ pub fn kv_hatch(
         return Ok(());
     };
     let ngl: u32 = split.layers().iter().sum();
-    let c = Candidate { split, kv: q8, ..Candidate::layers(ngl, inp.threads) };
+    let c = Candidate { split, kv: Some(q8), ..Candidate::layers(ngl, inp.threads) };
     let race = search.race();
     let t = search.measure(Role::Hatch, c, Some(race))?.clone();
     // The check reads the text twice (minutes on a slow host): only for a cache that measured faster.

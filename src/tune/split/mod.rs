@@ -315,7 +315,8 @@ fn default_options(
         let mut o = option_of(&label, &Split::new(&[]), Vec::new(), Some(t), s, inp);
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
-        o.llama_cpp_args = flags(ngl, &Split::new(&[]), (KvType::F16, 0), s, t.result.spec.placement.n_threads, inp);
+        let p = &t.result.spec.placement;
+        o.llama_cpp_args = flags(ngl, &Split::new(&[]), (p.kv_type, 0), s, p.n_threads, inp);
         if let (Some(m), Some(l)) = (speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
@@ -377,11 +378,8 @@ fn option_of(
         _ => String::new(),
     };
     let threads = t.map_or(inp.threads, |t| t.result.spec.placement.n_threads);
-    // A cache type other than the tune's base is the q8_0 hatch's.
-    let kv = t
-        .map(|t| &t.result.spec)
-        .filter(|x| x.placement.kv_type != x.kv_base)
-        .map_or(KvType::F16, |x| x.placement.kv_type);
+    // What the trial ran (the q8_0 hatch's cache, or the workload's own), else the workload's own.
+    let kv = t.map_or(s.kv_type, |t| t.result.spec.placement.kv_type);
     let cpu_ffn = t.map_or(0, |t| t.result.spec.placement.n_cpu_ffn);
     let order = if split.in_llama_order() {
         Vec::new()
@@ -433,7 +431,8 @@ fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
 pub fn choose(found: &mut SplitFound, s: &Settings) {
     let score = |o: &SplitOption| crate::tune::choose::score_for(s, o.tg_ts, o.pp_ts);
     let most = found.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
-    let lossy = |o: &SplitOption| o.kv_type.is_quantized();
+    // A quantized cache the workload did not ask for (the q8_0 hatch's).
+    let lossy = |o: &SplitOption| o.kv_type != s.kv_type && o.kv_type.is_quantized();
     let gate = |o: &SplitOption| match &o.quality {
         None => Some("quality not measured: not recommended blind".to_string()),
         Some(q) => q.fails(s.max_kl, s.min_top1),

@@ -53,7 +53,7 @@ pub fn against_llama(
         Candidate::layers(best.n_gpu_layers, threads)
     } else {
         let c = Candidate::layers(best.n_gpu_layers, threads);
-        Candidate { split: split_of(&best), kv: best.kv_type, n_cpu_ffn: best.n_cpu_ffn, ..c }
+        Candidate { split: split_of(&best), kv: Some(best.kv_type), n_cpu_ffn: best.n_cpu_ffn, ..c }
     };
     // (label, layers, is llama.cpp's default): the default wins a tie, fit's own split does not.
     let mut sides: Vec<(String, Vec<u32>, bool)> =
@@ -70,7 +70,7 @@ pub fn against_llama(
         let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
         let mut r = DefaultComparison {
             n_gpu_layers: Some(theirs.ngl),
-            llama_cpp_args: flags(theirs.ngl, &split, (KvType::F16, 0), s, threads, inp),
+            llama_cpp_args: flags(theirs.ngl, &split, (s.kv_type, 0), s, threads, inp),
             verdict: Verdict::Same,
             n_threads: Some(threads),
             ..crate::tune::baseline::unmeasured(s.depth_at(s.n_ctx))

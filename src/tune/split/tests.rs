@@ -195,12 +195,26 @@ struct SplitWorld {
     measured: Vec<Vec<u32>>,
     /// What `-sm tensor` adds to a token (ms; negative: saves).
     tensor_ms: f64,
+    /// The workload's own KV cache type (a server may force q8_0).
+    kv_base: crate::types::KvType,
+}
+
+impl SplitWorld {
+    fn new(extra_d1: u64, tensor_ms: f64) -> SplitWorld {
+        SplitWorld { extra_d1, measured: Vec::new(), tensor_ms, kv_base: crate::types::KvType::F16 }
+    }
+
+    /// The trials' workload: the test spec at the world's own KV type.
+    fn base(&self) -> crate::types::TrialSpec {
+        let spec = crate::engine::test_spec();
+        crate::types::TrialSpec { kv_base: self.kv_base, placement: spec.placement.with_kv(self.kv_base), ..spec }
+    }
 }
 
 impl crate::tune::executor::TrialExecutor for SplitWorld {
     fn spec(&self, c: Candidate) -> crate::types::TrialSpec {
         let names: Vec<String> = (0..c.split.layers().len()).map(|i| format!("D{i}")).collect();
-        crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, None)
+        crate::tune::executor::spec_of(&self.base(), &names, c, None)
     }
 
     fn measure(&mut self, c: Candidate, race: Option<crate::types::Race>) -> Result<crate::types::TrialResult> {
@@ -211,10 +225,10 @@ impl crate::tune::executor::TrialExecutor for SplitWorld {
         // Without -ts, llama.cpp's default split: by free memory, as much on each.
         let split = if listed.is_empty() { proportional(c.ngl, &[c.ngl, c.ngl]) } else { listed };
         let names: Vec<String> = (0..split.len()).map(|i| format!("D{i}")).collect();
-        let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, c, race);
+        let spec = crate::tune::executor::spec_of(&self.base(), &names, c, race);
         let mut r = TrialResult::failed(spec, TrialStatus::Ok, String::new());
         r.reason = None;
-        for b in split_prediction_kv(&split, self.extra_d1, c.kv, c.n_cpu_ffn).buffers {
+        for b in split_prediction_kv(&split, self.extra_d1, c.kv.unwrap_or(self.kv_base), c.n_cpu_ffn).buffers {
             let bytes = b.model + b.compute;
             r.model_buffers.push(BufferLine { buffer_type: b.buffer_type, kind: "model".into(), bytes });
         }
@@ -236,7 +250,7 @@ impl crate::tune::executor::TrialExecutor for SplitWorld {
 
 fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
     let s = crate::tune::worlds::settings();
-    let mut world = SplitWorld { extra_d1, measured: Vec::new(), tensor_ms: 0.0 };
+    let mut world = SplitWorld::new(extra_d1, 0.0);
     let progress = crate::progress::Progress::hidden();
     let policy = crate::tune::worlds::policy(255e6);
     let pricer =
@@ -277,11 +291,31 @@ fn the_split_stage_prices_trims_and_measures_only_what_fits_every_cap() {
 }
 
 #[test]
+fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_back_as_lossy() {
+    // Ollama's server with OLLAMA_KV_CACHE_TYPE=q8_0: every trial runs q8_0, the tune's own type.
+    let mut s = crate::tune::worlds::settings();
+    s.kv_type = crate::types::KvType::Q8_0;
+    let mut world = SplitWorld { kv_base: s.kv_type, ..SplitWorld::new(0, 0.0) };
+    let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
+    let progress = crate::progress::Progress::hidden();
+    let policy = crate::tune::worlds::policy(255e6);
+    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
+    let mb = 1_000_000u64;
+    let devs = caps(&[105 * mb, 150 * mb]);
+    let found = split_stage(&mut search, &inputs(&devs, &[])).unwrap();
+    drop(search);
+    assert!(found.options.iter().all(|o| o.kv_type == crate::types::KvType::Q8_0), "{:#?}", found.options);
+    let best = &found.options[found.best.expect("a split is recommended: the own type is not a lossy hatch")];
+    assert_eq!(best.tensor_split, [0, 13], "as at f16: {:#?}", found.options);
+    assert!(best.llama_cpp_args.contains("-ctk q8_0 -ctv q8_0"), "{}", best.llama_cpp_args);
+}
+
+#[test]
 fn with_every_layer_offloaded_the_fast_device_takes_what_it_holds() {
     // --ngl 21: all layers on the devices, so the slow one must take some.
     let mut s = crate::tune::worlds::settings();
     s.grid = Some(vec![21]);
-    let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms: 0.0 };
+    let mut world = SplitWorld::new(0, 0.0);
     let policy = crate::tune::worlds::policy(255e6);
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
     let progress = crate::progress::Progress::hidden();
@@ -410,7 +444,7 @@ fn fixed_world_priced(
 ) -> (SplitFound, Vec<Vec<u32>>) {
     let mut s = crate::tune::worlds::settings();
     s.grid = Some(vec![21]);
-    let mut world = SplitWorld { extra_d1: 0, measured: Vec::new(), tensor_ms };
+    let mut world = SplitWorld::new(0, tensor_ms);
     let policy = crate::tune::worlds::policy(255e6);
     let progress = crate::progress::Progress::hidden();
     let pricer = Box::new(Curves::splits(price));
