@@ -309,9 +309,7 @@ mod tests {
         (r.n_ctx, r.n_parallel, r.n_batch, r.n_ubatch, r.flash_attn) = (32768, 4, 1024, 1024, FlashAttn::On);
         (r.n_gpu_layers, r.n_threads, r.kv_type) = (7, 2, KvType::Q8_0);
         r.mmproj = Some("/models/Gemma 3/mmproj-F16.gguf".into());
-        r.llama_cpp_args = r.flags();
-        r.ollama_server_env = r.placement().ollama_server_env();
-        r.modelfile = r.ollama_placement(7).modelfile_lines();
+        r.render_forms();
         let measured = r.placement();
         // llama.cpp's flags, as bench --llama-args reads them.
         assert_eq!(crate::llama_args::parse_placement(&r.llama_cpp_args).unwrap(), measured, "{}", r.llama_cpp_args);

@@ -125,11 +125,19 @@ impl Recommendation {
         .with_mmproj(self.mmproj.as_deref())
     }
 
+    /// The whole layers Ollama can run of this answer: `ollama_num_gpu`
+    /// where it differs (experts, FFN weights or an RPC server's layers
+    /// Ollama cannot place), else `n_gpu_layers`.
+    #[must_use]
+    pub fn ollama_layers(&self) -> u32 {
+        self.ollama_num_gpu.unwrap_or(self.n_gpu_layers)
+    }
+
     /// Ollama's `num_gpu`: `None` (left unset) where llama.cpp's default is
     /// recommended, else the layers Ollama can run.
     #[must_use]
     pub fn ollama_num_gpu_param(&self) -> Option<u32> {
-        (!self.llama_default && !self.ollama_own_run).then(|| self.ollama_num_gpu.unwrap_or(self.n_gpu_layers))
+        (!self.llama_default && !self.ollama_own_run).then(|| self.ollama_layers())
     }
 
     /// The Modelfile's comment where num_gpu is left unset, and why.
@@ -144,13 +152,15 @@ impl Recommendation {
         }
     }
 
-    /// Renders the paste-ready forms from the fields: llama.cpp's flags,
-    /// Ollama's server settings, and the Modelfile lines with `ollama_ngl`
-    /// layers (no `num_gpu` where llama.cpp's default is recommended).
-    pub fn render_forms(&mut self, ollama_ngl: u32) {
+    /// Renders the paste-ready forms from the fields, and only from them:
+    /// llama.cpp's flags, Ollama's server settings, and the Modelfile lines
+    /// with [`Self::ollama_layers`] (no `num_gpu` where it is left unset).
+    /// Every stage that changes an answer calls this after, so the stored
+    /// forms never say other than the fields.
+    pub fn render_forms(&mut self) {
         self.llama_cpp_args = self.flags();
         self.ollama_server_env = self.placement().ollama_server_env();
-        self.modelfile = self.ollama_placement(ollama_ngl).modelfile_lines();
+        self.modelfile = self.ollama_placement().modelfile_lines();
         if let Some(line) = self.unset_num_gpu_line() {
             self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
             self.modelfile.insert(0, line.to_string());
@@ -163,17 +173,17 @@ impl Recommendation {
         self.placement().flags()
     }
 
-    /// The whole-layer placement Ollama can express: `num_gpu` layers, no
-    /// tensor overrides, no RPC devices.
+    /// The whole-layer placement Ollama can express: [`Self::ollama_layers`],
+    /// no tensor overrides, no RPC devices.
     #[must_use]
-    pub fn ollama_placement(&self, num_gpu: u32) -> Placement {
+    pub fn ollama_placement(&self) -> Placement {
         Placement {
             n_batch: self.n_batch,
             n_ubatch: self.n_ubatch,
             n_parallel: self.n_parallel,
             ..Placement::default()
         }
-        .with_layers(num_gpu, self.n_threads, Some(self.n_ctx))
+        .with_layers(self.ollama_layers(), self.n_threads, Some(self.n_ctx))
     }
 }
 

@@ -93,7 +93,7 @@ fn tune_context(
     let mut recommendation = placement::recommend(&layer_split, &hatches.options, s.n_threads);
     if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
         recommendation.rpc.clone_from(&s.rpc);
-        recommendation.llama_cpp_args = recommendation.flags();
+        recommendation.render_forms();
     }
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
     let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;

@@ -48,7 +48,7 @@ pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Resu
     let config = |p: &Profile| KlConfig {
         model: p.model.path.clone(),
         kv_type: KvType::F16,
-        n_gpu_layers: p.recommendation.ollama_num_gpu.unwrap_or(p.recommendation.n_gpu_layers),
+        n_gpu_layers: p.recommendation.ollama_layers(),
         op_offload: p.recommendation.op_offload,
     };
     let others: Vec<usize> = (0..profiles.len()).filter(|i| *i != r).collect();

@@ -202,7 +202,7 @@ pub fn recommendation(
         img_ms: rec.and_then(|t| t.result.image.as_ref()).map(crate::types::ImageTest::avg_ms),
         cpu_overrides: Vec::new(),
     };
-    r.render_forms(dense);
+    r.render_forms();
     r
 }
 

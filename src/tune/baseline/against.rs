@@ -72,8 +72,7 @@ pub fn ollama_run(
     let cmp = compare(search, rec, (fit, Opponent::OllamaRun), full)?;
     if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower | Verdict::Same) && !cmp.over_cap {
         rec.ollama_own_run = true;
-        let ngl = rec.ollama_num_gpu.unwrap_or(rec.n_gpu_layers);
-        rec.render_forms(ngl);
+        rec.render_forms();
     }
     Ok(Some(cmp))
 }

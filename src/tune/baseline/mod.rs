@@ -192,11 +192,9 @@ impl Opponent {
     fn mine(self, rec: &Recommendation, n_ctx: u32) -> Candidate {
         match self {
             Opponent::LlamaDefault => Candidate { ctx: n_ctx, ..candidate_of(rec) },
-            Opponent::OllamaRun => Candidate {
-                ctx: n_ctx,
-                kv: Some(rec.kv_type),
-                ..Candidate::layers(rec.ollama_num_gpu.unwrap_or(rec.n_gpu_layers), rec.n_threads)
-            },
+            Opponent::OllamaRun => {
+                Candidate { ctx: n_ctx, kv: Some(rec.kv_type), ..Candidate::layers(rec.ollama_layers(), rec.n_threads) }
+            }
         }
     }
 }
@@ -458,7 +456,7 @@ pub fn default_recommendation(
         rpc: ran.rpc,
         ..rec.clone()
     };
-    r.render_forms(ngl);
+    r.render_forms();
     r
 }
 

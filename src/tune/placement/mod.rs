@@ -642,14 +642,10 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
     let mem = o.device_bytes.map(|b| b as f64);
     r.mem_bytes = mem;
     r.measured = o.measured;
-    if o.kind == HatchKind::KvCache {
-        r.ollama_num_gpu = None;
-        r.render_forms(o.n_gpu_layers);
-    } else {
-        r.llama_cpp_args = r.flags();
-        // Ollama has no tensor overrides: its best is the whole-layer split.
-        r.ollama_num_gpu = Some(layer_split.ollama_num_gpu.unwrap_or(layer_split.n_gpu_layers));
-    }
+    // Ollama takes a quantized cache as a server setting, and has no
+    // tensor overrides: its best beside an FFN spill is the whole-layer split.
+    r.ollama_num_gpu = (o.kind != HatchKind::KvCache).then(|| layer_split.ollama_layers());
+    r.render_forms();
     r
 }
 

@@ -61,6 +61,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
     assert_eq!((r.n_gpu_layers, r.kv_type), (19, KvType::Q8_0));
     assert!(r.llama_cpp_args.ends_with("-ctk q8_0 -ctv q8_0 -fa on"), "{}", r.llama_cpp_args);
     assert_eq!(r.ollama_server_env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
+    assert!(r.modelfile.contains(&"PARAMETER num_gpu 19".to_string()), "Ollama runs it: {:?}", r.modelfile);
 
     // Over --max-kl, or quality unknown: not recommended blind; the FFN spill wins.
     for kl in [Some(0.2), None] {
@@ -74,6 +75,9 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
         assert!(v[0].note.contains("max-kl") || v[0].note.contains("blind"), "{}", v[0].note);
         let r = recommend(&layer_split(), &v, 2);
         assert_eq!(r.ollama_num_gpu, Some(7), "Ollama gets the whole-layer split");
+        // Every form is rendered from the fields: the Modelfile's layers are Ollama's, the flags the spill's.
+        assert!(r.modelfile.contains(&"PARAMETER num_gpu 7".to_string()), "{:?}", r.modelfile);
+        assert!(r.ollama_server_env.is_empty(), "{:?}", r.ollama_server_env);
         assert!(r.llama_cpp_args.contains("-ot 'blk"), "{}", r.llama_cpp_args);
     }
 

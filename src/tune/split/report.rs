@@ -94,6 +94,6 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     };
     let ollama = if r.rpc.is_empty() { o.n_gpu_layers } else { local };
     r.ollama_num_gpu = (ollama != r.n_gpu_layers).then_some(ollama);
-    r.render_forms(ollama);
+    r.render_forms();
     r
 }
