@@ -409,8 +409,8 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
         let power_w = meter.zip(span.as_ref()).and_then(|(m, s)| m.watts(s));
         let cpu_power_w = rapl.as_ref().zip(cpu_span.as_ref()).and_then(|(r, s)| r.watts(s));
         let run_log = logs::take();
-        let cut = match measured {
-            Ok(cut) => cut,
+        let ended = match measured {
+            Ok(ended) => ended,
             Err(e) => {
                 let log = format!("{ctx_log}{run_log}");
                 return fail(result, status_of(&log), format!("{e}: {}", last_error_line(&log)));
@@ -419,8 +419,11 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
         let streams = if n_prompt == 0 { spec.n_streams } else { 1 };
         let mut test =
             TestResult::from_samples(n_prompt, n_gen, n_ctx, samples).at_depth(spec.n_depth).with_streams(streams);
-        test.stopped_early = cut.is_some();
-        test.tokens_measured = cut.flatten();
+        test.stopped_early = ended != Ended::Ran;
+        test.tokens_measured = match ended {
+            Ended::CutAt(n) => Some(n),
+            Ended::Ran | Ended::CutAfterFirst => None,
+        };
         (test.power_w, test.cpu_power_w) = (power_w, cpu_power_w);
         test.j_per_token = test.joules_per_token();
         test.context_buffers = logs::parse_buffers(ctx_log);
@@ -604,9 +607,19 @@ impl Depth {
     }
 }
 
-/// llama-bench's repetitions of one test. `Ok(Some(..))`: raced and cut
-/// short: `Some(tokens)` when cut inside its first repetition (its sample
-/// is the rate of the tokens timed, over the whole test), `None` after it.
+/// How a test's repetitions ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Every repetition ran.
+    Ran,
+    /// Raced and cut inside its first repetition after this many tokens
+    /// (its sample is the rate of the tokens timed, over the whole test).
+    CutAt(u32),
+    /// Raced and cut after its first repetition.
+    CutAfterFirst,
+}
+
+/// llama-bench's repetitions of one test, and how they ended.
 fn measure(
     (ctx, depth): (&mut LlamaContext<'_>, &Depth),
     model: &LlamaModel,
@@ -614,7 +627,7 @@ fn measure(
     spec: &TrialSpec,
     (n_prompt, n_gen): (u32, u32),
     samples: &mut Vec<u64>,
-) -> Result<Option<Option<u32>>, String> {
+) -> Result<Ended, String> {
     let vocab = model.vocab();
     let n_vocab = model.n_vocab().max(1);
     let bos = if vocab.should_add_bos() { Some(vocab.bos()) } else { None };
@@ -652,16 +665,16 @@ fn measure(
             // The rate of what was timed, as if the test had run to its end at it.
             let whole = u128::from(ns) * u128::from(n_tokens) / u128::from(done.max(1));
             samples.push(u64::try_from(whole).unwrap_or(u64::MAX));
-            return Ok(Some(Some(done)));
+            return Ok(Ended::CutAt(done));
         }
         samples.push(ns);
         #[allow(clippy::cast_precision_loss)]
         let ts = counted * 1e9 / (ns as f64).max(1.0);
         if samples.len() == 1 && spec.repetitions > 1 && below.is_some_and(|b| ts < b) {
-            return Ok(Some(None));
+            return Ok(Ended::CutAfterFirst);
         }
     }
-    Ok(None)
+    Ok(Ended::Ran)
 }
 
 /// Whether a test timed since `limit.0` can no longer reach its threshold:
