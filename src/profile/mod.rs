@@ -667,8 +667,9 @@ pub struct SplitOption {
     pub recommended: bool,
     pub note: String,
     pub llama_cpp_args: String,
-    /// The KV cache type of both caches (a q8_0 cache where it lets more
-    /// layers onto the faster devices); absent: f16.
+    /// The KV cache type of both caches its trial ran: the workload's own
+    /// (`settings.kv_type`), or the hatch's q8_0 cache where it lets more
+    /// layers onto the faster devices; absent: f16.
     #[serde(default, skip_serializing_if = "crate::types::is_f16")]
     pub kv_type: KvType,
     /// Layers (from the first) whose dense FFN weights stay on the CPU
