@@ -1,12 +1,13 @@
 //! Ollama's rules, read in its source: how its server reads its
 //! environment (`envconfig`), the systemd unit it runs under, and what it
 //! passes llama-server for a model (slots, KV type, flash attention, batch,
-//! fit target, where the projector goes).
+//! fit target, where the projector goes); and a placement in Ollama's
+//! forms (Modelfile lines, server settings).
 
 use std::path::Path;
 
 use super::{parse_env_file, read_env_file, var_in, ServerEnv};
-use crate::types::{FlashAttn, KvType};
+use crate::types::{FlashAttn, KvType, Placement, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
 
 impl ServerEnv {
     fn number(&self, key: &str) -> Option<u64> {
@@ -333,6 +334,78 @@ pub fn ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) 
             .collect();
     }
     default_ctx(&totals, num("OLLAMA_GPU_OVERHEAD").unwrap_or(0), num("OLLAMA_CONTEXT_LENGTH"), ctx_train)
+}
+
+/// What Ollama's `num_batch` can say of a placement's batch sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumBatch {
+    /// llama.cpp's defaults (-b 2048 -ub 512): no num_batch, Ollama's own rule.
+    Default,
+    /// Equal sizes: `num_batch N`.
+    Num(u32),
+    /// Unequal sizes Ollama cannot pass.
+    Inexpressible,
+}
+
+/// Ollama's `num_ctx` of a placement: the context of one slot (Ollama
+/// starts llama-server with `-c num_ctx x P -np P`).
+#[must_use]
+pub fn num_ctx(p: &Placement) -> Option<u32> {
+    p.n_ctx.map(|c| c / p.n_parallel.max(1))
+}
+
+/// Ollama's `num_batch` for a placement's batch sizes: it passes one value
+/// as both `-b` and `-ub` (llm/llama_server.go).
+#[must_use]
+pub fn num_batch(p: &Placement) -> NumBatch {
+    if p.n_batch == p.n_ubatch {
+        NumBatch::Num(p.n_batch)
+    } else if (p.n_batch, p.n_ubatch) == (DEFAULT_N_BATCH, DEFAULT_N_UBATCH) {
+        NumBatch::Default
+    } else {
+        NumBatch::Inexpressible
+    }
+}
+
+/// A Modelfile's PARAMETER lines for a whole-layer placement (Ollama has
+/// no tensor overrides or RPC devices: callers pass the placement Ollama
+/// can express): layers, threads, the context of one slot, the batch size
+/// where Ollama can take it.
+#[must_use]
+pub fn modelfile_lines(p: &Placement) -> Vec<String> {
+    let mut v = vec![format!("PARAMETER num_gpu {}", p.n_gpu_layers), format!("PARAMETER num_thread {}", p.n_threads)];
+    if let Some(c) = num_ctx(p) {
+        v.push(format!("PARAMETER num_ctx {c}"));
+    }
+    match num_batch(p) {
+        NumBatch::Num(b) => v.push(format!("PARAMETER num_batch {b}")),
+        NumBatch::Default => {}
+        NumBatch::Inexpressible => v.push(format!(
+            "# measured with -b {} -ub {}; Ollama passes num_batch as both, so it cannot run these: tune with -b N --ubatch-size N for Ollama",
+            p.n_batch, p.n_ubatch
+        )),
+    }
+    v
+}
+
+/// The Ollama server settings a placement needs: they live in the
+/// server's environment and apply to every model it runs (the KV cache
+/// type, flash attention, parallel slots).
+#[must_use]
+pub fn server_settings(p: &Placement) -> Vec<String> {
+    let mut v = Vec::new();
+    if p.kv_type.is_quantized() {
+        v.push(format!("OLLAMA_KV_CACHE_TYPE={}", p.kv_type.as_str()));
+    }
+    match (p.kv_type.is_quantized(), p.flash_attn) {
+        (true, _) | (false, FlashAttn::On) => v.push("OLLAMA_FLASH_ATTENTION=1".into()),
+        (false, FlashAttn::Off) => v.push("OLLAMA_FLASH_ATTENTION=0".into()),
+        (false, FlashAttn::Auto) => {}
+    }
+    if p.n_parallel > 1 {
+        v.push(format!("OLLAMA_NUM_PARALLEL={}", p.n_parallel));
+    }
+    v
 }
 
 /// The Ollama server as the consumer: its environment, found or not (its

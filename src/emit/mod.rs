@@ -80,7 +80,8 @@ fn op_offload_comment(p: &Profile) -> &'static str {
 /// `OLLAMA_NUM_PARALLEL` multiplying it. `env` reads Ollama's variables.
 #[must_use]
 pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-    let n_ctx = u64::from(p.recommendation.placement().num_ctx().unwrap_or(p.recommendation.n_ctx));
+    let n_ctx =
+        u64::from(crate::consumer::ollama::num_ctx(&p.recommendation.placement()).unwrap_or(p.recommendation.n_ctx));
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
     let default = crate::consumer::ollama::ctx_here(&p.hardware, p.model.ctx_train, env);
     let tuned = u64::from(p.recommendation.n_parallel.max(1));
@@ -142,12 +143,16 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
         Format::OllamaOptions => {
             let num_gpu = r.ollama_num_gpu_param();
             let pl = r.placement();
-            let num_batch = match pl.ollama_num_batch() {
-                crate::types::OllamaBatch::Num(b) => Some(b),
+            let num_batch = match crate::consumer::ollama::num_batch(&pl) {
+                crate::consumer::ollama::NumBatch::Num(b) => Some(b),
                 _ => None,
             };
-            let o =
-                OllamaOptions { num_gpu, num_thread: r.n_threads, num_ctx: pl.num_ctx().unwrap_or(r.n_ctx), num_batch };
+            let o = OllamaOptions {
+                num_gpu,
+                num_thread: r.n_threads,
+                num_ctx: crate::consumer::ollama::num_ctx(&pl).unwrap_or(r.n_ctx),
+                num_batch,
+            };
             serde_json::to_string_pretty(&serde_json::json!({ "options": o }))? + "\n"
         }
         Format::Json => serde_json::to_string_pretty(p)? + "\n",

@@ -18,9 +18,9 @@ pub fn params(p: &Profile) -> Vec<(&'static str, Option<u32>)> {
     let mut v = vec![
         ("num_gpu", r.ollama_num_gpu_param()),
         ("num_thread", Some(r.n_threads)),
-        ("num_ctx", r.placement().num_ctx()),
+        ("num_ctx", crate::consumer::ollama::num_ctx(&r.placement())),
     ];
-    if let crate::types::OllamaBatch::Num(b) = r.placement().ollama_num_batch() {
+    if let crate::consumer::ollama::NumBatch::Num(b) = crate::consumer::ollama::num_batch(&r.placement()) {
         v.push(("num_batch", Some(b)));
     }
     v

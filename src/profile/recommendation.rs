@@ -159,8 +159,8 @@ impl Recommendation {
     /// forms never say other than the fields.
     pub fn render_forms(&mut self) {
         self.llama_cpp_args = self.flags();
-        self.ollama_server_env = self.placement().ollama_server_env();
-        self.modelfile = self.ollama_placement().modelfile_lines();
+        self.ollama_server_env = crate::consumer::ollama::server_settings(&self.placement());
+        self.modelfile = crate::consumer::ollama::modelfile_lines(&self.ollama_placement());
         if let Some(line) = self.unset_num_gpu_line() {
             self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
             self.modelfile.insert(0, line.to_string());

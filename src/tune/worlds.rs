@@ -104,7 +104,11 @@ pub fn recommendation() -> crate::profile::Recommendation {
         tg_ts: Some(3.0),
         pp_ts: Some(30.0),
         mem_bytes: Some(100.0),
-        modelfile: crate::types::Placement::default().with_layers(7, 2, Some(32768)).modelfile_lines(),
+        modelfile: crate::consumer::ollama::modelfile_lines(&crate::types::Placement::default().with_layers(
+            7,
+            2,
+            Some(32768),
+        )),
         llama_cpp_args: crate::types::Placement::default().with_layers(7, 2, Some(32768)).flags(),
         kv_type: crate::types::KvType::F16,
         n_cpu_ffn: 0,

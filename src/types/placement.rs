@@ -349,9 +349,11 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 /// Where each part of a model runs and with which llama.cpp settings: what
-/// a trial runs and what is emitted. It renders every consumer's form
-/// (llama.cpp flags, `LLAMA_ARG_*` environment, Modelfile lines, Ollama
-/// server settings); `llama_args::parse` reads the flags back.
+/// a trial runs and what is emitted. It renders llama.cpp's own forms
+/// (flags, llama-server's `LLAMA_ARG_*` environment), which
+/// `llama_args::parse` and `llama_args::from_env` read back; a consumer's
+/// forms are its room's (`consumer::ollama::modelfile_lines`,
+/// `consumer::ollama::server_settings`).
 /// Field names are llama-bench's, and the trial spec's JSON (it is flattened there).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
@@ -439,17 +441,6 @@ fn is_op_on(o: &OpOffload) -> bool {
 #[must_use]
 pub fn is_layer(m: &SplitMode) -> bool {
     *m == SplitMode::Layer
-}
-
-/// What Ollama's `num_batch` can say of a placement's batch sizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OllamaBatch {
-    /// llama.cpp's defaults (-b 2048 -ub 512): no num_batch, Ollama's own rule.
-    Default,
-    /// Equal sizes: `num_batch N`.
-    Num(u32),
-    /// Unequal sizes Ollama cannot pass.
-    Inexpressible,
 }
 
 impl Default for Placement {
@@ -685,70 +676,6 @@ impl Placement {
             if !self.mmproj_offload {
                 v.push(("LLAMA_ARG_MMPROJ_OFFLOAD", "false".into()));
             }
-        }
-        v
-    }
-
-    /// Ollama's `num_ctx`: the context of one slot (Ollama starts
-    /// llama-server with `-c num_ctx x P -np P`).
-    #[must_use]
-    pub fn num_ctx(&self) -> Option<u32> {
-        self.n_ctx.map(|c| c / self.n_parallel.max(1))
-    }
-
-    /// Ollama's `num_batch` for these batch sizes: it passes one value as
-    /// both `-b` and `-ub` (llm/llama_server.go).
-    #[must_use]
-    pub fn ollama_num_batch(&self) -> OllamaBatch {
-        if self.n_batch == self.n_ubatch {
-            OllamaBatch::Num(self.n_batch)
-        } else if (self.n_batch, self.n_ubatch) == (DEFAULT_N_BATCH, DEFAULT_N_UBATCH) {
-            OllamaBatch::Default
-        } else {
-            OllamaBatch::Inexpressible
-        }
-    }
-
-    /// An Ollama Modelfile's PARAMETER lines for this whole-layer placement
-    /// (Ollama has no tensor overrides or RPC devices: callers pass the
-    /// placement Ollama can express): layers, threads, the context of one
-    /// slot, the batch size where Ollama can take it.
-    #[must_use]
-    pub fn modelfile_lines(&self) -> Vec<String> {
-        let mut v = vec![
-            format!("PARAMETER num_gpu {}", self.n_gpu_layers),
-            format!("PARAMETER num_thread {}", self.n_threads),
-        ];
-        if let Some(c) = self.num_ctx() {
-            v.push(format!("PARAMETER num_ctx {c}"));
-        }
-        match self.ollama_num_batch() {
-            OllamaBatch::Num(b) => v.push(format!("PARAMETER num_batch {b}")),
-            OllamaBatch::Default => {}
-            OllamaBatch::Inexpressible => v.push(format!(
-                "# measured with -b {} -ub {}; Ollama passes num_batch as both, so it cannot run these: tune with -b N --ubatch-size N for Ollama",
-                self.n_batch, self.n_ubatch
-            )),
-        }
-        v
-    }
-
-    /// The Ollama server settings this placement needs: they live in the
-    /// server's environment and apply to every model it runs (the KV cache
-    /// type, flash attention, parallel slots).
-    #[must_use]
-    pub fn ollama_server_env(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if self.kv_type.is_quantized() {
-            v.push(format!("OLLAMA_KV_CACHE_TYPE={}", self.kv_type.as_str()));
-        }
-        match (self.kv_type.is_quantized(), self.flash_attn) {
-            (true, _) | (false, FlashAttn::On) => v.push("OLLAMA_FLASH_ATTENTION=1".into()),
-            (false, FlashAttn::Off) => v.push("OLLAMA_FLASH_ATTENTION=0".into()),
-            (false, FlashAttn::Auto) => {}
-        }
-        if self.n_parallel > 1 {
-            v.push(format!("OLLAMA_NUM_PARALLEL={}", self.n_parallel));
         }
         v
     }

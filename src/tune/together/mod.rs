@@ -284,9 +284,9 @@ fn set_profile(
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 device_bytes: own.and_then(|t| trial_memory(&t.result, &memory).0).map(|m| m.max(0.0) as u64),
                 why: choose::why(ngl, p.req.info.n_layer_full, shares[i], &alone, &others),
-                modelfile: placement.modelfile_lines(),
+                modelfile: crate::consumer::ollama::modelfile_lines(&placement),
             };
-            (member, placement.ollama_server_env())
+            (member, crate::consumer::ollama::server_settings(&placement))
         })
         .unzip();
     let (ollama_server_env, ollama_note) = crate::emit::together::ollama(&members, &envs, &memory);
