@@ -14,13 +14,15 @@ use crate::profile::Profile;
 /// default placement is recommended), and an existing line of it removed.
 #[must_use]
 pub fn params(p: &Profile) -> Vec<(&'static str, Option<u32>)> {
+    use crate::consumer::ollama::{num_batch, num_ctx, NumBatch};
     let r = &p.recommendation;
+    let placement = r.placement();
     let mut v = vec![
         ("num_gpu", r.ollama_num_gpu_param()),
         ("num_thread", Some(r.n_threads)),
-        ("num_ctx", crate::consumer::ollama::num_ctx(&r.placement())),
+        ("num_ctx", num_ctx(&placement)),
     ];
-    if let crate::consumer::ollama::NumBatch::Num(b) = crate::consumer::ollama::num_batch(&r.placement()) {
+    if let NumBatch::Num(b) = num_batch(&placement) {
         v.push(("num_batch", Some(b)));
     }
     v

@@ -128,12 +128,6 @@ impl PredictCase {
     pub fn layers(ngl: u32, n_ctx: u32) -> PredictCase {
         PredictCase { ngl, n_ctx, kv_type: None, n_cpu_ffn: 0, n_cpu_moe: 0 }
     }
-
-    /// The same placement with a KV cache of type `kv` (`None`: the tune's own).
-    #[must_use]
-    pub fn with_kv(self, kv: Option<crate::types::KvType>) -> PredictCase {
-        PredictCase { kv_type: kv, ..self }
-    }
 }
 
 /// What to predict: the tuning settings and the ngl values.
@@ -748,7 +742,10 @@ mod tests {
         assert!(whole_layers(4).prices(&spec));
         assert!(!whole_layers(3).prices(&spec));
         // A case naming f16 is not that trial; one naming q8_0 is.
-        let case = |kv| Prediction { case: Some(PredictCase::layers(4, 256).with_kv(Some(kv))), ..whole_layers(4) };
+        let case = |kv| {
+            let c = PredictCase { kv_type: Some(kv), ..PredictCase::layers(4, 256) };
+            Prediction { case: Some(c), ..whole_layers(4) }
+        };
         assert!(!case(crate::types::KvType::F16).prices(&spec));
         assert!(case(crate::types::KvType::Q8_0).prices(&spec));
     }

@@ -158,8 +158,9 @@ impl Recommendation {
     /// Every stage that changes an answer calls this after, so the stored
     /// forms never say other than the fields.
     pub fn render_forms(&mut self) {
-        self.llama_cpp_args = self.flags();
-        self.ollama_server_env = crate::consumer::ollama::server_settings(&self.placement());
+        let placement = self.placement();
+        self.llama_cpp_args = placement.flags();
+        self.ollama_server_env = crate::consumer::ollama::server_settings(&placement);
         self.modelfile = crate::consumer::ollama::modelfile_lines(&self.ollama_placement());
         if let Some(line) = self.unset_num_gpu_line() {
             self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));

@@ -43,6 +43,14 @@ pub struct HatchInputs {
 }
 
 impl HatchInputs {
+    /// Full offload at `n_ctx`, with KV cache type `kv` (`None`: the
+    /// workload's own) and the dense FFN weights of the first `n_cpu_ffn`
+    /// layers on the CPU: the placements the hatches price.
+    #[must_use]
+    pub fn at_full(&self, n_ctx: u32, kv: Option<KvType>, n_cpu_ffn: u32) -> PredictCase {
+        PredictCase { ngl: self.full, n_ctx, kv_type: kv, n_cpu_ffn, n_cpu_moe: 0 }
+    }
+
     /// What llama.cpp runs for a priced case (the servers only when layers are offloaded).
     #[must_use]
     pub fn placement(&self, case: PredictCase) -> crate::types::Placement {
@@ -125,17 +133,16 @@ pub fn ffn_layers_needed(one: Option<u64>, all: Option<u64>, n_layer: u32, cap: 
 
 /// The placements the dry run prices first.
 fn first_cases(h: &HatchInputs) -> Vec<PredictCase> {
-    let full = |n_ctx, kv_type, n_cpu_ffn| PredictCase { ngl: h.full, n_ctx, kv_type, n_cpu_ffn, n_cpu_moe: 0 };
     let mut v = vec![
-        full(h.n_ctx, None, 0),
-        full(h.n_ctx, Some(KvType::Q8_0), 0),
-        full(h.n_ctx, Some(KvType::Q4_0), 0),
-        full(h.n_ctx / 2, None, 0),
-        full(h.n_ctx / 2, Some(KvType::Q8_0), 0),
+        h.at_full(h.n_ctx, None, 0),
+        h.at_full(h.n_ctx, Some(KvType::Q8_0), 0),
+        h.at_full(h.n_ctx, Some(KvType::Q4_0), 0),
+        h.at_full(h.n_ctx / 2, None, 0),
+        h.at_full(h.n_ctx / 2, Some(KvType::Q8_0), 0),
     ];
     if !h.is_moe && h.n_layer > 0 {
-        v.push(full(h.n_ctx, None, 1));
-        v.push(full(h.n_ctx, None, h.n_layer));
+        v.push(h.at_full(h.n_ctx, None, 1));
+        v.push(h.at_full(h.n_ctx, None, h.n_layer));
     }
     v
 }
@@ -162,8 +169,7 @@ pub fn escape_hatches(
     layer_split: &Recommendation,
 ) -> Result<Hatches> {
     let mut preds = search.price_cases(&first_cases(h));
-    let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
-    let own = find(&preds, full(h.n_ctx, None, 0));
+    let own = find(&preds, h.at_full(h.n_ctx, None, 0));
     let Some(own_bytes) = bytes(own) else {
         let why = own.and_then(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
         return Ok(Hatches {
@@ -185,17 +191,17 @@ pub fn escape_hatches(
     let Second { shorter, k, spills: priced, partial, .. } = second;
     // The line through K = 1 and K = n_layer is close, not exact (compute
     // buffers move too): the fewest priced K that fits, and its neighbour.
-    let spills: Vec<u32> = match priced.iter().position(|k| under(&preds, full(h.n_ctx, None, *k), h.cap)) {
+    let spills: Vec<u32> = match priced.iter().position(|k| under(&preds, h.at_full(h.n_ctx, None, *k), h.cap)) {
         Some(i) => priced[i..].iter().take(2).copied().collect(),
         None => priced.last().copied().into_iter().collect(),
     };
 
     // Measure what can fit and win: one KV type (the lightest that is
     // needed), the FFN spills that fit.
-    let kv_pick = if under(&preds, full(h.n_ctx, Some(KvType::Q8_0), 0), h.cap) {
+    let kv_pick = if under(&preds, h.at_full(h.n_ctx, Some(KvType::Q8_0), 0), h.cap) {
         Some(KvType::Q8_0)
     } else {
-        under(&preds, full(h.n_ctx, Some(KvType::Q4_0), 0), h.cap).then_some(KvType::Q4_0)
+        under(&preds, h.at_full(h.n_ctx, Some(KvType::Q4_0), 0), h.cap).then_some(KvType::Q4_0)
     };
     // Or: the most layers a q8_0 cache lets on, when that is more than the layer split's.
     let kv_at = match kv_pick {
@@ -210,7 +216,7 @@ pub fn escape_hatches(
     to_measure.extend(
         spills
             .iter()
-            .filter(|k| under(&preds, full(h.n_ctx, None, **k), h.cap))
+            .filter(|k| under(&preds, h.at_full(h.n_ctx, None, **k), h.cap))
             .map(|k| Candidate { n_cpu_ffn: *k, ..base }),
     );
     search.progress.plan(to_measure.len() as u64);
@@ -320,20 +326,19 @@ struct Second {
 }
 
 fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Second {
-    let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
     let at = |c| bytes(find(preds, c));
     let shorter: Vec<(Option<KvType>, u32)> = [None, Some(KvType::Q8_0)]
         .into_iter()
         .filter_map(|kv| {
-            let c = largest_ctx(at(full(h.n_ctx / 2, kv, 0)), at(full(h.n_ctx, kv, 0)), h.n_ctx, h.cap)?;
+            let c = largest_ctx(at(h.at_full(h.n_ctx / 2, kv, 0)), at(h.at_full(h.n_ctx, kv, 0)), h.n_ctx, h.cap)?;
             (c < h.n_ctx).then_some((kv, c))
         })
         .collect();
     let k = if fits_fully || h.is_moe {
         FfnNeed::None
     } else {
-        let one = at(full(h.n_ctx, None, 1));
-        ffn_layers_needed(one, at(full(h.n_ctx, None, h.n_layer)), h.n_layer, h.cap)
+        let one = at(h.at_full(h.n_ctx, None, 1));
+        ffn_layers_needed(one, at(h.at_full(h.n_ctx, None, h.n_layer)), h.n_layer, h.cap)
             .map_or(FfnNeed::Beyond, FfnNeed::Layers)
     };
     let spills: Vec<u32> = match k {
@@ -344,20 +349,20 @@ fn second_round(h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Seco
     #[allow(clippy::cast_precision_loss)]
     let kv_fits = [KvType::Q8_0, KvType::Q4_0]
         .iter()
-        .any(|kv| at(full(h.n_ctx, Some(*kv), 0)).is_some_and(|b| b as f64 <= h.cap));
+        .any(|kv| at(h.at_full(h.n_ctx, Some(*kv), 0)).is_some_and(|b| b as f64 <= h.cap));
     let partial: Vec<PredictCase> = if kv_fits {
         Vec::new()
     } else {
         h.grid
             .iter()
             .filter(|n| **n > 0 && **n < h.full)
-            .map(|n| PredictCase { ngl: *n, ..full(h.n_ctx, Some(KvType::Q8_0), 0) })
+            .map(|n| PredictCase { ngl: *n, ..h.at_full(h.n_ctx, Some(KvType::Q8_0), 0) })
             .collect()
     };
     let cases = shorter
         .iter()
-        .map(|(kv, c)| full(*c, *kv, 0))
-        .chain(spills.iter().map(|k| full(h.n_ctx, None, *k)))
+        .map(|(kv, c)| h.at_full(*c, *kv, 0))
+        .chain(spills.iter().map(|k| h.at_full(h.n_ctx, None, *k)))
         .chain(partial.iter().copied())
         .collect();
     Second { shorter, k, spills, partial, cases }
@@ -441,30 +446,29 @@ impl World<'_> {
         layer_split: &Recommendation,
     ) -> Vec<PlacementOption> {
         let h = self.h;
-        let full = |ctx, kv, k| PredictCase { ngl: h.full, n_ctx: ctx, kv_type: kv, n_cpu_ffn: k, n_cpu_moe: 0 };
         let mut v = Vec::new();
         if kv_pick.is_some() && kv_at < h.full {
             // Over the cap at full offload with either type; the q8_0 cache at the most layers it lets on.
-            let q8 = full(h.n_ctx, Some(KvType::Q8_0), 0);
+            let q8 = h.at_full(h.n_ctx, Some(KvType::Q8_0), 0);
             let mut o = self.option(HatchKind::KvCache, PredictCase { ngl: kv_at, ..q8 });
             if o.note.is_empty() {
-                let q4 = full(h.n_ctx, Some(KvType::Q4_0), 0);
+                let q4 = h.at_full(h.n_ctx, Some(KvType::Q4_0), 0);
                 o.note = format!("full offload is {}", self.over_even(q4, " even with q4_0"));
             }
             v.push(o);
         }
         for kv in [KvType::Q8_0, KvType::Q4_0].into_iter().filter(|_| kv_at == h.full || kv_pick.is_none()) {
-            let mut o = self.option(HatchKind::KvCache, full(h.n_ctx, Some(kv), 0));
+            let mut o = self.option(HatchKind::KvCache, h.at_full(h.n_ctx, Some(kv), 0));
             if Some(kv) != kv_pick {
                 if kv == KvType::Q4_0 && kv_pick == Some(KvType::Q8_0) {
                     continue; // q8_0 is enough: q4_0 would only cost quality
                 }
-                o.note = self.over(full(h.n_ctx, Some(kv), 0));
+                o.note = self.over(h.at_full(h.n_ctx, Some(kv), 0));
             }
             v.push(o);
         }
         for (kv, c) in shorter {
-            let mut o = self.option(HatchKind::ShorterContext, full(*c, *kv, 0));
+            let mut o = self.option(HatchKind::ShorterContext, h.at_full(*c, *kv, 0));
             o.note = format!(
                 "the largest context that fits fully with an {} KV cache; another workload, so predicted by llama.cpp's dry run, not measured",
                 kv.unwrap_or(h.kv).as_str()
@@ -478,7 +482,7 @@ impl World<'_> {
 
     fn spill_options(&self, k: FfnNeed, spills: &[u32]) -> Vec<PlacementOption> {
         let h = self.h;
-        let full = |k| PredictCase { ngl: h.full, n_ctx: h.n_ctx, kv_type: None, n_cpu_ffn: k, n_cpu_moe: 0 };
+        let full = |k| h.at_full(h.n_ctx, None, k);
         match k {
             // Full offload fits, or MoE: the MoE search keeps the experts on the CPU.
             FfnNeed::None => Vec::new(),
