@@ -6,10 +6,11 @@
 use anyhow::Result;
 
 use super::executor::WorkerExecutor;
+use super::hatch::{self, Topology};
 use super::plan::{self, Plan};
 use super::search::{self, Checkpointing, Search};
 use super::start::Shared;
-use super::{baseline, memory, ollama, placement, pricer, quality, split, summary, verdict};
+use super::{baseline, memory, ollama, pricer, quality, split, summary, verdict};
 use crate::model::ModelInfo;
 use crate::profile::{Confidence, MemoryPolicy, Settings};
 use crate::progress::Progress;
@@ -85,12 +86,12 @@ fn tune_context(
     let energy = s.objective == crate::types::Objective::Energy;
     let hatches = match policy.filter(|_| !several && !kv_fixed && !plan.no_gpu && priced_ok && !energy) {
         Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
-        None => placement::Hatches::default(),
+        None => hatch::Hatches::default(),
     };
     notes.extend(hatches.notes.iter().cloned());
     let split = if several { Some(split(sh, s, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
-    let mut recommendation = placement::recommend(&layer_split, &hatches.options, s.n_threads);
+    let mut recommendation = hatch::recommend(&layer_split, &hatches.options, s.n_threads);
     if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
         recommendation.rpc.clone_from(&s.rpc);
         recommendation.render_forms();
@@ -246,8 +247,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     // scored with every layer on this CPU (the scoring child has no RPC servers).
     let bound = (quality::speeds_at(&search.trials, 0), quality::bound_s(&search.trials));
     let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload, bound);
-    split::kv_hatch(search, &inp, &mut found, &mut assess)?;
-    split::ffn_hatch(search, &inp, &mut found)?;
+    hatch::run(Topology::Several { inp: &inp, found: &mut found }, search, &mut assess)?;
     split::split_modes(search, &inp, &mut found)?;
     found.notes.extend(search.take_unpriced().map(|e| Note::split(dry_run_failed("splits", &e))));
     let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
@@ -273,9 +273,9 @@ fn hatches(
     plan: &Plan,
     search: &mut Search<'_>,
     layer_split: &crate::profile::Recommendation,
-) -> Result<placement::Hatches> {
+) -> Result<hatch::Hatches> {
     let info = &sh.opts.info;
-    let h = placement::HatchInputs {
+    let h = hatch::HatchInputs {
         full: plan.full,
         n_layer: plan.n_layer,
         is_moe: plan.is_moe,
@@ -291,7 +291,7 @@ fn hatches(
     let ngl = layer_split.n_gpu_layers;
     let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
     let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload, bound);
-    let mut found = placement::escape_hatches(search, &h, &mut assess, layer_split)?;
+    let mut found = hatch::run(Topology::One { h: &h, layer_split }, search, &mut assess)?;
     let failed = search.take_unpriced();
     found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(s.n_ctx)));
     Ok(found)

@@ -33,7 +33,7 @@ pub fn candidates(full_cap: &[u32], partial_cap: &[u32], full: u32) -> Vec<(Stri
 /// The fastest splits by each device's measured speed, under the
 /// capacities the costs give: every layer offloaded, and (unless `--ngl`
 /// fixes the count) only the devices that beat the CPU.
-pub(super) fn speed_candidates(
+pub(in crate::tune) fn speed_candidates(
     m: &SpeedModel,
     s: &Settings,
     full: u32,
@@ -66,17 +66,17 @@ pub(super) fn speed_candidates(
 }
 
 /// The objective's score of predicted rates.
-pub(super) fn predicted_score(m: &SpeedModel, s: &Settings, x: &Split) -> f64 {
+pub(in crate::tune) fn predicted_score(m: &SpeedModel, s: &Settings, x: &Split) -> f64 {
     let (tg, pp) = m.predict(x);
     crate::tune::choose::score_for(s, Some(tg), pp).unwrap_or(0.0)
 }
 
 /// A split as `(label, layers and order)`.
-pub(super) type Labelled = (String, Split);
+pub(in crate::tune) type Labelled = (String, Split);
 
 /// Priced exactly; a device over its cap gives up the layers its cost
 /// says it must (to the CPU), up to three times. What fits every cap.
-pub(super) fn price_all(
+pub(in crate::tune) fn price_all(
     mut todo: Vec<Labelled>,
     predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
     devs: &[DeviceCap],

@@ -139,7 +139,7 @@ pub(super) type Capacities = (Vec<DeviceCost>, Vec<u32>, Vec<u32>);
 /// Each device's cost and its capacity in layers under its cap, at full
 /// and at partial offload, from two dry runs (every device an even share,
 /// and half that); `Err` says why the dry run gave no answer.
-pub(super) fn capacities(
+pub(in crate::tune) fn capacities(
     predict: &mut dyn FnMut(&[Split]) -> Vec<Prediction>,
     devs: &[DeviceCap],
     full: u32,

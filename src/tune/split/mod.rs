@@ -15,17 +15,18 @@
 //! and in reverse; or, when the layers do not all fit, every device at its
 //! capacity and the rest on the CPU. Each is priced exactly, trimmed a
 //! layer at a time while over a cap; only what is predicted faster than
-//! every split measured is measured (without probes, every one). Then a
-//! q8_0 KV cache where it lets more layers onto the faster devices, split
-//! modes row and tensor, and the answer paired with llama.cpp's default and
-//! fit splits. The recommendation is the fastest measured split under
+//! every split measured is measured (without probes, every one). Then the
+//! escape hatches that have a form across devices (`tune::hatch`: a q8_0
+//! KV cache where it lets more layers onto the faster devices, the FFN
+//! spill), split modes row and tensor, and the answer paired with
+//! llama.cpp's default and fit splits. The recommendation is the fastest measured split under
 //! every device's cap.
 //!
 //! The parts: `capacity` (each device's cost and capacity, pure but for
 //! the dry run it is handed), `candidates` (the splits worth pricing, each
 //! priced and trimmed), `probe` (each device's speed), this file (the
-//! stage), `hatches` (the q8_0 cache and the FFN spill), `modes` (row and
-//! tensor), `pairing` (with llama.cpp's own splits), `report`.
+//! stage), `modes` (row and tensor), `pairing` (with llama.cpp's own
+//! splits), `report`.
 
 use anyhow::Result;
 
@@ -39,17 +40,15 @@ use crate::types::{KvType, LlamaDevice, Role, TrialStatus};
 
 mod candidates;
 mod capacity;
-mod hatches;
 mod modes;
 mod pairing;
 mod probe;
 mod report;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use candidates::*;
 pub use capacity::*;
-pub use hatches::*;
 pub use modes::*;
 pub use pairing::*;
 pub use probe::*;
@@ -353,7 +352,7 @@ pub fn accounted(r: &crate::types::TrialResult, devs: &[DeviceCap]) -> Vec<u64> 
     in_device_order(&r.accounted_per_device(), devs)
 }
 
-fn option_of(
+pub(in crate::tune) fn option_of(
     label: &str,
     split: &Split,
     predicted: Vec<u64>,
@@ -411,7 +410,7 @@ fn option_of(
 
 /// [`choose`] again after more options: the notes that compared with the
 /// last recommendation go first.
-fn choose_again(found: &mut SplitFound, s: &Settings) {
+pub(in crate::tune) fn choose_again(found: &mut SplitFound, s: &Settings) {
     for x in &mut found.options {
         if x.note.ends_with("against the recommendation") {
             x.note.clear();
@@ -422,7 +421,7 @@ fn choose_again(found: &mut SplitFound, s: &Settings) {
 
 /// Whether a split of `ngl` layers may be recommended: any, unless
 /// `--ngl` fixes the count (`most`: full offload's, as the options have it).
-fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
+pub(in crate::tune) fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
     s.grid.as_ref().filter(|g| g.len() == 1).is_none_or(|g| g[0].min(most) == ngl)
 }
 

@@ -12,7 +12,7 @@ use super::*;
 pub const MEASURED_BY_SPEED: usize = 2;
 
 /// The rates of a trial (tg, pp), where it ran.
-pub(super) fn rates(t: &crate::profile::ProfileTrial) -> (Option<f64>, Option<f64>) {
+pub(in crate::tune) fn rates(t: &crate::profile::ProfileTrial) -> (Option<f64>, Option<f64>) {
     (t.result.test(false).map(|x| x.avg_ts), t.result.test(true).map(|x| x.avg_ts))
 }
 
@@ -149,7 +149,10 @@ pub(super) fn probe_speeds(
 
 /// The search's trial with every layer on the CPU with `threads` threads,
 /// measured to the end.
-pub(super) fn all_cpu(trials: &[crate::profile::ProfileTrial], threads: u32) -> Option<&crate::profile::ProfileTrial> {
+pub(in crate::tune) fn all_cpu(
+    trials: &[crate::profile::ProfileTrial],
+    threads: u32,
+) -> Option<&crate::profile::ProfileTrial> {
     trials.iter().find(|t| {
         let p = &t.result.spec.placement;
         t.result.status == TrialStatus::Ok

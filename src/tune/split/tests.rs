@@ -17,7 +17,7 @@ fn dev(name: &str, backend: &str, desc: &str, kind: &str, total: u64) -> LlamaDe
     }
 }
 
-fn caps(bytes: &[u64]) -> Vec<DeviceCap> {
+pub(crate) fn caps(bytes: &[u64]) -> Vec<DeviceCap> {
     bytes
         .iter()
         .enumerate()
@@ -408,7 +408,7 @@ fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
 }
 
 /// What the search and the stage are given to do `then` with.
-type Then<'t> = dyn FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound) + 't;
+pub(crate) type Then<'t> = dyn FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound) + 't;
 
 /// How the fixed world's dry run prices splits (by KV type and FFN layers on the CPU).
 type PriceFn = fn(&[Split], crate::types::KvType, u32) -> Vec<Prediction>;
@@ -421,13 +421,15 @@ fn world_price(x: &[Split], kv: crate::types::KvType, k: u32) -> Vec<Prediction>
 /// --ngl 21 and llama.cpp's default split measured by the search, the
 /// split stage, then `then` (the search, the inputs, what the stage
 /// found); what was found and measured.
-fn fixed_world(then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound)) -> (SplitFound, Vec<Vec<u32>>) {
+pub(crate) fn fixed_world(
+    then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound),
+) -> (SplitFound, Vec<Vec<u32>>) {
     fixed_world_priced(0.0, &[0.0, 0.0], world_price, Box::new(then))
 }
 
 /// As [`fixed_world`], `-sm tensor` adding `tensor_ms` to a token, each
 /// device's link round trip `link_ms`.
-fn fixed_world_with(
+pub(crate) fn fixed_world_with(
     tensor_ms: f64,
     link_ms: &[f64],
     then: impl FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound),
@@ -459,95 +461,6 @@ fn fixed_world_priced(
     then(&mut search, &inp, &mut found);
     drop(search);
     (found, world.measured)
-}
-
-/// The fixed world, then the q8_0 hatch with a cache of this quality
-/// (KL divergence 0.002 passes the default gate, 0.5 not).
-fn with_kv_hatch(kl: f64) -> (SplitFound, Vec<Vec<u32>>) {
-    let quality = crate::types::Quality {
-        kl_mean: kl,
-        kl_p99: kl * 5.0,
-        top1_agree: 0.99,
-        tokens: 512,
-        reference: "f16 KV cache".into(),
-        non_finite: 0,
-        depth: 0,
-        depth_asked: 0,
-        wall_s: 0.0,
-    };
-    fixed_world(|search, inp, found| {
-        let mut assess = |_| Ok(Some(quality.clone()));
-        kv_hatch(search, inp, found, &mut assess).unwrap();
-    })
-}
-
-#[test]
-fn a_q8_0_cache_is_measured_where_it_lets_more_layers_onto_the_fast_device() {
-    // With a q8_0 cache a layer takes 8 MB: D1 holds 15 at full offload, 3 more than with f16.
-    let (found, measured) = with_kv_hatch(0.002);
-    assert_eq!(measured.last(), Some(&vec![6, 15]), "{measured:?}");
-    let best = &found.options[found.best.unwrap()];
-    assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![6, 15], crate::types::KvType::Q8_0));
-    // 20 + 6 - 7.5 = 18.5 ms a token, as predicted, against 23 for the f16 split.
-    let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
-    assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 18.5).abs() < 0.5, "{p} {m}");
-    assert!(best.fits && best.llama_cpp_args.contains("-ctk q8_0 -ctv q8_0 -fa on"), "{}", best.llama_cpp_args);
-    let devs = caps(&[105_000_000, 150_000_000]);
-    let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
-    assert_eq!(r.kv_type, crate::types::KvType::Q8_0);
-    // A cache whose quality fails the gate is measured, not recommended.
-    let (found, _) = with_kv_hatch(0.5);
-    let best = &found.options[found.best.unwrap()];
-    assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![9, 12], crate::types::KvType::F16));
-    let q8 = found.options.iter().find(|o| o.kv_type.is_quantized()).unwrap();
-    assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
-}
-
-/// The fixed world, then FFN spill with these link costs, then the
-/// pairing with llama.cpp's default split; what was found, measured
-/// (layers), and the FFN layers on the CPU in each paired trial.
-fn with_ffn_hatch(link_ms: &[f64]) -> (SplitFound, Vec<Vec<u32>>, Vec<u32>) {
-    let mut paired = Vec::new();
-    let (found, measured) = fixed_world_with(0.0, link_ms, |search, inp, found| {
-        ffn_hatch(search, inp, found).unwrap();
-        found.against = against_llama(search, found, inp, None).unwrap();
-        let trials = search.trials.iter().filter(|t| t.role == Role::Paired);
-        paired = trials.map(|t| t.result.spec.placement.n_cpu_ffn).collect();
-    });
-    (found, measured, paired)
-}
-
-#[test]
-fn ffn_spill_lets_the_fast_device_hold_every_layer_where_it_is_predicted_faster() {
-    // D1 (fast) holds 12 of 21 layers in f16; alone with all 21 it is 90 MB
-    // over its 150 MB cap; the FFN (6 MB) of 15 layers on the CPU fits.
-    let (found, measured, paired) = with_ffn_hatch(&[0.0, 0.0]);
-    assert!(measured.contains(&vec![0, 21]), "{measured:?}");
-    // Paired with llama.cpp's default split as it is emitted: the spill kept.
-    assert_eq!(paired, vec![15, 0, 15, 0, 15, 0], "{measured:?}");
-    let best = &found.options[found.best.unwrap()];
-    assert_eq!((best.tensor_split.clone(), best.n_cpu_ffn), (vec![0, 21], 15), "{:?}", found.options);
-    assert!(best.fits && best.accounted_bytes[1] <= 150_000_000, "{:?}", best.accounted_bytes);
-    // 20 - 10.5 + 15 x 0.6 x 0.5 = 14 ms a token, as predicted, against 23 for 9 + 12.
-    let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
-    assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 14.0).abs() < 0.5, "{p} {m}");
-    assert!(
-        best.llama_cpp_args
-            .contains("-ot 'blk\\.(0|1|2|3|4|5|6|7|8|9|10|11|12|13|14)\\.ffn_(up|down|gate)\\.weight=CPU'"),
-        "{}",
-        best.llama_cpp_args
-    );
-    assert!(best.llama_cpp_args.contains("-ts 0,21"), "{}", best.llama_cpp_args);
-    let devs = caps(&[105_000_000, 150_000_000]);
-    let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
-    assert_eq!((r.n_cpu_ffn, r.tensor_split.clone()), (15, vec![0, 21]));
-    // Behind a link that costs 1 ms a token there and back, each spilled
-    // layer crosses it again: 9.5 + 1 + 15 x 1.3 = 30 ms predicted,
-    // slower than 23: not measured.
-    let (found, measured, _) = with_ffn_hatch(&[0.0, 1.0]);
-    assert!(!measured.contains(&vec![0, 21]), "{measured:?}");
-    assert_eq!(found.options[found.best.unwrap()].tensor_split, vec![9, 12]);
-    assert!(found.notes.iter().any(|n| n.to_string().contains("predicted slower")), "{:?}", found.notes);
 }
 
 /// Row refused by the dry run, tensor priced on llama.cpp's meta device

@@ -1,0 +1,386 @@
+//! Beyond the whole-layer split: the escape hatches of the guide our users
+//! read, in its order, each one file behind one interface ([`Hatch`]):
+//! `kv` (a quantized KV cache), `shorter` (a shorter context), `ffn` (the
+//! dense FFN weights of K layers on the CPU), `layer_split` (the
+//! whole-layer split the search found, the option every other is judged
+//! against). A MoE model's experts on the CPU (`--n-cpu-moe`) are searched
+//! with the layers (`search::experts`), not here.
+//!
+//! Each hatch works over a [`Topology`]. With one offload device, when
+//! full offload at the requested context does not fit (or the KV cache is
+//! a large share of the cap), llama.cpp's dry run prices what each hatch
+//! asks; what can fit and win is measured (raced against the best so far),
+//! the rest is reported as predicted with the reason, and the best measured
+//! option under the cap (and under the quality limit) is recommended
+//! (`choose`). With several devices, each hatch that has a form across
+//! them adds its split to what the split stage found.
+
+use anyhow::Result;
+
+use super::plan::Candidate;
+use super::search::Search;
+use super::split::{SplitFound, SplitInputs};
+use crate::engine::predict::{PredictCase, Prediction};
+use crate::model::human_bytes;
+use crate::profile::{HatchKind, PlacementOption, ProfileTrial, Recommendation};
+use crate::types::Quality;
+use crate::types::{KvType, Role, TrialStatus};
+
+mod choose;
+pub mod ffn;
+pub mod kv;
+mod layer_split;
+mod shorter;
+#[cfg(test)]
+mod tests;
+
+pub use choose::{choose, recommend};
+pub use ffn::ffn_layers_needed;
+pub use shorter::largest_ctx;
+
+/// The KV cache is worth shrinking when it takes at least this share of the cap.
+pub const KV_SHARE: f64 = 0.25;
+
+/// What the hatches need to know about the model and the cap (one device).
+#[derive(Debug, Clone)]
+pub struct HatchInputs {
+    pub full: u32,
+    pub n_layer: u32,
+    pub is_moe: bool,
+    pub cap: f64,
+    pub n_ctx: u32,
+    /// The workload's own KV cache type: what a case that names none runs.
+    pub kv: KvType,
+    pub threads: u32,
+    pub op_offload: bool,
+    /// RPC servers whose devices the placements use (`--rpc` in their flags when layers are offloaded).
+    pub rpc: Vec<String>,
+    /// The whole-layer grid (where a quantized KV cache is priced when it
+    /// does not fit at full offload).
+    pub grid: Vec<u32>,
+}
+
+impl HatchInputs {
+    /// Full offload at `n_ctx`, with KV cache type `kv` (`None`: the
+    /// workload's own) and the dense FFN weights of the first `n_cpu_ffn`
+    /// layers on the CPU: the placements the hatches price.
+    #[must_use]
+    pub fn at_full(&self, n_ctx: u32, kv: Option<KvType>, n_cpu_ffn: u32) -> PredictCase {
+        PredictCase { ngl: self.full, n_ctx, kv_type: kv, n_cpu_ffn, n_cpu_moe: 0 }
+    }
+
+    /// What llama.cpp runs for a priced case (the servers only when layers are offloaded).
+    #[must_use]
+    pub fn placement(&self, case: PredictCase) -> crate::types::Placement {
+        let rpc = if case.ngl > 0 { self.rpc.as_slice() } else { &[] };
+        crate::types::Placement { n_cpu_ffn: case.n_cpu_ffn, ..crate::types::Placement::default() }
+            .with_layers(case.ngl, self.threads, Some(case.n_ctx))
+            .with_kv(case.kv_type.unwrap_or(self.kv))
+            .with_op_offload(self.op_offload)
+            .with_split(&[], rpc)
+    }
+}
+
+/// Where the layers can go, and what the hatches there start from.
+pub enum Topology<'t, 'a> {
+    /// One offload device: full offload priced, the whole-layer split
+    /// (`layer_split`) the option to beat.
+    One { h: &'t HatchInputs, layer_split: &'t Recommendation },
+    /// Several: the split stage's answer, which each hatch adds to.
+    Several { inp: &'t SplitInputs<'a>, found: &'t mut SplitFound },
+}
+
+/// An escape hatch: what it prices, what it measures, the options it
+/// offers, at one device and across several. With one device the stage
+/// calls, in order: [`Hatch::first`] (priced with full offload at the
+/// asked context), [`Hatch::second`] (what that solved, priced exactly),
+/// [`Hatch::candidates`] (measured), [`Hatch::options`]. A hatch with no
+/// form across devices (another context is another workload; the layer
+/// split is the split stage itself) keeps [`Hatch::several`]'s default.
+pub trait Hatch {
+    /// The cases its first dry run prices (full offload at the asked
+    /// context is priced for every hatch).
+    fn first(&self, _h: &HatchInputs) -> Vec<PredictCase> {
+        Vec::new()
+    }
+
+    /// After the first dry run: what it solved, to price exactly.
+    fn second(&mut self, _h: &HatchInputs, _preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
+        Vec::new()
+    }
+
+    /// What it measures, beside the whole-layer split (`layer_split`); it
+    /// may price more through the search (`preds` gains those answers).
+    fn candidates(
+        &mut self,
+        _h: &HatchInputs,
+        _layer_split: &Recommendation,
+        _preds: &mut Vec<Prediction>,
+        _search: &mut Search<'_>,
+    ) -> Vec<Candidate> {
+        Vec::new()
+    }
+
+    /// The quantized KV cache it measures, whose quality is checked where
+    /// it could be chosen.
+    fn lossy(&self) -> Option<KvType> {
+        None
+    }
+
+    /// Its options at one device, from what was priced and measured.
+    fn options(&self, w: &World<'_>) -> Vec<PlacementOption>;
+
+    /// With several devices: priced, measured where it can win, and added
+    /// to `found` (which is chosen again).
+    ///
+    /// # Errors
+    /// What the executor or `assess` returns (an interrupt).
+    fn several(
+        &mut self,
+        _search: &mut Search<'_>,
+        _inp: &SplitInputs<'_>,
+        _found: &mut SplitFound,
+        _assess: &mut Assessor<'_>,
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The hatches in the guides' order (the order of their options).
+fn in_order() -> Vec<Box<dyn Hatch>> {
+    vec![
+        Box::<kv::KvCache>::default(),
+        Box::<shorter::ShorterContext>::default(),
+        Box::<ffn::FfnSpill>::default(),
+        Box::new(layer_split::LayerSplit),
+    ]
+}
+
+/// What the hatch stage found at one context.
+#[derive(Debug, Clone, Default)]
+pub struct Hatches {
+    pub fits_fully: bool,
+    pub kv_bytes: Option<u64>,
+    pub options: Vec<PlacementOption>,
+    pub notes: Vec<crate::types::Note>,
+}
+
+/// Measures the quality of a KV cache type against f16.
+pub type Assessor<'a> = dyn FnMut(KvType) -> Result<Option<Quality>> + 'a;
+
+/// Every hatch over the topology. Measured trials join the search's
+/// (role `hatch`). With several devices they join `found`, and what is
+/// returned is empty.
+///
+/// # Errors
+/// What the executor or `assess` returns (an interrupt keeps the finished trials).
+pub fn run(topology: Topology<'_, '_>, search: &mut Search<'_>, assess: &mut Assessor<'_>) -> Result<Hatches> {
+    match topology {
+        Topology::One { h, layer_split } => one_device(search, h, assess, layer_split),
+        Topology::Several { inp, found } => {
+            for mut hatch in in_order() {
+                hatch.several(search, inp, found, assess)?;
+            }
+            Ok(Hatches::default())
+        }
+    }
+}
+
+fn bytes(p: Option<&Prediction>) -> Option<u64> {
+    p.filter(|p| p.error.is_none()).map(|p| p.device_bytes)
+}
+
+/// The device KV cache (the context buffers) of a prediction.
+fn kv_of(p: Option<&Prediction>) -> Option<u64> {
+    let p = p.filter(|p| p.error.is_none())?;
+    Some(
+        p.buffers
+            .iter()
+            .filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type))
+            .map(|b| b.context)
+            .sum(),
+    )
+}
+
+/// Where a line through (x0, y0) and (x1, y1) reaches `cap`.
+#[allow(clippy::cast_precision_loss)]
+fn reach(x0: f64, y0: u64, x1: f64, y1: u64, cap: f64) -> Option<f64> {
+    let slope = (y1 as f64 - y0 as f64) / (x1 - x0);
+    (slope.abs() > f64::EPSILON).then(|| x0 + (cap - y0 as f64) / slope)
+}
+
+/// Priced under the cap.
+#[allow(clippy::cast_precision_loss)]
+fn under(preds: &[Prediction], c: PredictCase, cap: f64) -> bool {
+    bytes(find(preds, c)).is_some_and(|b| b as f64 <= cap)
+}
+
+fn find(preds: &[Prediction], c: PredictCase) -> Option<&Prediction> {
+    preds.iter().find(|p| p.case == Some(c))
+}
+
+/// Each case once, in the order first asked.
+fn once(cases: impl IntoIterator<Item = PredictCase>) -> Vec<PredictCase> {
+    let mut v: Vec<PredictCase> = Vec::new();
+    for c in cases {
+        if !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// The hatch stage at one device, at the search's context after the
+/// whole-layer search.
+fn one_device(
+    search: &mut Search<'_>,
+    h: &HatchInputs,
+    assess: &mut Assessor<'_>,
+    layer_split: &Recommendation,
+) -> Result<Hatches> {
+    let mut hatches = in_order();
+    let own_case = h.at_full(h.n_ctx, None, 0);
+    let first = once(std::iter::once(own_case).chain(hatches.iter().flat_map(|x| x.first(h))));
+    let mut preds = search.price_cases(&first);
+    let own = find(&preds, own_case);
+    let Some(own_bytes) = bytes(own) else {
+        let why = own.and_then(|p| p.error.clone()).unwrap_or_else(|| "no answer".into());
+        return Ok(Hatches {
+            notes: vec![crate::types::Note::hatch(format!("escape hatches not priced: {why}"))],
+            ..Hatches::default()
+        });
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let fits_fully = own_bytes as f64 <= h.cap;
+    let kv_bytes = kv_of(own);
+    #[allow(clippy::cast_precision_loss)]
+    let kv_large = kv_bytes.is_some_and(|k| k as f64 >= KV_SHARE * h.cap);
+    if fits_fully && !kv_large {
+        return Ok(Hatches { fits_fully, kv_bytes, ..Hatches::default() });
+    }
+    let second: Vec<PredictCase> = hatches.iter_mut().flat_map(|x| x.second(h, &preds, fits_fully)).collect();
+    preds.extend(search.price_cases(&second));
+    search.predicted.extend(preds.iter().cloned());
+    // Measure what can fit and win, raced against the best so far.
+    let mut to_measure = Vec::new();
+    for x in &mut hatches {
+        to_measure.extend(x.candidates(h, layer_split, &mut preds, search));
+    }
+    search.progress.plan(to_measure.len() as u64);
+    for c in to_measure {
+        if !search.trials.iter().any(|t| t.role == Role::Hatch && c.is(&t.result.spec)) {
+            let race = search.race();
+            search.measure(Role::Hatch, c, Some(race))?;
+        }
+    }
+    let options_of = |quality| {
+        let world = World { h, preds: &preds, trials: &search.trials, quality, layer_split };
+        hatches.iter().flat_map(|x| x.options(&world)).collect::<Vec<_>>()
+    };
+    // The quality check reads the text twice (minutes on a slow host): only
+    // where the quantized cache would be chosen if it passed.
+    let kv_pick = hatches.iter().find_map(|x| x.lossy());
+    let could_win = kv_pick.is_some_and(|kv| {
+        let mut options = options_of(Some((kv, Quality::passing())));
+        choose(&mut options, search.settings());
+        options.iter().any(|o| o.recommended && choose::lossy(o))
+    });
+    let quality = match kv_pick {
+        Some(kv) if could_win => assess(kv)?.map(|q| (kv, q)),
+        _ => None,
+    };
+    let mut options = options_of(quality);
+    let notes = choose(&mut options, search.settings());
+    if kv_pick.is_some() && !could_win {
+        choose::unchecked(&mut options, search.settings());
+    }
+    Ok(Hatches { fits_fully, kv_bytes, options, notes })
+}
+
+/// What the options at one device are made of.
+pub struct World<'a> {
+    h: &'a HatchInputs,
+    preds: &'a [Prediction],
+    trials: &'a [ProfileTrial],
+    quality: Option<(KvType, Quality)>,
+    layer_split: &'a Recommendation,
+}
+
+impl World<'_> {
+    fn measured(&self, c: Candidate) -> Option<&ProfileTrial> {
+        self.trials.iter().rev().find(|t| t.role == Role::Hatch && c.is(&t.result.spec))
+    }
+
+    /// Bytes priced for a case.
+    fn bytes(&self, case: PredictCase) -> Option<u64> {
+        bytes(find(self.preds, case))
+    }
+
+    fn option(&self, kind: HatchKind, case: PredictCase) -> PlacementOption {
+        let predicted = self.bytes(case);
+        let c =
+            Candidate { kv: case.kv_type, n_cpu_ffn: case.n_cpu_ffn, ..Candidate::layers(case.ngl, self.h.threads) };
+        let t = (case.n_ctx == self.h.n_ctx).then(|| self.measured(c)).flatten();
+        let ok = t.filter(|t| t.result.status == TrialStatus::Ok);
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let device_bytes = ok.and_then(|t| t.mem_bytes.map(|m| m as u64)).or(predicted);
+        #[allow(clippy::cast_precision_loss)]
+        let fits = match ok {
+            Some(t) => !t.over_cap,
+            None => t.is_none() && predicted.is_some_and(|b| b as f64 <= self.h.cap),
+        };
+        let note = match (t, ok) {
+            (Some(t), None) => format!("{}: {}", t.result.status.as_str(), t.result.reason.clone().unwrap_or_default()),
+            _ => String::new(),
+        };
+        PlacementOption {
+            kind,
+            n_ctx: case.n_ctx,
+            n_gpu_layers: case.ngl,
+            n_cpu_ffn: case.n_cpu_ffn,
+            kv_type: case.kv_type.unwrap_or(self.h.kv),
+            measured: ok.is_some(),
+            tg_ts: ok.and_then(|t| t.result.test(false)).map(|x| x.avg_ts),
+            pp_ts: ok.and_then(|t| t.result.test(true)).map(|x| x.avg_ts),
+            tg_se_ts: ok.and_then(|t| t.result.test(false)).and_then(standard_error),
+            pp_se_ts: ok.and_then(|t| t.result.test(true)).and_then(standard_error),
+            device_bytes,
+            fits,
+            quality: self
+                .quality
+                .as_ref()
+                .filter(|(kv, _)| Some(*kv) == case.kv_type && kv.is_quantized())
+                .map(|(_, q)| q.clone()),
+            recommended: false,
+            note,
+            llama_cpp_args: self.h.placement(case).flags(),
+        }
+    }
+
+    fn over(&self, case: PredictCase) -> String {
+        self.over_even(case, "")
+    }
+
+    /// "over the cap{even}: llama.cpp's dry run predicts ...", `even` saying
+    /// what was already tried ("even with q4_0").
+    fn over_even(&self, case: PredictCase, even: &str) -> String {
+        self.bytes(case).map_or_else(
+            || "llama.cpp's dry run could not price it".into(),
+            |b| {
+                format!("over the cap{even}: llama.cpp's dry run predicts {} > {}", human_bytes(b), cap_str(self.h.cap))
+            },
+        )
+    }
+}
+
+fn cap_str(cap: f64) -> String {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    human_bytes(cap.max(0.0) as u64)
+}
+
+/// The standard error of a test's mean speed (t/s), from its samples.
+fn standard_error(t: &crate::types::TestResult) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss)]
+    let n = t.samples_ts.len() as f64;
+    (n >= 2.0).then(|| t.stddev_ts / n.sqrt())
+}
