@@ -112,11 +112,16 @@ pub struct DeviceBudget {
 pub struct Settings {
     pub target_vram: f64,
     pub vram_budget_bytes: Option<u64>,
+    /// The context asked: the largest tuned with several (`contexts`).
+    /// A tune's stages read the one they work at from their
+    /// `tune::plan::ContextRun`, never from here.
     pub n_ctx: u32,
     pub n_prompt: u32,
     pub n_gen: u32,
     pub repetitions: u32,
     pub n_threads: u32,
+    /// The batch asked (`-b`, `-ub`, the consumer's); Ollama's own steps
+    /// down per context (`ContextRun`, the recommendation's).
     pub n_batch: u32,
     pub n_ubatch: u32,
     pub flash_attn: crate::types::FlashAttn,

@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use super::executor::WorkerExecutor;
 use super::hatch::{self, Topology};
-use super::plan::{self, Plan};
+use super::plan::{self, ContextRun, Plan};
 use super::search::{self, Checkpointing, Search};
 use super::start::Shared;
 use super::{baseline, memory, ollama, pricer, quality, split, summary, verdict};
@@ -38,9 +38,9 @@ pub(super) fn every_context(sh: &Shared<'_>, checkpoint: Checkpointing) -> Resul
     let mut checkpoint = Some(checkpoint);
     let mut outcomes = Vec::new();
     for ctx in s.contexts() {
-        let mut sc = Settings { n_ctx: ctx, ..s.clone() };
-        let batch = ollama::batch_here(sh, &mut sc);
-        let (mut o, c) = tune_context(sh, &sc, checkpoint.take())?;
+        let mut at = ContextRun::of(s, ctx);
+        let batch = ollama::batch_here(sh, &mut at);
+        let (mut o, c) = tune_context(sh, at, checkpoint.take())?;
         o.notes.extend(batch);
         checkpoint = c;
         outcomes.push(o);
@@ -51,19 +51,20 @@ pub(super) fn every_context(sh: &Shared<'_>, checkpoint: Checkpointing) -> Resul
 /// The whole-layer search at one context size, then its escape hatches.
 fn tune_context(
     sh: &Shared<'_>,
-    s: &Settings,
+    at: ContextRun,
     checkpoint: Option<Checkpointing>,
 ) -> Result<(ContextOutcome, Option<Checkpointing>)> {
-    let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
+    let (info, policy, s) = (&sh.opts.info, sh.policy.as_ref(), &sh.opts.settings);
     let mut plan = plan_for(info, s, &sh.hw, policy.is_none());
     let names = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
-    let mut pricer = pricer::ChildPricer::new(sh.exe.clone(), pricer::workload_spec(info, s, sh.op_offload), names);
-    let (mut prediction, mut notes) = priced_plan(sh, s, &mut plan, &mut pricer);
-    let mut executor = executor(sh, s);
+    let mut pricer = pricer::ChildPricer::new(sh.exe.clone(), pricer::workload_spec(info, s, at, sh.op_offload), names);
+    let (mut prediction, mut notes) = priced_plan(sh, at, &mut plan, &mut pricer);
+    let mut executor = executor(sh, at);
     let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
     let progress = Progress::new(sh.opts.progress, planned);
-    let mut search = Search::new(s, &mut executor, policy.cloned(), progress, checkpoint).with_pricer(Box::new(pricer));
-    search.host_cap = Some(host_cap(sh, s, prediction.as_ref())?);
+    let mut search =
+        Search::new(s, at, &mut executor, policy.cloned(), progress, checkpoint).with_pricer(Box::new(pricer));
+    search.host_cap = Some(host_cap(sh, prediction.as_ref())?);
     search.predicted = prediction.as_ref().map(|p| p.predictions.clone()).unwrap_or_default();
     search.confirmations_priced = prediction.as_ref().is_some_and(|p| p.error.is_none());
     let found = search.run(&plan)?;
@@ -76,7 +77,7 @@ fn tune_context(
     notes.extend(found.notes.iter().cloned());
     let layer_split = {
         let t = &search.trials;
-        summary::recommendation(&found, t, s, info.n_layer_full, sh.op_offload, Confidence::High)
+        summary::recommendation(&found, t, (s, at), info.n_layer_full, sh.op_offload, Confidence::High)
     };
     let several = sh.opts.caps.len() >= 2 && !plan.no_gpu;
     // A KV type the consumer's server forces leaves Ollama whole layers only.
@@ -85,11 +86,11 @@ fn tune_context(
     // Energy chooses among whole layers: the hatches are judged by speed alone.
     let energy = s.objective == crate::types::Objective::Energy;
     let hatches = match policy.filter(|_| !several && !kv_fixed && !plan.no_gpu && priced_ok && !energy) {
-        Some(p) => hatches(sh, s, p, &plan, &mut search, &layer_split)?,
+        Some(p) => hatches(sh, p, &plan, &mut search, &layer_split)?,
         None => hatch::Hatches::default(),
     };
     notes.extend(hatches.notes.iter().cloned());
-    let split = if several { Some(split(sh, s, &plan, &mut search)?) } else { None };
+    let split = if several { Some(split(sh, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
     let mut recommendation = hatch::recommend(&layer_split, &hatches.options, s.n_threads);
     if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
@@ -112,7 +113,7 @@ fn tune_context(
     let options = hatches.options;
     let split = split.and_then(|f| apply_split(&mut recommendation, f, &sh.opts.caps, &s.rpc));
     let mut placement = crate::profile::ContextPlacement {
-        n_ctx: s.n_ctx,
+        n_ctx: at.n_ctx,
         fits_fully: hatches.fits_fully,
         kv_bytes: hatches.kv_bytes,
         recommendation,
@@ -145,12 +146,8 @@ fn apply_split(
 
 /// The host memory cap, where some placement the device can hold stays
 /// under it (else the tune is bad input: it would only swap).
-fn host_cap(
-    sh: &Shared<'_>,
-    s: &Settings,
-    prediction: Option<&crate::profile::PredictionReport>,
-) -> Result<(u64, String)> {
-    let (info, host) = (&sh.opts.info, memory::host_cap(s, &sh.hw.ram));
+fn host_cap(sh: &Shared<'_>, prediction: Option<&crate::profile::PredictionReport>) -> Result<(u64, String)> {
+    let (info, host) = (&sh.opts.info, memory::host_cap(&sh.opts.settings, &sh.hw.ram));
     match (prediction, sh.policy.as_ref()) {
         (Some(pr), Some(p)) => memory::check_host(&pr.predictions, p.cap_bytes, &host)?,
         // Every layer on the CPU, no dry run: the weights alone say it.
@@ -174,12 +171,12 @@ fn quality_seconds(options: &[crate::profile::PlacementOption], split: Option<&s
 /// adaptive search's top end, priced (it may lie between grid points).
 fn priced_plan(
     sh: &Shared<'_>,
-    s: &Settings,
+    at: ContextRun,
     plan: &mut Plan,
     pricer: &mut dyn pricer::Pricer,
 ) -> (Option<crate::profile::PredictionReport>, Vec<Note>) {
-    let (info, policy) = (&sh.opts.info, sh.policy.as_ref());
-    let mut prediction = policy.map(|p| memory::predict(&sh.exe, info, s, p, &plan.full_grid, sh.op_offload));
+    let (info, policy, s) = (&sh.opts.info, sh.policy.as_ref(), &sh.opts.settings);
+    let mut prediction = policy.map(|p| memory::predict(&sh.exe, (info, s, at), p, &plan.full_grid, sh.op_offload));
     let mut notes = Vec::new();
     if let (Some(pr), Some(p)) = (prediction.as_mut(), policy) {
         plan.predicted_over.clone_from(&pr.predicted_over_cap);
@@ -207,8 +204,8 @@ fn priced_plan(
 }
 
 /// The worker executor for this context's trials (the depth cache shared).
-fn executor<'s>(sh: &'s Shared<'_>, s: &Settings) -> WorkerExecutor<'s> {
-    let mut base = base_spec(&sh.opts.info, s, sh.op_offload);
+fn executor<'s>(sh: &'s Shared<'_>, at: ContextRun) -> WorkerExecutor<'s> {
+    let mut base = base_spec(&sh.opts.info, &sh.opts.settings, at, sh.op_offload);
     base.depth_cache.clone_from(&sh.depth_cache);
     let devices = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
     WorkerExecutor::new(&sh.runner, base, devices)
@@ -216,9 +213,10 @@ fn executor<'s>(sh: &'s Shared<'_>, s: &Settings) -> WorkerExecutor<'s> {
 
 /// The split across several devices at the search's context, priced by
 /// the dry run in a child (with llama.cpp's own fit for the same caps).
-fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
-    let info = &sh.opts.info;
+fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
+    let (info, s, at) = (&sh.opts.info, &sh.opts.settings, search.at());
     let inp = split::SplitInputs {
+        n_ctx: at.n_ctx,
         devs: &sh.opts.caps,
         full: plan.full,
         threads: s.n_threads,
@@ -228,7 +226,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
         is_moe: info.is_moe(),
         #[allow(clippy::cast_precision_loss)]
         layer_bytes: info.total_layer_bytes() as f64 / f64::from(info.n_layer.max(1)),
-        links: split::links(&sh.opts.caps, &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), s.n_ubatch),
+        links: split::links(&sh.opts.caps, &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), at.n_ubatch),
     };
     // A kept trial worker holds its connection to each server, and a
     // server serves one client at a time: end it before asking them.
@@ -246,7 +244,7 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
     // A quantized cache's quality does not depend on where the layers run:
     // scored with every layer on this CPU (the scoring child has no RPC servers).
     let bound = (quality::speeds_at(&search.trials, 0), quality::bound_s(&search.trials));
-    let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, s, sh.op_offload, bound);
+    let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, (s, at.depth), sh.op_offload, bound);
     hatch::run(Topology::Several { inp: &inp, found: &mut found }, search, &mut assess)?;
     split::split_modes(search, &inp, &mut found)?;
     found.notes.extend(search.take_unpriced().map(|e| Note::split(dry_run_failed("splits", &e))));
@@ -268,19 +266,18 @@ fn split(sh: &Shared<'_>, s: &Settings, plan: &Plan, search: &mut Search<'_>) ->
 /// child, the KV cache's quality measured in another.
 fn hatches(
     sh: &Shared<'_>,
-    s: &Settings,
     policy: &MemoryPolicy,
     plan: &Plan,
     search: &mut Search<'_>,
     layer_split: &crate::profile::Recommendation,
 ) -> Result<hatch::Hatches> {
-    let info = &sh.opts.info;
+    let (info, s, at) = (&sh.opts.info, &sh.opts.settings, search.at());
     let h = hatch::HatchInputs {
         full: plan.full,
         n_layer: plan.n_layer,
         is_moe: plan.is_moe,
         cap: policy.cap_bytes,
-        n_ctx: s.n_ctx,
+        n_ctx: at.n_ctx,
         kv: s.kv_type,
         threads: s.n_threads,
         op_offload: sh.op_offload,
@@ -290,10 +287,11 @@ fn hatches(
     // Quality does not depend on where the layers run: score at the fastest measured split.
     let ngl = layer_split.n_gpu_layers;
     let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
-    let mut assess = |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, s, sh.op_offload, bound);
+    let mut assess =
+        |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, (s, at.depth), sh.op_offload, bound);
     let mut found = hatch::run(Topology::One { h: &h, layer_split }, search, &mut assess)?;
     let failed = search.take_unpriced();
-    found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(s.n_ctx)));
+    found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(at.n_ctx)));
     Ok(found)
 }
 
@@ -329,17 +327,17 @@ fn plan_for(info: &ModelInfo, s: &Settings, hw: &Hardware, no_gpu: bool) -> Plan
     }
 }
 
-/// The trial spec every candidate starts from: the settings' workload.
-pub(super) fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> TrialSpec {
+/// The trial spec every candidate starts from: the settings' workload at context `at`.
+pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload: bool) -> TrialSpec {
     TrialSpec {
         model: info.path.clone(),
         placement: crate::types::Placement {
-            n_batch: s.n_batch,
-            n_ubatch: s.n_ubatch,
+            n_batch: at.n_batch,
+            n_ubatch: at.n_ubatch,
             flash_attn: s.flash_attn,
             ..crate::types::Placement::default()
         }
-        .with_layers(0, s.n_threads, Some(s.n_ctx))
+        .with_layers(0, s.n_threads, Some(at.n_ctx))
         .with_parallel(s.n_parallel)
         .with_kv(s.kv_type)
         .with_op_offload(op_offload)
@@ -347,7 +345,7 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> Tri
         .with_mmproj(s.mmproj.as_deref()),
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
-        n_depth: s.depth_at(s.n_ctx),
+        n_depth: at.depth,
         depth_cache: None,
         kv_base: s.kv_type,
         repetitions: s.repetitions,

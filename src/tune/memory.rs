@@ -239,8 +239,7 @@ fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
 /// same memory margin.
 pub fn predict(
     exe: &Path,
-    info: &ModelInfo,
-    s: &Settings,
+    (info, s, at): (&ModelInfo, &Settings, super::plan::ContextRun),
     policy: &MemoryPolicy,
     grid: &[u32],
     op_offload: bool,
@@ -254,7 +253,7 @@ pub fn predict(
         fit_margin_bytes: margin,
         default_fit: true,
         ollama_fit: ollama_ask(s),
-        ..super::pricer::workload_spec(info, s, op_offload)
+        ..super::pricer::workload_spec(info, s, at, op_offload)
     };
     match predict_in_child(exe, &spec) {
         Ok(out) => {

@@ -2,6 +2,7 @@
 //! stepped down for the model's predicted memory as its scheduler does
 //! (server/sched.go). Ollama's own run is paired in `baseline::against`.
 
+use super::plan::ContextRun;
 use crate::engine::predict::{predict_in_child, PredictSpec};
 use crate::profile::Settings;
 use crate::types::Note;
@@ -23,11 +24,12 @@ fn available(sh: &Shared<'_>) -> u64 {
 /// predicted memory (llama.cpp's dry run of full offload at this context,
 /// Ollama's prediction being of the whole model) against the device's free
 /// memory. The note says what it chose and why.
-pub(super) fn batch_here(sh: &Shared<'_>, s: &mut Settings) -> Option<Note> {
+pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
+    let s = &sh.opts.settings;
     if !auto_batch(s) {
         return None;
     }
-    let rule = crate::consumer::ollama::batch(s.n_ctx);
+    let rule = crate::consumer::ollama::batch(at.n_ctx);
     let free = available(sh);
     let full = sh.opts.info.n_layer_full;
     let predicted = if free == 0 || rule == 512 {
@@ -37,15 +39,15 @@ pub(super) fn batch_here(sh: &Shared<'_>, s: &mut Settings) -> Option<Note> {
             ngl: vec![full],
             n_batch: 512,
             n_ubatch: 512,
-            ..super::pricer::workload_spec(&sh.opts.info, s, sh.op_offload)
+            ..super::pricer::workload_spec(&sh.opts.info, s, *at, sh.op_offload)
         };
         let out = predict_in_child(&sh.exe, &spec).ok();
         out.and_then(|o| o.predictions.into_iter().find(|p| p.error.is_none())).map_or(0, |p| p.device_bytes)
     };
     let cuda = sh.hw.llama_devices.iter().find(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
     let cuda_without_fa = cuda.filter(|_| s.flash_attn == crate::types::FlashAttn::Off).map(|d| d.memory_total);
-    let b = crate::consumer::ollama::batch_for(s.n_ctx, predicted, free, cuda_without_fa);
-    (s.n_batch, s.n_ubatch) = (b, b);
+    let b = crate::consumer::ollama::batch_for(at.n_ctx, predicted, free, cuda_without_fa);
+    (at.n_batch, at.n_ubatch) = (b, b);
     let why = if b < rule && cuda_without_fa.is_none() {
         format!(
             ", stepped down from {rule}: the model takes {} of {} free (Ollama wants 60% for 2048, 75% for 1024)",
@@ -57,5 +59,5 @@ pub(super) fn batch_here(sh: &Shared<'_>, s: &mut Settings) -> Option<Note> {
     } else {
         String::new()
     };
-    Some(Note::consumer(format!("Ollama's batch at {} tokens: -b {b} -ub {b}{why}", s.n_ctx)))
+    Some(Note::consumer(format!("Ollama's batch at {} tokens: -b {b} -ub {b}{why}", at.n_ctx)))
 }

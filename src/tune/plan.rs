@@ -3,7 +3,29 @@
 
 use anyhow::Result;
 
+use crate::profile::Settings;
 use crate::types::{CpuInfo, Decision, KvType};
+
+/// The context one stage works on: its size, the depth its tests run at
+/// and the batch it runs with (Ollama's batch steps down per context).
+/// The settings' own `n_ctx` is the request's record (the largest context
+/// tuned); a stage reads its context here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextRun {
+    pub n_ctx: u32,
+    /// Tokens in the KV cache before each test ([`Settings::depth_at`]).
+    pub depth: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+}
+
+impl ContextRun {
+    /// Context `n_ctx` of the settings: its depth by their rule, their batch.
+    #[must_use]
+    pub fn of(s: &Settings, n_ctx: u32) -> ContextRun {
+        ContextRun { n_ctx, depth: s.depth_at(n_ctx), n_batch: s.n_batch, n_ubatch: s.n_ubatch }
+    }
+}
 
 /// The default grid: 0, 10, 20, ... below full offload, then full offload
 /// (n_layer + 1: this llama.cpp counts the output layer, which goes first).

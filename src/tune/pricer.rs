@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::plan::Split;
+use super::plan::{ContextRun, Split};
 use crate::engine::predict::{predict_in_child, LlamaFitSplit, PredictCase, PredictSpec, Prediction, SplitCase};
 use crate::model::ModelInfo;
 use crate::profile::Settings;
@@ -50,15 +50,15 @@ pub trait Pricer {
     fn fit_split(&mut self, margins: &[u64]) -> Result<Option<LlamaFitSplit>>;
 }
 
-/// A dry run of the settings' workload at their context that prices nothing yet.
+/// A dry run of the settings' workload at context `at` that prices nothing yet.
 #[must_use]
-pub fn workload_spec(info: &ModelInfo, s: &Settings, op_offload: bool) -> PredictSpec {
+pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload: bool) -> PredictSpec {
     PredictSpec {
         model: info.path.clone(),
         ngl: Vec::new(),
-        n_ctx: s.n_ctx,
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
+        n_ctx: at.n_ctx,
+        n_batch: at.n_batch,
+        n_ubatch: at.n_ubatch,
         flash_attn: s.flash_attn,
         op_offload,
         fit_margin_bytes: None,

@@ -70,8 +70,8 @@ pub fn kl_depth(depth: u32, speed: Option<(f64, f64)>, bound_s: f64) -> u32 {
 /// A quantized KV cache against f16, both at `ngl` layers on the GPU
 /// (the settings' RPC devices among them: scored where the trials run, so a
 /// slow host does not read the text twice at its own speed), reading the
-/// tuned depth or, where that would cost more than `bound_s` at the speeds
-/// measured there, less ([`kl_depth`]).
+/// tuned depth (`asked`, the context's) or, where that would cost more
+/// than `bound_s` at the speeds measured there, less ([`kl_depth`]).
 /// `None` when it could not be measured (the reason goes to stderr: the
 /// hatch is then not recommended).
 ///
@@ -83,12 +83,11 @@ pub fn kv_quality(
     info: &ModelInfo,
     kv: KvType,
     ngl: u32,
-    s: &Settings,
+    (s, asked): (&Settings, u32),
     op_offload: bool,
     (speed, bound_s): (Option<(f64, f64)>, f64),
 ) -> anyhow::Result<Option<Quality>> {
     let config = |kv_type| KlConfig { model: info.path.clone(), kv_type, n_gpu_layers: ngl, op_offload };
-    let asked = s.depth_at(s.n_ctx);
     let depth = kl_depth(asked, speed, bound_s);
     let spec = KlSpec {
         reference: config(KvType::F16),

@@ -2,7 +2,7 @@
 //! against the full grid, whether repetitions were noisy, how llama.cpp's
 //! own prediction and fit fared, and the recommendation in pasteable forms.
 
-use super::plan::Found;
+use super::plan::{ContextRun, Found};
 use super::search::NOISY;
 use crate::profile::{Confidence, PredictionReport, ProfileTrial, Recommendation, SearchReport, Settings};
 use crate::types::TrialStatus;
@@ -155,7 +155,7 @@ pub fn finish_prediction(pr: &mut PredictionReport, trials: &[ProfileTrial], ful
 pub fn recommendation(
     found: &Found,
     trials: &[ProfileTrial],
-    s: &Settings,
+    (s, at): (&Settings, ContextRun),
     full: u32,
     op_offload: bool,
     confidence: Confidence,
@@ -178,7 +178,7 @@ pub fn recommendation(
         ollama_own_run: false,
         n_gpu_layers: ngl,
         n_threads: threads,
-        n_ctx: s.n_ctx,
+        n_ctx: at.n_ctx,
         measured: rec.is_some(),
         confidence,
         op_offload,
@@ -194,8 +194,8 @@ pub fn recommendation(
         devices: Vec::new(),
         split_mode: crate::types::SplitMode::Layer,
         tensor_split: Vec::new(),
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
+        n_batch: at.n_batch,
+        n_ubatch: at.n_ubatch,
         flash_attn: s.flash_attn,
         n_parallel: s.n_parallel,
         mmproj: s.mmproj.clone(),

@@ -58,14 +58,14 @@ pub fn ollama_run(
     fit: Option<&LlamaFit>,
     full: u32,
 ) -> Result<Option<DefaultComparison>> {
-    let s = search.settings();
+    let (s, at) = (search.settings(), search.at());
     let Some(c) = s.ollama() else { return Ok(None) };
     let fit_off = !crate::consumer::ollama::fit(&c.vars).on;
-    let all = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(0) };
+    let all = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(at.n_ctx), ..LlamaFit::none(0) };
     // Its fit off: every layer, priced by the dry run where it answered.
     let fit = if fit_off { fit.filter(|f| f.n_gpu_layers == Some(-1)).or(Some(&all)) } else { fit };
     if rec.llama_default {
-        let mut out = unmeasured(s.depth_at(s.n_ctx));
+        let mut out = unmeasured(at.depth);
         out.note = "num_gpu is left unset already (llama.cpp's default is the answer): Ollama runs its own".into();
         return Ok(Some(out));
     }
@@ -105,7 +105,14 @@ mod tests {
     fn paired(tg: fn(u32) -> f64) -> (DefaultComparison, Recommendation, Vec<Candidate>) {
         let s = ollama_settings();
         let mut world = World::new(move |c| Outcome::Ok { tg: tg(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let mut search = Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+            &mut world,
+            Some(policy(1e12)),
+            crate::progress::Progress::hidden(),
+            None,
+        );
         let fit = LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().expect("Ollama is the consumer");
@@ -152,7 +159,14 @@ mod tests {
         let mut s = ollama_settings();
         s.mmproj = Some("mm.gguf".into());
         let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let mut search = Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+            &mut world,
+            Some(policy(1e12)),
+            crate::progress::Progress::hidden(),
+            None,
+        );
         let fit =
             LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), mmproj_offload: false, ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
@@ -165,7 +179,14 @@ mod tests {
 
         // Every layer on the GPU and room for the projector: on the GPU on both sides.
         let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let mut search = Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+            &mut world,
+            Some(policy(1e12)),
+            crate::progress::Progress::hidden(),
+            None,
+        );
         let fit = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         rec.n_gpu_layers = 31;
@@ -179,7 +200,14 @@ mod tests {
     fn without_ollama_as_the_consumer_there_is_no_ollama_run() {
         let s = settings();
         let mut world = World::new(|_| Outcome::Ok { tg: 10.0, pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let mut search = Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+            &mut world,
+            Some(policy(1e12)),
+            crate::progress::Progress::hidden(),
+            None,
+        );
         let mut rec = recommendation();
         assert!(ollama_run(&mut search, &mut rec, None, 31).unwrap().is_none());
     }

@@ -12,7 +12,7 @@ pub mod against;
 
 use anyhow::Result;
 
-use super::plan::Candidate;
+use super::plan::{Candidate, ContextRun};
 use super::search::Search;
 use crate::engine::predict::LlamaFit;
 use crate::profile::{DefaultComparison, ProfileTrial, Recommendation, Settings, Verdict};
@@ -85,14 +85,19 @@ pub fn candidate_of(r: &Recommendation) -> Candidate {
 ///
 /// # Errors
 /// The reason, in words.
-pub fn default_candidate(fit: Option<&LlamaFit>, s: &Settings, full: u32, threads: u32) -> Result<Candidate, String> {
+pub fn default_candidate(
+    fit: Option<&LlamaFit>,
+    (s, at): (&Settings, ContextRun),
+    full: u32,
+    threads: u32,
+) -> Result<Candidate, String> {
     let fit = fit.ok_or("llama.cpp's dry run gave no default placement")?;
     if let Some(e) = &fit.error {
         return Err(format!("llama.cpp's fit found no default placement ({e})"));
     }
     let ngl = fit.n_gpu_layers.ok_or("llama.cpp's fit gave no layer count")?;
-    let ctx = fit.n_ctx.unwrap_or(s.n_ctx);
-    let needs = s.depth_at(s.n_ctx) + s.n_prompt.max(s.n_gen);
+    let ctx = fit.n_ctx.unwrap_or(at.n_ctx);
+    let needs = at.depth + s.n_prompt.max(s.n_gen);
     if ctx < needs {
         return Err(format!(
             "without flags llama.cpp would run a {ctx}-token context here: too small for the workload ({needs} tokens), not compared"
@@ -202,11 +207,11 @@ impl Opponent {
 /// The opponent's placement as it ran: its layers, threads, context and
 /// fit's CPU tensors; llama.cpp's own batch, flash attention and one
 /// sequence for its default, the workload's for Ollama's run; the base KV type.
-fn default_placement(s: &Settings, cmp: &DefaultComparison, stock: bool) -> Option<Placement> {
+fn default_placement((s, at): (&Settings, ContextRun), cmp: &DefaultComparison, stock: bool) -> Option<Placement> {
     let p = Placement {
         cpu_overrides: cmp.cpu_overrides.clone(),
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
+        n_batch: at.n_batch,
+        n_ubatch: at.n_ubatch,
         flash_attn: s.flash_attn,
         n_parallel: s.n_parallel,
         ..Placement::default()
@@ -265,14 +270,14 @@ pub fn compare(
     (fit, opponent): (Option<&LlamaFit>, Opponent),
     full: u32,
 ) -> Result<DefaultComparison> {
-    let s = search.settings();
-    let mut mine = opponent.mine(rec, s.n_ctx);
+    let (s, at) = (search.settings(), search.at());
+    let mut mine = opponent.mine(rec, at.n_ctx);
     // Ollama with num_gpu below every layer keeps the projector on the CPU
     // (llm/llama_server.go, `shouldDisableMMProjOffload`: "partial-text-offload").
     mine.mmproj_cpu = opponent == Opponent::OllamaRun && s.mmproj.is_some() && mine.ngl < full;
-    let mut out = unmeasured(s.depth_at(s.n_ctx));
+    let mut out = unmeasured(at.depth);
     let stock = opponent == Opponent::LlamaDefault;
-    let theirs = match default_candidate(fit, s, full, crate::engine::llama_default_threads()) {
+    let theirs = match default_candidate(fit, (s, at), full, crate::engine::llama_default_threads()) {
         Ok(c) => Candidate { stock, upstream: true, ..c },
         Err(why) => {
             out.note = why;
@@ -284,7 +289,7 @@ pub fn compare(
     out.n_ctx = Some(theirs.ctx);
     out.cpu_overrides = theirs.spill.patterns();
     out.predicted_bytes = fit.and_then(|f| f.predicted_device_bytes);
-    out.llama_cpp_args = default_placement(s, &out, stock)
+    out.llama_cpp_args = default_placement((s, at), &out, stock)
         .map(|p| Placement { mmproj_offload: !theirs.mmproj_cpu, ..p }.flags())
         .unwrap_or_default();
     if let Some(why) = priced_over_cap(opponent, out.predicted_bytes, search.cap_bytes()) {
@@ -515,7 +520,14 @@ mod tests {
             pp: 100.0,
             mem: (f64::from(c.ngl) * 12.0 * 1024.0 * 1024.0) as u64,
         });
-        let mut search = Search::new(&s, &mut world, Some(policy(cap)), crate::progress::Progress::hidden(), None);
+        let mut search = Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+            &mut world,
+            Some(policy(cap)),
+            crate::progress::Progress::hidden(),
+            None,
+        );
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
@@ -538,7 +550,14 @@ mod tests {
         let mut s = settings();
         s.n_threads = 1;
         let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let mut search = Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+            &mut world,
+            Some(policy(1e12)),
+            crate::progress::Progress::hidden(),
+            None,
+        );
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         assert_eq!(rec.n_threads, 2);
@@ -571,7 +590,14 @@ mod tests {
             };
             Outcome::Ok { tg, pp: 100.0, mem: 1 << 20 }
         });
-        let mut search = Search::new(&s, &mut world, Some(policy(1e12)), crate::progress::Progress::hidden(), None);
+        let mut search = Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+            &mut world,
+            Some(policy(1e12)),
+            crate::progress::Progress::hidden(),
+            None,
+        );
         let fit = LlamaFit { n_gpu_layers: Some(0), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let rec = recommendation();
         let cmp = compare(&mut search, &rec, (Some(&fit), Opponent::LlamaDefault), 31).unwrap();
@@ -585,17 +611,18 @@ mod tests {
     #[test]
     fn the_default_is_fits_placement_at_its_own_context() {
         let s = crate::tune::worlds::settings();
+        let at = ContextRun::of(&s, s.n_ctx);
         let fit = |n: i32, ctx: u32| LlamaFit { n_gpu_layers: Some(n), n_ctx: Some(ctx), ..LlamaFit::none(1 << 30) };
-        assert_eq!(default_candidate(Some(&fit(-1, s.n_ctx)), &s, 19, 4).unwrap().ngl, 19, "-1: every layer");
-        let c = default_candidate(Some(&fit(7, 32768)), &s, 19, 4).unwrap();
+        assert_eq!(default_candidate(Some(&fit(-1, s.n_ctx)), (&s, at), 19, 4).unwrap().ngl, 19, "-1: every layer");
+        let c = default_candidate(Some(&fit(7, 32768)), (&s, at), 19, 4).unwrap();
         assert_eq!((c.ngl, c.ctx, c.threads), (7, 32768, 4), "its layers, its context, llama.cpp's threads");
         let needs = s.depth_at(s.n_ctx) + s.n_prompt.max(s.n_gen);
         assert!(needs < s.n_ctx);
-        let shrunk = default_candidate(Some(&fit(19, needs)), &s, 19, 4).unwrap();
+        let shrunk = default_candidate(Some(&fit(19, needs)), (&s, at), 19, 4).unwrap();
         assert_eq!(shrunk.ctx, needs, "a smaller context that holds the workload is compared");
-        let small = default_candidate(Some(&fit(19, needs - 1)), &s, 19, 4).unwrap_err();
+        let small = default_candidate(Some(&fit(19, needs - 1)), (&s, at), 19, 4).unwrap_err();
         assert!(small.contains("too small for the workload"), "{small}");
-        assert!(default_candidate(None, &s, 19, 4).is_err());
+        assert!(default_candidate(None, (&s, at), 19, 4).is_err());
     }
 
     /// A MoE model's default: fit keeps every layer on the device and the
@@ -605,6 +632,7 @@ mod tests {
     fn the_default_runs_fits_expert_overrides() {
         use crate::engine::predict::FitOverride;
         let s = crate::tune::worlds::settings();
+        let at = ContextRun::of(&s, s.n_ctx);
         let moe = |il: u32| FitOverride {
             pattern: format!("blk\\.{il}\\.ffn_(up|down|gate_up|gate)_(ch|)exps"),
             buffer_type: "CPU".into(),
@@ -615,7 +643,7 @@ mod tests {
             overrides: (14..18).map(moe).collect(),
             ..LlamaFit::none(1 << 30)
         };
-        let c = default_candidate(Some(&fit), &s, 19, 2).unwrap();
+        let c = default_candidate(Some(&fit), (&s, at), 19, 2).unwrap();
         assert_eq!((c.ngl, c.spill.first, c.spill.count), (19, 14, 4));
         assert_eq!(c.spill.patterns(), fit.overrides.iter().map(|o| o.pattern.clone()).collect::<Vec<_>>());
         let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &[], c, None);
@@ -629,6 +657,6 @@ mod tests {
         // Moved to another device's buffer: not a placement one device runs.
         let mut other = fit.clone();
         other.overrides[0].buffer_type = "CUDA1".into();
-        assert!(default_candidate(Some(&other), &s, 19, 2).unwrap_err().contains("CUDA1"));
+        assert!(default_candidate(Some(&other), (&s, at), 19, 2).unwrap_err().contains("CUDA1"));
     }
 }

@@ -225,7 +225,9 @@ fn hatch_world_priced(
     world.base.n_depth = depth;
     let policy = crate::tune::worlds::policy(cap);
     let progress = crate::progress::Progress::hidden();
-    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
+    let mut search =
+        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
+            .with_pricer(Box::new(pricer));
     let h = HatchInputs {
         full: 11,
         n_layer: 10,

@@ -10,7 +10,7 @@ use anyhow::Result;
 use super::choose::{self, decide, Inputs};
 use super::executor::TrialExecutor;
 use super::memory::{prediction_check, trial_memory};
-use super::plan::{adaptive_points, moe_grid, Candidate, Found, Plan};
+use super::plan::{adaptive_points, moe_grid, Candidate, ContextRun, Found, Plan};
 use super::pricer::Pricer;
 use crate::engine::predict::Prediction;
 use crate::error::Interrupted;
@@ -47,6 +47,8 @@ impl Checkpointing {
 
 pub struct Search<'a> {
     settings: &'a Settings,
+    /// The context it works at (the settings' `n_ctx` is the largest asked).
+    at: ContextRun,
     executor: &'a mut dyn TrialExecutor,
     policy: Option<MemoryPolicy>,
     pub trials: Vec<ProfileTrial>,
@@ -79,6 +81,7 @@ impl<'a> Search<'a> {
     #[must_use]
     pub fn new(
         settings: &'a Settings,
+        at: ContextRun,
         executor: &'a mut dyn TrialExecutor,
         policy: Option<MemoryPolicy>,
         progress: Progress,
@@ -90,10 +93,11 @@ impl<'a> Search<'a> {
             .map(|c| c.checkpoint.trials.clone())
             .unwrap_or_default()
             .into_iter()
-            .partition(|t| t.at_ctx(settings.n_ctx));
+            .partition(|t| t.at_ctx(at.n_ctx));
         progress.done_already(trials.len() as u64);
         Search {
             settings,
+            at,
             executor,
             policy,
             trials,
@@ -125,6 +129,12 @@ impl<'a> Search<'a> {
     #[must_use]
     pub fn settings(&self) -> &'a Settings {
         self.settings
+    }
+
+    /// The context this search works at.
+    #[must_use]
+    pub fn at(&self) -> ContextRun {
+        self.at
     }
 
     /// What a setting may cost on the capped device, where there is a cap.
@@ -397,7 +407,7 @@ impl<'a> Search<'a> {
     /// The dry run's device bytes of whole-layer setting `ngl` at this
     /// context: known, or priced now (and kept).
     fn price(&mut self, ngl: u32) -> Option<u64> {
-        let n_ctx = self.settings.n_ctx;
+        let n_ctx = self.at.n_ctx;
         let known = |p: &&Prediction| {
             p.n_gpu_layers == ngl
                 && p.split.is_empty()

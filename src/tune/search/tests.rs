@@ -45,6 +45,17 @@ fn search(
     p: &Plan,
     resumed: Vec<ProfileTrial>,
 ) -> (Found, Vec<ProfileTrial>) {
+    search_at(world, (s, s.n_ctx), cap, p, resumed)
+}
+
+/// As [`search`], at context `n_ctx` of the settings.
+fn search_at(
+    world: &mut World,
+    (s, n_ctx): (&Settings, u32),
+    cap: f64,
+    p: &Plan,
+    resumed: Vec<ProfileTrial>,
+) -> (Found, Vec<ProfileTrial>) {
     let dir = tempfile::tempdir().unwrap();
     let mut cp: Checkpoint = serde_json::from_value(serde_json::json!({
         "schema_version": crate::profile::SCHEMA_VERSION, "kind": "checkpoint", "created_at": "2026-11-30T00:00:00Z",
@@ -55,11 +66,19 @@ fn search(
     .unwrap();
     cp.trials = resumed;
     let checkpoint = Checkpointing::new(dir.path().join("c.json"), cp);
-    let mut search = Search::new(s, world, Some(policy(cap)), Progress::hidden(), Some(checkpoint));
+    let mut search = Search::new(
+        s,
+        crate::tune::plan::ContextRun::of(s, n_ctx),
+        world,
+        Some(policy(cap)),
+        Progress::hidden(),
+        Some(checkpoint),
+    );
     let found = search.run(p).unwrap();
     let trials = search.into_trials();
     let saved = store::read_checkpoint(&dir.path().join("c.json")).expect("checkpointed after every trial");
-    assert_eq!(saved.trials.len(), trials.len());
+    // The checkpoint holds every context's trials; this search's are those at its own.
+    assert_eq!(saved.trials.iter().filter(|t| t.at_ctx(n_ctx)).count(), trials.len());
     (found, trials)
 }
 
@@ -92,7 +111,14 @@ fn a_candidate_over_the_host_cap_is_recorded_and_never_run() {
     let host = |ngl: u32| f64::from(35 - ngl) * GIB;
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let price = |ngl: u32| host_priced(ngl, readme_world(ngl).1 as u64, host(ngl) as u64);
-    let mut search = Search::new(&s, &mut w, Some(policy(3.75 * GIB)), Progress::hidden(), None);
+    let mut search = Search::new(
+        &s,
+        crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+        &mut w,
+        Some(policy(3.75 * GIB)),
+        Progress::hidden(),
+        None,
+    );
     search.predicted = (0..=35).map(price).collect();
     // 20.5 GiB: ngl 14 and below need 21 GiB or more.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -109,7 +135,14 @@ fn a_candidate_over_the_host_cap_is_recorded_and_never_run() {
     assert!(found.decision.recommended_ngl >= 15, "{:?}", found.decision);
     // The same search without a host cap starts at ngl 0.
     let mut w = curve_world(readme_world);
-    let mut search = Search::new(&s, &mut w, Some(policy(3.75 * GIB)), Progress::hidden(), None);
+    let mut search = Search::new(
+        &s,
+        crate::tune::plan::ContextRun::of(&s, s.n_ctx),
+        &mut w,
+        Some(policy(3.75 * GIB)),
+        Progress::hidden(),
+        None,
+    );
     search.predicted = (0..=35).map(price).collect();
     search.run(&plan(35, vec![0, 10, 20, 30, 35], false, 32)).unwrap();
     drop(search);
@@ -200,6 +233,34 @@ fn a_resumed_search_measures_only_what_is_missing() {
     assert_eq!(ngls(&again), [20, 30, 35], "0 and 10 came from the checkpoint");
     assert_eq!(trials.len(), all.len());
     assert_eq!(found.decision.recommended_ngl, 35);
+}
+
+/// With several contexts the settings' `n_ctx` is the largest; a search
+/// works at its own (`ContextRun`): it resumes that context's trials and
+/// leaves the other context's to its own search.
+#[test]
+fn a_search_at_the_smaller_of_two_contexts_resumes_its_own_trials_not_the_largests() {
+    let mut s = settings(None, "grid", false);
+    (s.n_ctx, s.contexts) = (1024, vec![256, 1024]);
+    let p = plan(35, vec![0, 10, 20, 30, 35], true, 35);
+    let world_at = |ctx| {
+        let mut w = kv_world(&s);
+        w.base.placement.n_ctx = Some(ctx);
+        w
+    };
+    let mut small = world_at(256);
+    let (_, at_256) = search_at(&mut small, (&s, 256), 80.0 * GIB, &p, Vec::new());
+    assert!(at_256.iter().all(|t| t.result.spec.placement.n_ctx == Some(256)), "measured at 256");
+    let mut again = world_at(256);
+    let kept: Vec<ProfileTrial> = at_256.iter().skip(1).cloned().collect();
+    assert_eq!(at_256[0].result.spec.placement.n_gpu_layers, 0);
+    let (_, resumed) = search_at(&mut again, (&s, 256), 80.0 * GIB, &p, kept);
+    assert_eq!(ngls(&again), [0], "the other trials at 256 came from the checkpoint");
+    assert_eq!(resumed.len(), at_256.len());
+    let mut large = world_at(1024);
+    let (_, at_1024) = search_at(&mut large, (&s, 1024), 80.0 * GIB, &p, at_256);
+    assert_eq!(&ngls(&large)[..5], [0, 10, 20, 30, 35], "the 256-token trials are not the 1024-token search's");
+    assert!(at_1024.iter().all(|t| t.result.spec.placement.n_ctx == Some(1024)));
 }
 
 #[test]

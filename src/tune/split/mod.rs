@@ -56,6 +56,8 @@ pub use report::*;
 
 /// What the stage needs from the tuner.
 pub struct SplitInputs<'a> {
+    /// The context the splits run at.
+    pub n_ctx: u32,
     pub devs: &'a [DeviceCap],
     /// Layers of the model plus the output layer (ngl of full offload).
     pub full: u32,
@@ -127,18 +129,11 @@ fn names(devs: &[DeviceCap]) -> Vec<String> {
     devs.iter().map(|d| d.device.clone()).collect()
 }
 
-/// llama.cpp's flags of a split with a KV cache type (f16: the tune's
-/// base) and the FFN of its first `cpu_ffn` layers on the CPU.
-fn flags(
-    ngl: u32,
-    split: &Split,
-    (kv, cpu_ffn): (KvType, u32),
-    s: &Settings,
-    threads: u32,
-    inp: &SplitInputs<'_>,
-) -> String {
+/// llama.cpp's flags of a split at the stage's context with a KV cache
+/// type and the FFN of its first `cpu_ffn` layers on the CPU.
+fn flags(ngl: u32, split: &Split, (kv, cpu_ffn): (KvType, u32), threads: u32, inp: &SplitInputs<'_>) -> String {
     crate::types::Placement { n_cpu_ffn: cpu_ffn, ..crate::types::Placement::default() }
-        .with_layers(ngl, threads, Some(s.n_ctx))
+        .with_layers(ngl, threads, Some(inp.n_ctx))
         .with_op_offload(inp.op_offload)
         .with_kv(kv)
         .with_split(&split.listed(), inp.rpc)
@@ -315,7 +310,7 @@ fn default_options(
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
         let p = &t.result.spec.placement;
-        o.llama_cpp_args = flags(ngl, &Split::new(&[]), (p.kv_type, 0), s, p.n_threads, inp);
+        o.llama_cpp_args = flags(ngl, &Split::new(&[]), (p.kv_type, 0), p.n_threads, inp);
         if let (Some(m), Some(l)) = (speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
@@ -399,7 +394,7 @@ pub(in crate::tune) fn option_of(
         fits,
         recommended: false,
         note,
-        llama_cpp_args: flags(ngl, split, (kv, cpu_ffn), s, threads, inp),
+        llama_cpp_args: flags(ngl, split, (kv, cpu_ffn), threads, inp),
         kv_type: kv,
         n_cpu_ffn: cpu_ffn,
         quality: None,

@@ -43,7 +43,7 @@ pub fn against_llama(
 ) -> Result<Vec<crate::profile::SplitComparison>> {
     use crate::profile::{DefaultComparison, SplitComparison, Verdict};
     let Some(best) = found.best.map(|i| found.options[i].clone()) else { return Ok(Vec::new()) };
-    let s = search.settings();
+    let (s, depth) = (search.settings(), search.at().depth);
     let threads = inp.threads;
     let candidate = |layers: &[u32]| match layers {
         [ngl] if inp.devs.len() > 1 => Candidate::layers(*ngl, threads),
@@ -70,10 +70,10 @@ pub fn against_llama(
         let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
         let mut r = DefaultComparison {
             n_gpu_layers: Some(theirs.ngl),
-            llama_cpp_args: flags(theirs.ngl, &split, (s.kv_type, 0), s, threads, inp),
+            llama_cpp_args: flags(theirs.ngl, &split, (s.kv_type, 0), threads, inp),
             verdict: Verdict::Same,
             n_threads: Some(threads),
-            ..crate::tune::baseline::unmeasured(s.depth_at(s.n_ctx))
+            ..crate::tune::baseline::unmeasured(depth)
         };
         if theirs == mine {
             r.note = "the recommendation is this split".into();

@@ -176,6 +176,7 @@ fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::types::KvType, c
 /// devices (no link), a layer 10 MB.
 fn inputs<'a>(devs: &'a [DeviceCap], rpc: &'a [String]) -> SplitInputs<'a> {
     SplitInputs {
+        n_ctx: crate::tune::worlds::settings().n_ctx,
         devs,
         full: 21,
         threads: 2,
@@ -255,7 +256,9 @@ fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
     let policy = crate::tune::worlds::policy(255e6);
     let pricer =
         Curves::splits(move |x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), extra_d1)).collect());
-    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
+    let mut search =
+        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
+            .with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let inp = inputs(&devs, &[]);
@@ -299,7 +302,9 @@ fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_bac
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
     let progress = crate::progress::Progress::hidden();
     let policy = crate::tune::worlds::policy(255e6);
-    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
+    let mut search =
+        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
+            .with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let found = split_stage(&mut search, &inputs(&devs, &[])).unwrap();
@@ -319,7 +324,9 @@ fn with_every_layer_offloaded_the_fast_device_takes_what_it_holds() {
     let policy = crate::tune::worlds::policy(255e6);
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
     let progress = crate::progress::Progress::hidden();
-    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(Box::new(pricer));
+    let mut search =
+        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
+            .with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let inp = inputs(&devs, &[]);
@@ -450,7 +457,9 @@ fn fixed_world_priced(
     let policy = crate::tune::worlds::policy(255e6);
     let progress = crate::progress::Progress::hidden();
     let pricer = Box::new(Curves::splits(price));
-    let mut search = Search::new(&s, &mut world, Some(policy), progress, None).with_pricer(pricer);
+    let mut search =
+        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
+            .with_pricer(pricer);
     search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);

@@ -19,7 +19,7 @@ use anyhow::Result;
 use self::choose::Member;
 use super::executor::spec_of;
 use super::memory::trial_memory;
-use super::plan::Candidate;
+use super::plan::{Candidate, ContextRun};
 use super::TuneRequest;
 use crate::engine::hold::Hold;
 use crate::engine::runner::Runner;
@@ -100,7 +100,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     for (i, req) in reqs.iter().enumerate() {
         let s = &req.settings;
         let op = s.op_offload.resolve(crate::probe::only_software_offload(&hw.llama_devices));
-        let mut base = super::context::base_spec(&req.info, s, op);
+        let mut base = super::context::base_spec(&req.info, s, ContextRun::of(s, s.n_ctx), op);
         base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
         let part = Part { req, base, devices: req.caps.iter().map(|c| c.device.clone()).collect() };
         let priced = price(&exe, req, &policy, op);
@@ -157,7 +157,7 @@ fn price(exe: &std::path::Path, req: &TuneRequest, policy: &MemoryPolicy, op: bo
     if policy.source == crate::types::Source::None {
         return vec![(0, 0)];
     }
-    let report = super::memory::predict(exe, &req.info, s, policy, &grid, op);
+    let report = super::memory::predict(exe, (&req.info, s, ContextRun::of(s, s.n_ctx)), policy, &grid, op);
     #[allow(clippy::cast_precision_loss)]
     let v: Vec<(u32, u64)> = report
         .predictions
