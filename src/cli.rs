@@ -506,6 +506,16 @@ pub struct StoreArg {
     pub profiles: Option<PathBuf>,
 }
 
+impl TuneArgs {
+    /// The consumer whose settings file the command line names, and the file.
+    #[must_use]
+    pub fn consumer_settings(&self) -> Option<(crate::consumer::Program, &Path)> {
+        use crate::consumer::Program;
+        let named = [(Program::LlamaServer, &self.server_env), (Program::Ollama, &self.ollama_env)];
+        named.into_iter().find_map(|(program, file)| file.as_deref().map(|f| (program, f)))
+    }
+}
+
 impl StoreArg {
     /// The directory given, if any.
     #[must_use]
@@ -742,6 +752,24 @@ mod tests {
         assert_eq!(b[1], "bench");
         let h = default_to_tune(["ngl-tune", "--help"].map(String::from).to_vec());
         assert_eq!(h[1], "--help");
+    }
+
+    #[test]
+    fn the_settings_file_given_names_the_consumer() {
+        use crate::consumer::Program;
+        let tune = |extra: &[&str]| {
+            let mut a = vec!["ngl-tune", "tune", "m.gguf"];
+            a.extend_from_slice(extra);
+            let Command::Tune(t) = Cli::try_parse_from(a).unwrap().command else { panic!("not tune") };
+            t
+        };
+        let t = tune(&["--server-env", "s.env"]);
+        assert_eq!(t.consumer_settings(), Some((Program::LlamaServer, Path::new("s.env"))));
+        let t = tune(&["--ollama-env", "o.env"]);
+        assert_eq!(t.consumer_settings(), Some((Program::Ollama, Path::new("o.env"))));
+        assert_eq!(tune(&[]).consumer_settings(), None, "Ollama's own, from its unit");
+        let both = ["ngl-tune", "tune", "m.gguf", "--ollama-env", "o.env", "--server-env", "s.env"];
+        assert!(Cli::try_parse_from(both).is_err(), "one consumer at a time");
     }
 
     #[test]

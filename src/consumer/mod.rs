@@ -137,6 +137,20 @@ impl Program {
     }
 }
 
+/// The consumer whose settings file was given, read (`None`: Ollama, its
+/// settings from its systemd unit).
+///
+/// # Errors
+/// `BadInput` for a file that cannot be read or holds a setting its
+/// program would refuse.
+pub fn read(given: Option<(Program, &Path)>) -> anyhow::Result<Box<dyn Consumer>> {
+    Ok(match given {
+        Some((Program::LlamaServer, file)) => Box::new(llama_server::LlamaServer::read(file)?),
+        Some((Program::Ollama, file)) => Box::new(ollama::Ollama::read(Some(file))?),
+        None => Box::new(ollama::Ollama::read(None)?),
+    })
+}
+
 /// The workload a tune measures, as far as a consumer's server decides it:
 /// what [`Consumer::apply`] changes (the tune's settings are copied in and
 /// back by the caller).

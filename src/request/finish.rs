@@ -7,7 +7,7 @@
 use anyhow::Result;
 
 use crate::cli::TuneArgs;
-use crate::consumer::{llama_server::LlamaServer, ollama::Ollama, Consumer, Workload};
+use crate::consumer::{Consumer, Workload};
 use crate::model::ModelInfo;
 use crate::profile::Settings;
 use crate::tune::TuneRequest;
@@ -73,16 +73,14 @@ fn choose_contexts(
     Ok(())
 }
 
-/// Reads `--server-env`, else `--ollama-env`, else the ollama unit.
+/// The consumer whose settings the command line names (`--server-env`,
+/// `--ollama-env`), else Ollama's from its systemd unit.
 ///
 /// # Errors
 /// `BadInput` for a file that cannot be read or holds a setting llama.cpp
 /// would refuse.
 pub fn consumer(a: &TuneArgs) -> Result<Box<dyn Consumer>> {
-    Ok(match &a.server_env {
-        Some(p) => Box::new(LlamaServer::read(p)?),
-        None => Box::new(Ollama::read(a.ollama_env.as_deref())?),
-    })
+    crate::consumer::read(a.consumer_settings())
 }
 
 /// Lays the consumer's settings over `s` (after its contexts were chosen)

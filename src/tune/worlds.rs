@@ -126,3 +126,14 @@ pub fn recommendation() -> crate::profile::Recommendation {
         tensor_split: Vec::new(),
     }
 }
+
+/// A search at the settings' context with a cap of `cap` bytes, no
+/// checkpoint, nothing shown.
+pub fn search<'a>(
+    s: &'a crate::profile::Settings,
+    world: &'a mut dyn crate::tune::executor::TrialExecutor,
+    cap: f64,
+) -> crate::tune::search::Search<'a> {
+    let at = crate::tune::plan::ContextRun::of(s, s.n_ctx);
+    crate::tune::search::Search::new(s, at, world, Some(policy(cap)), crate::progress::Progress::hidden(), None)
+}

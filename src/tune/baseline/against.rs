@@ -82,7 +82,7 @@ mod tests {
     use super::*;
     use crate::profile::Settings;
     use crate::tune::executor::fake::{Outcome, World};
-    use crate::tune::worlds::{policy, recommendation, settings};
+    use crate::tune::worlds::{recommendation, settings};
 
     fn ollama_settings() -> Settings {
         let mut s = settings();
@@ -105,14 +105,7 @@ mod tests {
     fn paired(tg: fn(u32) -> f64) -> (DefaultComparison, Recommendation, Vec<Candidate>) {
         let s = ollama_settings();
         let mut world = World::new(move |c| Outcome::Ok { tg: tg(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(
-            &s,
-            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-            &mut world,
-            Some(policy(1e12)),
-            crate::progress::Progress::hidden(),
-            None,
-        );
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().expect("Ollama is the consumer");
@@ -159,14 +152,7 @@ mod tests {
         let mut s = ollama_settings();
         s.mmproj = Some("mm.gguf".into());
         let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(
-            &s,
-            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-            &mut world,
-            Some(policy(1e12)),
-            crate::progress::Progress::hidden(),
-            None,
-        );
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit =
             LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), mmproj_offload: false, ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
@@ -179,14 +165,7 @@ mod tests {
 
         // Every layer on the GPU and room for the projector: on the GPU on both sides.
         let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(
-            &s,
-            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-            &mut world,
-            Some(policy(1e12)),
-            crate::progress::Progress::hidden(),
-            None,
-        );
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         rec.n_gpu_layers = 31;
@@ -200,14 +179,7 @@ mod tests {
     fn without_ollama_as_the_consumer_there_is_no_ollama_run() {
         let s = settings();
         let mut world = World::new(|_| Outcome::Ok { tg: 10.0, pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(
-            &s,
-            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-            &mut world,
-            Some(policy(1e12)),
-            crate::progress::Progress::hidden(),
-            None,
-        );
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let mut rec = recommendation();
         assert!(ollama_run(&mut search, &mut rec, None, 31).unwrap().is_none());
     }

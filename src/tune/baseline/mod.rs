@@ -511,7 +511,7 @@ mod tests {
     #[test]
     fn a_default_over_the_cap_is_measured_and_never_recommended() {
         use crate::tune::executor::fake::{Outcome, World};
-        use crate::tune::worlds::{policy, recommendation, settings};
+        use crate::tune::worlds::{recommendation, settings};
         let s = settings();
         let cap = 200.0 * 1024.0 * 1024.0;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -520,14 +520,7 @@ mod tests {
             pp: 100.0,
             mem: (f64::from(c.ngl) * 12.0 * 1024.0 * 1024.0) as u64,
         });
-        let mut search = Search::new(
-            &s,
-            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-            &mut world,
-            Some(policy(cap)),
-            crate::progress::Progress::hidden(),
-            None,
-        );
+        let mut search = crate::tune::worlds::search(&s, &mut world, cap);
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
@@ -546,18 +539,11 @@ mod tests {
     #[test]
     fn a_winning_default_emits_the_threads_it_ran_with() {
         use crate::tune::executor::fake::{Outcome, World};
-        use crate::tune::worlds::{policy, recommendation, settings};
+        use crate::tune::worlds::{recommendation, settings};
         let mut s = settings();
         s.n_threads = 1;
         let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
-        let mut search = Search::new(
-            &s,
-            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-            &mut world,
-            Some(policy(1e12)),
-            crate::progress::Progress::hidden(),
-            None,
-        );
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         assert_eq!(rec.n_threads, 2);
@@ -577,7 +563,7 @@ mod tests {
     #[test]
     fn a_side_cut_short_in_every_pair_is_slower_whatever_its_few_tokens_say() {
         use crate::tune::executor::fake::{Outcome, World};
-        use crate::tune::worlds::{policy, recommendation, settings};
+        use crate::tune::worlds::{recommendation, settings};
         let s = settings();
         let calls = std::rc::Rc::new(std::cell::Cell::new(0usize));
         let seen = calls.clone();
@@ -590,14 +576,7 @@ mod tests {
             };
             Outcome::Ok { tg, pp: 100.0, mem: 1 << 20 }
         });
-        let mut search = Search::new(
-            &s,
-            crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-            &mut world,
-            Some(policy(1e12)),
-            crate::progress::Progress::hidden(),
-            None,
-        );
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(0), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
         let rec = recommendation();
         let cmp = compare(&mut search, &rec, (Some(&fit), Opponent::LlamaDefault), 31).unwrap();

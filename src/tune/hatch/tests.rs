@@ -223,11 +223,7 @@ fn hatch_world_priced(
         World::at_depth(move |c: Candidate, d| Outcome::Ok { tg: tg(c, d), pp: 100.0, mem: bytes_at(c, 32768) });
     world.base.placement.n_ctx = Some(32768);
     world.base.n_depth = depth;
-    let policy = crate::tune::worlds::policy(cap);
-    let progress = crate::progress::Progress::hidden();
-    let mut search =
-        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
-            .with_pricer(Box::new(pricer));
+    let mut search = crate::tune::worlds::search(&s, &mut world, cap).with_pricer(Box::new(pricer));
     let h = HatchInputs {
         full: 11,
         n_layer: 10,

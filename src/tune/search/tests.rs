@@ -111,14 +111,7 @@ fn a_candidate_over_the_host_cap_is_recorded_and_never_run() {
     let host = |ngl: u32| f64::from(35 - ngl) * GIB;
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let price = |ngl: u32| host_priced(ngl, readme_world(ngl).1 as u64, host(ngl) as u64);
-    let mut search = Search::new(
-        &s,
-        crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-        &mut w,
-        Some(policy(3.75 * GIB)),
-        Progress::hidden(),
-        None,
-    );
+    let mut search = crate::tune::worlds::search(&s, &mut w, 3.75 * GIB);
     search.predicted = (0..=35).map(price).collect();
     // 20.5 GiB: ngl 14 and below need 21 GiB or more.
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -135,14 +128,7 @@ fn a_candidate_over_the_host_cap_is_recorded_and_never_run() {
     assert!(found.decision.recommended_ngl >= 15, "{:?}", found.decision);
     // The same search without a host cap starts at ngl 0.
     let mut w = curve_world(readme_world);
-    let mut search = Search::new(
-        &s,
-        crate::tune::plan::ContextRun::of(&s, s.n_ctx),
-        &mut w,
-        Some(policy(3.75 * GIB)),
-        Progress::hidden(),
-        None,
-    );
+    let mut search = crate::tune::worlds::search(&s, &mut w, 3.75 * GIB);
     search.predicted = (0..=35).map(price).collect();
     search.run(&plan(35, vec![0, 10, 20, 30, 35], false, 32)).unwrap();
     drop(search);

@@ -252,13 +252,9 @@ impl crate::tune::executor::TrialExecutor for SplitWorld {
 fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
     let s = crate::tune::worlds::settings();
     let mut world = SplitWorld::new(extra_d1, 0.0);
-    let progress = crate::progress::Progress::hidden();
-    let policy = crate::tune::worlds::policy(255e6);
     let pricer =
         Curves::splits(move |x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), extra_d1)).collect());
-    let mut search =
-        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
-            .with_pricer(Box::new(pricer));
+    let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let inp = inputs(&devs, &[]);
@@ -300,11 +296,7 @@ fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_bac
     s.kv_type = crate::types::KvType::Q8_0;
     let mut world = SplitWorld { kv_base: s.kv_type, ..SplitWorld::new(0, 0.0) };
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
-    let progress = crate::progress::Progress::hidden();
-    let policy = crate::tune::worlds::policy(255e6);
-    let mut search =
-        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
-            .with_pricer(Box::new(pricer));
+    let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let found = split_stage(&mut search, &inputs(&devs, &[])).unwrap();
@@ -321,12 +313,8 @@ fn with_every_layer_offloaded_the_fast_device_takes_what_it_holds() {
     let mut s = crate::tune::worlds::settings();
     s.grid = Some(vec![21]);
     let mut world = SplitWorld::new(0, 0.0);
-    let policy = crate::tune::worlds::policy(255e6);
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
-    let progress = crate::progress::Progress::hidden();
-    let mut search =
-        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
-            .with_pricer(Box::new(pricer));
+    let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
     let inp = inputs(&devs, &[]);
@@ -454,12 +442,8 @@ fn fixed_world_priced(
     let mut s = crate::tune::worlds::settings();
     s.grid = Some(vec![21]);
     let mut world = SplitWorld::new(0, tensor_ms);
-    let policy = crate::tune::worlds::policy(255e6);
-    let progress = crate::progress::Progress::hidden();
     let pricer = Box::new(Curves::splits(price));
-    let mut search =
-        Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, Some(policy), progress, None)
-            .with_pricer(pricer);
+    let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(pricer);
     search.measure(Role::Grid, Candidate::layers(21, 2), None).unwrap();
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
