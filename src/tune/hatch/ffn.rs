@@ -40,14 +40,14 @@ pub struct FfnSpill {
 }
 
 impl Hatch for FfnSpill {
-    fn first(&self, h: &HatchInputs) -> Vec<PredictCase> {
+    fn first_cases(&self, h: &HatchInputs) -> Vec<PredictCase> {
         if h.is_moe || h.n_layer == 0 {
             return Vec::new();
         }
         vec![h.at_full(h.n_ctx, None, 1), h.at_full(h.n_ctx, None, h.n_layer)]
     }
 
-    fn second(&mut self, h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Vec<PredictCase> {
+    fn solved_cases(&mut self, h: &HatchInputs, preds: &[Prediction], fits_fully: bool) -> Vec<PredictCase> {
         let at = |c| super::bytes(super::find(preds, c));
         self.need = if fits_fully || h.is_moe {
             FfnNeed::None
@@ -107,7 +107,7 @@ impl Hatch for FfnSpill {
     /// predict it (absolute, without a trial on the CPU); it is lossless
     /// and chosen with the rest. Only where every layer may be offloaded
     /// (the spilled layers are the first ones) and the model is dense.
-    fn several(
+    fn across_devices(
         &mut self,
         search: &mut Search<'_>,
         inp: &SplitInputs<'_>,

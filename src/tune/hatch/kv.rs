@@ -27,11 +27,11 @@ pub struct KvCache {
 }
 
 impl Hatch for KvCache {
-    fn first(&self, h: &HatchInputs) -> Vec<PredictCase> {
+    fn first_cases(&self, h: &HatchInputs) -> Vec<PredictCase> {
         vec![h.at_full(h.n_ctx, Some(KvType::Q8_0), 0), h.at_full(h.n_ctx, Some(KvType::Q4_0), 0)]
     }
 
-    fn second(&mut self, h: &HatchInputs, preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
+    fn solved_cases(&mut self, h: &HatchInputs, preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
         // No quantized cache fits at full offload: a q8_0 cache may still let more layers on.
         let kv_fits =
             [KvType::Q8_0, KvType::Q4_0].iter().any(|kv| super::under(preds, h.at_full(h.n_ctx, Some(*kv), 0), h.cap));
@@ -108,7 +108,7 @@ impl Hatch for KvCache {
     /// it does not depend on where the layers run). It is recommended only
     /// where its quality passes the gate and it is faster than the best
     /// lossless split by [`split::LOSSY_MARGIN`].
-    fn several(
+    fn across_devices(
         &mut self,
         search: &mut Search<'_>,
         inp: &SplitInputs<'_>,

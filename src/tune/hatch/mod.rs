@@ -92,20 +92,20 @@ pub enum Topology<'t, 'a> {
 
 /// An escape hatch: what it prices, what it measures, the options it
 /// offers, at one device and across several. With one device the stage
-/// calls, in order: [`Hatch::first`] (priced with full offload at the
-/// asked context), [`Hatch::second`] (what that solved, priced exactly),
+/// calls, in order: [`Hatch::first_cases`] (priced with full offload at the
+/// asked context), [`Hatch::solved_cases`] (what that solved, priced exactly),
 /// [`Hatch::candidates`] (measured), [`Hatch::options`]. A hatch with no
 /// form across devices (another context is another workload; the layer
-/// split is the split stage itself) keeps [`Hatch::several`]'s default.
+/// split is the split stage itself) keeps [`Hatch::across_devices`]'s default.
 pub trait Hatch {
     /// The cases its first dry run prices (full offload at the asked
     /// context is priced for every hatch).
-    fn first(&self, _h: &HatchInputs) -> Vec<PredictCase> {
+    fn first_cases(&self, _h: &HatchInputs) -> Vec<PredictCase> {
         Vec::new()
     }
 
     /// After the first dry run: what it solved, to price exactly.
-    fn second(&mut self, _h: &HatchInputs, _preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
+    fn solved_cases(&mut self, _h: &HatchInputs, _preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
         Vec::new()
     }
 
@@ -135,7 +135,7 @@ pub trait Hatch {
     ///
     /// # Errors
     /// What the executor or `assess` returns (an interrupt).
-    fn several(
+    fn across_devices(
         &mut self,
         _search: &mut Search<'_>,
         _inp: &SplitInputs<'_>,
@@ -179,7 +179,7 @@ pub fn run(topology: Topology<'_, '_>, search: &mut Search<'_>, assess: &mut Ass
         Topology::One { h, layer_split } => one_device(search, h, assess, layer_split),
         Topology::Several { inp, found } => {
             for mut hatch in in_order() {
-                hatch.several(search, inp, found, assess)?;
+                hatch.across_devices(search, inp, found, assess)?;
             }
             Ok(Hatches::default())
         }
@@ -240,7 +240,7 @@ fn one_device(
 ) -> Result<Hatches> {
     let mut hatches = in_order();
     let own_case = h.at_full(h.n_ctx, None, 0);
-    let first = once(std::iter::once(own_case).chain(hatches.iter().flat_map(|x| x.first(h))));
+    let first = once(std::iter::once(own_case).chain(hatches.iter().flat_map(|x| x.first_cases(h))));
     let mut preds = search.price_cases(&first);
     let own = find(&preds, own_case);
     let Some(own_bytes) = bytes(own) else {
@@ -258,7 +258,7 @@ fn one_device(
     if fits_fully && !kv_large {
         return Ok(Hatches { fits_fully, kv_bytes, ..Hatches::default() });
     }
-    let second: Vec<PredictCase> = hatches.iter_mut().flat_map(|x| x.second(h, &preds, fits_fully)).collect();
+    let second: Vec<PredictCase> = hatches.iter_mut().flat_map(|x| x.solved_cases(h, &preds, fits_fully)).collect();
     preds.extend(search.price_cases(&second));
     search.predicted.extend(preds.iter().cloned());
     // Measure what can fit and win, raced against the best so far.

@@ -21,12 +21,12 @@ pub struct ShorterContext {
 const TYPES: [Option<KvType>; 2] = [None, Some(KvType::Q8_0)];
 
 impl Hatch for ShorterContext {
-    fn first(&self, h: &HatchInputs) -> Vec<PredictCase> {
+    fn first_cases(&self, h: &HatchInputs) -> Vec<PredictCase> {
         // Full offload at the asked context is priced for every hatch.
         TYPES.iter().flat_map(|kv| [h.at_full(h.n_ctx, *kv, 0), h.at_full(h.n_ctx / 2, *kv, 0)]).collect()
     }
 
-    fn second(&mut self, h: &HatchInputs, preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
+    fn solved_cases(&mut self, h: &HatchInputs, preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
         let at = |c| super::bytes(super::find(preds, c));
         self.found = TYPES
             .into_iter()

@@ -395,7 +395,7 @@ mod several {
         };
         fixed_world(|search, inp, found| {
             let mut assess = |_| Ok(Some(quality.clone()));
-            KvCache::default().several(search, inp, found, &mut assess).unwrap();
+            KvCache::default().across_devices(search, inp, found, &mut assess).unwrap();
         })
     }
 
@@ -427,7 +427,7 @@ mod several {
     fn with_ffn_hatch(link_ms: &[f64]) -> (SplitFound, Vec<Vec<u32>>, Vec<u32>) {
         let mut paired = Vec::new();
         let (found, measured) = fixed_world_with(0.0, link_ms, |search, inp, found| {
-            FfnSpill::default().several(search, inp, found, &mut |_| Ok(None)).unwrap();
+            FfnSpill::default().across_devices(search, inp, found, &mut |_| Ok(None)).unwrap();
             found.against = against_llama(search, found, inp, None).unwrap();
             let trials = search.trials.iter().filter(|t| t.role == Role::Paired);
             paired = trials.map(|t| t.result.spec.placement.n_cpu_ffn).collect();
