@@ -112,6 +112,46 @@ fn gpu_check_runs_in_local_mode_and_reports_regret() {
     assert!(files.len() <= 8, "few files travel back from a GPU machine: {files:?}");
 }
 
+/// Sized for a short lease: `--models`, `--searches` and `--no-placement`
+/// run only what they name, and a `--deadline` that leaves no time cuts
+/// every step yet still writes a report that names what was cut.
+#[test]
+fn gpu_check_runs_only_what_it_is_asked_and_reports_what_a_deadline_cut() {
+    let _heavy = heavy();
+    let run = |extra: &[&str]| {
+        let out = tempfile::tempdir().unwrap();
+        let o = std::process::Command::new("bash")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check"))
+            .args(["--local", "--out", out.path().to_str().unwrap(), "--bin", env!("CARGO_BIN_EXE_ngl-tune")])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+        let raw: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("raw.json")).unwrap()).unwrap();
+        (report, raw)
+    };
+    let (report, raw) = run(&["--models", "small", "--searches", "adaptive", "--no-placement"]);
+    assert_eq!(report.matches("- adaptive: ngl ").count(), 2, "{report}");
+    assert!(!report.contains("- grid: ") && !report.contains("## mid") && !report.contains("context, cap"), "{report}");
+    assert!(raw.get("small.budget.adaptive").is_some() && raw.get("small.budget.grid").is_none(), "{raw}");
+    assert!(!report.contains("Cut short"), "{report}");
+
+    let (report, raw) = run(&["--models", "small", "--deadline", "0"]);
+    assert!(report.contains("## Cut short") && report.contains("- small brute"), "{report}");
+    assert!(report.contains("- small placement"), "{report}");
+    assert!(raw.get("small.bench").is_none(), "{raw}");
+
+    let o = std::process::Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check"))
+        .args(["--local", "--models", "huge", "--bin", env!("CARGO_BIN_EXE_ngl-tune")])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--models names none"));
+}
+
 /// The truth table's CI cell: a tiny model on the GPU-like rig (an
 /// rpc-server of a memory size as the device, the host in a CPU quota) at
 /// an ample and a tight device. What no noise can flip: the tune's answer
