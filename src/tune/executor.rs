@@ -149,6 +149,10 @@ pub(crate) mod fake {
         pub base: TrialSpec,
         /// Every candidate measured, in order.
         pub measured: Vec<Candidate>,
+        /// Where set, NVML sees each trial's process hold its model bytes
+        /// plus this much (a driver's own context, which llama.cpp does
+        /// not account).
+        pub driver_bytes: Option<u64>,
     }
 
     impl World {
@@ -164,7 +168,7 @@ pub(crate) mod fake {
         /// A world whose speeds and memory follow the whole spec; its tg is
         /// the test's rate, every stream's tokens counted.
         pub fn of(at: impl Fn(Candidate, &TrialSpec) -> Outcome + 'static) -> World {
-            World { at: Box::new(at), base: crate::engine::test_spec(), measured: Vec::new() }
+            World { at: Box::new(at), base: crate::engine::test_spec(), measured: Vec::new(), driver_bytes: None }
         }
     }
 
@@ -189,6 +193,18 @@ pub(crate) mod fake {
             r.reason = None;
             r.model_buffers.push(BufferLine { buffer_type: "Vulkan0".into(), kind: "model".into(), bytes: mem });
             r.wall_ms = 1000.0;
+            if let Some(d) = self.driver_bytes {
+                r.sampled.push(crate::types::MemoryStats {
+                    source: crate::types::Source::Nvml,
+                    device: "nvml0 (fake)".into(),
+                    total: 1 << 40,
+                    baseline_used: 0,
+                    peak_used: mem + d,
+                    mean_used: mem + d,
+                    peak_pid_used: Some(mem + d),
+                    n_samples: 10,
+                });
+            }
             for (np, ng) in spec.tests() {
                 let ts = if np > 0 { pp } else { tg };
                 let behind = spec.race.and_then(|x| x.below(np)).is_some_and(|t| ts < t);

@@ -238,6 +238,12 @@ fn one_device(
     assess: &mut Assessor<'_>,
     layer_split: &Recommendation,
 ) -> Result<Hatches> {
+    // A dry run prices what llama.cpp allocates; a sampler also sees the
+    // driver's own share, so a priced case is held to the cap less that.
+    let gap = unaccounted(&search.trials);
+    #[allow(clippy::cast_precision_loss)]
+    let held = HatchInputs { cap: h.cap - gap as f64, ..h.clone() };
+    let h = &held;
     let mut hatches = in_order();
     let own_case = h.at_full(h.n_ctx, None, 0);
     let first = once(std::iter::once(own_case).chain(hatches.iter().flat_map(|x| x.first_cases(h))));
@@ -290,11 +296,27 @@ fn one_device(
         _ => None,
     };
     let mut options = options_of(quality);
-    let notes = choose(&mut options, search.settings());
+    let mut notes = choose(&mut options, search.settings());
+    if gap > 0 {
+        notes.push(crate::types::Note::prediction(format!(
+            "the escape hatches' dry-run prices were held to the cap less {}: what this context's trials held on the device beyond llama.cpp's accounting (the driver's own memory)",
+            human_bytes(gap)
+        ))
+        .at(h.n_ctx));
+    }
     if kv_pick.is_some() && !could_win {
         choose::unchecked(&mut options, search.settings());
     }
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
+}
+
+/// What the trials held on the device beyond llama.cpp's dry run of them
+/// (a driver's own context: about 30 MiB per process on an H200 through
+/// Vulkan): the largest gap a sampler saw, 0 when none did or every trial
+/// held less than priced.
+#[must_use]
+pub fn unaccounted(trials: &[ProfileTrial]) -> u64 {
+    trials.iter().filter_map(|t| t.sampled_minus_predicted_bytes).max().and_then(|g| u64::try_from(g).ok()).unwrap_or(0)
 }
 
 /// What the options at one device are made of.

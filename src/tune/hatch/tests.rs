@@ -257,6 +257,69 @@ fn hatch_world_priced(
     (hatches, world.measured, unpriced)
 }
 
+/// The hatch stage where NVML sees every trial hold `driver` bytes beyond
+/// llama.cpp's accounting (its dry run prices the accounted bytes).
+fn hatch_world_sampled(cap: f64, driver: u64) -> Hatches {
+    use crate::tune::executor::fake::{Outcome, World};
+    let s = settings();
+    let mut world = World::new(|c: Candidate| Outcome::Ok { tg: guide_tg(c, 0), pp: 100.0, mem: bytes_at(c, 32768) });
+    world.base.placement.n_ctx = Some(32768);
+    world.driver_bytes = Some(driver);
+    let policy =
+        crate::profile::MemoryPolicy { source: crate::types::Source::Nvml, ..crate::tune::worlds::policy(cap) };
+    let at = crate::tune::plan::ContextRun::of(&s, s.n_ctx);
+    let mut search =
+        crate::tune::search::Search::new(&s, at, &mut world, Some(policy), crate::progress::Progress::hidden(), None)
+            .with_pricer(Box::new(Curves::cases(predictor)));
+    // The whole-layer search ran before the hatches: one trial, priced and sampled.
+    search.predicted.extend(predictor(&[PredictCase {
+        ngl: 6,
+        n_ctx: 32768,
+        kv_type: None,
+        n_cpu_ffn: 0,
+        n_cpu_moe: 0,
+    }]));
+    search.measure(Role::Grid, Candidate::layers(6, 2), None).unwrap();
+    let h = HatchInputs {
+        full: 11,
+        n_layer: 10,
+        is_moe: false,
+        cap,
+        n_ctx: 32768,
+        kv: KvType::F16,
+        threads: 2,
+        op_offload: true,
+        rpc: Vec::new(),
+        grid: vec![0, 5, 10, 11],
+    };
+    let mut split = layer_split();
+    split.n_gpu_layers = 6;
+    let quality = |_| Ok(Some(Quality { top1_agree: 0.98, tokens: 256, ..Quality::passing() }));
+    run(Topology::One { h: &h, layer_split: &split }, &mut search, &mut { quality }).unwrap()
+}
+
+#[test]
+fn what_the_driver_holds_beyond_the_dry_run_is_kept_out_of_every_predicted_option() {
+    // f16 full offload prices 4370 at 32k; the cap is 4400, so by the dry run
+    // alone it fits, and the largest f16 context that fits fully is 32768.
+    assert_eq!(super::unaccounted(&[]), 0);
+    let blind = hatch_world_sampled(4400.0, 0);
+    assert!(blind.fits_fully, "{:?}", blind.options);
+    // A driver that holds 100 more: full offload really takes 4470 > 4400.
+    let seen = hatch_world_sampled(4400.0, 100);
+    assert!(!seen.fits_fully, "held to 4300, 4370 is over");
+    let shorter: Vec<&PlacementOption> =
+        seen.options.iter().filter(|o| o.kind == HatchKind::ShorterContext && o.kv_type == KvType::F16).collect();
+    assert_eq!(shorter.len(), 1, "{:?}", seen.options);
+    let o = shorter[0];
+    assert!(o.n_ctx < 32768 && o.fits, "{o:?}");
+    #[allow(clippy::cast_precision_loss)]
+    let real = (o.device_bytes.unwrap() + 100) as f64;
+    assert!(real <= 4400.0, "the predicted option plus what the driver holds stays under the cap: {real}");
+    let said: Vec<String> = seen.notes.iter().map(ToString::to_string).collect();
+    assert!(said.iter().any(|n| n.contains("held to the cap less")), "{said:?}");
+}
+
 #[test]
 fn a_dry_run_that_fails_leaves_the_hatches_unpriced_unmeasured_and_said() {
     let (hatches, measured, unpriced) =
