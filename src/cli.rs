@@ -259,19 +259,9 @@ pub struct TuneArgs {
     /// a filled window; 0 measures with an empty cache. Always leaves room for the tests.
     #[arg(help_heading = "Workload", long, value_name = "TOKENS")]
     pub depth: Option<u32>,
-    /// The Ollama server's environment: KEY=VALUE lines [default: the ollama systemd unit's]
-    ///
-    /// Tunes what that server will pass llama-server: OLLAMA_NUM_PARALLEL (-np P, each context
-    /// times P), OLLAMA_KV_CACHE_TYPE, OLLAMA_FLASH_ATTENTION, OLLAMA_CONTEXT_LENGTH (the default
-    /// context) and Ollama's batch size for the context. The docker --env-file form.
-    #[arg(help_heading = "Workload", long, value_name = "FILE", conflicts_with = "server_env")]
-    pub ollama_env: Option<PathBuf>,
-    /// llama-server's LLAMA_ARG_* settings to match: KEY=VALUE lines
-    ///
-    /// LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_BATCH, LLAMA_ARG_UBATCH,
-    /// LLAMA_ARG_CACHE_TYPE_K/V and LLAMA_ARG_FLASH_ATTN are measured as set; the rest is tuned.
-    #[arg(help_heading = "Workload", long, value_name = "FILE")]
-    pub server_env: Option<PathBuf>,
+    /// The consumer's settings file: `--ollama-env FILE` or `--server-env FILE` (`consumer::Program::flag`).
+    #[command(flatten)]
+    pub consumer: crate::consumer::args::ConsumerArgs,
     /// Largest KL divergence (nats) a quantized KV cache may cost and still be recommended
     ///
     /// Measured against the f16 cache on tokens the f16 cache generated.
@@ -510,9 +500,7 @@ impl TuneArgs {
     /// The consumer whose settings file the command line names, and the file.
     #[must_use]
     pub fn consumer_settings(&self) -> Option<(crate::consumer::Program, &Path)> {
-        use crate::consumer::Program;
-        let named = [(Program::LlamaServer, &self.server_env), (Program::Ollama, &self.ollama_env)];
-        named.into_iter().find_map(|(program, file)| file.as_deref().map(|f| (program, f)))
+        self.consumer.given.as_ref().map(|(program, file)| (*program, file.as_path()))
     }
 }
 

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{FlashAttn, Hardware, KvType, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
 
+pub mod args;
 pub mod llama_server;
 pub mod modelfile;
 pub mod ollama;
@@ -127,6 +128,30 @@ pub enum Program {
 }
 
 impl Program {
+    /// Every program, in the order `--help` lists their flags.
+    pub const ALL: [Program; 2] = [Program::Ollama, Program::LlamaServer];
+
+    /// The flag that names its settings file (`args::ConsumerArgs` adds it
+    /// to the tune's command line), its one-line help and the rest.
+    #[must_use]
+    pub fn flag(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Program::Ollama => (
+                "ollama-env",
+                "The Ollama server's environment: KEY=VALUE lines [default: the ollama systemd unit's]",
+                "Tunes what that server will pass llama-server: OLLAMA_NUM_PARALLEL (-np P, each context \
+                 times P), OLLAMA_KV_CACHE_TYPE, OLLAMA_FLASH_ATTENTION, OLLAMA_CONTEXT_LENGTH (the default \
+                 context) and Ollama's batch size for the context. The docker --env-file form.",
+            ),
+            Program::LlamaServer => (
+                "server-env",
+                "llama-server's LLAMA_ARG_* settings to match: KEY=VALUE lines",
+                "LLAMA_ARG_CTX_SIZE, LLAMA_ARG_N_PARALLEL, LLAMA_ARG_BATCH, LLAMA_ARG_UBATCH, \
+                 LLAMA_ARG_CACHE_TYPE_K/V and LLAMA_ARG_FLASH_ATTN are measured as set; the rest is tuned.",
+            ),
+        }
+    }
+
     /// Its settings, in the report's words.
     #[must_use]
     pub fn settings_words(self) -> &'static str {
