@@ -508,7 +508,8 @@ pub struct PlacementOption {
     pub recommended: bool,
     /// Why it was not measured, or what it costs or gains against the recommendation.
     pub note: String,
-    /// llama.cpp's flags for this option.
+    /// llama.cpp's flags for this option: its placement on the workload its
+    /// trial ran (batch sizes, flash attention, slots, projector).
     #[serde(default)]
     pub llama_cpp_args: String,
 }
@@ -671,6 +672,7 @@ pub struct SplitOption {
     pub fits: bool,
     pub recommended: bool,
     pub note: String,
+    /// llama.cpp's flags for this split, on the workload its trial ran.
     pub llama_cpp_args: String,
     /// The KV cache type of both caches its trial ran: the workload's own
     /// (`settings.kv_type`), or the hatch's q8_0 cache where it lets more

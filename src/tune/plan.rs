@@ -25,6 +25,21 @@ impl ContextRun {
     pub fn of(s: &Settings, n_ctx: u32) -> ContextRun {
         ContextRun { n_ctx, depth: s.depth_at(n_ctx), n_batch: s.n_batch, n_ubatch: s.n_ubatch }
     }
+
+    /// What every trial at this context runs beside where the layers go:
+    /// its batch sizes, flash attention, slots and projector. An option's
+    /// paste-ready flags start from it, so they say what its trial ran.
+    #[must_use]
+    pub fn workload(&self, s: &Settings) -> crate::types::Placement {
+        crate::types::Placement {
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            flash_attn: s.flash_attn,
+            n_parallel: s.n_parallel,
+            ..crate::types::Placement::default()
+        }
+        .with_mmproj(s.mmproj.as_deref())
+    }
 }
 
 /// The default grid: 0, 10, 20, ... below full offload, then full offload

@@ -58,6 +58,8 @@ pub struct HatchInputs {
     /// The whole-layer grid (where a quantized KV cache is priced when it
     /// does not fit at full offload).
     pub grid: Vec<u32>,
+    /// The workload every trial runs ([`crate::tune::plan::ContextRun::workload`]).
+    pub workload: crate::types::Placement,
 }
 
 impl HatchInputs {
@@ -73,7 +75,7 @@ impl HatchInputs {
     #[must_use]
     pub fn placement(&self, case: PredictCase) -> crate::types::Placement {
         let rpc = if case.ngl > 0 { self.rpc.as_slice() } else { &[] };
-        crate::types::Placement { n_cpu_ffn: case.n_cpu_ffn, ..crate::types::Placement::default() }
+        crate::types::Placement { n_cpu_ffn: case.n_cpu_ffn, ..self.workload.clone() }
             .with_layers(case.ngl, self.threads, Some(case.n_ctx))
             .with_kv(case.kv_type.unwrap_or(self.kv))
             .with_op_offload(self.op_offload)

@@ -224,18 +224,7 @@ fn hatch_world_priced(
     world.base.placement.n_ctx = Some(32768);
     world.base.n_depth = depth;
     let mut search = crate::tune::worlds::search(&s, &mut world, cap).with_pricer(Box::new(pricer));
-    let h = HatchInputs {
-        full: 11,
-        n_layer: 10,
-        is_moe: false,
-        cap,
-        n_ctx: 32768,
-        kv: KvType::F16,
-        threads: 2,
-        op_offload: true,
-        rpc: Vec::new(),
-        grid: vec![0, 5, 10, 11],
-    };
+    let h = inputs(cap);
     let mut split = layer_split();
     split.n_gpu_layers = split_ngl;
     split.tg_ts = Some(tg(Candidate::layers(split_ngl, 2), depth));
@@ -255,6 +244,23 @@ fn hatch_world_priced(
     let unpriced = search.take_unpriced();
     drop(search);
     (hatches, world.measured, unpriced)
+}
+
+/// The fake world's model at 32k: 10 layers and the output one, f16 KV cache, two threads.
+fn inputs(cap: f64) -> HatchInputs {
+    HatchInputs {
+        full: 11,
+        n_layer: 10,
+        is_moe: false,
+        cap,
+        n_ctx: 32768,
+        kv: KvType::F16,
+        threads: 2,
+        op_offload: true,
+        rpc: Vec::new(),
+        grid: vec![0, 5, 10, 11],
+        workload: crate::types::Placement::default(),
+    }
 }
 
 /// The hatch stage where NVML sees every trial hold `driver` bytes beyond
@@ -280,18 +286,7 @@ fn hatch_world_sampled(cap: f64, driver: u64) -> Hatches {
         n_cpu_moe: 0,
     }]));
     search.measure(Role::Grid, Candidate::layers(6, 2), None).unwrap();
-    let h = HatchInputs {
-        full: 11,
-        n_layer: 10,
-        is_moe: false,
-        cap,
-        n_ctx: 32768,
-        kv: KvType::F16,
-        threads: 2,
-        op_offload: true,
-        rpc: Vec::new(),
-        grid: vec![0, 5, 10, 11],
-    };
+    let h = inputs(cap);
     let mut split = layer_split();
     split.n_gpu_layers = 6;
     let quality = |_| Ok(Some(Quality { top1_agree: 0.98, tokens: 256, ..Quality::passing() }));
@@ -318,6 +313,18 @@ fn what_the_driver_holds_beyond_the_dry_run_is_kept_out_of_every_predicted_optio
     assert!(real <= 4400.0, "the predicted option plus what the driver holds stays under the cap: {real}");
     let said: Vec<String> = seen.notes.iter().map(ToString::to_string).collect();
     assert!(said.iter().any(|n| n.contains("held to the cap less")), "{said:?}");
+}
+
+#[test]
+fn an_options_flags_say_the_batch_and_slots_its_trial_ran_with() {
+    // Ollama's batch at 32k (-b 1024 -ub 1024) and two slots: what every trial runs.
+    let mut s = settings();
+    (s.n_batch, s.n_ubatch, s.n_parallel) = (1024, 1024, 2);
+    let at = crate::tune::plan::ContextRun::of(&s, 32768);
+    let h = HatchInputs { workload: at.workload(&s), ..inputs(4000.0) };
+    let flags = h.placement(h.at_full(32768, Some(KvType::Q8_0), 0)).flags();
+    assert!(flags.contains("-b 1024 -ub 1024") && flags.contains("-np 2"), "{flags}");
+    assert!(flags.contains("-ctk q8_0") && flags.contains("-fa on"), "{flags}");
 }
 
 #[test]

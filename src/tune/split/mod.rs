@@ -73,6 +73,8 @@ pub struct SplitInputs<'a> {
     pub layer_bytes: f64,
     /// What each device's link adds to a token ([`links`]); zero for a local device.
     pub links: Vec<Link>,
+    /// The workload every trial runs ([`crate::tune::plan::ContextRun::workload`]).
+    pub workload: crate::types::Placement,
 }
 
 /// Each device's link, from its RPC server's round trip and bandwidth (its
@@ -132,7 +134,7 @@ fn names(devs: &[DeviceCap]) -> Vec<String> {
 /// llama.cpp's flags of a split at the stage's context with a KV cache
 /// type and the FFN of its first `cpu_ffn` layers on the CPU.
 fn flags(ngl: u32, split: &Split, (kv, cpu_ffn): (KvType, u32), threads: u32, inp: &SplitInputs<'_>) -> String {
-    crate::types::Placement { n_cpu_ffn: cpu_ffn, ..crate::types::Placement::default() }
+    crate::types::Placement { n_cpu_ffn: cpu_ffn, ..inp.workload.clone() }
         .with_layers(ngl, threads, Some(inp.n_ctx))
         .with_op_offload(inp.op_offload)
         .with_kv(kv)

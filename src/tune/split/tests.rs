@@ -186,6 +186,7 @@ fn inputs<'a>(devs: &'a [DeviceCap], rpc: &'a [String]) -> SplitInputs<'a> {
         is_moe: false,
         layer_bytes: 10e6,
         links: vec![Link::default(); devs.len()],
+        workload: crate::types::Placement::default(),
     }
 }
 
