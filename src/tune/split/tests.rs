@@ -251,6 +251,11 @@ impl crate::tune::executor::TrialExecutor for SplitWorld {
 }
 
 fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
+    split_world_running(extra_d1, crate::types::Placement::default())
+}
+
+/// As [`split_world`], every trial running `workload` (batch sizes, slots).
+fn split_world_running(extra_d1: u64, workload: crate::types::Placement) -> (SplitFound, Vec<Vec<u32>>) {
     let s = crate::tune::worlds::settings();
     let mut world = SplitWorld::new(extra_d1, 0.0);
     let pricer =
@@ -258,10 +263,20 @@ fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
     let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;
     let devs = caps(&[105 * mb, 150 * mb]);
-    let inp = inputs(&devs, &[]);
+    let inp = SplitInputs { workload, ..inputs(&devs, &[]) };
     let found = split_stage(&mut search, &inp).unwrap();
     drop(search);
     (found, world.measured)
+}
+
+#[test]
+fn every_split_options_flags_say_the_workload_its_trials_ran() {
+    let workload = crate::types::Placement { n_batch: 1024, n_ubatch: 1024, ..crate::types::Placement::default() };
+    let (found, _) = split_world_running(0, workload);
+    assert!(found.options.len() > 2, "{:?}", found.options);
+    for o in &found.options {
+        assert!(o.llama_cpp_args.contains("-b 1024 -ub 1024"), "{}", o.llama_cpp_args);
+    }
 }
 
 #[test]
