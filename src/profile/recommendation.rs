@@ -4,8 +4,9 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// The answer, in the forms people paste.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The answer, in the forms people paste. `Default` is an empty answer
+/// whose placement [`Recommendation::set_placement`] writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Recommendation {
     /// ngl for llama.cpp (full offload when `n_cpu_moe` > 0).
     pub n_gpu_layers: u32,
@@ -103,9 +104,17 @@ pub(super) fn default_n_ubatch() -> u32 {
 
 impl Recommendation {
     /// What llama.cpp runs for this recommendation: every setting the
-    /// trials ran with.
+    /// trials ran with (flash attention on for a quantized cache).
     #[must_use]
     pub fn placement(&self) -> Placement {
+        self.stored_placement().with_kv(self.kv_type)
+    }
+
+    /// The placement as the fields hold it (flash attention as asked):
+    /// what [`Self::set_placement`] writes, so a stage that changes where
+    /// the layers go starts from it.
+    #[must_use]
+    pub fn stored_placement(&self) -> Placement {
         Placement {
             n_cpu_moe: self.n_cpu_moe,
             n_cpu_ffn: self.n_cpu_ffn,
@@ -113,16 +122,40 @@ impl Recommendation {
             n_ubatch: self.n_ubatch,
             flash_attn: self.flash_attn,
             n_parallel: self.n_parallel,
+            kv_type: self.kv_type,
             cpu_overrides: self.cpu_overrides.clone(),
             ..Placement::default()
         }
         .with_layers(self.n_gpu_layers, self.n_threads, Some(self.n_ctx))
-        .with_kv(self.kv_type)
         .with_op_offload(self.op_offload)
         .with_split(&self.tensor_split, &self.rpc)
         .with_devices(&self.devices)
         .with_split_mode(self.split_mode)
         .with_mmproj(self.mmproj.as_deref())
+    }
+
+    /// The one place a recommendation's placement is written: every field
+    /// of `p` a recommendation holds (the inverse of
+    /// [`Self::stored_placement`]; `-mg` and `--no-mmproj-offload` are not
+    /// held: an answer runs with main device 0 and the projector on the
+    /// GPU), then the paste-ready forms rendered again from them.
+    pub fn set_placement(&mut self, p: &Placement) {
+        self.n_gpu_layers = p.n_gpu_layers;
+        self.n_threads = p.n_threads;
+        if let Some(c) = p.n_ctx {
+            self.n_ctx = c;
+        }
+        (self.n_batch, self.n_ubatch, self.flash_attn, self.n_parallel) =
+            (p.n_batch, p.n_ubatch, p.flash_attn, p.n_parallel);
+        (self.kv_type, self.n_cpu_moe, self.n_cpu_ffn) = (p.kv_type, p.n_cpu_moe, p.n_cpu_ffn);
+        self.cpu_overrides.clone_from(&p.cpu_overrides);
+        self.op_offload = p.op_offload != crate::types::OpOffload::Off;
+        self.rpc.clone_from(&p.rpc);
+        self.devices.clone_from(&p.devices);
+        self.tensor_split.clone_from(&p.tensor_split);
+        self.split_mode = p.split_mode;
+        self.mmproj.clone_from(&p.mmproj);
+        self.render_forms();
     }
 
     /// The whole layers Ollama can run of this answer: `ollama_num_gpu`
@@ -245,4 +278,37 @@ pub struct ReadingHatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kl_mean: Option<f64>,
     pub llama_cpp_args: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{KvType, SplitMode};
+
+    #[test]
+    fn a_placement_written_into_a_recommendation_reads_back_the_same_and_renders_its_forms() {
+        let p = Placement {
+            n_cpu_ffn: 3,
+            n_batch: 1024,
+            n_ubatch: 256,
+            n_parallel: 2,
+            kv_type: KvType::Q8_0,
+            cpu_overrides: vec![r"blk\.9\.ffn_up".into()],
+            ..Placement::default()
+        }
+        .with_layers(20, 6, Some(8192))
+        .with_op_offload(false)
+        .with_split(&[12, 8], &["10.0.0.2:50052".into()])
+        .with_devices(&["RPC0".into(), "Vulkan0".into()])
+        .with_split_mode(SplitMode::Row)
+        .with_mmproj(Some(std::path::Path::new("/m/proj.gguf")));
+        let mut r = Recommendation::default();
+        r.set_placement(&p);
+        assert_eq!(r.stored_placement(), p);
+        // What llama.cpp runs: a quantized cache turns flash attention on.
+        assert_eq!(r.llama_cpp_args, p.clone().with_kv(KvType::Q8_0).flags());
+        assert!(r.llama_cpp_args.contains("-fa on") && r.llama_cpp_args.contains("-ts 12,8"), "{}", r.llama_cpp_args);
+        // Each of the two slots gets half the context, as Ollama counts num_ctx.
+        assert!(r.modelfile.iter().any(|l| l == "PARAMETER num_ctx 4096"), "{:?}", r.modelfile);
+    }
 }

@@ -172,37 +172,19 @@ pub fn recommendation(
             && t.result.status == TrialStatus::Ok
     });
     let mut r = Recommendation {
-        n_cpu_moe: moe,
         ollama_num_gpu: (moe > 0).then_some(dense),
-        llama_default: false,
-        ollama_own_run: false,
-        n_gpu_layers: ngl,
-        n_threads: threads,
-        n_ctx: at.n_ctx,
         measured: rec.is_some(),
         confidence,
-        op_offload,
         tg_ts: rec.and_then(|t| t.result.test(false)).map(|t| t.avg_ts).or(d.predicted_tg),
         pp_ts: rec.and_then(|t| t.result.test(true)).map(|t| t.avg_ts).or(d.predicted_pp),
         mem_bytes: rec.and_then(|t| t.mem_bytes).or(d.predicted_mem),
-        modelfile: Vec::new(),
-        llama_cpp_args: String::new(),
-        kv_type: s.kv_type,
-        n_cpu_ffn: 0,
-        ollama_server_env: Vec::new(),
-        rpc: Vec::new(),
-        devices: Vec::new(),
-        split_mode: crate::types::SplitMode::Layer,
-        tensor_split: Vec::new(),
-        n_batch: at.n_batch,
-        n_ubatch: at.n_ubatch,
-        flash_attn: s.flash_attn,
-        n_parallel: s.n_parallel,
-        mmproj: s.mmproj.clone(),
         img_ms: rec.and_then(|t| t.result.image.as_ref()).map(crate::types::ImageTest::avg_ms),
-        cpu_overrides: Vec::new(),
+        ..Recommendation::default()
     };
-    r.render_forms();
+    let p = crate::types::Placement { n_cpu_moe: moe, kv_type: s.kv_type, ..at.workload(s) }
+        .with_layers(ngl, threads, Some(at.n_ctx))
+        .with_op_offload(op_offload);
+    r.set_placement(&p);
     r
 }
 

@@ -436,32 +436,26 @@ pub fn default_recommendation(
         (!v.is_empty()).then(|| crate::stats::mean(&v))
     };
     let mut r = Recommendation {
-        n_gpu_layers: ngl,
-        n_cpu_moe: 0,
-        n_cpu_ffn: 0,
-        kv_type: ran.kv_type,
         ollama_num_gpu: None,
         llama_default: true,
-        ollama_server_env: Vec::new(),
-        devices: Vec::new(),
-        split_mode: crate::types::SplitMode::Layer,
-        tensor_split: Vec::new(),
         tg_ts: mean(false),
         pp_ts: mean(true),
         img_ms: image_ms(trials, theirs),
         measured: true,
-        n_threads: ran.n_threads,
-        n_ctx: ran.n_ctx.unwrap_or(theirs.ctx),
-        cpu_overrides: ran.cpu_overrides,
-        n_batch: ran.n_batch,
-        n_ubatch: ran.n_ubatch,
-        flash_attn: ran.flash_attn,
-        n_parallel: ran.n_parallel,
-        op_offload: ran.op_offload != crate::types::OpOffload::Off,
-        rpc: ran.rpc,
         ..rec.clone()
     };
-    r.render_forms();
+    // llama.cpp's default split: no device order, no per-device layers.
+    let n_ctx = Some(ran.n_ctx.unwrap_or(theirs.ctx));
+    r.set_placement(&Placement {
+        n_gpu_layers: ngl,
+        n_cpu_moe: 0,
+        n_cpu_ffn: 0,
+        n_ctx,
+        devices: Vec::new(),
+        tensor_split: Vec::new(),
+        split_mode: crate::types::SplitMode::Layer,
+        ..ran
+    });
     r
 }
 

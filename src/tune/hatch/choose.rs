@@ -115,11 +115,9 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
         return layer_split.clone();
     };
     let mut r = layer_split.clone();
-    r.n_threads = threads;
-    r.n_gpu_layers = o.n_gpu_layers;
-    r.n_cpu_moe = 0;
-    r.kv_type = o.kv_type;
-    r.n_cpu_ffn = o.n_cpu_ffn;
+    let p =
+        crate::types::Placement { n_cpu_moe: 0, n_cpu_ffn: o.n_cpu_ffn, kv_type: o.kv_type, ..r.stored_placement() }
+            .with_layers(o.n_gpu_layers, threads, Some(r.n_ctx));
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]
@@ -129,6 +127,6 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
     // Ollama takes a quantized cache as a server setting, and has no
     // tensor overrides: its best beside an FFN spill is the whole-layer split.
     r.ollama_num_gpu = (o.kind != HatchKind::KvCache).then(|| layer_split.ollama_layers());
-    r.render_forms();
+    r.set_placement(&p);
     r
 }

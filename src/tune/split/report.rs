@@ -71,16 +71,15 @@ pub fn report(
 #[must_use]
 pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap], rpc: &[String]) -> Recommendation {
     let mut r = base.clone();
-    r.n_gpu_layers = o.n_gpu_layers;
-    r.n_cpu_moe = 0;
-    r.n_cpu_ffn = o.n_cpu_ffn;
-    r.kv_type = o.kv_type;
     let split = split_of(o);
-    r.tensor_split = split.listed();
-    r.devices = split.device_names(&names(devs));
-    r.split_mode = split.mode();
     // Every layer on the CPU needs no server.
-    r.rpc = if o.n_gpu_layers == 0 { Vec::new() } else { rpc.to_vec() };
+    let servers = if o.n_gpu_layers == 0 { &[] } else { rpc };
+    let p =
+        crate::types::Placement { n_cpu_moe: 0, n_cpu_ffn: o.n_cpu_ffn, kv_type: o.kv_type, ..r.stored_placement() }
+            .with_layers(o.n_gpu_layers, r.n_threads, Some(r.n_ctx))
+            .with_split(&split.listed(), servers)
+            .with_devices(&split.device_names(&names(devs)))
+            .with_split_mode(split.mode());
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]
@@ -92,8 +91,8 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     } else {
         o.tensor_split.iter().zip(devs).filter(|(_, d)| !d.buffer_type.starts_with("RPC")).map(|(l, _)| *l).sum()
     };
-    let ollama = if r.rpc.is_empty() { o.n_gpu_layers } else { local };
-    r.ollama_num_gpu = (ollama != r.n_gpu_layers).then_some(ollama);
-    r.render_forms();
+    let ollama = if servers.is_empty() { o.n_gpu_layers } else { local };
+    r.ollama_num_gpu = (ollama != o.n_gpu_layers).then_some(ollama);
+    r.set_placement(&p);
     r
 }
