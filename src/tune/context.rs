@@ -333,18 +333,12 @@ fn plan_for(info: &ModelInfo, s: &Settings, hw: &Hardware, no_gpu: bool) -> Plan
 pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload: bool) -> TrialSpec {
     TrialSpec {
         model: info.path.clone(),
-        placement: crate::types::Placement {
-            n_batch: at.n_batch,
-            n_ubatch: at.n_ubatch,
-            flash_attn: s.flash_attn,
-            ..crate::types::Placement::default()
-        }
-        .with_layers(0, s.n_threads, Some(at.n_ctx))
-        .with_parallel(s.n_parallel)
-        .with_kv(s.kv_type)
-        .with_op_offload(op_offload)
-        .with_split(&[], &s.rpc)
-        .with_mmproj(s.mmproj.as_deref()),
+        placement: at
+            .workload(s)
+            .with_layers(0, s.n_threads, Some(at.n_ctx))
+            .with_kv(s.kv_type)
+            .with_op_offload(op_offload)
+            .with_split(&[], &s.rpc),
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
         n_depth: at.depth,

@@ -35,9 +35,9 @@ impl ContextRun {
             n_batch: self.n_batch,
             n_ubatch: self.n_ubatch,
             flash_attn: s.flash_attn,
-            n_parallel: s.n_parallel,
             ..crate::types::Placement::default()
         }
+        .with_parallel(s.n_parallel)
         .with_mmproj(s.mmproj.as_deref())
     }
 }

@@ -242,7 +242,7 @@ fn one_device(
 ) -> Result<Hatches> {
     // A dry run prices what llama.cpp allocates; a sampler also sees the
     // driver's own share, so a priced case is held to the cap less that.
-    let gap = unaccounted(&search.trials);
+    let gap = search.unaccounted();
     #[allow(clippy::cast_precision_loss)]
     let held = HatchInputs { cap: h.cap - gap as f64, ..h.clone() };
     let h = &held;
@@ -310,15 +310,6 @@ fn one_device(
         choose::unchecked(&mut options, search.settings());
     }
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
-}
-
-/// What the trials held on the device beyond llama.cpp's dry run of them
-/// (a driver's own context: about 30 MiB per process on an H200 through
-/// Vulkan): the largest gap a sampler saw, 0 when none did or every trial
-/// held less than priced.
-#[must_use]
-pub fn unaccounted(trials: &[ProfileTrial]) -> u64 {
-    trials.iter().filter_map(|t| t.sampled_minus_predicted_bytes).max().and_then(|g| u64::try_from(g).ok()).unwrap_or(0)
 }
 
 /// What the options at one device are made of.

@@ -297,7 +297,7 @@ fn hatch_world_sampled(cap: f64, driver: u64) -> Hatches {
 fn what_the_driver_holds_beyond_the_dry_run_is_kept_out_of_every_predicted_option() {
     // f16 full offload prices 4370 at 32k; the cap is 4400, so by the dry run
     // alone it fits, and the largest f16 context that fits fully is 32768.
-    assert_eq!(super::unaccounted(&[]), 0);
+    assert_eq!(crate::tune::search::unaccounted(&[]), 0);
     let blind = hatch_world_sampled(4400.0, 0);
     assert!(blind.fits_fully, "{:?}", blind.options);
     // A driver that holds 100 more: full offload really takes 4470 > 4400.

@@ -425,10 +425,21 @@ impl<'a> Search<'a> {
         bytes
     }
 
+    /// What this context's trials held on the device beyond the dry run
+    /// of them ([`unaccounted`]): a price is held to the cap less this.
+    #[must_use]
+    pub fn unaccounted(&self) -> u64 {
+        unaccounted(&self.trials)
+    }
+
     /// `ngl`, or the largest setting below it that the dry run prices under
-    /// the cap (down to the largest one measured under it).
+    /// the cap less what the trials held beyond their prices (down to the
+    /// largest one measured under it).
     fn priced_under_cap(&mut self, ngl: u32) -> u32 {
-        let Some(cap) = self.policy.as_ref().map(|p| p.cap_bytes) else { return ngl };
+        #[allow(clippy::cast_precision_loss)]
+        let Some(cap) = self.policy.as_ref().map(|p| p.cap_bytes - self.unaccounted() as f64) else {
+            return ngl;
+        };
         if !self.confirmations_priced {
             return ngl;
         }
@@ -588,6 +599,15 @@ impl<'a> Search<'a> {
         };
         Ok((d, threads))
     }
+}
+
+/// What the trials held on the device beyond llama.cpp's dry run of them
+/// (a driver's own context: about 30 MiB per process on an H200 through
+/// Vulkan): the largest gap a sampler saw, 0 when none did or every trial
+/// held less than priced.
+#[must_use]
+pub fn unaccounted(trials: &[ProfileTrial]) -> u64 {
+    trials.iter().filter_map(|t| t.sampled_minus_predicted_bytes).max().and_then(|g| u64::try_from(g).ok()).unwrap_or(0)
 }
 
 fn last_tg(trials: &[ProfileTrial]) -> String {
