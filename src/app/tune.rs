@@ -127,8 +127,11 @@ fn print_report(out: &mut impl Write, outcome: &crate::tune::TuneOutcome) -> Res
 fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32> {
     use crate::tune::rank;
     let profiles: Vec<crate::profile::Profile> = outcomes.iter().map(|o| o.profile.clone()).collect();
-    let exe = crate::engine::child::current_exe()?;
-    let qualities = rank::qualities(&exe, &profiles, profiles[0].settings.n_threads)?;
+    let runner = crate::engine::runner::Runner::current(
+        std::time::Duration::from_secs(profiles[0].settings.trial_timeout_s),
+        a.talk.verbose,
+    )?;
+    let qualities = rank::qualities(&runner, &profiles, profiles[0].settings.n_threads)?;
     for (o, q) in outcomes.iter_mut().zip(&qualities) {
         if q.is_some() {
             o.profile.model_quality.clone_from(q);

@@ -50,8 +50,6 @@ pub struct Finished {
 /// # Errors
 /// When the child cannot be started.
 pub fn spawn(exe: &Path, sub: &str, args: &[OsString], input: &[u8], echo: bool) -> Result<Spawned> {
-    // One llama.cpp child at a time: a kept trial worker ends first.
-    super::live::release();
     let mut child = super::live::piped(exe, sub, args)?;
     if let Some(mut stdin) = child.stdin.take() {
         // A child that dies before reading its input shows up in its exit status.

@@ -237,21 +237,9 @@ pub(crate) struct Kept {
     pub baselines: Vec<crate::types::MemoryStats>,
 }
 
-/// At most one trial worker lives at a time, kept here between trials.
-pub(crate) static KEPT: Mutex<Option<Kept>> = Mutex::new(None);
-
-/// The kept worker, locked (a panic elsewhere does not lose it).
-pub(crate) fn kept() -> std::sync::MutexGuard<'static, Option<Kept>> {
-    KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Ends the kept trial worker, if any, and waits until it has freed what
-/// it holds: called before any other llama.cpp child starts (a dry run, a
-/// quality probe, a check), so each finds the devices as they were.
-pub fn release() {
-    let kept = kept().take();
-    if let Some(k) = kept {
-        k.live.close();
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept").field("pid", &self.live.pid()).field("key", &self.key).finish_non_exhaustive()
     }
 }
 

@@ -706,12 +706,13 @@ fn llama_fit_split(spec: &PredictSpec) -> LlamaFitSplit {
     }
 }
 
-/// Runs the predictions in a child process.
+/// Runs the predictions in a child process (the runner's kept trial
+/// worker ended first, so the dry run finds the devices as they were).
 ///
 /// # Errors
 /// When the child cannot run or answers nonsense.
-pub fn predict_in_child(exe: &Path, spec: &PredictSpec) -> Result<PredictOutput> {
-    super::child::call(exe, "__predict", &[], spec)
+pub fn predict_in_child(runner: &super::runner::Runner, spec: &PredictSpec) -> Result<PredictOutput> {
+    runner.call("__predict", spec)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! Runs in a child process (hidden `__kl`): models load one after another.
 
 use std::num::NonZeroU32;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -361,12 +361,13 @@ pub fn kl_main() -> Result<()> {
     Ok(())
 }
 
-/// Scores the alternatives in a child process.
+/// Scores the alternatives in a child process (the runner's kept trial
+/// worker ended first: a server serves one client at a time).
 ///
 /// # Errors
 /// When the child cannot run or answers nonsense.
-pub fn kl_in_child(exe: &Path, spec: &KlSpec) -> Result<KlOutput> {
-    super::child::call(exe, "__kl", &[], spec)
+pub fn kl_in_child(runner: &super::runner::Runner, spec: &KlSpec) -> Result<KlOutput> {
+    runner.call("__kl", spec)
 }
 
 #[cfg(test)]

@@ -3,12 +3,13 @@
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
 use super::child::{self, describe_exit, mentions_oom, telling_line};
-use super::live::{self, Answer, Kept, Live};
+use super::live::{Answer, Kept, Live};
 use crate::error::Interrupted;
 use crate::interrupt;
 use crate::probe::host::HostSource;
@@ -25,9 +26,11 @@ const RPC_GRACE: Duration = Duration::from_secs(5);
 /// backend cannot be mistaken for it.
 pub const RESULT_PREFIX: &str = "NGL_TUNE_RESULT ";
 
-/// How trials are run. One place decides the executable and the limits.
-/// The worker it keeps between trials ends with it (or with
-/// [`Runner::release`], or when any other llama.cpp child starts).
+/// How trials are run. One place decides the executable and the limits,
+/// and owns the trial worker kept between trials: it ends with the runner,
+/// with [`Runner::release`], or when the runner starts any other llama.cpp
+/// child ([`Runner::call`]: a dry run, a quality probe), so at most one
+/// llama.cpp child of a tune holds the devices at a time.
 #[derive(Debug)]
 pub struct Runner {
     /// The ngl-tune binary to re-execute.
@@ -46,6 +49,8 @@ pub struct Runner {
     pub busy_threshold: f64,
     /// Wait before measuring a contended trial again.
     pub retry_wait: Duration,
+    /// The worker kept for a next trial of the same load.
+    kept: Mutex<Option<Kept>>,
 }
 
 /// GPU utilization (percent, before the worker starts) above which
@@ -72,15 +77,40 @@ impl Runner {
             retry_wait: Duration::from_millis(
                 std::env::var("NGL_TUNE_RETRY_WAIT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000),
             ),
+            kept: Mutex::new(None),
         })
     }
 
     /// Ends the trial worker kept for a next trial, if any, and waits until
     /// it has freed what it holds: before something that needs the devices
-    /// or the RPC servers as they were, that is not a llama.cpp child
-    /// (which ends it itself).
+    /// or the RPC servers as they were (a llama.cpp child started with
+    /// [`Runner::call`] ends it itself).
     pub fn release(&self) {
-        live::release();
+        let kept = self.kept().take();
+        if let Some(k) = kept {
+            k.live.close();
+        }
+    }
+
+    /// The kept worker, locked (a panic elsewhere does not lose it).
+    fn kept(&self) -> std::sync::MutexGuard<'_, Option<Kept>> {
+        self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs this binary's hidden subcommand `sub` (`__predict`, `__kl`) with
+    /// `input` as JSON and reads its JSON answer, after ending the kept
+    /// trial worker: the child finds the devices, and a server that serves
+    /// one client at a time, as they were.
+    ///
+    /// # Errors
+    /// When the child cannot run or answers nonsense.
+    pub fn call<I: serde::Serialize + ?Sized, O: serde::de::DeserializeOwned>(
+        &self,
+        sub: &str,
+        input: &I,
+    ) -> Result<O> {
+        self.release();
+        child::call(&self.exe, sub, &[], input)
     }
 
     #[must_use]
@@ -139,7 +169,7 @@ impl Runner {
     /// model the same way ([`TrialSpec::load_key`]: another context size,
     /// KV type, thread count, batch size or depth) runs in it without
     /// loading the model again. Any other trial, or any other llama.cpp
-    /// child, ends it first (see [`super::live::release`]); so does a
+    /// child of this runner ([`Runner::call`]), ends it first; so does a
     /// failed trial. `NGL_TUNE_NO_SHARE` set: a worker per trial.
     ///
     /// # Errors
@@ -151,11 +181,11 @@ impl Runner {
         spec.sample_interval_ms = u64::try_from(self.sample_interval.as_millis()).unwrap_or(u64::MAX);
         let key = spec.load_key();
         // (With NGL_TUNE_NO_SHARE every trial's worker ended with it, below.)
-        let reuse = live::kept().as_mut().is_some_and(|k| k.key == key && k.live.alive());
+        let reuse = self.kept().as_mut().is_some_and(|k| k.key == key && k.live.alive());
         if !reuse {
-            live::release();
+            self.release();
         }
-        let mut kept = live::kept();
+        let mut kept = self.kept();
         if kept.is_none() {
             *kept =
                 Some(Kept { live: Live::start(&self.exe, "__trial", &[], self.verbose)?, key, baselines: Vec::new() });
@@ -178,7 +208,7 @@ impl Runner {
         let mut result = self.classify(&spec, answer, tail);
         if result.status != TrialStatus::Ok || std::env::var_os(NO_SHARE_ENV).is_some() {
             // Whatever state a failed trial left behind is not the next one's.
-            live::release();
+            self.release();
         }
         result.wall_ms = started.elapsed().as_secs_f64() * 1e3;
         result.sampled.extend(sampled);
@@ -224,7 +254,7 @@ impl Drop for Runner {
     /// process outlives the command, the tune's context or the set that
     /// measured with it.
     fn drop(&mut self) {
-        live::release();
+        self.release();
     }
 }
 
@@ -318,11 +348,28 @@ mod tests {
         runner.exe = fake_worker(dir.path(), &ok);
         runner.nvml_note = Some("not sampled in this test".into());
         assert_eq!(runner.run(&spec, |_| {}).unwrap().status, TrialStatus::Ok);
-        let pid = live::kept().as_ref().map(|k| k.live.pid()).expect("kept for a next trial of the same load");
+        let pid = runner.kept().as_ref().map(|k| k.live.pid()).expect("kept for a next trial of the same load");
         let proc = PathBuf::from(format!("/proc/{pid}"));
         assert!(proc.exists(), "the worker waits for the next trial");
         drop(runner);
-        assert!(live::kept().is_none(), "released with the runner");
         assert!(!proc.exists(), "the worker has exited and been waited for");
+    }
+
+    #[test]
+    fn another_llama_cpp_child_of_the_runner_ends_its_kept_worker_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::engine::test_spec();
+        let mut ok = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
+        ok.reason = None;
+        let mut runner = Runner::current(Duration::from_secs(20), false).unwrap().with_sample_interval(Duration::ZERO);
+        runner.exe = fake_worker(dir.path(), &ok);
+        runner.nvml_note = Some("not sampled in this test".into());
+        assert_eq!(runner.run(&spec, |_| {}).unwrap().status, TrialStatus::Ok);
+        let pid = runner.kept().as_ref().map(|k| k.live.pid()).expect("kept for a next trial of the same load");
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        // (The stand-in answers a call with nothing: the call fails, after the release.)
+        assert!(runner.call::<_, serde_json::Value>("__predict", &()).is_err());
+        assert!(runner.kept().is_none(), "released before the child started");
+        assert!(!proc.exists(), "the worker had exited and been waited for");
     }
 }

@@ -455,9 +455,11 @@ mod tests {
         let _ = child.wait();
         assert!(seen.others_cores_mean > 0.5, "{seen:?}");
         assert!(seen.contended);
-        assert_eq!(seen.top[0].pid, child.id(), "{seen:?}");
-        assert_eq!(seen.top[0].name, "sh");
-        assert!(seen.top_words().starts_with(&format!("sh (pid {}) ", child.id())), "{}", seen.top_words());
+        // Among the three busiest, not necessarily first: a compiler or
+        // another test's process can outspin it on a loaded machine.
+        let it = seen.top.iter().find(|p| p.pid == child.id()).unwrap_or_else(|| panic!("{seen:?}"));
+        assert_eq!(it.name, "sh");
+        assert!(seen.top_words().contains(&format!("sh (pid {}) ", child.id())), "{}", seen.top_words());
     }
 
     #[test]

@@ -57,7 +57,7 @@ fn tune_context(
     let (info, policy, s) = (&sh.opts.info, sh.policy.as_ref(), &sh.opts.settings);
     let mut plan = plan_for(info, s, &sh.hw, policy.is_none());
     let names = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
-    let mut pricer = pricer::ChildPricer::new(sh.exe.clone(), pricer::workload_spec(info, s, at, sh.op_offload), names);
+    let mut pricer = pricer::ChildPricer::new(&sh.runner, pricer::workload_spec(info, s, at, sh.op_offload), names);
     let (mut prediction, mut notes) = priced_plan(sh, at, &mut plan, &mut pricer);
     let mut executor = executor(sh, at);
     let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
@@ -176,7 +176,7 @@ fn priced_plan(
     pricer: &mut dyn pricer::Pricer,
 ) -> (Option<crate::profile::PredictionReport>, Vec<Note>) {
     let (info, policy, s) = (&sh.opts.info, sh.policy.as_ref(), &sh.opts.settings);
-    let mut prediction = policy.map(|p| memory::predict(&sh.exe, (info, s, at), p, &plan.full_grid, sh.op_offload));
+    let mut prediction = policy.map(|p| memory::predict(&sh.runner, (info, s, at), p, &plan.full_grid, sh.op_offload));
     let mut notes = Vec::new();
     if let (Some(pr), Some(p)) = (prediction.as_mut(), policy) {
         plan.predicted_over.clone_from(&pr.predicted_over_cap);
@@ -245,7 +245,7 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
     // A quantized cache's quality does not depend on where the layers run:
     // scored with every layer on this CPU (the scoring child has no RPC servers).
     let bound = (quality::speeds_at(&search.trials, 0), quality::bound_s(&search.trials));
-    let mut assess = |kv| quality::kv_quality(&sh.exe, info, kv, 0, (s, at.depth), sh.op_offload, bound);
+    let mut assess = |kv| quality::kv_quality(&sh.runner, info, kv, 0, (s, at.depth), sh.op_offload, bound);
     hatch::run(Topology::Several { inp: &inp, found: &mut found }, search, &mut assess)?;
     split::split_modes(search, &inp, &mut found)?;
     found.notes.extend(search.take_unpriced().map(|e| Note::split(dry_run_failed("splits", &e))));
@@ -290,7 +290,7 @@ fn hatches(
     let ngl = layer_split.n_gpu_layers;
     let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
     let mut assess =
-        |kv: crate::types::KvType| quality::kv_quality(&sh.exe, info, kv, ngl, (s, at.depth), sh.op_offload, bound);
+        |kv: crate::types::KvType| quality::kv_quality(&sh.runner, info, kv, ngl, (s, at.depth), sh.op_offload, bound);
     let mut found = hatch::run(Topology::One { h: &h, layer_split }, search, &mut assess)?;
     let failed = search.take_unpriced();
     found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(at.n_ctx)));

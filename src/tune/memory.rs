@@ -2,8 +2,6 @@
 //! machine and the cap that follows, what a trial cost, llama.cpp's dry-run
 //! prediction before any trial and how it held up.
 
-use std::path::Path;
-
 use crate::engine::predict::Prediction;
 use crate::model::{human_bytes, ModelInfo};
 use crate::probe;
@@ -238,7 +236,7 @@ fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
 /// on the device (its dry run) and what its own fit would choose for the
 /// same memory margin.
 pub fn predict(
-    exe: &Path,
+    runner: &crate::engine::runner::Runner,
     (info, s, at): (&ModelInfo, &Settings, super::plan::ContextRun),
     policy: &MemoryPolicy,
     grid: &[u32],
@@ -255,7 +253,7 @@ pub fn predict(
         ollama_fit: ollama_ask(s),
         ..super::pricer::workload_spec(info, s, at, op_offload)
     };
-    match predict_in_child(exe, &spec) {
+    match predict_in_child(runner, &spec) {
         Ok(out) => {
             #[allow(clippy::cast_precision_loss)]
             let predicted_over_cap = out

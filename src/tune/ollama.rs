@@ -41,7 +41,7 @@ pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
             n_ubatch: 512,
             ..super::pricer::workload_spec(&sh.opts.info, s, *at, sh.op_offload)
         };
-        let out = predict_in_child(&sh.exe, &spec).ok();
+        let out = predict_in_child(&sh.runner, &spec).ok();
         out.and_then(|o| o.predictions.into_iter().find(|p| p.error.is_none())).map_or(0, |p| p.device_bytes)
     };
     let cuda = sh.hw.llama_devices.iter().find(|d| d.is_offload_target() && d.name.starts_with("CUDA"));

@@ -9,12 +9,11 @@
 //! its own `error`. The search keeps the first failure, and each stage
 //! says it once (see [`crate::tune::search::Search::take_unpriced`]).
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 
 use super::plan::{ContextRun, Split};
 use crate::engine::predict::{predict_in_child, LlamaFitSplit, PredictCase, PredictSpec, Prediction, SplitCase};
+use crate::engine::runner::Runner;
 use crate::model::ModelInfo;
 use crate::profile::Settings;
 use crate::types::KvType;
@@ -73,27 +72,28 @@ pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload:
     }
 }
 
-/// The real dry run: this binary's `__predict` in a child process (which
-/// ends a kept trial worker first, so it finds the devices as they were).
-pub struct ChildPricer {
-    exe: PathBuf,
+/// The real dry run: this binary's `__predict` in a child process, started
+/// by the runner (which ends its kept trial worker first, so the dry run
+/// finds the devices as they were).
+pub struct ChildPricer<'r> {
+    runner: &'r Runner,
     base: PredictSpec,
     /// The offload devices' names, in llama.cpp's order (a split's `--device` list).
     devices: Vec<String>,
 }
 
-impl ChildPricer {
+impl<'r> ChildPricer<'r> {
     #[must_use]
-    pub fn new(exe: PathBuf, base: PredictSpec, devices: Vec<String>) -> Self {
-        ChildPricer { exe, base, devices }
+    pub fn new(runner: &'r Runner, base: PredictSpec, devices: Vec<String>) -> Self {
+        ChildPricer { runner, base, devices }
     }
 
     fn ask(&self, spec: &PredictSpec) -> Result<crate::engine::predict::PredictOutput> {
-        predict_in_child(&self.exe, spec)
+        predict_in_child(self.runner, spec)
     }
 }
 
-impl Pricer for ChildPricer {
+impl Pricer for ChildPricer<'_> {
     fn layers(&mut self, ngl: &[u32]) -> Result<Vec<Prediction>> {
         Ok(self.ask(&PredictSpec { ngl: ngl.to_vec(), ..self.base.clone() })?.predictions)
     }

@@ -2,9 +2,8 @@
 //! quantization of the model, scored against its reference by the `__kl`
 //! child (see [`crate::engine::quality`]).
 
-use std::path::Path;
-
 use crate::engine::quality::{kl_in_child, KlConfig, KlSpec};
+use crate::engine::runner::Runner;
 use crate::model::ModelInfo;
 use crate::profile::Settings;
 use crate::types::KvType;
@@ -79,7 +78,7 @@ pub fn kl_depth(depth: u32, speed: Option<(f64, f64)>, bound_s: f64) -> u32 {
 /// Only an interrupt.
 #[allow(clippy::too_many_arguments)]
 pub fn kv_quality(
-    exe: &Path,
+    runner: &Runner,
     info: &ModelInfo,
     kv: KvType,
     ngl: u32,
@@ -98,7 +97,7 @@ pub fn kv_quality(
         rpc: if ngl > 0 { s.rpc.clone() } else { Vec::new() },
     };
     let t0 = std::time::Instant::now();
-    let q = score(exe, &spec)?.into_iter().next().flatten();
+    let q = score(runner, &spec)?.into_iter().next().flatten();
     let wall_s = t0.elapsed().as_secs_f64();
     Ok(q.map(|q| Quality { wall_s, depth_asked: if depth < asked { asked } else { 0 }, ..q }))
 }
@@ -108,10 +107,8 @@ pub fn kv_quality(
 ///
 /// # Errors
 /// Only an interrupt (the tuning stops; its finished trials are kept).
-pub fn score(exe: &Path, spec: &KlSpec) -> anyhow::Result<Vec<Option<Quality>>> {
-    // (A server serves one client at a time: the child, like every
-    // llama.cpp child, ends the kept trial worker first.)
-    Ok(match kl_in_child(exe, spec) {
+pub fn score(runner: &Runner, spec: &KlSpec) -> anyhow::Result<Vec<Option<Quality>>> {
+    Ok(match kl_in_child(runner, spec) {
         Ok(out) => {
             if let Some(e) = &out.error {
                 eprintln!("warning: quality not measured: {e}");

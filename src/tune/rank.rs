@@ -3,8 +3,6 @@
 //! placement, speed, and what each loses against the largest (mean KL
 //! divergence and top-token agreement on tokens the largest generated).
 
-use std::path::Path;
-
 use serde::Serialize;
 
 use crate::engine::quality::{KlConfig, KlSpec};
@@ -43,7 +41,11 @@ pub fn reference(profiles: &[Profile]) -> usize {
 ///
 /// # Errors
 /// Only an interrupt.
-pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Result<Vec<Option<Quality>>> {
+pub fn qualities(
+    runner: &crate::engine::runner::Runner,
+    profiles: &[Profile],
+    threads: u32,
+) -> anyhow::Result<Vec<Option<Quality>>> {
     let r = reference(profiles);
     let config = |p: &Profile| KlConfig {
         model: p.model.path.clone(),
@@ -60,7 +62,7 @@ pub fn qualities(exe: &Path, profiles: &[Profile], threads: u32) -> anyhow::Resu
         depth: profiles[r].settings.depth_at(profiles[r].settings.n_ctx),
         rpc: profiles[r].settings.rpc.clone(),
     };
-    let scores = super::quality::score(exe, &spec)?;
+    let scores = super::quality::score(runner, &spec)?;
     let mut out = vec![None; profiles.len()];
     for (i, q) in others.into_iter().zip(scores) {
         out[i] = q;

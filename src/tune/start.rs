@@ -24,9 +24,9 @@ pub(super) struct Shared<'a> {
     pub identity: ModelIdentity,
     pub policy: Option<MemoryPolicy>,
     pub op_offload: bool,
-    pub exe: PathBuf,
-    /// Runs every context's trials; the worker it keeps ends with the tune
-    /// (before the depth cache below is removed).
+    /// Runs every context's trials and every other llama.cpp child of the
+    /// tune (its dry runs, its quality probes); the worker it keeps ends
+    /// with the tune (before the depth cache below is removed).
     pub runner: Runner,
     /// Where the trials keep the KV cache filled to each context's depth.
     pub depth_cache: Option<PathBuf>,
@@ -56,9 +56,9 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     }
     // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
     let guard = crate::engine::DepthCache::unless_disabled();
-    let (exe, runner) = (crate::engine::child::current_exe()?, runner(s, opts.verbose)?);
+    let runner = runner(s, opts.verbose)?;
     let depth_cache = guard.as_ref().map(|d| d.0.clone());
-    let sh = Shared { opts, hw, identity, policy, op_offload, exe, runner, depth_cache, _depth_guard: guard };
+    let sh = Shared { opts, hw, identity, policy, op_offload, runner, depth_cache, _depth_guard: guard };
     Ok((sh, checkpoint, notes))
 }
 

@@ -103,7 +103,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         let mut base = super::context::base_spec(&req.info, s, ContextRun::of(s, s.n_ctx), op);
         base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
         let part = Part { req, base, devices: req.caps.iter().map(|c| c.device.clone()).collect() };
-        let priced = price(&exe, req, &policy, op);
+        let priced = price(&runner, req, &policy, op);
         let most = priced.iter().map(|p| p.0).max().unwrap_or(0);
         let mut measured = Vec::new();
         for n in if most > 0 { vec![0, most] } else { vec![0] } {
@@ -147,7 +147,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
 
 /// The settings a member may take alone under the cap, priced by
 /// llama.cpp's dry run (its grid: `--ngl`, else every few layers and all).
-fn price(exe: &std::path::Path, req: &TuneRequest, policy: &MemoryPolicy, op: bool) -> Vec<(u32, u64)> {
+fn price(runner: &Runner, req: &TuneRequest, policy: &MemoryPolicy, op: bool) -> Vec<(u32, u64)> {
     let s = &req.settings;
     let full = req.info.n_layer_full;
     let grid = s
@@ -157,7 +157,7 @@ fn price(exe: &std::path::Path, req: &TuneRequest, policy: &MemoryPolicy, op: bo
     if policy.source == crate::types::Source::None {
         return vec![(0, 0)];
     }
-    let report = super::memory::predict(exe, (&req.info, s, ContextRun::of(s, s.n_ctx)), policy, &grid, op);
+    let report = super::memory::predict(runner, (&req.info, s, ContextRun::of(s, s.n_ctx)), policy, &grid, op);
     #[allow(clippy::cast_precision_loss)]
     let v: Vec<(u32, u64)> = report
         .predictions
