@@ -332,6 +332,20 @@ pub fn split_of(o: &SplitOption) -> Split {
     split.with_mode(o.split_mode)
 }
 
+/// The candidate that runs `o` again as it was measured and would be
+/// recommended: its layers, split, order and mode, and the KV cache and
+/// FFN weights on the CPU its trial ran with. The one way from an option
+/// back to a candidate, so a pairing measures what is recommended.
+#[must_use]
+pub fn candidate_of(o: &SplitOption, threads: u32) -> Candidate {
+    Candidate {
+        split: split_of(o),
+        kv: Some(o.kv_type),
+        n_cpu_ffn: o.n_cpu_ffn,
+        ..Candidate::layers(o.n_gpu_layers, threads)
+    }
+}
+
 fn split_list(l: &[u32]) -> String {
     l.iter().map(u32::to_string).collect::<Vec<_>>().join(" + ")
 }

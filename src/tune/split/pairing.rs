@@ -49,12 +49,7 @@ pub fn against_llama(
         [ngl] if inp.devs.len() > 1 => Candidate::layers(*ngl, threads),
         l => Candidate { split: Split::new(l), ..Candidate::layers(l.iter().sum(), threads) },
     };
-    let mine = if best.tensor_split.is_empty() {
-        Candidate::layers(best.n_gpu_layers, threads)
-    } else {
-        let c = Candidate::layers(best.n_gpu_layers, threads);
-        Candidate { split: split_of(&best), kv: Some(best.kv_type), n_cpu_ffn: best.n_cpu_ffn, ..c }
-    };
+    let mine = super::candidate_of(&best, threads);
     // (label, layers, is llama.cpp's default): the default wins a tie, fit's own split does not.
     let mut sides: Vec<(String, Vec<u32>, bool)> =
         vec![("llama.cpp's default split (by free memory)".into(), vec![best.n_gpu_layers], true)];

@@ -418,6 +418,29 @@ fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
     assert!(r.placement().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
 }
 
+/// A recommended option is paired as it ran and as it is recommended: its
+/// KV cache and FFN spill too, with llama.cpp's default split as with its own
+/// (the pairing once rebuilt the default split's side as whole layers with
+/// the workload's cache).
+#[test]
+fn a_recommended_option_is_paired_as_it_is_recommended_whatever_its_split() {
+    let s = crate::tune::worlds::settings();
+    let devs = caps(&[1, 1]);
+    let inp = inputs(&devs, &[]);
+    let names = ["D0".to_string(), "D1".to_string()];
+    let base = crate::tune::worlds::recommendation();
+    for split in [Split::default(), Split::new(&[6, 8])] {
+        let mut o = option_of("x", &split, vec![0, 0], None, &s, &inp);
+        (o.n_gpu_layers, o.kv_type, o.n_cpu_ffn) = (14, crate::types::KvType::Q8_0, 3);
+        let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, candidate_of(&o, 2), None);
+        let p = &spec.placement;
+        assert_eq!((p.n_gpu_layers, p.kv_type, p.n_cpu_ffn), (14, crate::types::KvType::Q8_0, 3), "{split:?}");
+        let r = recommendation(&base, &o, &devs, &[]);
+        assert_eq!((r.n_gpu_layers, r.kv_type, r.n_cpu_ffn), (p.n_gpu_layers, p.kv_type, p.n_cpu_ffn));
+        assert_eq!(r.tensor_split, p.tensor_split, "{split:?}");
+    }
+}
+
 /// What the search and the stage are given to do `then` with.
 pub(crate) type Then<'t> = dyn FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound) + 't;
 
