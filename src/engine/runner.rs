@@ -338,19 +338,25 @@ mod tests {
         exe
     }
 
-    #[test]
-    fn the_worker_kept_between_trials_ends_with_its_runner() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A runner whose stand-in worker ran one trial and is kept; its `/proc` entry.
+    fn runner_with_a_kept_worker(dir: &std::path::Path) -> (Runner, PathBuf) {
         let spec = crate::engine::test_spec();
         let mut ok = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
         ok.reason = None;
         let mut runner = Runner::current(Duration::from_secs(20), false).unwrap().with_sample_interval(Duration::ZERO);
-        runner.exe = fake_worker(dir.path(), &ok);
+        runner.exe = fake_worker(dir, &ok);
         runner.nvml_note = Some("not sampled in this test".into());
         assert_eq!(runner.run(&spec, |_| {}).unwrap().status, TrialStatus::Ok);
         let pid = runner.kept().as_ref().map(|k| k.live.pid()).expect("kept for a next trial of the same load");
         let proc = PathBuf::from(format!("/proc/{pid}"));
         assert!(proc.exists(), "the worker waits for the next trial");
+        (runner, proc)
+    }
+
+    #[test]
+    fn the_worker_kept_between_trials_ends_with_its_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        let (runner, proc) = runner_with_a_kept_worker(dir.path());
         drop(runner);
         assert!(!proc.exists(), "the worker has exited and been waited for");
     }
@@ -358,15 +364,7 @@ mod tests {
     #[test]
     fn another_llama_cpp_child_of_the_runner_ends_its_kept_worker_first() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = crate::engine::test_spec();
-        let mut ok = TrialResult::failed(spec.clone(), TrialStatus::Ok, String::new());
-        ok.reason = None;
-        let mut runner = Runner::current(Duration::from_secs(20), false).unwrap().with_sample_interval(Duration::ZERO);
-        runner.exe = fake_worker(dir.path(), &ok);
-        runner.nvml_note = Some("not sampled in this test".into());
-        assert_eq!(runner.run(&spec, |_| {}).unwrap().status, TrialStatus::Ok);
-        let pid = runner.kept().as_ref().map(|k| k.live.pid()).expect("kept for a next trial of the same load");
-        let proc = PathBuf::from(format!("/proc/{pid}"));
+        let (runner, proc) = runner_with_a_kept_worker(dir.path());
         // (The stand-in answers a call with nothing: the call fails, after the release.)
         assert!(runner.call::<_, serde_json::Value>("__predict", &()).is_err());
         assert!(runner.kept().is_none(), "released before the child started");
