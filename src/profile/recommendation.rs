@@ -134,6 +134,19 @@ impl Recommendation {
         .with_mmproj(self.mmproj.as_deref())
     }
 
+    /// This answer's placement with its layers moved: `ngl` layers on
+    /// `threads`, the KV cache `kv`, the FFN weights of the first `n_cpu_ffn`
+    /// layers on the CPU and no experts there; its context and workload kept.
+    /// What a hatch or a split that replaces the answer starts from.
+    #[must_use]
+    pub fn moved_to(&self, ngl: u32, threads: u32, (kv_type, n_cpu_ffn): (KvType, u32)) -> Placement {
+        Placement { n_cpu_moe: 0, n_cpu_ffn, kv_type, ..self.stored_placement() }.with_layers(
+            ngl,
+            threads,
+            Some(self.n_ctx),
+        )
+    }
+
     /// The one place a recommendation's placement is written: every field
     /// of `p` a recommendation holds (the inverse of
     /// [`Self::stored_placement`]; `-mg` and `--no-mmproj-offload` are not

@@ -115,9 +115,7 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
         return layer_split.clone();
     };
     let mut r = layer_split.clone();
-    let p =
-        crate::types::Placement { n_cpu_moe: 0, n_cpu_ffn: o.n_cpu_ffn, kv_type: o.kv_type, ..r.stored_placement() }
-            .with_layers(o.n_gpu_layers, threads, Some(r.n_ctx));
+    let p = r.moved_to(o.n_gpu_layers, threads, (o.kv_type, o.n_cpu_ffn));
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]

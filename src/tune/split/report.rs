@@ -74,12 +74,11 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     let split = split_of(o);
     // Every layer on the CPU needs no server.
     let servers = if o.n_gpu_layers == 0 { &[] } else { rpc };
-    let p =
-        crate::types::Placement { n_cpu_moe: 0, n_cpu_ffn: o.n_cpu_ffn, kv_type: o.kv_type, ..r.stored_placement() }
-            .with_layers(o.n_gpu_layers, r.n_threads, Some(r.n_ctx))
-            .with_split(&split.listed(), servers)
-            .with_devices(&split.device_names(&names(devs)))
-            .with_split_mode(split.mode());
+    let p = r
+        .moved_to(o.n_gpu_layers, r.n_threads, (o.kv_type, o.n_cpu_ffn))
+        .with_split(&split.listed(), servers)
+        .with_devices(&split.device_names(&names(devs)))
+        .with_split_mode(split.mode());
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]
