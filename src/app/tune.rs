@@ -127,10 +127,7 @@ fn print_report(out: &mut impl Write, outcome: &crate::tune::TuneOutcome) -> Res
 fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32> {
     use crate::tune::rank;
     let profiles: Vec<crate::profile::Profile> = outcomes.iter().map(|o| o.profile.clone()).collect();
-    let runner = crate::engine::runner::Runner::current(
-        std::time::Duration::from_secs(profiles[0].settings.trial_timeout_s),
-        a.talk.verbose,
-    )?;
+    let runner = crate::tune::runner(&profiles[0].settings, a.talk.verbose)?;
     let qualities = rank::qualities(&runner, &profiles, profiles[0].settings.n_threads)?;
     for (o, q) in outcomes.iter_mut().zip(&qualities) {
         if q.is_some() {

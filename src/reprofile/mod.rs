@@ -389,9 +389,7 @@ fn settle(
         return Ok(());
     }
     let s = &new.settings;
-    let runner = crate::engine::runner::Runner::current(Duration::from_secs(s.trial_timeout_s), opts.verbose)?
-        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
-        .with_busy_threshold(s.busy_threshold);
+    let runner = crate::tune::runner(s, opts.verbose)?;
     for c in d.comparisons.iter_mut().filter(|c| c.verdict == "inconclusive") {
         let Some((old_samples, mut spec, (np, ng))) = sides(old, new, c) else { continue };
         spec.repetitions = SETTLE_REPETITIONS;

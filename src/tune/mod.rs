@@ -23,6 +23,8 @@ pub mod search;
 pub mod speed;
 pub mod split;
 mod start;
+
+pub use start::runner;
 pub mod summary;
 pub mod together;
 pub mod verdict;

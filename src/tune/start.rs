@@ -87,8 +87,13 @@ fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
     Ok(())
 }
 
-/// What runs the trials of every context, with the settings' limits.
-fn runner(s: &Settings, verbose: bool) -> Result<Runner> {
+/// What runs trials with the settings' limits (time, memory sampling,
+/// contention): every context's, a set's, a re-profile's second looks,
+/// and the llama.cpp children they start.
+///
+/// # Errors
+/// When the current executable's path cannot be found.
+pub fn runner(s: &Settings, verbose: bool) -> Result<Runner> {
     Ok(Runner::current(Duration::from_secs(s.trial_timeout_s), verbose)?
         .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
         .with_busy_threshold(s.busy_threshold))

@@ -88,9 +88,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     let policy = super::memory::policy_for(&hw, &first.settings, &first.caps).unwrap_or_else(MemoryPolicy::no_gpu);
     let exe = crate::engine::child::current_exe()?;
     let s0 = &first.settings;
-    let runner = Runner::current(Duration::from_secs(s0.trial_timeout_s), first.verbose)?
-        .with_sample_interval(Duration::from_millis(s0.sample_interval_ms))
-        .with_busy_threshold(s0.busy_threshold);
+    let runner = super::start::runner(s0, first.verbose)?;
     // One depth cache a model: its files are named by depth and cache type, not by model.
     let depths: Vec<Option<crate::engine::DepthCache>> =
         reqs.iter().map(|_| crate::engine::DepthCache::unless_disabled()).collect();
