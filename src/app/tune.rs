@@ -4,48 +4,15 @@ use std::io::Write;
 
 use anyhow::Result;
 
-use super::{check_output_path, print_notes, write_extras};
+use super::{print_notes, write_extras};
 use crate::cli::TuneArgs;
 use crate::error::{bad, exit};
-use crate::model;
-use crate::request::{parse_budgets, rpc_list, tune_settings};
 
 pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
-    // The cap's options are judged first, before the store and the models
-    // (--target-vram by the parser, before this).
-    let target = a.target_vram;
-    let (budget, device_budgets) = a.vram_budget.as_deref().map(parse_budgets).transpose()?.unwrap_or_default();
-    // The servers are probed with the request (tune::TuneRequest::new).
-    let rpc = rpc_list(a.workload.rpc.servers.as_deref())?;
-    let store = crate::profile::store::dir_or_default(a.store.given());
-    crate::profile::store::check_dir(&store)?;
-    one_model_flags(a)?;
-    // Every model and its settings are checked before anything is measured.
-    let mut infos = Vec::new();
-    for m in &a.models {
-        let info = model::inspect(m)?;
-        let mut settings = tune_settings(a, &info, target, budget)?;
-        settings.rpc.clone_from(&rpc);
-        settings.device_budgets.clone_from(&device_budgets);
-        infos.push((info, settings));
-    }
-    if let Some(c) = &a.files.chart {
-        check_output_path(c, "--chart")?;
-    }
-    if let Some(m) = &a.files.write_modelfile {
-        check_output_path(m, "--write-modelfile")?;
-    }
-    let consumer = crate::request::finish::consumer(a)?;
-    let mut reqs = Vec::new();
-    for (info, settings) in infos {
-        let req = crate::tune::TuneRequest::new(info, settings, store.clone())?
-            .with_resume(a.resume)
-            .with_output(a.talk.verbose, !a.talk.quiet);
-        reqs.push(crate::request::finish::finish(a, req, consumer.as_ref())?);
-    }
+    let (store, reqs) = crate::request::finish::tune_requests(a)?;
     let shares = set_shares(a, reqs.len())?;
     crate::interrupt::install();
-    let names: Vec<&str> = reqs.iter().map(|r| r.info.file_name.as_str()).collect();
+    let names: Vec<&str> = reqs.iter().map(|r| r.info().file_name.as_str()).collect();
     let _lock = crate::profile::lock::StoreLock::acquire(
         &store,
         &crate::probe::machine_id(),
@@ -72,22 +39,6 @@ pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     }
     out.flush()?;
     Ok(exit::OK)
-}
-
-/// Flags that write one model's files take one model.
-fn one_model_flags(a: &TuneArgs) -> Result<()> {
-    if a.models.len() > 1 {
-        for (given, flag) in
-            [(a.files.chart.is_some(), "--chart"), (a.files.write_modelfile.is_some(), "--write-modelfile")]
-        {
-            if given {
-                return Err(bad(format!(
-                    "{flag} takes one model; tune the models together, then use emit {flag} on the one you pick"
-                )));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `--together`'s shares of requests, checked before anything is measured.

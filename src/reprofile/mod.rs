@@ -773,8 +773,9 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
     // drift report says where the tuned count changed.
     settings.n_threads = threads_now(&old.settings, &old.hardware.cpu, crate::bench::tune_threads());
     // The same checks as the command line's: a model this llama.cpp cannot load is no re-tune.
-    let req =
-        crate::tune::TuneRequest::new(info, settings, opts.store.clone())?.with_output(opts.verbose, opts.progress);
+    let machine = crate::tune::Machine::probe(&info, &settings)?;
+    let req = crate::tune::TuneRequest::new(info, settings, opts.store.clone(), machine)?
+        .with_output(opts.verbose, opts.progress);
     Ok(crate::tune::tune(&req)?.profile)
 }
 

@@ -123,8 +123,8 @@ pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
 pub fn tune_settings(
     a: &TuneArgs,
     info: &ModelInfo,
-    target_vram: f64,
-    vram_budget_bytes: Option<u64>,
+    (target_vram, budgets): (f64, &(Option<u64>, Vec<crate::profile::DeviceBudget>)),
+    rpc: &[String],
 ) -> Result<crate::profile::Settings> {
     use crate::types::Objective;
     let w = &a.workload;
@@ -133,7 +133,7 @@ pub fn tune_settings(
     let contexts = a.ctx.as_deref().map(|l| parse_contexts(l, info)).transpose()?;
     Ok(crate::profile::Settings {
         target_vram,
-        vram_budget_bytes,
+        vram_budget_bytes: budgets.0,
         n_ctx: contexts.as_ref().and_then(|c| c.last().copied()).or(w.ctx_size).unwrap_or(4096),
         n_prompt: w.n_prompt.unwrap_or(p),
         n_gen: w.n_gen.unwrap_or(n),
@@ -159,8 +159,8 @@ pub fn tune_settings(
         op_offload: w.op_offload,
         contexts: contexts.unwrap_or_default(),
         ctx_rule: None,
-        rpc: Vec::new(),
-        device_budgets: Vec::new(),
+        rpc: rpc.to_vec(),
+        device_budgets: budgets.1.clone(),
         max_kl: a.max_kl,
         min_top1: a.min_top1,
         reading_speed: a.reading_speed,
@@ -432,14 +432,15 @@ mod tests {
     #[test]
     fn tune_settings_carry_what_the_command_line_asks_for() {
         let (_d, info) = info();
+        let none = (None, Vec::new());
         let a = tune_args(&["ngl-tune", "m.gguf", "--no-warmup", "--quick", "-b", "1024", "--ctx", "512,1024"]);
-        let s = tune_settings(&a, &info, 0.9, None).unwrap();
+        let s = tune_settings(&a, &info, (0.9, &none), &[]).unwrap();
         assert!(!s.warmup, "--no-warmup is measured without warmup");
         assert_eq!((s.n_prompt, s.n_gen, s.repetitions, s.n_batch), (128, 32, 2, 1024));
         assert_eq!((s.contexts.clone(), s.n_ctx), (vec![512, 1024], 1024));
-        assert!(tune_settings(&tune_args(&["ngl-tune", "m.gguf"]), &info, 0.9, None).unwrap().warmup);
-        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-r", "0"]), &info, 0.9, None), "-r 0");
-        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-t", "0"]), &info, 0.9, None), "-t 0");
+        assert!(tune_settings(&tune_args(&["ngl-tune", "m.gguf"]), &info, (0.9, &none), &[]).unwrap().warmup);
+        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-r", "0"]), &info, (0.9, &none), &[]), "-r 0");
+        says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-t", "0"]), &info, (0.9, &none), &[]), "-t 0");
         // Numbers are refused by the parser itself, each in one line naming the flag.
         for (flag, v) in [("--max-kl", "-1"), ("--busy-threshold", "x"), ("--target-vram", "2")] {
             let argv = default_to_tune(normalize_args(["ngl-tune", "m.gguf", flag, v].map(String::from)));

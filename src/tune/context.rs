@@ -34,7 +34,7 @@ pub(super) struct ContextOutcome {
 /// # Errors
 /// Worker start failures, an interrupt (the checkpoint keeps finished trials).
 pub(super) fn every_context(sh: &Shared<'_>, checkpoint: Checkpointing) -> Result<Vec<ContextOutcome>> {
-    let s = &sh.opts.settings;
+    let s = sh.opts.settings();
     let mut checkpoint = Some(checkpoint);
     let mut outcomes = Vec::new();
     for ctx in s.contexts() {
@@ -54,14 +54,14 @@ fn tune_context(
     at: ContextRun,
     checkpoint: Option<Checkpointing>,
 ) -> Result<(ContextOutcome, Option<Checkpointing>)> {
-    let (info, policy, s) = (&sh.opts.info, sh.policy.as_ref(), &sh.opts.settings);
+    let (info, policy, s) = (sh.opts.info(), sh.policy.as_ref(), sh.opts.settings());
     let mut plan = plan_for(info, s, &sh.hw, policy.is_none());
-    let names = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
+    let names = sh.opts.caps().iter().map(|d| d.device.clone()).collect();
     let mut pricer = pricer::ChildPricer::new(&sh.runner, pricer::workload_spec(info, s, at, sh.op_offload), names);
     let (mut prediction, mut notes) = priced_plan(sh, at, &mut plan, &mut pricer);
     let mut executor = executor(sh, at);
     let planned = if plan.grid_mode && !plan.no_gpu { plan.full_grid.len() as u64 } else { 0 };
-    let progress = Progress::new(sh.opts.progress, planned);
+    let progress = Progress::new(sh.opts.progress(), planned);
     let mut search =
         Search::new(s, at, &mut executor, policy.cloned(), progress, checkpoint).with_pricer(Box::new(pricer));
     search.host_cap = Some(host_cap(sh, prediction.as_ref())?);
@@ -79,7 +79,7 @@ fn tune_context(
         let t = &search.trials;
         summary::recommendation(&found, t, (s, at), info.n_layer_full, sh.op_offload, Confidence::High)
     };
-    let several = sh.opts.caps.len() >= 2 && !plan.no_gpu;
+    let several = sh.opts.caps().len() >= 2 && !plan.no_gpu;
     // A KV type the consumer's server forces leaves Ollama whole layers only.
     let kv_fixed = s.kv_type.is_quantized();
     let priced_ok = prediction.as_ref().is_some_and(|p| p.error.is_none());
@@ -111,7 +111,7 @@ fn tune_context(
     });
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
     let options = hatches.options;
-    let split = split.and_then(|f| apply_split(&mut recommendation, f, &sh.opts.caps, &s.rpc));
+    let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.rpc));
     let mut placement = crate::profile::ContextPlacement {
         n_ctx: at.n_ctx,
         fits_fully: hatches.fits_fully,
@@ -147,7 +147,7 @@ fn apply_split(
 /// The host memory cap, where some placement the device can hold stays
 /// under it (else the tune is bad input: it would only swap).
 fn host_cap(sh: &Shared<'_>, prediction: Option<&crate::profile::PredictionReport>) -> Result<(u64, String)> {
-    let (info, host) = (&sh.opts.info, memory::host_cap(&sh.opts.settings, &sh.hw.ram));
+    let (info, host) = (sh.opts.info(), memory::host_cap(sh.opts.settings(), &sh.hw.ram));
     match (prediction, sh.policy.as_ref()) {
         (Some(pr), Some(p)) => memory::check_host(&pr.predictions, p.cap_bytes, &host)?,
         // Every layer on the CPU, no dry run: the weights alone say it.
@@ -175,7 +175,7 @@ fn priced_plan(
     plan: &mut Plan,
     pricer: &mut dyn pricer::Pricer,
 ) -> (Option<crate::profile::PredictionReport>, Vec<Note>) {
-    let (info, policy, s) = (&sh.opts.info, sh.policy.as_ref(), &sh.opts.settings);
+    let (info, policy, s) = (sh.opts.info(), sh.policy.as_ref(), sh.opts.settings());
     let mut prediction = policy.map(|p| memory::predict(&sh.runner, (info, s, at), p, &plan.full_grid, sh.op_offload));
     let mut notes = Vec::new();
     if let (Some(pr), Some(p)) = (prediction.as_mut(), policy) {
@@ -205,19 +205,19 @@ fn priced_plan(
 
 /// The worker executor for this context's trials (the depth cache shared).
 fn executor<'s>(sh: &'s Shared<'_>, at: ContextRun) -> WorkerExecutor<'s> {
-    let mut base = base_spec(&sh.opts.info, &sh.opts.settings, at, sh.op_offload);
+    let mut base = base_spec(sh.opts.info(), sh.opts.settings(), at, sh.op_offload);
     base.depth_cache.clone_from(&sh.depth_cache);
-    let devices = sh.opts.caps.iter().map(|d| d.device.clone()).collect();
+    let devices = sh.opts.caps().iter().map(|d| d.device.clone()).collect();
     WorkerExecutor::new(&sh.runner, base, devices)
 }
 
 /// The split across several devices at the search's context, priced by
 /// the dry run in a child (with llama.cpp's own fit for the same caps).
 fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split::SplitFound> {
-    let (info, s, at) = (&sh.opts.info, &sh.opts.settings, search.at());
+    let (info, s, at) = (sh.opts.info(), sh.opts.settings(), search.at());
     let inp = split::SplitInputs {
         n_ctx: at.n_ctx,
-        devs: &sh.opts.caps,
+        devs: sh.opts.caps(),
         full: plan.full,
         threads: s.n_threads,
         rpc: &s.rpc,
@@ -226,14 +226,14 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
         is_moe: info.is_moe(),
         #[allow(clippy::cast_precision_loss)]
         layer_bytes: info.total_layer_bytes() as f64 / f64::from(info.n_layer.max(1)),
-        links: split::links(&sh.opts.caps, &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), at.n_ubatch),
+        links: split::links(sh.opts.caps(), &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), at.n_ubatch),
         workload: at.workload(s),
     };
     // A kept trial worker holds its connection to each server, and a
     // server serves one client at a time: end it before asking them.
     search.release_worker();
     if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
-        let n = sh.opts.caps.len();
+        let n = sh.opts.caps().len();
         return Ok(split::SplitFound {
             notes: vec![Note::split(format!("the split across {n} devices was not tuned: {dead}"))],
             ..split::SplitFound::default()
@@ -249,7 +249,7 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
     hatch::run(Topology::Several { inp: &inp, found: &mut found }, search, &mut assess)?;
     split::split_modes(search, &inp, &mut found)?;
     found.notes.extend(search.take_unpriced().map(|e| Note::split(dry_run_failed("splits", &e))));
-    let margins = split::fit_margins(&sh.opts.caps, &sh.hw.llama_devices);
+    let margins = split::fit_margins(sh.opts.caps(), &sh.hw.llama_devices);
     // Without llama.cpp's own split the pairing has no default to run: said, not swallowed.
     let fit = match search.price_fit_split(&margins) {
         Ok(fit) => fit,
@@ -259,7 +259,7 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
         }
     };
     found.against = split::against_llama(search, &mut found, &inp, fit.as_ref())?;
-    found.report = split::report(&sh.opts.caps, &found, fit, &sh.hw.rpc_servers);
+    found.report = split::report(sh.opts.caps(), &found, fit, &sh.hw.rpc_servers);
     Ok(found)
 }
 
@@ -272,7 +272,7 @@ fn hatches(
     search: &mut Search<'_>,
     layer_split: &crate::profile::Recommendation,
 ) -> Result<hatch::Hatches> {
-    let (info, s, at) = (&sh.opts.info, &sh.opts.settings, search.at());
+    let (info, s, at) = (sh.opts.info(), sh.opts.settings(), search.at());
     let h = hatch::HatchInputs {
         full: plan.full,
         n_layer: plan.n_layer,

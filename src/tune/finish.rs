@@ -25,7 +25,7 @@ pub(super) fn profile(
     mut notes: Vec<Note>,
     started: Instant,
 ) -> Result<TuneOutcome> {
-    let (s, hw, policy) = (&sh.opts.settings, &sh.hw, &sh.policy);
+    let (s, hw, policy) = (sh.opts.settings(), &sh.hw, &sh.policy);
     let primary = outcomes.pop().expect("at least one context");
     let busy =
         crate::report::note::busy(outcomes.iter().chain([&primary]).flat_map(|o| o.trials.iter().map(|t| &t.result)));
@@ -66,8 +66,8 @@ pub(super) fn profile(
         placements: if policy.is_some() { placements } else { Vec::new() },
         model_quality: None,
     };
-    let path = store::save(&sh.opts.store, &profile)?;
-    let _ = std::fs::remove_file(store::checkpoint_path(&sh.opts.store, &profile.machine_id, &profile.model));
+    let path = store::save(sh.opts.store(), &profile)?;
+    let _ = std::fs::remove_file(store::checkpoint_path(sh.opts.store(), &profile.machine_id, &profile.model));
     Ok(TuneOutcome { profile, path, notes })
 }
 

@@ -19,10 +19,13 @@ pub mod plan;
 pub mod pricer;
 pub mod quality;
 pub mod rank;
+mod request;
 pub mod search;
 pub mod speed;
 pub mod split;
 mod start;
+
+pub use request::{Machine, TuneRequest};
 
 pub use start::runner;
 pub mod summary;
@@ -36,79 +39,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::model::ModelInfo;
-use crate::profile::store;
-use crate::profile::{Profile, Settings};
+use crate::profile::Profile;
 use crate::types::Note;
-
-/// A validated tuning request: the model, settings llama.cpp can run, the
-/// RPC servers as they answered, the devices the loadability check listed
-/// and each one's cap. The command line and the
-/// nightly re-tune both build one with [`TuneRequest::new`], so both make
-/// the same checks.
-#[derive(Debug, Clone)]
-pub struct TuneRequest {
-    pub info: ModelInfo,
-    pub settings: Settings,
-    pub store: PathBuf,
-    pub resume: bool,
-    pub verbose: bool,
-    pub progress: bool,
-    /// llama.cpp's devices, as the loadability check listed them.
-    pub devices: Vec<crate::types::LlamaDevice>,
-    /// The settings' RPC servers, probed before the check.
-    pub rpc_servers: Vec<crate::types::RpcServer>,
-    /// Each offload device's cap, in llama.cpp's device order.
-    pub caps: Vec<memory::DeviceCap>,
-    /// The machine, probed once with the request (its memory read again
-    /// when the tune starts).
-    pub hw: crate::types::Hardware,
-}
-
-impl TuneRequest {
-    /// Checks that the store is usable, that every RPC server answers, that
-    /// llama.cpp can load the model, and that each budget names a device.
-    ///
-    /// # Errors
-    /// `BadInput` naming the store, the server, the model or the budget and the fix.
-    pub fn new(info: ModelInfo, settings: Settings, store: PathBuf) -> Result<TuneRequest> {
-        store::check_dir(&store)?;
-        let s = &settings;
-        // Before the check: its child could only say it cannot load the model.
-        let rpc_servers = crate::rpc::probe_all(&s.rpc)?;
-        let exe = crate::engine::child::current_exe()?;
-        let devices = crate::engine::child::check_loadable(&exe, &info, &s.rpc, s.mmproj.as_deref())?;
-        let caps = memory::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
-        let mut hw = crate::probe::hardware(devices.clone());
-        hw.rpc_servers.clone_from(&rpc_servers);
-        hw.fingerprint = crate::probe::fingerprint(&hw);
-        Ok(TuneRequest {
-            info,
-            settings,
-            store,
-            resume: false,
-            verbose: false,
-            progress: true,
-            devices,
-            rpc_servers,
-            caps,
-            hw,
-        })
-    }
-
-    #[must_use]
-    pub fn with_resume(mut self, resume: bool) -> Self {
-        self.resume = resume;
-        self
-    }
-
-    #[must_use]
-    pub fn with_output(mut self, verbose: bool, progress: bool) -> Self {
-        self.verbose = verbose;
-        self.progress = progress;
-        self
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct TuneOutcome {

@@ -25,13 +25,13 @@ fn available(sh: &Shared<'_>) -> u64 {
 /// Ollama's prediction being of the whole model) against the device's free
 /// memory. The note says what it chose and why.
 pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
-    let s = &sh.opts.settings;
+    let s = sh.opts.settings();
     if !auto_batch(s) {
         return None;
     }
     let rule = crate::consumer::ollama::batch(at.n_ctx);
     let free = available(sh);
-    let full = sh.opts.info.n_layer_full;
+    let full = sh.opts.info().n_layer_full;
     let predicted = if free == 0 || rule == 512 {
         0
     } else {
@@ -39,7 +39,7 @@ pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
             ngl: vec![full],
             n_batch: 512,
             n_ubatch: 512,
-            ..super::pricer::workload_spec(&sh.opts.info, s, *at, sh.op_offload)
+            ..super::pricer::workload_spec(sh.opts.info(), s, *at, sh.op_offload)
         };
         let out = predict_in_child(&sh.runner, &spec).ok();
         out.and_then(|o| o.predictions.into_iter().find(|p| p.error.is_none())).map_or(0, |p| p.device_bytes)

@@ -41,13 +41,13 @@ pub(super) struct Shared<'a> {
 /// `BadInput` for power settings the machine cannot read; the runner
 /// cannot find this binary.
 pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Vec<Note>)> {
-    let s = &opts.settings;
-    let mut hw = opts.hw.clone();
+    let s = opts.settings();
+    let mut hw = opts.hw().clone();
     // Minutes may have passed since the request (another model's tune).
     probe::refresh_memory(&mut hw);
-    let identity = ModelIdentity::of(&opts.info);
-    let policy = memory::policy_for(&hw, s, &opts.caps);
-    check_power(s, opts.caps.len(), !hw.gpus.is_empty())?;
+    let identity = ModelIdentity::of(opts.info());
+    let policy = memory::policy_for(&hw, s, opts.caps());
+    check_power(s, opts.caps().len(), !hw.gpus.is_empty())?;
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let checkpoint = resume(opts, &identity, &hw, &mut notes);
     let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
@@ -56,7 +56,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     }
     // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
     let guard = crate::engine::DepthCache::unless_disabled();
-    let runner = runner(s, opts.verbose)?;
+    let runner = runner(s, opts.verbose())?;
     let depth_cache = guard.as_ref().map(|d| d.0.clone());
     let sh = Shared { opts, hw, identity, policy, op_offload, runner, depth_cache, _depth_guard: guard };
     Ok((sh, checkpoint, notes))
@@ -103,8 +103,8 @@ pub fn runner(s: &Settings, verbose: bool) -> Result<Runner> {
 /// it is for the same model, settings and hardware, else a fresh one; what
 /// happened is said in `notes`.
 fn resume(opts: &TuneRequest, identity: &ModelIdentity, hw: &Hardware, notes: &mut Vec<Note>) -> Checkpointing {
-    let s = &opts.settings;
-    let path = store::checkpoint_path(&opts.store, &hw.machine_id, identity);
+    let s = opts.settings();
+    let path = store::checkpoint_path(opts.store(), &hw.machine_id, identity);
     let fresh = Checkpoint {
         schema_version: SCHEMA_VERSION,
         kind: "checkpoint".into(),
@@ -116,18 +116,18 @@ fn resume(opts: &TuneRequest, identity: &ModelIdentity, hw: &Hardware, notes: &m
     };
     let same = |c: &Checkpoint| c.model == *identity && c.settings == *s && c.fingerprint == hw.fingerprint;
     let checkpoint = match store::read_checkpoint(&path) {
-        Some(c) if opts.resume && same(&c) => {
+        Some(c) if opts.resume() && same(&c) => {
             notes.push(Note::resume(format!("resuming: {} finished trials from {}", c.trials.len(), path.display())));
             c
         }
-        Some(_) if opts.resume => {
+        Some(_) if opts.resume() => {
             notes.push(Note::resume(format!(
                 "{} is for other settings, another model file or changed hardware; starting fresh",
                 path.display()
             )));
             fresh
         }
-        None if opts.resume => {
+        None if opts.resume() => {
             notes.push(Note::resume("nothing to resume (no checkpoint for this model and machine); starting fresh"));
             fresh
         }

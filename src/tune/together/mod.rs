@@ -42,7 +42,7 @@ struct Part<'a> {
 
 impl Part<'_> {
     fn spec(&self, ngl: u32) -> TrialSpec {
-        spec_of(&self.base, &self.devices, Candidate::layers(ngl, self.req.settings.n_threads), None)
+        spec_of(&self.base, &self.devices, Candidate::layers(ngl, self.req.settings().n_threads), None)
     }
 
     /// As a resident neighbour: its model and context allocated, idle.
@@ -80,15 +80,15 @@ pub fn weights(list: Option<&str>, n: usize) -> Result<Vec<f64>> {
 pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome> {
     let started = Instant::now();
     let first = &reqs[0];
-    if first.caps.len() > 1 {
+    if first.caps().len() > 1 {
         return Err(bad("--together places the models on one offload device; give --vram-budget DEV=SIZE for one, or tune them apart"));
     }
-    let mut hw = first.hw.clone();
+    let mut hw = first.hw().clone();
     crate::probe::refresh_memory(&mut hw);
-    let policy = super::memory::policy_for(&hw, &first.settings, &first.caps).unwrap_or_else(MemoryPolicy::no_gpu);
+    let policy = super::memory::policy_for(&hw, first.settings(), first.caps()).unwrap_or_else(MemoryPolicy::no_gpu);
     let exe = crate::engine::child::current_exe()?;
-    let s0 = &first.settings;
-    let runner = super::start::runner(s0, first.verbose)?;
+    let s0 = first.settings();
+    let runner = super::start::runner(s0, first.verbose())?;
     // One depth cache a model: its files are named by depth and cache type, not by model.
     let depths: Vec<Option<crate::engine::DepthCache>> =
         reqs.iter().map(|_| crate::engine::DepthCache::unless_disabled()).collect();
@@ -96,11 +96,11 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     let mut members = Vec::new();
     let mut trials = Vec::new();
     for (i, req) in reqs.iter().enumerate() {
-        let s = &req.settings;
+        let s = req.settings();
         let op = s.op_offload.resolve(crate::probe::only_software_offload(&hw.llama_devices));
-        let mut base = super::context::base_spec(&req.info, s, ContextRun::of(s, s.n_ctx), op);
+        let mut base = super::context::base_spec(req.info(), s, ContextRun::of(s, s.n_ctx), op);
         base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
-        let part = Part { req, base, devices: req.caps.iter().map(|c| c.device.clone()).collect() };
+        let part = Part { req, base, devices: req.caps().iter().map(|c| c.device.clone()).collect() };
         let priced = price(&runner, req, &policy, op);
         let most = priced.iter().map(|p| p.0).max().unwrap_or(0);
         let mut measured = Vec::new();
@@ -139,15 +139,15 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     sets.sort_by_key(|s| !s.recommended);
     let chosen = sets[0].clone();
     let profile = set_profile(&hw, policy, &parts, &chosen, shares, (sets, trials), started);
-    let path = store_set(&first.store, &profile)?;
+    let path = store_set(first.store(), &profile)?;
     Ok(SetOutcome { profile, path })
 }
 
 /// The settings a member may take alone under the cap, priced by
 /// llama.cpp's dry run (its grid: `--ngl`, else every few layers and all).
 fn price(runner: &Runner, req: &TuneRequest, policy: &MemoryPolicy, op: bool) -> Vec<(u32, u64)> {
-    let s = &req.settings;
-    let full = req.info.n_layer_full;
+    let s = req.settings();
+    let full = req.info().n_layer_full;
     let grid = s
         .grid
         .clone()
@@ -155,7 +155,7 @@ fn price(runner: &Runner, req: &TuneRequest, policy: &MemoryPolicy, op: bool) ->
     if policy.source == crate::types::Source::None {
         return vec![(0, 0)];
     }
-    let report = super::memory::predict(runner, (&req.info, s, ContextRun::of(s, s.n_ctx)), policy, &grid, op);
+    let report = super::memory::predict(runner, (req.info(), s, ContextRun::of(s, s.n_ctx)), policy, &grid, op);
     #[allow(clippy::cast_precision_loss)]
     let v: Vec<(u32, u64)> = report
         .predictions
@@ -194,7 +194,7 @@ fn measure_set(
         let mut beside = Vec::new();
         for (j, other) in parts.iter().enumerate().filter(|(j, _)| *j != i) {
             let spec = other.resident(set.ngls[j]);
-            match Hold::start(exe, &spec, Duration::from_secs(other.req.settings.trial_timeout_s)) {
+            match Hold::start(exe, &spec, Duration::from_secs(other.req.settings().trial_timeout_s)) {
                 Ok(h) => holds.push(h),
                 // A neighbour that cannot be loaded (out of memory): this set cannot be resident.
                 Err(e) if e.downcast_ref::<crate::error::Interrupted>().is_none() => {
@@ -251,7 +251,7 @@ fn set_profile(
     (sets, trials): (Vec<MeasuredSet>, Vec<SetTrial>),
     started: Instant,
 ) -> SetProfile {
-    let names: Vec<String> = parts.iter().map(|p| p.req.info.file_name.clone()).collect();
+    let names: Vec<String> = parts.iter().map(|p| p.req.info().file_name.clone()).collect();
     // Each member with its own Ollama server settings (KV type, flash attention, slots).
     let (members, envs): (Vec<SetMember>, Vec<Vec<String>>) = parts
         .iter()
@@ -269,19 +269,19 @@ fn set_profile(
                 .filter(|t| t.member == i && t.beside.is_empty())
                 .filter_map(|t| ok_tg(&t.result).map(|tg| (t.result.spec.placement.n_gpu_layers, tg)))
                 .collect();
-            let model = crate::profile::ModelIdentity::of(&p.req.info);
+            let model = crate::profile::ModelIdentity::of(p.req.info());
             let member = SetMember {
                 llama_cpp_args: placement.flags(),
                 model,
                 weight: shares[i],
                 n_gpu_layers: ngl,
-                n_layer_full: p.req.info.n_layer_full,
+                n_layer_full: p.req.info().n_layer_full,
                 n_threads: placement.n_threads,
-                n_ctx: p.req.settings.n_ctx,
+                n_ctx: p.req.settings().n_ctx,
                 tg_ts: chosen.tg_ts[i],
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 device_bytes: own.and_then(|t| trial_memory(&t.result, &memory).0).map(|m| m.max(0.0) as u64),
-                why: choose::why(ngl, p.req.info.n_layer_full, shares[i], &alone, &others),
+                why: choose::why(ngl, p.req.info().n_layer_full, shares[i], &alone, &others),
                 modelfile: crate::consumer::ollama::modelfile_lines(&placement),
             };
             (member, crate::consumer::ollama::server_settings(&placement))
