@@ -24,15 +24,14 @@ pub mod search;
 pub mod speed;
 pub mod split;
 mod start;
-
-pub use request::{Machine, TuneRequest};
-
-pub use start::runner;
 pub mod summary;
 pub mod together;
 pub mod verdict;
 #[cfg(test)]
 pub(crate) mod worlds;
+
+pub use request::{Machine, TuneRequest};
+pub use start::runner;
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -13,12 +13,11 @@ use crate::model::ModelInfo;
 use crate::profile::{store, Settings};
 use crate::types::{Hardware, LlamaDevice};
 
-/// The machine a request runs on, probed once: llama.cpp's devices (as
-/// its loadability check listed them), each offload device's cap, and the
-/// hardware with the RPC servers as they answered.
+/// The machine a request runs on, probed once: each offload device's cap,
+/// and the hardware with llama.cpp's devices (as its loadability check
+/// listed them) and the RPC servers as they answered.
 #[derive(Debug, Clone)]
 pub struct Machine {
-    devices: Vec<LlamaDevice>,
     caps: Vec<DeviceCap>,
     hw: Hardware,
 }
@@ -35,16 +34,16 @@ impl Machine {
         let exe = crate::engine::child::current_exe()?;
         let devices = crate::engine::child::check_loadable(&exe, info, &s.rpc, s.mmproj.as_deref())?;
         let caps = memory::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
-        let mut hw = crate::probe::hardware(devices.clone());
+        let mut hw = crate::probe::hardware(devices);
         hw.rpc_servers = rpc_servers;
         hw.fingerprint = crate::probe::fingerprint(&hw);
-        Ok(Machine { devices, caps, hw })
+        Ok(Machine { caps, hw })
     }
 
     /// llama.cpp's devices, as the loadability check listed them.
     #[must_use]
     pub fn devices(&self) -> &[LlamaDevice] {
-        &self.devices
+        &self.hw.llama_devices
     }
 
     /// The machine, probed with the request (its memory is read again when
@@ -119,12 +118,6 @@ impl TuneRequest {
     #[must_use]
     pub fn hw(&self) -> &Hardware {
         &self.machine.hw
-    }
-
-    /// llama.cpp's devices, as the loadability check listed them.
-    #[must_use]
-    pub fn devices(&self) -> &[LlamaDevice] {
-        &self.machine.devices
     }
 
     /// Each offload device's cap, in llama.cpp's device order.
