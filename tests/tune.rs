@@ -313,8 +313,9 @@ fn an_out_of_memory_trial_skips_larger_settings() {
     let dir = tempfile::tempdir().unwrap();
     let m = synth(dir.path(), 40);
     let store = dir.path().join("store");
-    // The oom hook caps the worker's address space at ngl 20, so llama.cpp's
-    // own allocations really fail there (mmap of the model, or Vulkan's host memory).
+    // The oom hook starts the offload devices, then caps the worker's address
+    // space at ngl 20, so llama.cpp's own allocations for the model really
+    // fail there (its mmap, or a buffer for its weights), not the driver's start.
     let o = run_env(
         &[
             m.to_str().unwrap(),

@@ -42,11 +42,15 @@ fn fault_at(ngl: u32) -> Option<String> {
 }
 
 /// `oom`: caps the worker's address space a little above what it uses now,
-/// so llama.cpp's own allocations for the model really fail.
+/// so llama.cpp's own allocations for the model really fail. The offload
+/// devices are started first: a Vulkan driver starting under the cap (Mesa's
+/// llvmpipe: its threads and compiler) may crash on an unchecked allocation
+/// instead of reporting one, which is not the model's memory running out.
 fn inject_memory_limit(ngl: u32) {
     if fault_at(ngl).as_deref() != Some("oom") {
         return;
     }
+    start_offload_devices();
     let vm_kib = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -59,6 +63,25 @@ fn inject_memory_limit(ngl: u32) {
     // SAFETY: setrlimit with a valid struct only changes this process's limit.
     unsafe {
         libc::setrlimit(libc::RLIMIT_AS, &raw const rl);
+    }
+}
+
+/// Starts every GPU-type device llama.cpp lists (asking for its buffer type
+/// creates the device: Vulkan's logical device and its queues).
+fn start_offload_devices() {
+    use llama_cpp_sys_2 as sys;
+    // SAFETY: indices below ggml_backend_dev_count(); a null device is skipped.
+    unsafe {
+        for i in 0..sys::ggml_backend_dev_count() {
+            let dev = sys::ggml_backend_dev_get(i);
+            if dev.is_null() {
+                continue;
+            }
+            let kind = sys::ggml_backend_dev_type(dev);
+            if kind == sys::GGML_BACKEND_DEVICE_TYPE_GPU || kind == sys::GGML_BACKEND_DEVICE_TYPE_IGPU {
+                sys::ggml_backend_dev_buffer_type(dev);
+            }
+        }
     }
 }
 
