@@ -130,6 +130,22 @@ static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub struct Heavy {
     _in_process: std::sync::MutexGuard<'static, ()>,
     _machine: std::fs::File,
+    since: std::time::Instant,
+}
+
+/// With `NGL_TUNE_TEST_TIMES=FILE`, each heavy test appends its name and the
+/// seconds it held the lock: where the suite's time goes.
+impl Drop for Heavy {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let Some(path) = std::env::var_os("NGL_TUNE_TEST_TIMES") else { return };
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        let bin = std::env::args().next().unwrap_or_default();
+        let bin = Path::new(&bin).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{:7.1} {bin} {name}", self.since.elapsed().as_secs_f64());
+        }
+    }
 }
 
 /// Waits for the machine-wide lock: a mutex for the tests of this binary, an
@@ -143,7 +159,7 @@ pub fn heavy() -> Heavy {
     // SAFETY: a valid open file descriptor; the lock is released when the file closes.
     let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
     assert_eq!(rc, 0, "flock {}", path.display());
-    Heavy { _in_process: in_process, _machine: f }
+    Heavy { _in_process: in_process, _machine: f, since: std::time::Instant::now() }
 }
 
 /// Makes a stored profile claim its speeds were `by` times what was measured
