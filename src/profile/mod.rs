@@ -107,11 +107,34 @@ pub struct DeviceBudget {
     pub bytes: u64,
 }
 
+/// The caps a placement is held under, as asked: `--target-vram`,
+/// `--vram-budget` (all devices, or one by name), `--host-budget`,
+/// `--max-power`. `tune::memory` turns them into bytes on a machine
+/// (`device_caps`, `policy_for`, `host_cap`); the profile stores them as
+/// fields of its settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Caps {
+    pub target_vram: f64,
+    pub vram_budget_bytes: Option<u64>,
+    /// Per-device caps from `--vram-budget DEV=SIZE` (a device name like
+    /// RPC0 or CUDA1, or an RPC server's host:port).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_budgets: Vec<DeviceBudget>,
+    /// `--host-budget`: the host memory a placement may take (`None`: 90%
+    /// of the RAM free when the tune started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_budget_bytes: Option<u64>,
+    /// `--max-power`: the GPUs' mean power (W) a setting may draw over its tg test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_power_w: Option<f64>,
+}
+
 /// The settings a tuning ran with; a re-tune reuses them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
-    pub target_vram: f64,
-    pub vram_budget_bytes: Option<u64>,
+    /// What a placement may take: device memory, host memory, power.
+    #[serde(flatten)]
+    pub caps: Caps,
     /// The context asked: the largest tuned with several (`contexts`).
     /// A tune's stages read the one they work at from their
     /// `tune::plan::ContextRun`, never from here.
@@ -155,10 +178,6 @@ pub struct Settings {
     /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
-    /// Per-device caps from `--vram-budget DEV=SIZE` (a device name like
-    /// RPC0 or CUDA1, or an RPC server's host:port).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub device_budgets: Vec<DeviceBudget>,
     /// Escape hatches that change the output (a quantized KV cache) are
     /// recommended only when their mean KL divergence from the reference
     /// stays under this (nats).
@@ -171,13 +190,6 @@ pub struct Settings {
     /// context's answer is judged against it, with the hatch that reaches it.
     #[serde(default = "default_reading_speed", skip_serializing_if = "is_default_reading_speed")]
     pub reading_speed: f64,
-    /// `--host-budget`: the host memory a placement may take (`None`: 90%
-    /// of the RAM free when the tune started).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_budget_bytes: Option<u64>,
-    /// `--max-power`: the GPUs' mean power (W) a setting may draw over its tg test.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_power_w: Option<f64>,
     /// `--parallel N` of `--objective throughput`: sequences decoding
     /// together in each tg test (the placement's slots, `-np N`, each
     /// slot a context of its own).

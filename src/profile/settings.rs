@@ -1,7 +1,7 @@
 //! What a tune's settings say beyond their fields: the consumer, the
 //! depth of each context, the streams decoded together.
 
-use super::{Consumer, Settings};
+use super::{Caps, Consumer, Settings};
 
 impl Settings {
     /// The consumer's settings where Ollama is the consumer (its server's
@@ -68,5 +68,56 @@ impl Settings {
         } else {
             self.contexts.clone()
         }
+    }
+}
+
+impl Caps {
+    /// `--target-vram` alone: no budgets, no power cap.
+    #[must_use]
+    pub fn target(target_vram: f64) -> Caps {
+        Caps {
+            target_vram,
+            vram_budget_bytes: None,
+            device_budgets: Vec::new(),
+            host_budget_bytes: None,
+            max_power_w: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The caps are a group in the code and plain fields of `settings` in
+    /// the profile, where readers of the JSON and older profiles have them.
+    #[test]
+    fn caps_are_fields_of_the_stored_settings() {
+        let mut v = serde_json::json!({
+            "target_vram": 0.8, "vram_budget_bytes": 1000, "n_ctx": 4096, "n_prompt": 64, "n_gen": 16,
+            "repetitions": 2, "n_threads": 2, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1,
+            "objective": "tg", "grid": null, "quick": false, "no_skip": false, "trial_timeout_s": 60,
+            "sample_interval_ms": 20
+        });
+        let s: Settings = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(s.caps, Caps { vram_budget_bytes: Some(1000), ..Caps::target(0.8) });
+        let out = serde_json::to_value(&s).unwrap();
+        assert!(out.get("caps").is_none(), "{out}");
+        assert!(out.get("host_budget_bytes").is_none() && out.get("device_budgets").is_none(), "unset: not written");
+
+        v["device_budgets"] = serde_json::json!([{ "device": "RPC0", "bytes": 5 }]);
+        v["host_budget_bytes"] = 7.into();
+        v["max_power_w"] = 250.0.into();
+        let s: Settings = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            (s.caps.device_budgets[0].bytes, s.caps.host_budget_bytes, s.caps.max_power_w),
+            (5, Some(7), Some(250.0))
+        );
+        let out = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            (&out["device_budgets"][0]["device"], &out["host_budget_bytes"], &out["max_power_w"]),
+            (&"RPC0".into(), &7.into(), &250.0.into())
+        );
+        assert_eq!(serde_json::from_value::<Settings>(out).unwrap(), s, "read back as written");
     }
 }

@@ -132,8 +132,13 @@ pub fn tune_settings(
     let (p, n, r) = if a.quick { (128, 32, 2) } else { (512, 128, 3) };
     let contexts = a.ctx.as_deref().map(|l| parse_contexts(l, info)).transpose()?;
     Ok(crate::profile::Settings {
-        target_vram,
-        vram_budget_bytes: budgets.0,
+        caps: crate::profile::Caps {
+            target_vram,
+            vram_budget_bytes: budgets.0,
+            device_budgets: budgets.1.clone(),
+            host_budget_bytes: a.host_budget.as_deref().map(|b| parse_size_for("--host-budget", b)).transpose()?,
+            max_power_w: a.max_power,
+        },
         n_ctx: contexts.as_ref().and_then(|c| c.last().copied()).or(w.ctx_size).unwrap_or(4096),
         n_prompt: w.n_prompt.unwrap_or(p),
         n_gen: w.n_gen.unwrap_or(n),
@@ -160,12 +165,9 @@ pub fn tune_settings(
         contexts: contexts.unwrap_or_default(),
         ctx_rule: None,
         rpc: rpc.to_vec(),
-        device_budgets: budgets.1.clone(),
         max_kl: a.max_kl,
         min_top1: a.min_top1,
         reading_speed: a.reading_speed,
-        host_budget_bytes: a.host_budget.as_deref().map(|b| parse_size_for("--host-budget", b)).transpose()?,
-        max_power_w: a.max_power,
         parallel_streams: check_streams(a)?,
         job: a.job.as_deref().map(parse_job).transpose()?,
         warmup: !w.no_warmup,

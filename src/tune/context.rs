@@ -147,7 +147,7 @@ fn apply_split(
 /// The host memory cap, where some placement the device can hold stays
 /// under it (else the tune is bad input: it would only swap).
 fn host_cap(sh: &Shared<'_>, prediction: Option<&crate::profile::PredictionReport>) -> Result<(u64, String)> {
-    let (info, host) = (sh.opts.info(), memory::host_cap(sh.opts.settings(), &sh.hw.ram));
+    let (info, host) = (sh.opts.info(), memory::host_cap(&sh.opts.settings().caps, &sh.hw.ram));
     match (prediction, sh.policy.as_ref()) {
         (Some(pr), Some(p)) => memory::check_host(&pr.predictions, p.cap_bytes, &host)?,
         // Every layer on the CPU, no dry run: the weights alone say it.

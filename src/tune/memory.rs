@@ -5,7 +5,7 @@
 use crate::engine::predict::Prediction;
 use crate::model::{human_bytes, ModelInfo};
 use crate::probe;
-use crate::profile::{DeviceBudget, MemoryPolicy, PredictionReport, Settings};
+use crate::profile::{Caps, MemoryPolicy, PredictionReport, Settings};
 use crate::types::{Hardware, LlamaDevice};
 use crate::types::{Source, TrialResult, TrialStatus};
 
@@ -87,11 +87,11 @@ pub fn memory_policy(hw: &Hardware, target: f64, budget: Option<u64>) -> Option<
 /// llama.cpp's accounted memory for the whole-layer search, each device's
 /// own cap being the split stage's to keep.
 #[must_use]
-pub fn policy_for(hw: &Hardware, s: &Settings, caps: &[DeviceCap]) -> Option<MemoryPolicy> {
+pub fn policy_for(hw: &Hardware, asked: &Caps, caps: &[DeviceCap]) -> Option<MemoryPolicy> {
     if caps.len() < 2 {
-        let named = s.device_budgets.first().map(|b| b.bytes);
-        let budget = named.into_iter().chain(s.vram_budget_bytes).min();
-        return memory_policy(hw, s.target_vram, budget);
+        let named = asked.device_budgets.first().map(|b| b.bytes);
+        let budget = named.into_iter().chain(asked.vram_budget_bytes).min();
+        return memory_policy(hw, asked.target_vram, budget);
     }
     let names: Vec<String> = caps.iter().map(|c| format!("{} {}", c.device, human_bytes(c.cap_bytes))).collect();
     #[allow(clippy::cast_precision_loss)]
@@ -121,8 +121,8 @@ pub const HOST_SHARE: f64 = 0.9;
 /// free when the tune started (or of the cgroup's limit, if lower), with
 /// how it was set.
 #[must_use]
-pub fn host_cap(s: &Settings, ram: &crate::types::RamInfo) -> (u64, String) {
-    if let Some(b) = s.host_budget_bytes {
+pub fn host_cap(asked: &Caps, ram: &crate::types::RamInfo) -> (u64, String) {
+    if let Some(b) = asked.host_budget_bytes {
         return (b, format!("--host-budget {}", human_bytes(b)));
     }
     let free = ram.cgroup_limit.map_or(ram.available, |l| l.min(ram.available));
@@ -390,19 +390,15 @@ pub fn offload_devices(devices: &[LlamaDevice]) -> Vec<(LlamaDevice, String)> {
     out
 }
 
-/// Each offload device's cap ([`cap_of`]: `target` of its memory less
-/// what others hold there, or a budget of `--vram-budget`, one size for
-/// all or `DEV=SIZE` naming it by its llama.cpp name or its RPC server's
-/// host:port, the stricter).
+/// Each offload device's cap ([`cap_of`]: `--target-vram` of its memory
+/// less what others hold there, or a budget of `--vram-budget`, one size
+/// for all or `DEV=SIZE` naming it by its llama.cpp name or its RPC
+/// server's host:port, the stricter).
 ///
 /// # Errors
 /// `BadInput` for a budget that names no device here.
-pub fn device_caps(
-    devices: &[LlamaDevice],
-    target: f64,
-    all: Option<u64>,
-    per: &[DeviceBudget],
-) -> anyhow::Result<Vec<DeviceCap>> {
+pub fn device_caps(devices: &[LlamaDevice], asked: &Caps) -> anyhow::Result<Vec<DeviceCap>> {
+    let (target, all, per) = (asked.target_vram, asked.vram_budget_bytes, &asked.device_budgets);
     let offload = offload_devices(devices);
     if let Some(b) = per.iter().find(|b| !offload.iter().any(|(d, _)| d.name == b.device || d.description == b.device))
     {
@@ -456,7 +452,7 @@ mod tests {
             memory_free: free,
         };
         let devices = [dev("CUDA0", "CUDA", "NVIDIA L4", 8 * GIB), dev("RPC0", "RPC", "10.0.0.2:50052", 8 * GIB)];
-        let caps = device_caps(&devices, 0.9, None, &[]).unwrap();
+        let caps = device_caps(&devices, &Caps::target(0.9)).unwrap();
         let by_name = |n: &str| caps.iter().find(|c| c.device == n).unwrap();
         assert_eq!(by_name("CUDA0").cap_bytes, 7 * GIB, "{}", by_name("CUDA0").cap_reason);
         assert!(by_name("CUDA0").cap_reason.contains("less 2.00 GiB already in use"));

@@ -33,7 +33,7 @@ impl Machine {
         let rpc_servers = crate::rpc::probe_all(&s.rpc)?;
         let exe = crate::engine::child::current_exe()?;
         let devices = crate::engine::child::check_loadable(&exe, info, &s.rpc, s.mmproj.as_deref())?;
-        let caps = memory::device_caps(&devices, s.target_vram, s.vram_budget_bytes, &s.device_budgets)?;
+        let caps = memory::device_caps(&devices, &s.caps)?;
         let mut hw = crate::probe::hardware(devices);
         hw.rpc_servers = rpc_servers;
         hw.fingerprint = crate::probe::fingerprint(&hw);

@@ -46,7 +46,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     // Minutes may have passed since the request (another model's tune).
     probe::refresh_memory(&mut hw);
     let identity = ModelIdentity::of(opts.info());
-    let policy = memory::policy_for(&hw, s, opts.caps());
+    let policy = memory::policy_for(&hw, &s.caps, opts.caps());
     check_power(s, opts.caps().len(), !hw.gpus.is_empty())?;
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let checkpoint = resume(opts, &identity, &hw, &mut notes);
@@ -68,7 +68,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
 /// the hardware probe saw NVIDIA cards through NVML.
 fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
     let energy = s.objective == crate::types::Objective::Energy;
-    if s.max_power_w.is_some() && !nvml {
+    if s.caps.max_power_w.is_some() && !nvml {
         return Err(crate::error::bad(
             "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",
         ));

@@ -376,7 +376,7 @@ impl<'a> Search<'a> {
             n_prompt: self.settings.n_prompt,
             n_gen: self.settings.n_gen,
             device: policy.map_or_else(String::new, |p| p.device.clone()),
-            max_power_w: self.settings.max_power_w,
+            max_power_w: self.settings.caps.max_power_w,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The split stage's tests: capacities, candidates, fake worlds of several devices.
 
 use super::*;
+use crate::profile::Caps;
 use crate::profile::DeviceBudget;
 use crate::tune::memory::{device_caps, offload_devices};
 use crate::tune::pricer::fake::Curves;
@@ -52,11 +53,16 @@ fn devices_come_in_llama_cpps_order_with_their_buffer_types() {
         DeviceBudget { device: "10.0.0.3:50052".into(), bytes: 1 << 30 },
         DeviceBudget { device: "CUDA0".into(), bytes: 64 << 30 },
     ];
-    let c = device_caps(&devices, 0.5, Some(2 << 30), &budgets).unwrap();
+    let c = device_caps(
+        &devices,
+        &Caps { vram_budget_bytes: Some(2 << 30), device_budgets: budgets.to_vec(), ..Caps::target(0.5) },
+    )
+    .unwrap();
     let got: Vec<u64> = c.iter().map(|c| c.cap_bytes).collect();
     assert_eq!(got, [2 << 30, 2 << 30, 1 << 30, 6 << 30], "the stricter of the budget and the target, per device");
     let unknown = [DeviceBudget { device: "CUDA7".into(), bytes: 1 }];
-    let e = device_caps(&devices, 0.9, None, &unknown).unwrap_err().to_string();
+    let e =
+        device_caps(&devices, &Caps { device_budgets: unknown.to_vec(), ..Caps::target(0.9) }).unwrap_err().to_string();
     assert!(e.contains("CUDA7") && e.contains("RPC0 (10.0.0.2:50052)"), "{e}");
 }
 

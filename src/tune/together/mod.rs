@@ -85,7 +85,8 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     }
     let mut hw = first.hw().clone();
     crate::probe::refresh_memory(&mut hw);
-    let policy = super::memory::policy_for(&hw, first.settings(), first.caps()).unwrap_or_else(MemoryPolicy::no_gpu);
+    let policy =
+        super::memory::policy_for(&hw, &first.settings().caps, first.caps()).unwrap_or_else(MemoryPolicy::no_gpu);
     let exe = crate::engine::child::current_exe()?;
     let s0 = first.settings();
     let runner = super::start::runner(s0, first.verbose())?;
