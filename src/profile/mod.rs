@@ -129,6 +129,29 @@ pub struct Caps {
     pub max_power_w: Option<f64>,
 }
 
+/// How a tune searches and measures: the grid or adaptive search, what
+/// an out-of-memory trial skips, a trial's time limit, the memory
+/// sampling and the busy-machine threshold. Plain fields of the stored
+/// settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchPolicy {
+    /// The grid asked for (`None`: the default grid).
+    pub grid: Option<Vec<u32>>,
+    pub quick: bool,
+    pub no_skip: bool,
+    pub trial_timeout_s: u64,
+    pub sample_interval_ms: u64,
+    /// Adaptive (the default: 0, the largest setting predicted under the
+    /// cap, interior points unless those two decide it, confirmation)
+    /// or grid (every grid value). Profiles from before the field: grid.
+    #[serde(default)]
+    pub search: crate::types::SearchMode,
+    /// A trial is contended when other processes use more than this share
+    /// of its threads (profiles from before the field: 0.1).
+    #[serde(default = "default_busy_threshold")]
+    pub busy_threshold: f64,
+}
+
 /// The settings a tuning ran with; a re-tune reuses them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
@@ -149,21 +172,9 @@ pub struct Settings {
     pub n_ubatch: u32,
     pub flash_attn: crate::types::FlashAttn,
     pub objective: Objective,
-    /// The grid asked for (`None`: the default grid).
-    pub grid: Option<Vec<u32>>,
-    pub quick: bool,
-    pub no_skip: bool,
-    pub trial_timeout_s: u64,
-    pub sample_interval_ms: u64,
-    /// Adaptive (the default: 0, the largest setting predicted under the
-    /// cap, interior points unless those two decide it, confirmation)
-    /// or grid (every grid value). Profiles from before the field: grid.
-    #[serde(default)]
-    pub search: crate::types::SearchMode,
-    /// A trial is contended when other processes use more than this share
-    /// of its threads (profiles from before the field: 0.1).
-    #[serde(default = "default_busy_threshold")]
-    pub busy_threshold: f64,
+    /// How the placements are searched and each trial measured.
+    #[serde(flatten)]
+    pub policy: SearchPolicy,
     /// llama.cpp's op offload as asked (auto: off where every offload
     /// device is CPU-based).
     #[serde(default)]

@@ -89,10 +89,11 @@ impl Caps {
 mod tests {
     use super::*;
 
-    /// The caps are a group in the code and plain fields of `settings` in
-    /// the profile, where readers of the JSON and older profiles have them.
+    /// The caps and the search policy are groups in the code and plain
+    /// fields of `settings` in the profile, where readers of the JSON and
+    /// older profiles have them.
     #[test]
-    fn caps_are_fields_of_the_stored_settings() {
+    fn groups_are_fields_of_the_stored_settings() {
         let mut v = serde_json::json!({
             "target_vram": 0.8, "vram_budget_bytes": 1000, "n_ctx": 4096, "n_prompt": 64, "n_gen": 16,
             "repetitions": 2, "n_threads": 2, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1,
@@ -102,7 +103,12 @@ mod tests {
         let s: Settings = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(s.caps, Caps { vram_budget_bytes: Some(1000), ..Caps::target(0.8) });
         let out = serde_json::to_value(&s).unwrap();
-        assert!(out.get("caps").is_none(), "{out}");
+        assert!(out.get("caps").is_none() && out.get("policy").is_none(), "{out}");
+        assert_eq!(
+            (&out["trial_timeout_s"], &out["grid"], &out["busy_threshold"]),
+            (&60.into(), &serde_json::Value::Null, &0.1.into())
+        );
+        assert_eq!(s.policy.search, crate::types::SearchMode::Grid, "profiles from before the field: grid");
         assert!(out.get("host_budget_bytes").is_none() && out.get("device_budgets").is_none(), "unset: not written");
 
         v["device_budgets"] = serde_json::json!([{ "device": "RPC0", "bytes": 5 }]);

@@ -310,7 +310,7 @@ fn dry_run_failed(what: &str, e: &str) -> String {
 /// What the search is asked, from the model, the settings and the machine
 /// (the dry run's answers are added by the caller).
 fn plan_for(info: &ModelInfo, s: &Settings, hw: &Hardware, no_gpu: bool) -> Plan {
-    let full_grid = match &s.grid {
+    let full_grid = match &s.policy.grid {
         Some(g) => plan::normalize(g, info.n_layer_full),
         None => plan::default_grid(info.n_layer_full, 10),
     };
@@ -319,7 +319,7 @@ fn plan_for(info: &ModelInfo, s: &Settings, hw: &Hardware, no_gpu: bool) -> Plan
         n_layer: info.n_layer,
         is_moe: info.is_moe(),
         full_grid,
-        grid_mode: !(s.search == crate::types::SearchMode::Adaptive && s.grid.is_none()),
+        grid_mode: !(s.policy.search == crate::types::SearchMode::Adaptive && s.policy.grid.is_none()),
         no_gpu,
         predicted_over: Vec::new(),
         n_max: info.n_layer_full,
@@ -347,7 +347,7 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offlo
         repetitions: s.repetitions,
         warmup: s.warmup,
         seed: 1234,
-        sample_interval_ms: s.sample_interval_ms,
+        sample_interval_ms: s.policy.sample_interval_ms,
         race: None,
         baseline: false,
         n_streams: s.streams(),

@@ -94,9 +94,9 @@ fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
 /// # Errors
 /// When the current executable's path cannot be found.
 pub fn runner(s: &Settings, verbose: bool) -> Result<Runner> {
-    Ok(Runner::current(Duration::from_secs(s.trial_timeout_s), verbose)?
-        .with_sample_interval(Duration::from_millis(s.sample_interval_ms))
-        .with_busy_threshold(s.busy_threshold))
+    Ok(Runner::current(Duration::from_secs(s.policy.trial_timeout_s), verbose)?
+        .with_sample_interval(Duration::from_millis(s.policy.sample_interval_ms))
+        .with_busy_threshold(s.policy.busy_threshold))
 }
 
 /// The checkpoint to continue from: the previous one with `--resume` when

@@ -338,7 +338,7 @@ impl<'a> Search<'a> {
                 .trials
                 .iter()
                 .any(|t| t.result.status == TrialStatus::Oom && t.result.spec.placement.n_gpu_layers < ngl);
-            if oom_below && !self.settings.no_skip {
+            if oom_below && !self.settings.policy.no_skip {
                 skipped.push(ngl);
                 self.progress.skip();
                 continue;

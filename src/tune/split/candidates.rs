@@ -40,7 +40,7 @@ pub(in crate::tune) fn speed_candidates(
     full_cap: &[u32],
     partial_cap: &[u32],
 ) -> Vec<Labelled> {
-    let fixed = s.grid.as_ref().filter(|g| g.len() == 1).map(|g| g[0].min(full));
+    let fixed = s.policy.grid.as_ref().filter(|g| g.len() == 1).map(|g| g[0].min(full));
     let w = (s.n_prompt, s.n_gen);
     let mut out = Vec::new();
     match fixed {

@@ -433,7 +433,7 @@ pub(in crate::tune) fn choose_again(found: &mut SplitFound, s: &Settings) {
 /// Whether a split of `ngl` layers may be recommended: any, unless
 /// `--ngl` fixes the count (`most`: full offload's, as the options have it).
 pub(in crate::tune) fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
-    s.grid.as_ref().filter(|g| g.len() == 1).is_none_or(|g| g[0].min(most) == ngl)
+    s.policy.grid.as_ref().filter(|g| g.len() == 1).is_none_or(|g| g[0].min(most) == ngl)
 }
 
 /// Marks the fastest measured option under every cap (by the objective)

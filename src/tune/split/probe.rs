@@ -81,7 +81,7 @@ pub(super) fn probe_speeds(
     let (devs, full, threads) = (inp.devs, inp.full, inp.threads);
     let n = devs.len();
     let s = search.settings();
-    let fixed_full = s.grid.as_ref().filter(|g| g.len() == 1).is_some_and(|g| g[0] >= full);
+    let fixed_full = s.policy.grid.as_ref().filter(|g| g.len() == 1).is_some_and(|g| g[0] >= full);
     let leader = |m: &Measured| {
         let l = m.split.layers();
         let d = (0..l.len()).max_by_key(|i| l[*i])?;

@@ -333,7 +333,7 @@ fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_bac
 fn with_every_layer_offloaded_the_fast_device_takes_what_it_holds() {
     // --ngl 21: all layers on the devices, so the slow one must take some.
     let mut s = crate::tune::worlds::settings();
-    s.grid = Some(vec![21]);
+    s.policy.grid = Some(vec![21]);
     let mut world = SplitWorld::new(0, 0.0);
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
     let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(Box::new(pricer));
@@ -485,7 +485,7 @@ fn fixed_world_priced(
     then: Box<Then<'_>>,
 ) -> (SplitFound, Vec<Vec<u32>>) {
     let mut s = crate::tune::worlds::settings();
-    s.grid = Some(vec![21]);
+    s.policy.grid = Some(vec![21]);
     let mut world = SplitWorld::new(0, tensor_ms);
     let pricer = Box::new(Curves::splits(price));
     let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(pricer);

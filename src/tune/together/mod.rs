@@ -150,6 +150,7 @@ fn price(runner: &Runner, req: &TuneRequest, policy: &MemoryPolicy, op: bool) ->
     let s = req.settings();
     let full = req.info().n_layer_full;
     let grid = s
+        .policy
         .grid
         .clone()
         .map_or_else(|| super::plan::default_grid(full, (full / 6).max(1)), |g| super::plan::normalize(&g, full));
@@ -195,7 +196,7 @@ fn measure_set(
         let mut beside = Vec::new();
         for (j, other) in parts.iter().enumerate().filter(|(j, _)| *j != i) {
             let spec = other.resident(set.ngls[j]);
-            match Hold::start(exe, &spec, Duration::from_secs(other.req.settings().trial_timeout_s)) {
+            match Hold::start(exe, &spec, Duration::from_secs(other.req.settings().policy.trial_timeout_s)) {
                 Ok(h) => holds.push(h),
                 // A neighbour that cannot be loaded (out of memory): this set cannot be resident.
                 Err(e) if e.downcast_ref::<crate::error::Interrupted>().is_none() => {
