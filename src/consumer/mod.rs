@@ -177,20 +177,33 @@ pub fn read(given: Option<(Program, &Path)>) -> anyhow::Result<Box<dyn Consumer>
 }
 
 /// The workload a tune measures, as far as a consumer's server decides it:
-/// what [`Consumer::apply`] changes (the tune's settings are copied in and
-/// back by the caller).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// what [`Consumer::apply`] changes. A group of the tune's settings
+/// (`profile::Settings::workload`), stored as plain fields of them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Workload {
-    /// The context tuned (the largest, with several).
+    /// The context asked: the largest tuned with several (`contexts`).
+    /// A tune's stages read the one they work at from their
+    /// `tune::plan::ContextRun`, never from here.
     pub n_ctx: u32,
-    /// Every context tuned, where there are several (else empty).
+    /// Every context size tuned, ascending (`n_ctx` is the largest),
+    /// where there are several; profiles from before the field: `n_ctx` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub contexts: Vec<u32>,
-    /// How the context was chosen, in words.
+    /// Which rule chose the context when none was given, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ctx_rule: Option<String>,
-    /// Parallel slots (`-np`).
+    /// Parallel slots (`-np`, Ollama's `OLLAMA_NUM_PARALLEL`): each context
+    /// tuned is the whole one, split among them; the depth is one slot's.
+    #[serde(default = "crate::types::one", skip_serializing_if = "crate::types::is_one")]
     pub n_parallel: u32,
+    /// The KV cache type every trial runs with unless a hatch changes it:
+    /// f16, or the one the consumer's server forces on every model
+    /// (Ollama's `OLLAMA_KV_CACHE_TYPE`).
+    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
     pub kv_type: KvType,
     pub flash_attn: FlashAttn,
+    /// The batch asked (`-b`, `-ub`, the consumer's); Ollama's own steps
+    /// down per context (`ContextRun`, the recommendation's).
     pub n_batch: u32,
     pub n_ubatch: u32,
 }

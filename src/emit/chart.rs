@@ -40,7 +40,7 @@ struct Data {
 
 impl Data {
     fn of(p: &Profile) -> Data {
-        let n_ctx = p.settings.n_ctx;
+        let n_ctx = p.settings.workload.n_ctx;
         let ok: Vec<_> = p
             .trials
             .iter()
@@ -227,8 +227,10 @@ fn draw_marks(chart: &mut Dual<'_, '_>, d: &Data, p: &Profile) -> Result<()> {
 /// Drawing errors (plotters).
 pub fn svg(p: &Profile) -> Result<String> {
     let d = Data::of(p);
-    let title =
-        format!("{}: throughput and device memory against ngl at {} context", p.model.file_name, p.settings.n_ctx);
+    let title = format!(
+        "{}: throughput and device memory against ngl at {} context",
+        p.model.file_name, p.settings.workload.n_ctx
+    );
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (960, 560)).into_drawing_area();

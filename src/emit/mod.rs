@@ -279,7 +279,7 @@ fn csv(p: &Profile) -> String {
             r.ngl,
             r.n_cpu_moe,
             r.threads,
-            p.settings.n_ctx,
+            p.settings.workload.n_ctx,
             r.n_prompt,
             r.n_gen,
             opt(r.avg_ts),

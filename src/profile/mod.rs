@@ -158,19 +158,14 @@ pub struct Settings {
     /// What a placement may take: device memory, host memory, power.
     #[serde(flatten)]
     pub caps: Caps,
-    /// The context asked: the largest tuned with several (`contexts`).
-    /// A tune's stages read the one they work at from their
-    /// `tune::plan::ContextRun`, never from here.
-    pub n_ctx: u32,
+    /// The contexts, slots, KV cache and batch, as asked and as the
+    /// consumer's server decides them.
+    #[serde(flatten)]
+    pub workload: crate::consumer::Workload,
     pub n_prompt: u32,
     pub n_gen: u32,
     pub repetitions: u32,
     pub n_threads: u32,
-    /// The batch asked (`-b`, `-ub`, the consumer's); Ollama's own steps
-    /// down per context (`ContextRun`, the recommendation's).
-    pub n_batch: u32,
-    pub n_ubatch: u32,
-    pub flash_attn: crate::types::FlashAttn,
     pub objective: Objective,
     /// How the placements are searched and each trial measured.
     #[serde(flatten)]
@@ -179,13 +174,6 @@ pub struct Settings {
     /// device is CPU-based).
     #[serde(default)]
     pub op_offload: crate::types::OpOffload,
-    /// Every context size tuned, ascending (`n_ctx` is the largest);
-    /// profiles from before the field: `n_ctx` alone.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub contexts: Vec<u32>,
-    /// Which rule chose the context when none was given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ctx_rule: Option<String>,
     /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
@@ -213,15 +201,6 @@ pub struct Settings {
     /// read, and what each did (`None`: profiles from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumer: Option<Consumer>,
-    /// The KV cache type every trial runs with unless a hatch changes it:
-    /// f16, or the one the consumer's server forces on every model
-    /// (Ollama's `OLLAMA_KV_CACHE_TYPE`).
-    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
-    pub kv_type: crate::types::KvType,
-    /// Parallel slots (`-np`, Ollama's `OLLAMA_NUM_PARALLEL`): each context
-    /// tuned is the whole one, split among them; the depth is one slot's.
-    #[serde(default = "crate::types::one", skip_serializing_if = "crate::types::is_one")]
-    pub n_parallel: u32,
     /// Tokens in the KV cache before each test: `None` (null) is the rule,
     /// half of each context (of one slot); a number is `--depth`. Profiles from before
     /// the field were measured with an empty cache: 0.
@@ -824,7 +803,7 @@ impl Profile {
     /// The ngl search's trials as the decision saw them.
     #[must_use]
     pub fn search_points(&self) -> Vec<Point> {
-        self.search_points_at(self.settings.n_ctx)
+        self.search_points_at(self.settings.workload.n_ctx)
     }
 
     /// The ngl search's trials at one context size.

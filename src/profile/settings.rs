@@ -33,7 +33,7 @@ impl Settings {
     /// -np n`, as llama-server splits it and Ollama starts it); slots set
     /// before are replaced.
     pub fn into_slots(&mut self, n: u32) {
-        crate::consumer::into_slots((&mut self.n_ctx, &mut self.contexts, &mut self.n_parallel), n);
+        self.workload.into_slots(n);
     }
 
     /// The depth a context is measured at: `--depth`, else half the
@@ -41,7 +41,7 @@ impl Settings {
     /// leaving room for the longer test.
     #[must_use]
     pub fn depth_at(&self, n_ctx: u32) -> u32 {
-        let slot = n_ctx / self.n_parallel.max(1);
+        let slot = n_ctx / self.workload.n_parallel.max(1);
         let room = slot.saturating_sub(self.n_prompt.max(self.n_gen));
         self.n_depth.unwrap_or(slot / 2).min(room)
     }
@@ -63,10 +63,10 @@ impl Settings {
     /// The context sizes tuned, ascending.
     #[must_use]
     pub fn contexts(&self) -> Vec<u32> {
-        if self.contexts.is_empty() {
-            vec![self.n_ctx]
+        if self.workload.contexts.is_empty() {
+            vec![self.workload.n_ctx]
         } else {
-            self.contexts.clone()
+            self.workload.contexts.clone()
         }
     }
 }
@@ -89,9 +89,9 @@ impl Caps {
 mod tests {
     use super::*;
 
-    /// The caps and the search policy are groups in the code and plain
-    /// fields of `settings` in the profile, where readers of the JSON and
-    /// older profiles have them.
+    /// The caps, the search policy and the workload are groups in the code
+    /// and plain fields of `settings` in the profile, where readers of the
+    /// JSON and older profiles have them.
     #[test]
     fn groups_are_fields_of_the_stored_settings() {
         let mut v = serde_json::json!({
@@ -103,7 +103,10 @@ mod tests {
         let s: Settings = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(s.caps, Caps { vram_budget_bytes: Some(1000), ..Caps::target(0.8) });
         let out = serde_json::to_value(&s).unwrap();
-        assert!(out.get("caps").is_none() && out.get("policy").is_none(), "{out}");
+        assert!(["caps", "policy", "workload"].iter().all(|g| out.get(g).is_none()), "{out}");
+        assert_eq!((s.workload.n_ctx, s.workload.n_parallel, s.workload.kv_type), (4096, 1, crate::types::KvType::F16));
+        assert!(out.get("contexts").is_none() && out.get("n_parallel").is_none(), "defaults: not written");
+        assert_eq!(out["n_ubatch"], 512);
         assert_eq!(
             (&out["trial_timeout_s"], &out["grid"], &out["busy_threshold"]),
             (&60.into(), &serde_json::Value::Null, &0.1.into())

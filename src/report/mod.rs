@@ -82,7 +82,7 @@ pub fn trial_table(p: &Profile) -> String {
         t.row(row);
     }
     for n in &p.skipped {
-        let mut row: Vec<String> = if several { vec![p.settings.n_ctx.to_string()] } else { Vec::new() };
+        let mut row: Vec<String> = if several { vec![p.settings.workload.n_ctx.to_string()] } else { Vec::new() };
         row.extend([n.to_string(), "-".into(), "-".into(), "-".into(), "-".into()]);
         row.extend(std::iter::repeat_n("-".to_string(), usize::from(images) + usize::from(energy)));
         row.push("skipped: a smaller ngl ran out of memory".into());
@@ -259,7 +259,7 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
     if !p.no_gpu {
         let _ = writeln!(s, "cap: {} [memory: {}]", p.memory.cap_reason, p.memory.source);
     }
-    if let Some(rule) = &p.settings.ctx_rule {
+    if let Some(rule) = &p.settings.workload.ctx_rule {
         let _ = writeln!(s, "{rule}");
     }
     if let Some(c) = &p.settings.consumer {

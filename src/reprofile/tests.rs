@@ -93,7 +93,7 @@ fn drift_is_judged_per_context_and_placement_kind() {
     q8.role = crate::types::Role::Hatch;
     q8.result.spec.placement.kv_type = crate::types::KvType::Q8_0;
     old.trials.extend([at_32k, q8]);
-    old.settings.contexts = vec![4096, 32768];
+    old.settings.workload.contexts = vec![4096, 32768];
     let place = |p: &Profile, n_ctx: u32, kv| {
         let mut r = p.recommendation.clone();
         r.n_ctx = n_ctx;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use crate::cli::TuneArgs;
-use crate::consumer::{Consumer, Workload};
+use crate::consumer::Consumer;
 use crate::model::ModelInfo;
 use crate::profile::Settings;
 use crate::tune::{Machine, TuneRequest};
@@ -127,8 +127,8 @@ fn choose_contexts(
         Some((v, path)) => (v, format!("context {v}: num_ctx of the Modelfile being updated ({path})")),
         None => consumer.default_ctx(hw, info.ctx_train),
     };
-    s.n_ctx = ctx;
-    s.ctx_rule = Some(rule);
+    s.workload.n_ctx = ctx;
+    s.workload.ctx_rule = Some(rule);
     Ok(())
 }
 
@@ -146,19 +146,7 @@ fn consumer(a: &TuneArgs) -> Result<Box<dyn Consumer>> {
 /// and records them in the settings. `cuda`: the CUDA cards llama.cpp
 /// offloads to, with their compute capability.
 fn apply(c: &dyn Consumer, s: &mut Settings, arch: &str, user_ctx: bool, cuda: &[(String, (u32, u32))]) {
-    let mut w = Workload {
-        n_ctx: s.n_ctx,
-        contexts: s.contexts.clone(),
-        ctx_rule: s.ctx_rule.clone(),
-        n_parallel: s.n_parallel,
-        kv_type: s.kv_type,
-        flash_attn: s.flash_attn,
-        n_batch: s.n_batch,
-        n_ubatch: s.n_ubatch,
-    };
-    let applied = c.apply(&mut w, arch, user_ctx, cuda);
-    (s.n_ctx, s.contexts, s.ctx_rule, s.n_parallel) = (w.n_ctx, w.contexts, w.ctx_rule, w.n_parallel);
-    (s.kv_type, s.flash_attn, s.n_batch, s.n_ubatch) = (w.kv_type, w.flash_attn, w.n_batch, w.n_ubatch);
+    let applied = c.apply(&mut s.workload, arch, user_ctx, cuda);
     let env = c.env();
     s.consumer = Some(crate::profile::Consumer {
         program: c.program(),

@@ -139,14 +139,20 @@ pub fn tune_settings(
             host_budget_bytes: a.host_budget.as_deref().map(|b| parse_size_for("--host-budget", b)).transpose()?,
             max_power_w: a.max_power,
         },
-        n_ctx: contexts.as_ref().and_then(|c| c.last().copied()).or(w.ctx_size).unwrap_or(4096),
+        workload: crate::consumer::Workload {
+            n_ctx: contexts.as_ref().and_then(|c| c.last().copied()).or(w.ctx_size).unwrap_or(4096),
+            contexts: contexts.unwrap_or_default(),
+            ctx_rule: None,
+            n_parallel: 1,
+            kv_type: crate::types::KvType::F16,
+            flash_attn: w.flash_attn,
+            n_batch: w.batch_size,
+            n_ubatch: w.ubatch_size,
+        },
         n_prompt: w.n_prompt.unwrap_or(p),
         n_gen: w.n_gen.unwrap_or(n),
         repetitions: w.repetitions.unwrap_or(r),
         n_threads: threads,
-        n_batch: w.batch_size,
-        n_ubatch: w.ubatch_size,
-        flash_attn: w.flash_attn,
         objective: match a.objective {
             ObjectiveArg::Tg => Objective::Tg,
             ObjectiveArg::Pp => Objective::Pp,
@@ -164,8 +170,6 @@ pub fn tune_settings(
             busy_threshold: w.busy.threshold,
         },
         op_offload: w.op_offload,
-        contexts: contexts.unwrap_or_default(),
-        ctx_rule: None,
         rpc: rpc.to_vec(),
         max_kl: a.max_kl,
         min_top1: a.min_top1,
@@ -173,9 +177,7 @@ pub fn tune_settings(
         parallel_streams: check_streams(a)?,
         job: a.job.as_deref().map(parse_job).transpose()?,
         warmup: !w.no_warmup,
-        n_parallel: 1,
         consumer: None,
-        kv_type: crate::types::KvType::F16,
         n_depth: a.depth,
         mmproj: w.mmproj.as_deref().map(check_projector).transpose()?,
     })
@@ -310,13 +312,17 @@ pub fn check_depth(s: &crate::profile::Settings) -> Result<()> {
     let Some(d) = s.n_depth else { return Ok(()) };
     let tests = s.n_prompt.max(s.n_gen);
     for c in s.contexts() {
-        let slot = c / s.n_parallel.max(1);
+        let slot = c / s.workload.n_parallel.max(1);
         if d + tests > slot {
-            let per = if s.n_parallel > 1 { format!(" ({} slots of {slot})", s.n_parallel) } else { String::new() };
+            let per = if s.workload.n_parallel > 1 {
+                format!(" ({} slots of {slot})", s.workload.n_parallel)
+            } else {
+                String::new()
+            };
             return Err(bad(format!(
                 "--depth {d} leaves no room in the {c}-token context{per} for a {tests}-token test; give --depth {} or less, or a context of {} or more",
                 slot.saturating_sub(tests),
-                (d + tests) * s.n_parallel.max(1)
+                (d + tests) * s.workload.n_parallel.max(1)
             )));
         }
     }
@@ -440,8 +446,8 @@ mod tests {
         let a = tune_args(&["ngl-tune", "m.gguf", "--no-warmup", "--quick", "-b", "1024", "--ctx", "512,1024"]);
         let s = tune_settings(&a, &info, (0.9, &none), &[]).unwrap();
         assert!(!s.warmup, "--no-warmup is measured without warmup");
-        assert_eq!((s.n_prompt, s.n_gen, s.repetitions, s.n_batch), (128, 32, 2, 1024));
-        assert_eq!((s.contexts.clone(), s.n_ctx), (vec![512, 1024], 1024));
+        assert_eq!((s.n_prompt, s.n_gen, s.repetitions, s.workload.n_batch), (128, 32, 2, 1024));
+        assert_eq!((s.workload.contexts.clone(), s.workload.n_ctx), (vec![512, 1024], 1024));
         assert!(tune_settings(&tune_args(&["ngl-tune", "m.gguf"]), &info, (0.9, &none), &[]).unwrap().warmup);
         says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-r", "0"]), &info, (0.9, &none), &[]), "-r 0");
         says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-t", "0"]), &info, (0.9, &none), &[]), "-t 0");

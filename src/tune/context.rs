@@ -81,7 +81,7 @@ fn tune_context(
     };
     let several = sh.opts.caps().len() >= 2 && !plan.no_gpu;
     // A KV type the consumer's server forces leaves Ollama whole layers only.
-    let kv_fixed = s.kv_type.is_quantized();
+    let kv_fixed = s.workload.kv_type.is_quantized();
     let priced_ok = prediction.as_ref().is_some_and(|p| p.error.is_none());
     // Energy chooses among whole layers: the hatches are judged by speed alone.
     let energy = s.objective == crate::types::Objective::Energy;
@@ -279,7 +279,7 @@ fn hatches(
         is_moe: plan.is_moe,
         cap: policy.cap_bytes,
         n_ctx: at.n_ctx,
-        kv: s.kv_type,
+        kv: s.workload.kv_type,
         threads: s.n_threads,
         op_offload: sh.op_offload,
         rpc: s.rpc.clone(),
@@ -336,14 +336,14 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offlo
         placement: at
             .workload(s)
             .with_layers(0, s.n_threads, Some(at.n_ctx))
-            .with_kv(s.kv_type)
+            .with_kv(s.workload.kv_type)
             .with_op_offload(op_offload)
             .with_split(&[], &s.rpc),
         n_prompt: s.n_prompt,
         n_gen: s.n_gen,
         n_depth: at.depth,
         depth_cache: None,
-        kv_base: s.kv_type,
+        kv_base: s.workload.kv_type,
         repetitions: s.repetitions,
         warmup: s.warmup,
         seed: 1234,

@@ -37,7 +37,7 @@ pub(super) fn profile(
         p.recommendation.confidence = confidence;
         placements.push(p);
         trials.extend(o.trials.iter().cloned());
-        add_context_notes(&mut notes, &o.notes, o.placement.n_ctx, s.n_ctx);
+        add_context_notes(&mut notes, &o.notes, o.placement.n_ctx, s.workload.n_ctx);
     }
     notes.extend(busy);
     notes.extend(crate::report::note::threads(trials.iter().map(|t| &t.result)));

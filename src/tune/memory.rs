@@ -229,7 +229,11 @@ pub fn prediction_check(
 fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
     let c = s.ollama()?;
     let fit = crate::consumer::ollama::fit(&c.vars);
-    Some(crate::engine::predict::OllamaFitAsk { slots: s.n_parallel, target_bytes: fit.target_bytes, off: !fit.on })
+    Some(crate::engine::predict::OllamaFitAsk {
+        slots: s.workload.n_parallel,
+        target_bytes: fit.target_bytes,
+        off: !fit.on,
+    })
 }
 
 /// Asks llama.cpp, before any trial, what every grid setting will allocate

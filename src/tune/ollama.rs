@@ -45,7 +45,8 @@ pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
         out.and_then(|o| o.predictions.into_iter().find(|p| p.error.is_none())).map_or(0, |p| p.device_bytes)
     };
     let cuda = sh.hw.llama_devices.iter().find(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
-    let cuda_without_fa = cuda.filter(|_| s.flash_attn == crate::types::FlashAttn::Off).map(|d| d.memory_total);
+    let cuda_without_fa =
+        cuda.filter(|_| s.workload.flash_attn == crate::types::FlashAttn::Off).map(|d| d.memory_total);
     let b = crate::consumer::ollama::batch_for(at.n_ctx, predicted, free, cuda_without_fa);
     (at.n_batch, at.n_ubatch) = (b, b);
     let why = if b < rule && cuda_without_fa.is_none() {

@@ -23,7 +23,7 @@ impl ContextRun {
     /// Context `n_ctx` of the settings: its depth by their rule, their batch.
     #[must_use]
     pub fn of(s: &Settings, n_ctx: u32) -> ContextRun {
-        ContextRun { n_ctx, depth: s.depth_at(n_ctx), n_batch: s.n_batch, n_ubatch: s.n_ubatch }
+        ContextRun { n_ctx, depth: s.depth_at(n_ctx), n_batch: s.workload.n_batch, n_ubatch: s.workload.n_ubatch }
     }
 
     /// What every trial at this context runs beside where the layers go:
@@ -34,10 +34,10 @@ impl ContextRun {
         crate::types::Placement {
             n_batch: self.n_batch,
             n_ubatch: self.n_ubatch,
-            flash_attn: s.flash_attn,
+            flash_attn: s.workload.flash_attn,
             ..crate::types::Placement::default()
         }
-        .with_parallel(s.n_parallel)
+        .with_parallel(s.workload.n_parallel)
         .with_mmproj(s.mmproj.as_deref())
     }
 }

@@ -58,7 +58,7 @@ pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload:
         n_ctx: at.n_ctx,
         n_batch: at.n_batch,
         n_ubatch: at.n_ubatch,
-        flash_attn: s.flash_attn,
+        flash_attn: s.workload.flash_attn,
         op_offload,
         fit_margin_bytes: None,
         cases: Vec::new(),
@@ -67,7 +67,7 @@ pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload:
         fit_split_margins: Vec::new(),
         default_fit: false,
         ollama_fit: None,
-        kv_type: s.kv_type,
+        kv_type: s.workload.kv_type,
         mmproj: s.mmproj.clone(),
     }
 }

@@ -59,7 +59,7 @@ pub fn qualities(
         alternatives: others.iter().map(|i| config(&profiles[*i])).collect(),
         n_gen: super::quality::KL_TOKENS,
         n_threads: threads,
-        depth: profiles[r].settings.depth_at(profiles[r].settings.n_ctx),
+        depth: profiles[r].settings.depth_at(profiles[r].settings.workload.n_ctx),
         rpc: profiles[r].settings.rpc.clone(),
     };
     let scores = super::quality::score(runner, &spec)?;

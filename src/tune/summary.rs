@@ -168,7 +168,7 @@ pub fn recommendation(
             && t.result.spec.placement.n_threads == threads
             && t.result.spec.placement.n_cpu_moe == moe
             && t.result.spec.placement.n_cpu_ffn == 0
-            && t.result.spec.placement.kv_type == s.kv_type
+            && t.result.spec.placement.kv_type == s.workload.kv_type
             && t.result.status == TrialStatus::Ok
     });
     let mut r = Recommendation {
@@ -181,7 +181,7 @@ pub fn recommendation(
         img_ms: rec.and_then(|t| t.result.image.as_ref()).map(crate::types::ImageTest::avg_ms),
         ..Recommendation::default()
     };
-    let p = crate::types::Placement { n_cpu_moe: moe, kv_type: s.kv_type, ..at.workload(s) }
+    let p = crate::types::Placement { n_cpu_moe: moe, kv_type: s.workload.kv_type, ..at.workload(s) }
         .with_layers(ngl, threads, Some(at.n_ctx))
         .with_op_offload(op_offload);
     r.set_placement(&p);

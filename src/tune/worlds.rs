@@ -134,6 +134,6 @@ pub fn search<'a>(
     world: &'a mut dyn crate::tune::executor::TrialExecutor,
     cap: f64,
 ) -> crate::tune::search::Search<'a> {
-    let at = crate::tune::plan::ContextRun::of(s, s.n_ctx);
+    let at = crate::tune::plan::ContextRun::of(s, s.workload.n_ctx);
     crate::tune::search::Search::new(s, at, world, Some(policy(cap)), crate::progress::Progress::hidden(), None)
 }

@@ -86,8 +86,8 @@ mod tests {
 
     fn ollama_settings() -> Settings {
         let mut s = settings();
-        s.n_batch = 512;
-        s.n_ubatch = 512;
+        s.workload.n_batch = 512;
+        s.workload.n_ubatch = 512;
         s.consumer = Some(crate::profile::Consumer {
             program: crate::consumer::Program::Ollama,
             source: "test".into(),
@@ -106,7 +106,7 @@ mod tests {
         let s = ollama_settings();
         let mut world = World::new(move |c| Outcome::Ok { tg: tg(c.ngl), pp: 100.0, mem: 1 << 20 });
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
-        let fit = LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let fit = LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().expect("Ollama is the consumer");
         drop(search);
@@ -153,8 +153,12 @@ mod tests {
         s.mmproj = Some("mm.gguf".into());
         let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
-        let fit =
-            LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.n_ctx), mmproj_offload: false, ..LlamaFit::none(1 << 30) };
+        let fit = LlamaFit {
+            n_gpu_layers: Some(5),
+            n_ctx: Some(s.workload.n_ctx),
+            mmproj_offload: false,
+            ..LlamaFit::none(1 << 30)
+        };
         let mut rec = recommendation();
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();
         drop(search);
@@ -166,7 +170,7 @@ mod tests {
         // Every layer on the GPU and room for the projector: on the GPU on both sides.
         let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
-        let fit = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let fit = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         rec.n_gpu_layers = 31;
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();

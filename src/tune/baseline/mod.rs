@@ -212,13 +212,13 @@ fn default_placement((s, at): (&Settings, ContextRun), cmp: &DefaultComparison, 
         cpu_overrides: cmp.cpu_overrides.clone(),
         n_batch: at.n_batch,
         n_ubatch: at.n_ubatch,
-        flash_attn: s.flash_attn,
-        n_parallel: s.n_parallel,
+        flash_attn: s.workload.flash_attn,
+        n_parallel: s.workload.n_parallel,
         ..Placement::default()
     };
     let p = p
         .with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?))
-        .with_kv(s.kv_type)
+        .with_kv(s.workload.kv_type)
         .with_mmproj(s.mmproj.as_deref());
     Some(if stock { p.with_server_defaults() } else { p })
 }
@@ -515,7 +515,7 @@ mod tests {
             mem: (f64::from(c.ngl) * 12.0 * 1024.0 * 1024.0) as u64,
         });
         let mut search = crate::tune::worlds::search(&s, &mut world, cap);
-        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
         assert_eq!(cmp.n_gpu_layers, Some(31));
@@ -538,7 +538,7 @@ mod tests {
         s.n_threads = 1;
         let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
-        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         assert_eq!(rec.n_threads, 2);
         let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
@@ -571,7 +571,7 @@ mod tests {
             Outcome::Ok { tg, pp: 100.0, mem: 1 << 20 }
         });
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
-        let fit = LlamaFit { n_gpu_layers: Some(0), n_ctx: Some(s.n_ctx), ..LlamaFit::none(1 << 30) };
+        let fit = LlamaFit { n_gpu_layers: Some(0), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let rec = recommendation();
         let cmp = compare(&mut search, &rec, (Some(&fit), Opponent::LlamaDefault), 31).unwrap();
         assert_eq!((calls.get(), cmp.pairs), (2, 2), "cut short in two pairs: no third");
@@ -584,13 +584,17 @@ mod tests {
     #[test]
     fn the_default_is_fits_placement_at_its_own_context() {
         let s = crate::tune::worlds::settings();
-        let at = ContextRun::of(&s, s.n_ctx);
+        let at = ContextRun::of(&s, s.workload.n_ctx);
         let fit = |n: i32, ctx: u32| LlamaFit { n_gpu_layers: Some(n), n_ctx: Some(ctx), ..LlamaFit::none(1 << 30) };
-        assert_eq!(default_candidate(Some(&fit(-1, s.n_ctx)), (&s, at), 19, 4).unwrap().ngl, 19, "-1: every layer");
+        assert_eq!(
+            default_candidate(Some(&fit(-1, s.workload.n_ctx)), (&s, at), 19, 4).unwrap().ngl,
+            19,
+            "-1: every layer"
+        );
         let c = default_candidate(Some(&fit(7, 32768)), (&s, at), 19, 4).unwrap();
         assert_eq!((c.ngl, c.ctx, c.threads), (7, 32768, 4), "its layers, its context, llama.cpp's threads");
-        let needs = s.depth_at(s.n_ctx) + s.n_prompt.max(s.n_gen);
-        assert!(needs < s.n_ctx);
+        let needs = s.depth_at(s.workload.n_ctx) + s.n_prompt.max(s.n_gen);
+        assert!(needs < s.workload.n_ctx);
         let shrunk = default_candidate(Some(&fit(19, needs)), (&s, at), 19, 4).unwrap();
         assert_eq!(shrunk.ctx, needs, "a smaller context that holds the workload is compared");
         let small = default_candidate(Some(&fit(19, needs - 1)), (&s, at), 19, 4).unwrap_err();
@@ -605,14 +609,14 @@ mod tests {
     fn the_default_runs_fits_expert_overrides() {
         use crate::engine::predict::FitOverride;
         let s = crate::tune::worlds::settings();
-        let at = ContextRun::of(&s, s.n_ctx);
+        let at = ContextRun::of(&s, s.workload.n_ctx);
         let moe = |il: u32| FitOverride {
             pattern: format!("blk\\.{il}\\.ffn_(up|down|gate_up|gate)_(ch|)exps"),
             buffer_type: "CPU".into(),
         };
         let fit = LlamaFit {
             n_gpu_layers: Some(-1),
-            n_ctx: Some(s.n_ctx),
+            n_ctx: Some(s.workload.n_ctx),
             overrides: (14..18).map(moe).collect(),
             ..LlamaFit::none(1 << 30)
         };

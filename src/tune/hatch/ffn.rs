@@ -127,7 +127,7 @@ impl Hatch for FfnSpill {
         let mut layers = vec![0; devs.len()];
         layers[d] = full;
         let alone = Split::new(&layers);
-        let (kv, cap) = (s.kv_type, devs[d].cap_bytes);
+        let (kv, cap) = (s.workload.kv_type, devs[d].cap_bytes);
         let mut at = |k: u32| search.price_splits(&[alone], kv, k).into_iter().next().filter(|p| p.error.is_none());
         let (Some(one), Some(all)) = (at(1), at(n_layer)) else { return Ok(()) };
         let on_device = |p: &Prediction| split::per_device(p, devs)[d];

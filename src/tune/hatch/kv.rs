@@ -119,7 +119,7 @@ impl Hatch for KvCache {
         let (Some(m), Some(best)) = (found.speed.clone(), found.best.map(|i| found.options[i].clone())) else {
             return Ok(());
         };
-        if s.kv_type.is_quantized() {
+        if s.workload.kv_type.is_quantized() {
             return Ok(());
         }
         let (devs, full) = (inp.devs, inp.full);

@@ -273,7 +273,7 @@ fn hatch_world_sampled(cap: f64, driver: u64) -> Hatches {
     world.driver_bytes = Some(driver);
     let policy =
         crate::profile::MemoryPolicy { source: crate::types::Source::Nvml, ..crate::tune::worlds::policy(cap) };
-    let at = crate::tune::plan::ContextRun::of(&s, s.n_ctx);
+    let at = crate::tune::plan::ContextRun::of(&s, s.workload.n_ctx);
     let mut search =
         crate::tune::search::Search::new(&s, at, &mut world, Some(policy), crate::progress::Progress::hidden(), None)
             .with_pricer(Box::new(Curves::cases(predictor)));
@@ -319,7 +319,7 @@ fn what_the_driver_holds_beyond_the_dry_run_is_kept_out_of_every_predicted_optio
 fn an_options_flags_say_the_batch_and_slots_its_trial_ran_with() {
     // Ollama's batch at 32k (-b 1024 -ub 1024) and two slots: what every trial runs.
     let mut s = settings();
-    (s.n_batch, s.n_ubatch, s.n_parallel) = (1024, 1024, 2);
+    (s.workload.n_batch, s.workload.n_ubatch, s.workload.n_parallel) = (1024, 1024, 2);
     let at = crate::tune::plan::ContextRun::of(&s, 32768);
     let h = HatchInputs { workload: at.workload(&s), ..inputs(4000.0) };
     let flags = h.placement(h.at_full(32768, Some(KvType::Q8_0), 0)).flags();

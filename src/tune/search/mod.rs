@@ -386,7 +386,7 @@ impl<'a> Search<'a> {
     /// on a machine whose GPU is slower than its CPU the fill of a fully
     /// offloaded q8_0 trial would otherwise take minutes.
     fn prefill_for(&mut self, c: Candidate) -> Result<()> {
-        let kv = c.kv.unwrap_or(self.settings.kv_type);
+        let kv = c.kv.unwrap_or(self.settings.workload.kv_type);
         if self.filled.contains(&kv) {
             return Ok(());
         }

@@ -80,9 +80,15 @@ mod tests {
         let s = worlds::settings();
         let mut world = crate::tune::executor::fake::World::new(|_| crate::tune::executor::fake::Outcome::Oom);
         let progress = crate::progress::Progress::hidden();
-        let mut search =
-            super::Search::new(&s, crate::tune::plan::ContextRun::of(&s, s.n_ctx), &mut world, None, progress, None)
-                .with_pricer(Box::new(Curves::failing("worker killed by signal 6")));
+        let mut search = super::Search::new(
+            &s,
+            crate::tune::plan::ContextRun::of(&s, s.workload.n_ctx),
+            &mut world,
+            None,
+            progress,
+            None,
+        )
+        .with_pricer(Box::new(Curves::failing("worker killed by signal 6")));
         assert!(search.price_layers(&[3]).is_empty());
         assert!(search.price_cases(&[crate::engine::predict::PredictCase::layers(3, 512)]).is_empty());
         assert_eq!(search.take_unpriced().as_deref(), Some("worker killed by signal 6"));

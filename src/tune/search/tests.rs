@@ -45,7 +45,7 @@ fn search(
     p: &Plan,
     resumed: Vec<ProfileTrial>,
 ) -> (Found, Vec<ProfileTrial>) {
-    search_at(world, (s, s.n_ctx), cap, p, resumed)
+    search_at(world, (s, s.workload.n_ctx), cap, p, resumed)
 }
 
 /// As [`search`], at context `n_ctx` of the settings.
@@ -165,7 +165,7 @@ fn kv_world(s: &Settings) -> World {
         Outcome::Ok { tg, pp: tg * 10.0, mem: ((0.5 + per_layer * f64::from(c.ngl)) * GIB) as u64 }
     });
     // The tune's base spec: the settings' context and streams.
-    w.base.placement.n_ctx = Some(s.n_ctx);
+    w.base.placement.n_ctx = Some(s.workload.n_ctx);
     w.base.n_streams = s.streams();
     w
 }
@@ -182,7 +182,11 @@ fn four_streams_size_the_cache_for_four_and_the_answer_moves() {
 
     let mut four = Settings { objective: crate::types::Objective::Throughput, ..one.clone() };
     four.decode_together(4);
-    assert_eq!((four.n_ctx, four.n_parallel, four.streams()), (1024, 4, 4), "four slots of 256 tokens");
+    assert_eq!(
+        (four.workload.n_ctx, four.workload.n_parallel, four.streams()),
+        (1024, 4, 4),
+        "four slots of 256 tokens"
+    );
     let mut w = kv_world(&four);
     let (thr, trials) = search(&mut w, &four, 3.0 * GIB, &p, Vec::new());
     // The cache for four sequences: 0.5 + 0.3 x 8 = 2.9 GiB.
@@ -227,7 +231,7 @@ fn a_resumed_search_measures_only_what_is_missing() {
 #[test]
 fn a_search_at_the_smaller_of_two_contexts_resumes_its_own_trials_not_the_largests() {
     let mut s = settings(None, "grid", false);
-    (s.n_ctx, s.contexts) = (1024, vec![256, 1024]);
+    (s.workload.n_ctx, s.workload.contexts) = (1024, vec![256, 1024]);
     let p = plan(35, vec![0, 10, 20, 30, 35], true, 35);
     let world_at = |ctx| {
         let mut w = kv_world(&s);

@@ -353,7 +353,7 @@ fn split_list(l: &[u32]) -> String {
 /// Splits priced by the search's dry run at the settings' KV type, every
 /// tensor of a layer on its device.
 pub(super) fn dry_run(search: &mut Search<'_>, splits: &[Split]) -> Vec<Prediction> {
-    let kv = search.settings().kv_type;
+    let kv = search.settings().workload.kv_type;
     search.price_splits(splits, kv, 0)
 }
 
@@ -389,7 +389,7 @@ pub(in crate::tune) fn option_of(
     };
     let threads = t.map_or(inp.threads, |t| t.result.spec.placement.n_threads);
     // What the trial ran (the q8_0 hatch's cache, or the workload's own), else the workload's own.
-    let kv = t.map_or(s.kv_type, |t| t.result.spec.placement.kv_type);
+    let kv = t.map_or(s.workload.kv_type, |t| t.result.spec.placement.kv_type);
     let cpu_ffn = t.map_or(0, |t| t.result.spec.placement.n_cpu_ffn);
     let order = if split.in_llama_order() {
         Vec::new()
@@ -442,7 +442,7 @@ pub fn choose(found: &mut SplitFound, s: &Settings) {
     let score = |o: &SplitOption| crate::tune::choose::score_for(s, o.tg_ts, o.pp_ts);
     let most = found.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
     // A quantized cache the workload did not ask for (the q8_0 hatch's).
-    let lossy = |o: &SplitOption| o.kv_type != s.kv_type && o.kv_type.is_quantized();
+    let lossy = |o: &SplitOption| o.kv_type != s.workload.kv_type && o.kv_type.is_quantized();
     let gate = |o: &SplitOption| match &o.quality {
         None => Some("quality not measured: not recommended blind".to_string()),
         Some(q) => q.fails(s.max_kl, s.min_top1),

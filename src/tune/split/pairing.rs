@@ -65,7 +65,7 @@ pub fn against_llama(
         let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
         let mut r = DefaultComparison {
             n_gpu_layers: Some(theirs.ngl),
-            llama_cpp_args: flags(theirs.ngl, &split, (s.kv_type, 0), threads, inp),
+            llama_cpp_args: flags(theirs.ngl, &split, (s.workload.kv_type, 0), threads, inp),
             verdict: Verdict::Same,
             n_threads: Some(threads),
             ..crate::tune::baseline::unmeasured(depth)

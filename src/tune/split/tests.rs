@@ -182,7 +182,7 @@ fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::types::KvType, c
 /// devices (no link), a layer 10 MB.
 fn inputs<'a>(devs: &'a [DeviceCap], rpc: &'a [String]) -> SplitInputs<'a> {
     SplitInputs {
-        n_ctx: crate::tune::worlds::settings().n_ctx,
+        n_ctx: crate::tune::worlds::settings().workload.n_ctx,
         devs,
         full: 21,
         threads: 2,
@@ -315,8 +315,8 @@ fn the_split_stage_prices_trims_and_measures_only_what_fits_every_cap() {
 fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_back_as_lossy() {
     // Ollama's server with OLLAMA_KV_CACHE_TYPE=q8_0: every trial runs q8_0, the tune's own type.
     let mut s = crate::tune::worlds::settings();
-    s.kv_type = crate::types::KvType::Q8_0;
-    let mut world = SplitWorld { kv_base: s.kv_type, ..SplitWorld::new(0, 0.0) };
+    s.workload.kv_type = crate::types::KvType::Q8_0;
+    let mut world = SplitWorld { kv_base: s.workload.kv_type, ..SplitWorld::new(0, 0.0) };
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
     let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(Box::new(pricer));
     let mb = 1_000_000u64;

@@ -99,7 +99,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     for (i, req) in reqs.iter().enumerate() {
         let s = req.settings();
         let op = s.op_offload.resolve(crate::probe::only_software_offload(&hw.llama_devices));
-        let mut base = super::context::base_spec(req.info(), s, ContextRun::of(s, s.n_ctx), op);
+        let mut base = super::context::base_spec(req.info(), s, ContextRun::of(s, s.workload.n_ctx), op);
         base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
         let part = Part { req, base, devices: req.caps().iter().map(|c| c.device.clone()).collect() };
         let priced = price(&runner, req, &policy, op);
@@ -157,7 +157,8 @@ fn price(runner: &Runner, req: &TuneRequest, policy: &MemoryPolicy, op: bool) ->
     if policy.source == crate::types::Source::None {
         return vec![(0, 0)];
     }
-    let report = super::memory::predict(runner, (req.info(), s, ContextRun::of(s, s.n_ctx)), policy, &grid, op);
+    let report =
+        super::memory::predict(runner, (req.info(), s, ContextRun::of(s, s.workload.n_ctx)), policy, &grid, op);
     #[allow(clippy::cast_precision_loss)]
     let v: Vec<(u32, u64)> = report
         .predictions
@@ -279,7 +280,7 @@ fn set_profile(
                 n_gpu_layers: ngl,
                 n_layer_full: p.req.info().n_layer_full,
                 n_threads: placement.n_threads,
-                n_ctx: p.req.settings().n_ctx,
+                n_ctx: p.req.settings().workload.n_ctx,
                 tg_ts: chosen.tg_ts[i],
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 device_bytes: own.and_then(|t| trial_memory(&t.result, &memory).0).map(|m| m.max(0.0) as u64),
