@@ -87,7 +87,7 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
         }
     }
     let s = &profiles[0].settings;
-    let rows = rank::rank(&profiles, &qualities, s.max_kl, s.min_top1);
+    let rows = rank::rank(&profiles, &qualities, &s.gate);
     let mut out = std::io::stdout().lock();
     if a.print.json {
         let all: Vec<&crate::profile::Profile> = outcomes.iter().map(|o| &o.profile).collect();

@@ -177,14 +177,10 @@ pub struct Settings {
     /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
-    /// Escape hatches that change the output (a quantized KV cache) are
-    /// recommended only when their mean KL divergence from the reference
-    /// stays under this (nats).
-    #[serde(default = "default_max_kl", skip_serializing_if = "is_default_max_kl")]
-    pub max_kl: f64,
-    /// ... and only when its top token agrees with the reference's at least this often.
-    #[serde(default = "default_min_top1", skip_serializing_if = "is_default_min_top1")]
-    pub min_top1: f64,
+    /// The quality gate an option that changes the output must pass
+    /// (`--max-kl`, `--min-top1`).
+    #[serde(flatten)]
+    pub gate: crate::types::QualityGate,
     /// Reading speed for chat (t/s of generation, `--reading-speed`): each
     /// context's answer is judged against it, with the hatch that reaches it.
     #[serde(default = "default_reading_speed", skip_serializing_if = "is_default_reading_speed")]
@@ -256,19 +252,6 @@ impl Profile {
     }
 }
 
-/// `--min-top1`'s default: q8_0 and q4_0 KV caches keep the top token
-/// 97-99% of the time; a quantization that loses it one time in ten is lost.
-pub const DEFAULT_MIN_TOP1: f64 = 0.9;
-
-fn default_min_top1() -> f64 {
-    DEFAULT_MIN_TOP1
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
-fn is_default_min_top1(k: &f64) -> bool {
-    *k == DEFAULT_MIN_TOP1
-}
-
 /// `--reading-speed`'s default (t/s of generation): the top of the guides'
 /// 8-10 t/s, so an answer called fast enough is so for every reader.
 pub const DEFAULT_READING_SPEED: f64 = 10.0;
@@ -285,20 +268,6 @@ fn is_default_reading_speed(k: &f64) -> bool {
 #[allow(clippy::unnecessary_wraps)]
 fn empty_cache() -> Option<u32> {
     Some(0)
-}
-
-/// `--max-kl`'s default: llama.cpp's q8_0 KV cache scores about 0.001
-/// nats, q4_0 about 0.01-0.03; 0.05 admits both on most models and stops
-/// the ones that lose their way.
-pub const DEFAULT_MAX_KL: f64 = 0.05;
-
-fn default_max_kl() -> f64 {
-    DEFAULT_MAX_KL
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
-fn is_default_max_kl(k: &f64) -> bool {
-    *k == DEFAULT_MAX_KL
 }
 
 fn default_busy_threshold() -> f64 {

@@ -103,7 +103,9 @@ mod tests {
         let s: Settings = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(s.caps, Caps { vram_budget_bytes: Some(1000), ..Caps::target(0.8) });
         let out = serde_json::to_value(&s).unwrap();
-        assert!(["caps", "policy", "workload"].iter().all(|g| out.get(g).is_none()), "{out}");
+        assert!(["caps", "policy", "workload", "gate"].iter().all(|g| out.get(g).is_none()), "{out}");
+        assert_eq!(s.gate, crate::types::QualityGate::default(), "profiles from before the gate: its defaults");
+        assert!(out.get("max_kl").is_none() && out.get("min_top1").is_none(), "the defaults: not written");
         assert_eq!((s.workload.n_ctx, s.workload.n_parallel, s.workload.kv_type), (4096, 1, crate::types::KvType::F16));
         assert!(out.get("contexts").is_none() && out.get("n_parallel").is_none(), "defaults: not written");
         assert_eq!(out["n_ubatch"], 512);
@@ -117,7 +119,9 @@ mod tests {
         v["device_budgets"] = serde_json::json!([{ "device": "RPC0", "bytes": 5 }]);
         v["host_budget_bytes"] = 7.into();
         v["max_power_w"] = 250.0.into();
+        v["max_kl"] = 0.01.into();
         let s: Settings = serde_json::from_value(v).unwrap();
+        assert_eq!((s.gate.max_kl, s.gate.min_top1), (0.01, crate::types::DEFAULT_MIN_TOP1));
         assert_eq!(
             (s.caps.device_budgets[0].bytes, s.caps.host_budget_bytes, s.caps.max_power_w),
             (5, Some(7), Some(250.0))
@@ -127,6 +131,7 @@ mod tests {
             (&out["device_budgets"][0]["device"], &out["host_budget_bytes"], &out["max_power_w"]),
             (&"RPC0".into(), &7.into(), &250.0.into())
         );
+        assert_eq!(out["max_kl"], 0.01);
         assert_eq!(serde_json::from_value::<Settings>(out).unwrap(), s, "read back as written");
     }
 }

@@ -9,7 +9,7 @@ use crate::engine::quality::{KlConfig, KlSpec};
 use crate::model::human_bytes;
 use crate::profile::Profile;
 use crate::types::KvType;
-use crate::types::Quality;
+use crate::types::{Quality, QualityGate};
 
 /// One model's line of the ranking.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -95,11 +95,11 @@ fn recommendation_se(p: &Profile) -> f64 {
 }
 
 /// The ranking, best first by the objective; the best is the fastest whose
-/// quality was measured and passes the gate (`max_kl`, `min_top1`; the
+/// quality was measured and passes the `gate` (`--max-kl`, `--min-top1`; the
 /// reference always may), and a lower quantization only when it is faster
 /// than the reference beyond the noise of both.
 #[must_use]
-pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64, min_top1: f64) -> Vec<Ranked> {
+pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], gate: &QualityGate) -> Vec<Ranked> {
     let r = reference(profiles);
     let mut rows: Vec<(f64, f64, Ranked)> = profiles
         .iter()
@@ -117,7 +117,7 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], max_kl: f64, mi
             let excluded = match q {
                 _ if i == r => None,
                 None => Some("quality not measured".to_string()),
-                Some(q) => q.fails(max_kl, min_top1),
+                Some(q) => q.fails(gate),
             };
             #[allow(clippy::cast_precision_loss)]
             let bpw = if p.model.n_params > 0 { p.model.file_size as f64 * 8.0 / p.model.n_params as f64 } else { 0.0 };

@@ -82,7 +82,7 @@ pub fn settings() -> crate::profile::Settings {
         "sample_interval_ms": 20
     }))
     .unwrap();
-    s.max_kl = 0.05;
+    s.gate.max_kl = 0.05;
     s.n_depth = None;
     s
 }

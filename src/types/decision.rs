@@ -205,10 +205,11 @@ impl Quality {
     }
 
     /// Why this option may not be recommended on its quality, if so: a
-    /// broken path, too few tokens scored, a mean KL divergence over
-    /// `max_kl`, or the top token agreeing less often than `min_top1`.
+    /// broken path, too few tokens scored, a mean KL divergence over the
+    /// gate's `max_kl`, or the top token agreeing less often than its `min_top1`.
     #[must_use]
-    pub fn fails(&self, max_kl: f64, min_top1: f64) -> Option<String> {
+    pub fn fails(&self, gate: &QualityGate) -> Option<String> {
+        let QualityGate { max_kl, min_top1 } = *gate;
         if self.non_finite > 0 || !self.kl_mean.is_finite() || !self.top1_agree.is_finite() {
             return Some(format!(
                 "quality unusable: {} of {} positions gave a KL divergence that is not a number (a broken path)",
@@ -234,6 +235,53 @@ impl Quality {
         }
         None
     }
+}
+
+/// The quality gate an option that changes the output (a quantized KV
+/// cache, a lower quantization) must pass to be recommended: `--max-kl`
+/// and `--min-top1`. Flattened into the stored settings (its fields keep
+/// their names there).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QualityGate {
+    /// Mean KL divergence from the reference at most this (nats).
+    #[serde(default = "default_max_kl", skip_serializing_if = "is_default_max_kl")]
+    pub max_kl: f64,
+    /// The top token agrees with the reference's at least this often.
+    #[serde(default = "default_min_top1", skip_serializing_if = "is_default_min_top1")]
+    pub min_top1: f64,
+}
+
+impl Default for QualityGate {
+    fn default() -> Self {
+        QualityGate { max_kl: DEFAULT_MAX_KL, min_top1: DEFAULT_MIN_TOP1 }
+    }
+}
+
+/// `--max-kl`'s default: llama.cpp's q8_0 KV cache scores about 0.001
+/// nats, q4_0 about 0.01-0.03; 0.05 admits both on most models and stops
+/// the ones that lose their way.
+pub const DEFAULT_MAX_KL: f64 = 0.05;
+
+/// `--min-top1`'s default: q8_0 and q4_0 KV caches keep the top token
+/// 97-99% of the time; a quantization that loses it one time in ten is lost.
+pub const DEFAULT_MIN_TOP1: f64 = 0.9;
+
+fn default_max_kl() -> f64 {
+    DEFAULT_MAX_KL
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
+fn is_default_max_kl(k: &f64) -> bool {
+    *k == DEFAULT_MAX_KL
+}
+
+fn default_min_top1() -> f64 {
+    DEFAULT_MIN_TOP1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
+fn is_default_min_top1(k: &f64) -> bool {
+    *k == DEFAULT_MIN_TOP1
 }
 
 /// How the ngl search measures: every grid value, or adaptively (the two

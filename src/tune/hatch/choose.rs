@@ -53,7 +53,7 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types
     let score = |o: &PlacementOption| score_with_noise(o, s).map(|x| x.0);
     let gate = |o: &PlacementOption| match &o.quality {
         None => Some("quality not measured: not recommended blind".to_string()),
-        Some(q) => q.fails(s.max_kl, s.min_top1),
+        Some(q) => q.fails(&s.gate),
     };
     let eligible = |o: &PlacementOption| {
         o.measured && o.fits && o.kind != HatchKind::ShorterContext && (!lossy(o) || gate(o).is_none())

@@ -445,7 +445,7 @@ pub fn choose(found: &mut SplitFound, s: &Settings) {
     let lossy = |o: &SplitOption| o.kv_type != s.workload.kv_type && o.kv_type.is_quantized();
     let gate = |o: &SplitOption| match &o.quality {
         None => Some("quality not measured: not recommended blind".to_string()),
-        Some(q) => q.fails(s.max_kl, s.min_top1),
+        Some(q) => q.fails(&s.gate),
     };
     let ok =
         |o: &SplitOption| o.measured && o.fits && eligible(s, most, o.n_gpu_layers) && (!lossy(o) || gate(o).is_none());
