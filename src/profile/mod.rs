@@ -152,6 +152,24 @@ pub struct SearchPolicy {
     pub busy_threshold: f64,
 }
 
+/// What each trial measures, as llama-bench's test parameters: a prompt
+/// of `n_prompt` tokens and `n_gen` generated (`-p`, `-n`), each
+/// `repetitions` times (`-r`), at a depth (`-d`), after a warmup run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Measure {
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    pub repetitions: u32,
+    /// Tokens in the KV cache before each test: `None` (null) is the rule,
+    /// half of each context (of one slot); a number is `--depth`. Profiles from before
+    /// the field were measured with an empty cache: 0.
+    #[serde(default = "empty_cache")]
+    pub n_depth: Option<u32>,
+    /// A warmup run before each test, as llama-bench does (`--no-warmup`: none).
+    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
+    pub warmup: bool,
+}
+
 /// The settings a tuning ran with; a re-tune reuses them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
@@ -162,9 +180,10 @@ pub struct Settings {
     /// consumer's server decides them.
     #[serde(flatten)]
     pub workload: crate::consumer::Workload,
-    pub n_prompt: u32,
-    pub n_gen: u32,
-    pub repetitions: u32,
+    /// What each trial measures: llama-bench's test sizes, repetitions,
+    /// depth and warmup.
+    #[serde(flatten)]
+    pub measure: Measure,
     pub n_threads: u32,
     pub objective: Objective,
     /// How the placements are searched and each trial measured.
@@ -197,14 +216,6 @@ pub struct Settings {
     /// read, and what each did (`None`: profiles from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumer: Option<Consumer>,
-    /// Tokens in the KV cache before each test: `None` (null) is the rule,
-    /// half of each context (of one slot); a number is `--depth`. Profiles from before
-    /// the field were measured with an empty cache: 0.
-    #[serde(default = "empty_cache")]
-    pub n_depth: Option<u32>,
-    /// A warmup run before each test, as llama-bench does (`--no-warmup`: none).
-    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
-    pub warmup: bool,
     /// The multimodal projector every trial loads beside the model (`--mmproj`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<PathBuf>,

@@ -42,15 +42,15 @@ impl Settings {
     #[must_use]
     pub fn depth_at(&self, n_ctx: u32) -> u32 {
         let slot = n_ctx / self.workload.n_parallel.max(1);
-        let room = slot.saturating_sub(self.n_prompt.max(self.n_gen));
-        self.n_depth.unwrap_or(slot / 2).min(room)
+        let room = slot.saturating_sub(self.measure.n_prompt.max(self.measure.n_gen));
+        self.measure.n_depth.unwrap_or(slot / 2).min(room)
     }
 
     /// The depth rule in words, for the report.
     #[must_use]
     pub fn depth_rule(&self) -> String {
         let at: Vec<String> = self.contexts().iter().map(|c| format!("{} at {c}", self.depth_at(*c))).collect();
-        match self.n_depth {
+        match self.measure.n_depth {
             None => format!(
                 "depth: half of each context ({}): each test runs with that many tokens already in the KV cache, where tg equals its mean over a filled window; --depth sets it",
                 at.join(", ")
@@ -103,7 +103,9 @@ mod tests {
         let s: Settings = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(s.caps, Caps { vram_budget_bytes: Some(1000), ..Caps::target(0.8) });
         let out = serde_json::to_value(&s).unwrap();
-        assert!(["caps", "policy", "workload", "gate"].iter().all(|g| out.get(g).is_none()), "{out}");
+        assert!(["caps", "policy", "workload", "gate", "measure"].iter().all(|g| out.get(g).is_none()), "{out}");
+        assert_eq!((s.measure.n_prompt, s.measure.n_depth, s.measure.warmup), (64, Some(0), true), "older profiles");
+        assert!(out["n_depth"] == 0 && out.get("warmup").is_none(), "{out}");
         assert_eq!(s.gate, crate::types::QualityGate::default(), "profiles from before the gate: its defaults");
         assert!(out.get("max_kl").is_none() && out.get("min_top1").is_none(), "the defaults: not written");
         assert_eq!((s.workload.n_ctx, s.workload.n_parallel, s.workload.kv_type), (4096, 1, crate::types::KvType::F16));

@@ -149,9 +149,13 @@ pub fn tune_settings(
             n_batch: w.batch_size,
             n_ubatch: w.ubatch_size,
         },
-        n_prompt: w.n_prompt.unwrap_or(p),
-        n_gen: w.n_gen.unwrap_or(n),
-        repetitions: w.repetitions.unwrap_or(r),
+        measure: crate::profile::Measure {
+            n_prompt: w.n_prompt.unwrap_or(p),
+            n_gen: w.n_gen.unwrap_or(n),
+            repetitions: w.repetitions.unwrap_or(r),
+            n_depth: a.depth,
+            warmup: !w.no_warmup,
+        },
         n_threads: threads,
         objective: match a.objective {
             ObjectiveArg::Tg => Objective::Tg,
@@ -175,9 +179,7 @@ pub fn tune_settings(
         reading_speed: a.reading_speed,
         parallel_streams: check_streams(a)?,
         job: a.job.as_deref().map(parse_job).transpose()?,
-        warmup: !w.no_warmup,
         consumer: None,
-        n_depth: a.depth,
         mmproj: w.mmproj.as_deref().map(check_projector).transpose()?,
     })
 }
@@ -308,8 +310,8 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
 /// # Errors
 /// `BadInput` naming the depth, the context and the fix.
 pub fn check_depth(s: &crate::profile::Settings) -> Result<()> {
-    let Some(d) = s.n_depth else { return Ok(()) };
-    let tests = s.n_prompt.max(s.n_gen);
+    let Some(d) = s.measure.n_depth else { return Ok(()) };
+    let tests = s.measure.n_prompt.max(s.measure.n_gen);
     for c in s.contexts() {
         let slot = c / s.workload.n_parallel.max(1);
         if d + tests > slot {
@@ -444,10 +446,13 @@ mod tests {
         let none = (None, Vec::new());
         let a = tune_args(&["ngl-tune", "m.gguf", "--no-warmup", "--quick", "-b", "1024", "--ctx", "512,1024"]);
         let s = tune_settings(&a, &info, (0.9, &none), &[]).unwrap();
-        assert!(!s.warmup, "--no-warmup is measured without warmup");
-        assert_eq!((s.n_prompt, s.n_gen, s.repetitions, s.workload.n_batch), (128, 32, 2, 1024));
+        assert!(!s.measure.warmup, "--no-warmup is measured without warmup");
+        assert_eq!(
+            (s.measure.n_prompt, s.measure.n_gen, s.measure.repetitions, s.workload.n_batch),
+            (128, 32, 2, 1024)
+        );
         assert_eq!((s.workload.contexts.clone(), s.workload.n_ctx), (vec![512, 1024], 1024));
-        assert!(tune_settings(&tune_args(&["ngl-tune", "m.gguf"]), &info, (0.9, &none), &[]).unwrap().warmup);
+        assert!(tune_settings(&tune_args(&["ngl-tune", "m.gguf"]), &info, (0.9, &none), &[]).unwrap().measure.warmup);
         says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-r", "0"]), &info, (0.9, &none), &[]), "-r 0");
         says(tune_settings(&tune_args(&["ngl-tune", "m.gguf", "-t", "0"]), &info, (0.9, &none), &[]), "-t 0");
         // Numbers are refused by the parser itself, each in one line naming the flag.

@@ -339,13 +339,13 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offlo
             .with_kv(s.workload.kv_type)
             .with_op_offload(op_offload)
             .with_split(&[], &s.rpc),
-        n_prompt: s.n_prompt,
-        n_gen: s.n_gen,
+        n_prompt: s.measure.n_prompt,
+        n_gen: s.measure.n_gen,
         n_depth: at.depth,
         depth_cache: None,
         kv_base: s.workload.kv_type,
-        repetitions: s.repetitions,
-        warmup: s.warmup,
+        repetitions: s.measure.repetitions,
+        warmup: s.measure.warmup,
         seed: 1234,
         sample_interval_ms: s.policy.sample_interval_ms,
         race: None,

@@ -63,10 +63,10 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
     let measuring = |ngl: u32, pp_reps: Option<f64>, tg_reps: Option<f64>| -> Option<f64> {
         let mut secs = 0.0;
         if let Some(r) = pp_reps {
-            secs += (r + 1.0) * f64::from(s.n_prompt) * per_token(&pp_time, ngl)?;
+            secs += (r + 1.0) * f64::from(s.measure.n_prompt) * per_token(&pp_time, ngl)?;
         }
         if let Some(r) = tg_reps {
-            secs += (r * f64::from(s.n_gen) + 1.0) * per_token(&tg_time, ngl)?;
+            secs += (r * f64::from(s.measure.n_gen) + 1.0) * per_token(&tg_time, ngl)?;
         }
         Some(secs)
     };
@@ -83,8 +83,8 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
         return None;
     }
     let fixed = crate::stats::mean(&fixed).max(0.0);
-    let reps = f64::from(s.repetitions);
-    let (pp_reps, tg_reps) = ((s.n_prompt > 0).then_some(reps), (s.n_gen > 0).then_some(reps));
+    let reps = f64::from(s.measure.repetitions);
+    let (pp_reps, tg_reps) = ((s.measure.n_prompt > 0).then_some(reps), (s.measure.n_gen > 0).then_some(reps));
     grid.iter()
         .map(|&n| {
             let whole = ok.iter().find(|t| {

@@ -83,7 +83,7 @@ pub fn settings() -> crate::profile::Settings {
     }))
     .unwrap();
     s.gate.max_kl = 0.05;
-    s.n_depth = None;
+    s.measure.n_depth = None;
     s
 }
 

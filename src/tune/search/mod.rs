@@ -373,8 +373,8 @@ impl<'a> Search<'a> {
             full,
             cap: policy.map_or(f64::INFINITY, |p| p.cap_bytes),
             objective: self.settings.objective,
-            n_prompt: self.settings.n_prompt,
-            n_gen: self.settings.n_gen,
+            n_prompt: self.settings.measure.n_prompt,
+            n_gen: self.settings.measure.n_gen,
             device: policy.map_or_else(String::new, |p| p.device.clone()),
             max_power_w: self.settings.caps.max_power_w,
         }
@@ -623,7 +623,7 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
 pub fn trial_score(t: &ProfileTrial, s: &Settings) -> Option<f64> {
     let speed = |pp: bool| t.result.test(pp).map(|x| x.avg_ts);
     let watts = t.result.test(false).and_then(crate::types::Power::of).map(|w| w.total());
-    choose::score_with_power(s.objective, (s.n_prompt, s.n_gen), (speed(false), speed(true)), watts)
+    choose::score_with_power(s.objective, (s.measure.n_prompt, s.measure.n_gen), (speed(false), speed(true)), watts)
 }
 
 /// The memory fit against each measured grid point (partial offload and

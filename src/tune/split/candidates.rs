@@ -41,7 +41,7 @@ pub(in crate::tune) fn speed_candidates(
     partial_cap: &[u32],
 ) -> Vec<Labelled> {
     let fixed = s.policy.grid.as_ref().filter(|g| g.len() == 1).map(|g| g[0].min(full));
-    let w = (s.n_prompt, s.n_gen);
+    let w = (s.measure.n_prompt, s.measure.n_gen);
     let mut out = Vec::new();
     match fixed {
         Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.objective, w)),
