@@ -49,7 +49,6 @@ impl Drop for Hog {
 /// about a second, the KV cache filled in seconds (the default 4096 context
 /// fills 2048 tokens per tune, most of its time, behind a hog even more).
 fn tune(model: &Path, store: &Path) -> (std::process::Output, serde_json::Value) {
-    let store = store.to_str().unwrap();
     let o = run(&[
         model.to_str().unwrap(),
         "-p",
@@ -63,11 +62,11 @@ fn tune(model: &Path, store: &Path) -> (std::process::Output, serde_json::Value)
         "-c",
         "1024",
         "--profiles",
-        store,
+        store.to_str().unwrap(),
         "-q",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let p = read_json(&profiles_in(Path::new(store))[0]);
+    let p = read_json(&profiles_in(store)[0]);
     assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
     (o, p)
 }

@@ -170,6 +170,15 @@ pub struct Measure {
     pub warmup: bool,
 }
 
+impl Measure {
+    /// Tokens the longer of the two tests adds to the KV cache past the
+    /// depth: what a context must hold beyond it.
+    #[must_use]
+    pub fn longest_test(&self) -> u32 {
+        self.n_prompt.max(self.n_gen)
+    }
+}
+
 /// The settings a tuning ran with; a re-tune reuses them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {

@@ -42,7 +42,7 @@ impl Settings {
     #[must_use]
     pub fn depth_at(&self, n_ctx: u32) -> u32 {
         let slot = n_ctx / self.workload.n_parallel.max(1);
-        let room = slot.saturating_sub(self.measure.n_prompt.max(self.measure.n_gen));
+        let room = slot.saturating_sub(self.measure.longest_test());
         self.measure.n_depth.unwrap_or(slot / 2).min(room)
     }
 

@@ -311,7 +311,7 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
 /// `BadInput` naming the depth, the context and the fix.
 pub fn check_depth(s: &crate::profile::Settings) -> Result<()> {
     let Some(d) = s.measure.n_depth else { return Ok(()) };
-    let tests = s.measure.n_prompt.max(s.measure.n_gen);
+    let tests = s.measure.longest_test();
     for c in s.contexts() {
         let slot = c / s.workload.n_parallel.max(1);
         if d + tests > slot {

@@ -97,7 +97,7 @@ pub fn default_candidate(
     }
     let ngl = fit.n_gpu_layers.ok_or("llama.cpp's fit gave no layer count")?;
     let ctx = fit.n_ctx.unwrap_or(at.n_ctx);
-    let needs = at.depth + s.measure.n_prompt.max(s.measure.n_gen);
+    let needs = at.depth + s.measure.longest_test();
     if ctx < needs {
         return Err(format!(
             "without flags llama.cpp would run a {ctx}-token context here: too small for the workload ({needs} tokens), not compared"
@@ -593,7 +593,7 @@ mod tests {
         );
         let c = default_candidate(Some(&fit(7, 32768)), (&s, at), 19, 4).unwrap();
         assert_eq!((c.ngl, c.ctx, c.threads), (7, 32768, 4), "its layers, its context, llama.cpp's threads");
-        let needs = s.depth_at(s.workload.n_ctx) + s.measure.n_prompt.max(s.measure.n_gen);
+        let needs = s.depth_at(s.workload.n_ctx) + s.measure.longest_test();
         assert!(needs < s.workload.n_ctx);
         let shrunk = default_candidate(Some(&fit(19, needs)), (&s, at), 19, 4).unwrap();
         assert_eq!(shrunk.ctx, needs, "a smaller context that holds the workload is compared");
