@@ -79,7 +79,7 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
     use crate::tune::rank;
     let profiles: Vec<crate::profile::Profile> = outcomes.iter().map(|o| o.profile.clone()).collect();
     let runner = crate::tune::runner(&profiles[0].settings, a.talk.verbose)?;
-    let qualities = rank::qualities(&runner, &profiles, profiles[0].settings.n_threads)?;
+    let qualities = rank::qualities(&runner, &profiles, profiles[0].settings.backend.n_threads)?;
     for (o, q) in outcomes.iter_mut().zip(&qualities) {
         if q.is_some() {
             o.profile.model_quality.clone_from(q);
@@ -97,7 +97,7 @@ fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32
             print_report(&mut out, o)?;
             writeln!(out)?;
         }
-        write!(out, "{}", rank::render(&rows, s.reading_speed))?;
+        write!(out, "{}", rank::render(&rows, s.goal.reading_speed))?;
     }
     out.flush()?;
     Ok(exit::OK)

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::ModelInfo;
 use crate::types::Hardware;
 use crate::types::TrialResult;
-use crate::types::{Decision, KvType, Objective, Placement, Point, Quality};
+use crate::types::{Decision, KvType, Placement, Point, Quality};
 
 /// The profile's schema version. 2: per-context placements, KV cache types,
 /// FFN overrides; 3: the typed placement (flattened into each trial's spec)
@@ -152,6 +152,25 @@ pub struct SearchPolicy {
     pub busy_threshold: f64,
 }
 
+/// How llama.cpp runs the model, whatever the placement: the threads
+/// asked (`-t`; the tune may measure others), op offload, the RPC servers
+/// whose devices join this machine's, the projector loaded beside the
+/// model. Plain fields of the stored settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backend {
+    pub n_threads: u32,
+    /// llama.cpp's op offload as asked (auto: off where every offload
+    /// device is CPU-based).
+    #[serde(default)]
+    pub op_offload: crate::types::OpOffload,
+    /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
+    /// The multimodal projector every trial loads beside the model (`--mmproj`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<PathBuf>,
+}
+
 /// What each trial measures, as llama-bench's test parameters: a prompt
 /// of `n_prompt` tokens and `n_gen` generated (`-p`, `-n`), each
 /// `repetitions` times (`-r`), at a depth (`-d`), after a warmup run.
@@ -193,41 +212,25 @@ pub struct Settings {
     /// depth and warmup.
     #[serde(flatten)]
     pub measure: Measure,
-    pub n_threads: u32,
-    pub objective: Objective,
+    /// How llama.cpp runs the model beside the placement searched: the
+    /// threads asked, op offload, the RPC servers, the projector.
+    #[serde(flatten)]
+    pub backend: Backend,
     /// How the placements are searched and each trial measured.
     #[serde(flatten)]
     pub policy: SearchPolicy,
-    /// llama.cpp's op offload as asked (auto: off where every offload
-    /// device is CPU-based).
-    #[serde(default)]
-    pub op_offload: crate::types::OpOffload,
-    /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rpc: Vec<String>,
     /// The quality gate an option that changes the output must pass
     /// (`--max-kl`, `--min-top1`).
     #[serde(flatten)]
     pub gate: crate::types::QualityGate,
-    /// Reading speed for chat (t/s of generation, `--reading-speed`): each
-    /// context's answer is judged against it, with the hatch that reaches it.
-    #[serde(default = "default_reading_speed", skip_serializing_if = "is_default_reading_speed")]
-    pub reading_speed: f64,
-    /// `--parallel N` of `--objective throughput`: sequences decoding
-    /// together in each tg test (the placement's slots, `-np N`, each
-    /// slot a context of its own).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parallel_streams: Option<u32>,
-    /// `--job`: a batch job whose hours each context's answer states.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<crate::types::Job>,
+    /// What the tune serves: the objective, the reading speed, the
+    /// streams decoded together, a batch job.
+    #[serde(flatten)]
+    pub goal: crate::types::Goal,
     /// The consumer's server settings the tune matched, where they were
     /// read, and what each did (`None`: profiles from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumer: Option<Consumer>,
-    /// The multimodal projector every trial loads beside the model (`--mmproj`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mmproj: Option<PathBuf>,
 }
 
 /// The settings of the program that will run the model, as read.
@@ -270,19 +273,6 @@ impl Profile {
             _ => std::env::var(key).ok(),
         }
     }
-}
-
-/// `--reading-speed`'s default (t/s of generation): the top of the guides'
-/// 8-10 t/s, so an answer called fast enough is so for every reader.
-pub const DEFAULT_READING_SPEED: f64 = 10.0;
-
-fn default_reading_speed() -> f64 {
-    DEFAULT_READING_SPEED
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
-fn is_default_reading_speed(k: &f64) -> bool {
-    *k == DEFAULT_READING_SPEED
 }
 
 #[allow(clippy::unnecessary_wraps)]

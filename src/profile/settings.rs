@@ -11,22 +11,12 @@ impl Settings {
         self.consumer.as_ref().filter(|c| c.program == crate::consumer::Program::Ollama)
     }
 
-    /// Sequences each tg test decodes together: `--parallel` under
-    /// `--objective throughput`, else one.
-    #[must_use]
-    pub fn streams(&self) -> u32 {
-        match (self.objective, self.parallel_streams) {
-            (crate::types::Objective::Throughput, Some(n)) => n.max(1),
-            _ => 1,
-        }
-    }
-
     /// Makes each context `n` slots of itself, decoded together
     /// (`--objective throughput --parallel N`): the KV cache sized for `n`
     /// sequences, `-np n`; a consumer's own slots are replaced.
     pub fn decode_together(&mut self, n: u32) {
         self.into_slots(n);
-        self.parallel_streams = Some(n);
+        self.goal.parallel_streams = Some(n);
     }
 
     /// Makes each context `n` slots of one slot's context (`-c ctx x n
@@ -103,14 +93,29 @@ mod tests {
         let s: Settings = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(s.caps, Caps { vram_budget_bytes: Some(1000), ..Caps::target(0.8) });
         let out = serde_json::to_value(&s).unwrap();
-        assert!(["caps", "policy", "workload", "gate", "measure"].iter().all(|g| out.get(g).is_none()), "{out}");
+        assert!(
+            ["caps", "policy", "workload", "gate", "measure", "goal", "backend"].iter().all(|g| out.get(g).is_none()),
+            "{out}"
+        );
         assert_eq!((s.measure.n_prompt, s.measure.n_depth, s.measure.warmup), (64, Some(0), true), "older profiles");
         assert!(out["n_depth"] == 0 && out.get("warmup").is_none(), "{out}");
         assert_eq!(s.gate, crate::types::QualityGate::default(), "profiles from before the gate: its defaults");
+        assert_eq!(
+            (s.goal.objective, s.goal.reading_speed, s.goal.parallel_streams, s.goal.job),
+            (crate::types::Objective::Tg, crate::types::DEFAULT_READING_SPEED, None, None),
+            "profiles from before the reading speed, streams and job"
+        );
+        assert!(out["objective"] == "tg" && out.get("reading_speed").is_none() && out.get("job").is_none(), "{out}");
         assert!(out.get("max_kl").is_none() && out.get("min_top1").is_none(), "the defaults: not written");
         assert_eq!((s.workload.n_ctx, s.workload.n_parallel, s.workload.kv_type), (4096, 1, crate::types::KvType::F16));
         assert!(out.get("contexts").is_none() && out.get("n_parallel").is_none(), "defaults: not written");
         assert_eq!(out["n_ubatch"], 512);
+        assert_eq!(
+            (s.backend.n_threads, s.backend.op_offload, s.backend.rpc.len(), &s.backend.mmproj),
+            (2, crate::types::OpOffload::default(), 0, &None),
+            "profiles from before op offload, RPC and the projector"
+        );
+        assert!(out["n_threads"] == 2 && out.get("rpc").is_none() && out.get("mmproj").is_none(), "{out}");
         assert_eq!(
             (&out["trial_timeout_s"], &out["grid"], &out["busy_threshold"]),
             (&60.into(), &serde_json::Value::Null, &0.1.into())
@@ -122,8 +127,18 @@ mod tests {
         v["host_budget_bytes"] = 7.into();
         v["max_power_w"] = 250.0.into();
         v["max_kl"] = 0.01.into();
+        v["objective"] = "throughput".into();
+        v["parallel_streams"] = 4.into();
+        v["job"] = serde_json::json!({ "requests": 500, "n_gen": 800 });
+        v["rpc"] = serde_json::json!(["10.0.0.2:50052"]);
+        v["mmproj"] = "mmproj-f16.gguf".into();
         let s: Settings = serde_json::from_value(v).unwrap();
         assert_eq!((s.gate.max_kl, s.gate.min_top1), (0.01, crate::types::DEFAULT_MIN_TOP1));
+        assert_eq!((s.goal.streams(), s.goal.job.map(|j| j.requests)), (4, Some(500)));
+        assert_eq!(
+            (s.backend.rpc[0].as_str(), s.backend.mmproj.as_deref()),
+            ("10.0.0.2:50052", Some("mmproj-f16.gguf".as_ref()))
+        );
         assert_eq!(
             (s.caps.device_budgets[0].bytes, s.caps.host_budget_bytes, s.caps.max_power_w),
             (5, Some(7), Some(250.0))
@@ -133,7 +148,10 @@ mod tests {
             (&out["device_budgets"][0]["device"], &out["host_budget_bytes"], &out["max_power_w"]),
             (&"RPC0".into(), &7.into(), &250.0.into())
         );
-        assert_eq!(out["max_kl"], 0.01);
+        assert_eq!(
+            (&out["max_kl"], &out["parallel_streams"], &out["job"]["n_gen"]),
+            (&0.01.into(), &4.into(), &800.into())
+        );
         assert_eq!(serde_json::from_value::<Settings>(out).unwrap(), s, "read back as written");
     }
 }

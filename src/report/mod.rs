@@ -32,7 +32,7 @@ pub fn trial_table(p: &Profile) -> String {
     let several = p.settings.contexts().len() > 1;
     let images = p.trials.iter().any(|t| t.result.image.is_some());
     let mut columns = if several { vec![("ctx", true)] } else { Vec::new() };
-    let tg_head = match p.settings.streams() {
+    let tg_head = match p.settings.goal.streams() {
         1 => "tg t/s".to_string(),
         n => format!("tg t/s ({n} streams)"),
     };
@@ -109,7 +109,7 @@ fn image_cell(img: Option<&crate::types::ImageTest>) -> String {
 /// The projector's line: what it takes where, predicted and allocated,
 /// and what an image costs at the recommendation.
 fn projector_line(p: &Profile) -> Option<String> {
-    let path = p.settings.mmproj.as_ref()?;
+    let path = p.settings.backend.mmproj.as_ref()?;
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let mut s = format!("projector {name}");
     let measured = p.trials.iter().find_map(|t| {
@@ -273,7 +273,7 @@ pub fn tune_report(p: &Profile, path: &Path) -> String {
         };
     }
     let _ = writeln!(s, "{}", p.settings.depth_rule());
-    let n = p.settings.streams();
+    let n = p.settings.goal.streams();
     if n > 1 {
         let _ = writeln!(
             s,

@@ -592,10 +592,10 @@ fn one(
     }
     // A profile tuned with RPC servers is judged with their devices.
     let with_rpc;
-    let hw = if old.settings.rpc.is_empty() {
+    let hw = if old.settings.backend.rpc.is_empty() {
         hw
     } else {
-        match hardware_with_rpc(&old.settings.rpc) {
+        match hardware_with_rpc(&old.settings.backend.rpc) {
             Ok(h) => {
                 with_rpc = h;
                 &with_rpc
@@ -771,7 +771,7 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
     let mut settings = old.settings.clone();
     // Thread counts follow the machine (a new CPU has other cores): the
     // drift report says where the tuned count changed.
-    settings.n_threads = threads_now(&old.settings, &old.hardware.cpu, crate::bench::tune_threads());
+    settings.backend.n_threads = threads_now(&old.settings, &old.hardware.cpu, crate::bench::tune_threads());
     // The same checks as the command line's: a model this llama.cpp cannot load is no re-tune.
     let machine = crate::tune::Machine::probe(&info, &settings)?;
     let req = crate::tune::TuneRequest::new(info, settings, opts.store.clone(), machine)?
@@ -785,10 +785,10 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
 /// for; a count the user chose otherwise is kept.
 #[must_use]
 pub fn threads_now(s: &crate::profile::Settings, then: &crate::types::CpuInfo, default_now: u32) -> u32 {
-    if s.n_threads == 0 || s.n_threads == then.physical_cores.max(1) {
+    if s.backend.n_threads == 0 || s.backend.n_threads == then.physical_cores.max(1) {
         default_now
     } else {
-        s.n_threads
+        s.backend.n_threads
     }
 }
 

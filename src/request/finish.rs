@@ -90,7 +90,7 @@ fn finish(a: &TuneArgs, s: &mut Settings, info: &ModelInfo, machine: &Machine, c
         Vec::new()
     };
     apply(consumer, s, &info.architecture, user_ctx, &cards);
-    if let Some(n) = s.parallel_streams {
+    if let Some(n) = s.goal.parallel_streams {
         s.decode_together(n);
     }
     super::check_depth(s)

@@ -156,13 +156,11 @@ pub fn tune_settings(
             n_depth: a.depth,
             warmup: !w.no_warmup,
         },
-        n_threads: threads,
-        objective: match a.objective {
-            ObjectiveArg::Tg => Objective::Tg,
-            ObjectiveArg::Pp => Objective::Pp,
-            ObjectiveArg::Mixed => Objective::Mixed,
-            ObjectiveArg::Energy => Objective::Energy,
-            ObjectiveArg::Throughput => Objective::Throughput,
+        backend: crate::profile::Backend {
+            n_threads: threads,
+            op_offload: w.op_offload,
+            rpc: rpc.to_vec(),
+            mmproj: w.mmproj.as_deref().map(check_projector).transpose()?,
         },
         policy: crate::profile::SearchPolicy {
             grid: if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) },
@@ -173,14 +171,20 @@ pub fn tune_settings(
             search: a.search,
             busy_threshold: w.busy.threshold,
         },
-        op_offload: w.op_offload,
-        rpc: rpc.to_vec(),
         gate: crate::types::QualityGate { max_kl: a.max_kl, min_top1: a.min_top1 },
-        reading_speed: a.reading_speed,
-        parallel_streams: check_streams(a)?,
-        job: a.job.as_deref().map(parse_job).transpose()?,
+        goal: crate::types::Goal {
+            objective: match a.objective {
+                ObjectiveArg::Tg => Objective::Tg,
+                ObjectiveArg::Pp => Objective::Pp,
+                ObjectiveArg::Mixed => Objective::Mixed,
+                ObjectiveArg::Energy => Objective::Energy,
+                ObjectiveArg::Throughput => Objective::Throughput,
+            },
+            reading_speed: a.reading_speed,
+            parallel_streams: check_streams(a)?,
+            job: a.job.as_deref().map(parse_job).transpose()?,
+        },
         consumer: None,
-        mmproj: w.mmproj.as_deref().map(check_projector).transpose()?,
     })
 }
 

@@ -57,7 +57,7 @@ pub fn score_with_power(
 /// [`score`] by a tune's objective and workload.
 #[must_use]
 pub fn score_for(s: &crate::profile::Settings, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
-    score(s.objective, s.measure.n_prompt, s.measure.n_gen, tg, pp)
+    score(s.goal.objective, s.measure.n_prompt, s.measure.n_gen, tg, pp)
 }
 
 /// The models of one decision and what follows from them for any ngl.

@@ -84,7 +84,7 @@ fn tune_context(
     let kv_fixed = s.workload.kv_type.is_quantized();
     let priced_ok = prediction.as_ref().is_some_and(|p| p.error.is_none());
     // Energy chooses among whole layers: the hatches are judged by speed alone.
-    let energy = s.objective == crate::types::Objective::Energy;
+    let energy = s.goal.objective == crate::types::Objective::Energy;
     let hatches = match policy.filter(|_| !several && !kv_fixed && !plan.no_gpu && priced_ok && !energy) {
         Some(p) => hatches(sh, p, &plan, &mut search, &layer_split)?,
         None => hatch::Hatches::default(),
@@ -92,9 +92,9 @@ fn tune_context(
     notes.extend(hatches.notes.iter().cloned());
     let split = if several { Some(split(sh, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
-    let mut recommendation = hatch::recommend(&layer_split, &hatches.options, s.n_threads);
-    if !s.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
-        recommendation.rpc.clone_from(&s.rpc);
+    let mut recommendation = hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads);
+    if !s.backend.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
+        recommendation.rpc.clone_from(&s.backend.rpc);
         recommendation.render_forms();
     }
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
@@ -111,7 +111,7 @@ fn tune_context(
     });
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
     let options = hatches.options;
-    let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.rpc));
+    let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.backend.rpc));
     let mut placement = crate::profile::ContextPlacement {
         n_ctx: at.n_ctx,
         fits_fully: hatches.fits_fully,
@@ -219,8 +219,8 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
         n_ctx: at.n_ctx,
         devs: sh.opts.caps(),
         full: plan.full,
-        threads: s.n_threads,
-        rpc: &s.rpc,
+        threads: s.backend.n_threads,
+        rpc: &s.backend.rpc,
         op_offload: sh.op_offload,
         output_layers: info.output_work_layers(),
         is_moe: info.is_moe(),
@@ -232,7 +232,7 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
     // A kept trial worker holds its connection to each server, and a
     // server serves one client at a time: end it before asking them.
     search.release_worker();
-    if let Some(dead) = crate::rpc::dead_server(&s.rpc) {
+    if let Some(dead) = crate::rpc::dead_server(&s.backend.rpc) {
         let n = sh.opts.caps().len();
         return Ok(split::SplitFound {
             notes: vec![Note::split(format!("the split across {n} devices was not tuned: {dead}"))],
@@ -280,9 +280,9 @@ fn hatches(
         cap: policy.cap_bytes,
         n_ctx: at.n_ctx,
         kv: s.workload.kv_type,
-        threads: s.n_threads,
+        threads: s.backend.n_threads,
         op_offload: sh.op_offload,
-        rpc: s.rpc.clone(),
+        rpc: s.backend.rpc.clone(),
         grid: plan.full_grid.clone(),
         workload: at.workload(s),
     };
@@ -335,10 +335,10 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offlo
         model: info.path.clone(),
         placement: at
             .workload(s)
-            .with_layers(0, s.n_threads, Some(at.n_ctx))
+            .with_layers(0, s.backend.n_threads, Some(at.n_ctx))
             .with_kv(s.workload.kv_type)
             .with_op_offload(op_offload)
-            .with_split(&[], &s.rpc),
+            .with_split(&[], &s.backend.rpc),
         n_prompt: s.measure.n_prompt,
         n_gen: s.measure.n_gen,
         n_depth: at.depth,
@@ -350,7 +350,7 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offlo
         sample_interval_ms: s.policy.sample_interval_ms,
         race: None,
         baseline: false,
-        n_streams: s.streams(),
+        n_streams: s.goal.streams(),
     }
 }
 

@@ -38,7 +38,7 @@ impl ContextRun {
             ..crate::types::Placement::default()
         }
         .with_parallel(s.workload.n_parallel)
-        .with_mmproj(s.mmproj.as_deref())
+        .with_mmproj(s.backend.mmproj.as_deref())
     }
 }
 

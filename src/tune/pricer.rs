@@ -63,12 +63,12 @@ pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload:
         fit_margin_bytes: None,
         cases: Vec::new(),
         splits: Vec::new(),
-        rpc: s.rpc.clone(),
+        rpc: s.backend.rpc.clone(),
         fit_split_margins: Vec::new(),
         default_fit: false,
         ollama_fit: None,
         kv_type: s.workload.kv_type,
-        mmproj: s.mmproj.clone(),
+        mmproj: s.backend.mmproj.clone(),
     }
 }
 

@@ -92,9 +92,9 @@ pub fn kv_quality(
         reference: config(KvType::F16),
         alternatives: vec![config(kv)],
         n_gen: KL_TOKENS,
-        n_threads: s.n_threads,
+        n_threads: s.backend.n_threads,
         depth,
-        rpc: if ngl > 0 { s.rpc.clone() } else { Vec::new() },
+        rpc: if ngl > 0 { s.backend.rpc.clone() } else { Vec::new() },
     };
     let t0 = std::time::Instant::now();
     let q = score(runner, &spec)?.into_iter().next().flatten();

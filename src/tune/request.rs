@@ -30,9 +30,9 @@ impl Machine {
     /// # Errors
     /// `BadInput` naming the server, the model or the budget and the fix.
     pub fn probe(info: &ModelInfo, s: &Settings) -> Result<Machine> {
-        let rpc_servers = crate::rpc::probe_all(&s.rpc)?;
+        let rpc_servers = crate::rpc::probe_all(&s.backend.rpc)?;
         let exe = crate::engine::child::current_exe()?;
-        let devices = crate::engine::child::check_loadable(&exe, info, &s.rpc, s.mmproj.as_deref())?;
+        let devices = crate::engine::child::check_loadable(&exe, info, &s.backend.rpc, s.backend.mmproj.as_deref())?;
         let caps = memory::device_caps(&devices, &s.caps)?;
         let mut hw = crate::probe::hardware(devices);
         hw.rpc_servers = rpc_servers;

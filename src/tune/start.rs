@@ -50,8 +50,8 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     check_power(s, opts.caps().len(), !hw.gpus.is_empty())?;
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let checkpoint = resume(opts, &identity, &hw, &mut notes);
-    let op_offload = s.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
-    if !op_offload && s.op_offload == crate::types::OpOffload::Auto {
+    let op_offload = s.backend.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
+    if !op_offload && s.backend.op_offload == crate::types::OpOffload::Auto {
         notes.push(Note::op_offload(probe::op_offload_note(&hw.llama_devices)));
     }
     // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
@@ -67,7 +67,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
 /// are judged by speed): bad input otherwise, before any work. `nvml`:
 /// the hardware probe saw NVIDIA cards through NVML.
 fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
-    let energy = s.objective == crate::types::Objective::Energy;
+    let energy = s.goal.objective == crate::types::Objective::Energy;
     if s.caps.max_power_w.is_some() && !nvml {
         return Err(crate::error::bad(
             "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",

@@ -43,6 +43,53 @@ impl Objective {
     }
 }
 
+/// What the tune is asked to serve: what "best" means (`--objective`),
+/// the reading speed a chat answer is judged against, the streams decoded
+/// together under `--objective throughput`, a batch job whose hours each
+/// answer states. Flattened into the stored settings (its fields keep
+/// their names there).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Goal {
+    pub objective: Objective,
+    /// Reading speed for chat (t/s of generation, `--reading-speed`): each
+    /// context's answer is judged against it, with the hatch that reaches it.
+    #[serde(default = "default_reading_speed", skip_serializing_if = "is_default_reading_speed")]
+    pub reading_speed: f64,
+    /// `--parallel N` of `--objective throughput`: sequences decoding
+    /// together in each tg test (the placement's slots, `-np N`, each
+    /// slot a context of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_streams: Option<u32>,
+    /// `--job`: a batch job whose hours each context's answer states.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<Job>,
+}
+
+impl Goal {
+    /// Sequences each tg test decodes together: `--parallel` under
+    /// `--objective throughput`, else one.
+    #[must_use]
+    pub fn streams(&self) -> u32 {
+        match (self.objective, self.parallel_streams) {
+            (Objective::Throughput, Some(n)) => n.max(1),
+            _ => 1,
+        }
+    }
+}
+
+/// `--reading-speed`'s default (t/s of generation): the top of the guides'
+/// 8-10 t/s, so an answer called fast enough is so for every reader.
+pub const DEFAULT_READING_SPEED: f64 = 10.0;
+
+fn default_reading_speed() -> f64 {
+    DEFAULT_READING_SPEED
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
+fn is_default_reading_speed(k: &f64) -> bool {
+    *k == DEFAULT_READING_SPEED
+}
+
 /// One measured setting, reduced to what the decision needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {

@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn ollama_keeps_the_projector_where_it_would_run_it() {
         let mut s = ollama_settings();
-        s.mmproj = Some("mm.gguf".into());
+        s.backend.mmproj = Some("mm.gguf".into());
         let mut world = World::new(|c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit {

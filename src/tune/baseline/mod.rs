@@ -162,7 +162,7 @@ fn race_against(trials: &[ProfileTrial], mine: Candidate, s: &Settings) -> Optio
         let v = samples(trials, mine, pp);
         (!v.is_empty()).then(|| crate::stats::mean(&v) * super::search::RACE_SHARE)
     };
-    Some(match s.objective {
+    Some(match s.goal.objective {
         // A slower side may draw less power: not cut for speed.
         crate::types::Objective::Energy => return None,
         crate::types::Objective::Pp => {
@@ -219,7 +219,7 @@ fn default_placement((s, at): (&Settings, ContextRun), cmp: &DefaultComparison, 
     let p = p
         .with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?))
         .with_kv(s.workload.kv_type)
-        .with_mmproj(s.mmproj.as_deref());
+        .with_mmproj(s.backend.mmproj.as_deref());
     Some(if stock { p.with_server_defaults() } else { p })
 }
 
@@ -274,7 +274,7 @@ pub fn compare(
     let mut mine = opponent.mine(rec, at.n_ctx);
     // Ollama with num_gpu below every layer keeps the projector on the CPU
     // (llm/llama_server.go, `shouldDisableMMProjOffload`: "partial-text-offload").
-    mine.mmproj_cpu = opponent == Opponent::OllamaRun && s.mmproj.is_some() && mine.ngl < full;
+    mine.mmproj_cpu = opponent == Opponent::OllamaRun && s.backend.mmproj.is_some() && mine.ngl < full;
     let mut out = unmeasured(at.depth);
     let stock = opponent == Opponent::LlamaDefault;
     let theirs = match default_candidate(fit, (s, at), full, crate::engine::llama_default_threads()) {
@@ -376,7 +376,7 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     (out.pp_ratio, out.pp_half_width) = (pp.map(|r| r.ratio), pp.map(|r| r.half_width));
     // Judged on the objective's score; a side raced out far behind has no
     // pp, so the tg it was raced on judges it.
-    let judged = ratio(&|t| super::search::trial_score(t, s)).or(match s.objective {
+    let judged = ratio(&|t| super::search::trial_score(t, s)).or(match s.goal.objective {
         crate::types::Objective::Pp => pp,
         _ => tg,
     });
@@ -535,7 +535,7 @@ mod tests {
         use crate::tune::executor::fake::{Outcome, World};
         use crate::tune::worlds::{recommendation, settings};
         let mut s = settings();
-        s.n_threads = 1;
+        s.backend.n_threads = 1;
         let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };

@@ -12,7 +12,7 @@ pub(super) fn unchecked(options: &mut [PlacementOption], s: &Settings) {
     for o in options.iter_mut().filter(|o| lossy(o) && o.measured && o.quality.is_none()) {
         let cmp = match (score_with_noise(o, s), best) {
             (Some((v, _)), Some(b)) if b > 0.0 => {
-                format!("{:+.0}% {} against the recommendation; ", (v / b - 1.0) * 100.0, s.objective.as_str())
+                format!("{:+.0}% {} against the recommendation; ", (v / b - 1.0) * 100.0, s.goal.objective.as_str())
             }
             _ => String::new(),
         };
@@ -28,7 +28,7 @@ fn score_with_noise(o: &PlacementOption, s: &Settings) -> Option<(f64, f64)> {
         (Some(se), Some(ts)) if ts > 0.0 => se / ts,
         _ => 0.0,
     };
-    let r = match s.objective {
+    let r = match s.goal.objective {
         crate::types::Objective::Tg | crate::types::Objective::Energy | crate::types::Objective::Throughput => {
             rel(o.tg_se_ts, o.tg_ts)
         }
@@ -89,10 +89,11 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types
         } else if let (Some(pct), true) = (within_noise, lossy(o) && eligible(o)) {
             o.note = format!(
                 "{pct:+.0}% {} against the recommendation, within the noise of the two: a lossy cache only when it pays",
-                s.objective.as_str()
+                s.goal.objective.as_str()
             );
         } else if let Some(v) = score(o) {
-            let cmp = format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, s.objective.as_str());
+            let cmp =
+                format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, s.goal.objective.as_str());
             o.note = if o.note.is_empty() { cmp } else { format!("{}; {cmp}", o.note) };
         } else if !o.fits {
             o.note = "over the cap".into();

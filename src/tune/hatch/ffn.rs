@@ -119,7 +119,7 @@ impl Hatch for FfnSpill {
             return Ok(());
         };
         let (devs, full, n_layer) = (inp.devs, inp.full, inp.full.saturating_sub(1));
-        let Some(d) = m.fastest(s.objective, (s.measure.n_prompt, s.measure.n_gen)) else { return Ok(()) };
+        let Some(d) = m.fastest(s.goal.objective, (s.measure.n_prompt, s.measure.n_gen)) else { return Ok(()) };
         let eligible = split::eligible(s, full, full);
         if inp.is_moe || n_layer < 2 || !eligible || best.tensor_split.get(d).is_some_and(|l| *l >= full) {
             return Ok(());

@@ -144,7 +144,7 @@ impl<'a> Search<'a> {
     }
 
     fn candidate(&self, ngl: u32) -> Candidate {
-        Candidate::layers(ngl, self.settings.n_threads)
+        Candidate::layers(ngl, self.settings.backend.n_threads)
     }
 
     /// Racing thresholds from the best speeds measured so far: the
@@ -159,7 +159,7 @@ impl<'a> Search<'a> {
                 .reduce(f64::max)
                 .map(|v| v * RACE_SHARE)
         };
-        match self.settings.objective {
+        match self.settings.goal.objective {
             Objective::Tg | Objective::Throughput => {
                 Race { pp_below_ts: None, tg_below_ts: best(false), skip_rest: true }
             }
@@ -308,7 +308,7 @@ impl<'a> Search<'a> {
             n_cpu_moe = k;
         }
         // Layers left on the CPU make the thread count matter: measure it there.
-        let mut threads = self.settings.n_threads;
+        let mut threads = self.settings.backend.n_threads;
         if d.recommended_ngl < plan.full && !d.needs_confirmation && n_cpu_moe == 0 {
             let (best, _, tried) = self.threads(&plan.cpu, d.recommended_ngl)?;
             threads = best;
@@ -352,7 +352,8 @@ impl<'a> Search<'a> {
     fn adaptive(&mut self, n_max: u32, top_first: bool, max_trials: usize) -> Result<Option<String>> {
         // Its early stop reasons from time per token being linear in ngl: a speed's
         // argument, so energy's search walks by tg (its decision then weighs the watts).
-        let by_speed = Settings { objective: Objective::Tg, ..self.settings.clone() };
+        let mut by_speed = self.settings.clone();
+        by_speed.goal.objective = Objective::Tg;
         adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
             let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.placement.n_gpu_layers == ngl;
             if !self.trials.iter().any(|x| at(&x)) {
@@ -360,7 +361,7 @@ impl<'a> Search<'a> {
                 let race = self.race();
                 self.measure(Role::Grid, self.candidate(ngl), Some(race))?;
             }
-            let s = if self.settings.objective == Objective::Energy { &by_speed } else { self.settings };
+            let s = if self.settings.goal.objective == Objective::Energy { &by_speed } else { self.settings };
             Ok(self.trials.iter().find(|x| at(x) && x.result.status == TrialStatus::Ok).and_then(|x| trial_score(x, s)))
         })
     }
@@ -372,7 +373,7 @@ impl<'a> Search<'a> {
             points: self.trials.iter().filter(|t| t.is_search()).map(ProfileTrial::point).collect(),
             full,
             cap: policy.map_or(f64::INFINITY, |p| p.cap_bytes),
-            objective: self.settings.objective,
+            objective: self.settings.goal.objective,
             n_prompt: self.settings.measure.n_prompt,
             n_gen: self.settings.measure.n_gen,
             device: policy.map_or_else(String::new, |p| p.device.clone()),
@@ -484,7 +485,7 @@ impl<'a> Search<'a> {
         let grid = moe_grid(n_layer);
         self.progress.plan(grid.len() as u64);
         for &k in grid.iter().rev() {
-            let c = Candidate { n_cpu_moe: k, ..Candidate::layers(full, s.n_threads) };
+            let c = Candidate { n_cpu_moe: k, ..Candidate::layers(full, s.backend.n_threads) };
             if !self.trials.iter().any(|t| t.role == Role::Moe && c.is(&t.result.spec)) {
                 self.measure(Role::Moe, c, None)?;
             }
@@ -541,7 +542,7 @@ impl<'a> Search<'a> {
     /// objective with what was tried, in words.
     fn threads(&mut self, cpu: &CpuInfo, ngl: u32) -> Result<(u32, f64, Vec<String>)> {
         let mut counts = vec![cpu.physical_cores.max(1), cpu.logical_cores.max(1), (cpu.physical_cores / 2).max(1)];
-        counts.push(self.settings.n_threads);
+        counts.push(self.settings.backend.n_threads);
         if crate::probe::cpu::cpu_quota_cores().is_some() {
             // What a CPU quota gives this process, where that is fewer cores.
             counts.push(crate::bench::tune_threads());
@@ -567,7 +568,7 @@ impl<'a> Search<'a> {
             })
             .collect();
         let best = measured.iter().filter_map(|(n, sc, _)| sc.map(|v| (*n, v))).max_by(|a, b| a.1.total_cmp(&b.1));
-        let (threads, score) = best.unwrap_or((s.n_threads, 0.0));
+        let (threads, score) = best.unwrap_or((s.backend.n_threads, 0.0));
         let tried = measured
             .iter()
             .map(|(n, sc, st)| sc.map_or_else(|| format!("-t {n} {st}"), |v| format!("-t {n} {v:.2} t/s")))
@@ -623,7 +624,12 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
 pub fn trial_score(t: &ProfileTrial, s: &Settings) -> Option<f64> {
     let speed = |pp: bool| t.result.test(pp).map(|x| x.avg_ts);
     let watts = t.result.test(false).and_then(crate::types::Power::of).map(|w| w.total());
-    choose::score_with_power(s.objective, (s.measure.n_prompt, s.measure.n_gen), (speed(false), speed(true)), watts)
+    choose::score_with_power(
+        s.goal.objective,
+        (s.measure.n_prompt, s.measure.n_gen),
+        (speed(false), speed(true)),
+        watts,
+    )
 }
 
 /// The memory fit against each measured grid point (partial offload and

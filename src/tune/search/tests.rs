@@ -166,7 +166,7 @@ fn kv_world(s: &Settings) -> World {
     });
     // The tune's base spec: the settings' context and streams.
     w.base.placement.n_ctx = Some(s.workload.n_ctx);
-    w.base.n_streams = s.streams();
+    w.base.n_streams = s.goal.streams();
     w
 }
 
@@ -180,10 +180,11 @@ fn four_streams_size_the_cache_for_four_and_the_answer_moves() {
     // 0.5 + 0.15 x 16 = 2.9 GiB: the most under 3 GiB with one stream's cache.
     assert_eq!(tg.decision.recommended_ngl, 16, "{:?}", tg.decision);
 
-    let mut four = Settings { objective: crate::types::Objective::Throughput, ..one.clone() };
+    let mut four = one.clone();
+    four.goal.objective = crate::types::Objective::Throughput;
     four.decode_together(4);
     assert_eq!(
-        (four.workload.n_ctx, four.workload.n_parallel, four.streams()),
+        (four.workload.n_ctx, four.workload.n_parallel, four.goal.streams()),
         (1024, 4, 4),
         "four slots of 256 tokens"
     );

@@ -44,11 +44,11 @@ pub(in crate::tune) fn speed_candidates(
     let w = (s.measure.n_prompt, s.measure.n_gen);
     let mut out = Vec::new();
     match fixed {
-        Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.objective, w)),
-        Some(_) => out.extend(m.best(full_cap, full, Some(full), s.objective, w)),
+        Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.goal.objective, w)),
+        Some(_) => out.extend(m.best(full_cap, full, Some(full), s.goal.objective, w)),
         None => {
-            out.extend(m.best(full_cap, full, Some(full), s.objective, w));
-            out.extend(m.best(partial_cap, full, None, s.objective, w));
+            out.extend(m.best(full_cap, full, Some(full), s.goal.objective, w));
+            out.extend(m.best(partial_cap, full, None, s.goal.objective, w));
         }
     }
     let mut v: Vec<Labelled> = Vec::new();

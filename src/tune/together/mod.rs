@@ -42,7 +42,7 @@ struct Part<'a> {
 
 impl Part<'_> {
     fn spec(&self, ngl: u32) -> TrialSpec {
-        spec_of(&self.base, &self.devices, Candidate::layers(ngl, self.req.settings().n_threads), None)
+        spec_of(&self.base, &self.devices, Candidate::layers(ngl, self.req.settings().backend.n_threads), None)
     }
 
     /// As a resident neighbour: its model and context allocated, idle.
@@ -98,7 +98,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     let mut trials = Vec::new();
     for (i, req) in reqs.iter().enumerate() {
         let s = req.settings();
-        let op = s.op_offload.resolve(crate::probe::only_software_offload(&hw.llama_devices));
+        let op = s.backend.op_offload.resolve(crate::probe::only_software_offload(&hw.llama_devices));
         let mut base = super::context::base_spec(req.info(), s, ContextRun::of(s, s.workload.n_ctx), op);
         base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
         let part = Part { req, base, devices: req.caps().iter().map(|c| c.device.clone()).collect() };
