@@ -451,7 +451,10 @@ fn example_profiles_validate_and_read_back() {
         let prof = ngl_tune::profile::store::read_profile(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(prof.model.file_name, "gemma-3-270m-q4_k_m.gguf");
         assert!(prof.model.path.is_relative(), "{name}: no path of the machine it was made on");
-        assert_eq!(prof.recommendation.modelfile[0], format!("PARAMETER num_gpu {}", prof.recommendation.n_gpu_layers));
+        assert_eq!(
+            prof.recommendation.modelfile[0],
+            format!("PARAMETER num_gpu {}", prof.recommendation.placement.n_gpu_layers)
+        );
     }
     assert!(n >= 2, "profiles/ holds the CPU and the vulkan example");
 }

@@ -196,7 +196,7 @@ fn draw_memory(chart: &mut Dual<'_, '_>, d: &Data) -> Result<()> {
 
 /// The recommendation and the knee as vertical lines.
 fn draw_marks(chart: &mut Dual<'_, '_>, d: &Data, p: &Profile) -> Result<()> {
-    let rec = p.recommendation.n_gpu_layers;
+    let rec = p.recommendation.placement.n_gpu_layers;
     let rx = f64::from(rec);
     chart
         .draw_series(LineSeries::new(vec![(rx, 0.0), (rx, d.y_max * 0.92)], REC.stroke_width(2)))

@@ -62,13 +62,13 @@ pub fn env_quote(s: &str) -> String {
 /// llama-server's environment as (name, value) pairs, in a fixed order.
 fn server_env(p: &Profile) -> Vec<(&'static str, String)> {
     let mut v = vec![("LLAMA_ARG_MODEL", model_path(p))];
-    v.extend(p.recommendation.placement().server_env());
+    v.extend(p.recommendation.runs().server_env());
     v
 }
 
 /// llama-server has no environment variable for `--no-op-offload`.
 fn op_offload_comment(p: &Profile) -> &'static str {
-    if p.recommendation.op_offload {
+    if p.recommendation.placement.op_offload != crate::types::OpOffload::Off {
         ""
     } else {
         "# also pass --no-op-offload to llama-server (it has no environment variable)\n"
@@ -81,10 +81,10 @@ fn op_offload_comment(p: &Profile) -> &'static str {
 #[must_use]
 pub fn ollama_ctx_note(p: &Profile, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     let n_ctx =
-        u64::from(crate::consumer::ollama::num_ctx(&p.recommendation.placement()).unwrap_or(p.recommendation.n_ctx));
+        u64::from(crate::consumer::ollama::num_ctx(&p.recommendation.runs()).unwrap_or(p.recommendation.n_ctx()));
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
     let default = crate::consumer::ollama::ctx_here(&p.hardware, p.model.ctx_train, env);
-    let tuned = u64::from(p.recommendation.n_parallel.max(1));
+    let tuned = u64::from(p.recommendation.placement.n_parallel.max(1));
     let parallel = num("OLLAMA_NUM_PARALLEL").unwrap_or(1).max(1);
     let mut parts = Vec::new();
     if n_ctx < default {
@@ -124,7 +124,7 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
     let r = &p.recommendation;
     Ok(match f {
         Format::Modelfile => modelfile::render(p),
-        Format::LlamaCpp => format!("{}\n", r.placement().command_line(&model_path(p))),
+        Format::LlamaCpp => format!("{}\n", r.runs().command_line(&model_path(p))),
         Format::LlamaServerEnv => {
             let lines: String = server_env(p).into_iter().map(|(k, v)| format!("{k}={}\n", env_quote(&v))).collect();
             format!("{}{lines}", op_offload_comment(p))
@@ -142,15 +142,15 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
         }
         Format::OllamaOptions => {
             let num_gpu = r.ollama_num_gpu_param();
-            let pl = r.placement();
+            let pl = r.runs();
             let num_batch = match crate::consumer::ollama::num_batch(&pl) {
                 crate::consumer::ollama::NumBatch::Num(b) => Some(b),
                 _ => None,
             };
             let o = OllamaOptions {
                 num_gpu,
-                num_thread: r.n_threads,
-                num_ctx: crate::consumer::ollama::num_ctx(&pl).unwrap_or(r.n_ctx),
+                num_thread: r.placement.n_threads,
+                num_ctx: crate::consumer::ollama::num_ctx(&pl).unwrap_or(r.n_ctx()),
                 num_batch,
             };
             serde_json::to_string_pretty(&serde_json::json!({ "options": o }))? + "\n"
@@ -311,11 +311,17 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let r = &mut p.recommendation;
-        (r.n_ctx, r.n_parallel, r.n_batch, r.n_ubatch, r.flash_attn) = (32768, 4, 1024, 1024, FlashAttn::On);
-        (r.n_gpu_layers, r.n_threads, r.kv_type) = (7, 2, KvType::Q8_0);
-        r.mmproj = Some("/models/Gemma 3/mmproj-F16.gguf".into());
+        (
+            r.placement.n_ctx,
+            r.placement.n_parallel,
+            r.placement.n_batch,
+            r.placement.n_ubatch,
+            r.placement.flash_attn,
+        ) = (Some(32768), 4, 1024, 1024, FlashAttn::On);
+        (r.placement.n_gpu_layers, r.placement.n_threads, r.placement.kv_type) = (7, 2, KvType::Q8_0);
+        r.placement.mmproj = Some("/models/Gemma 3/mmproj-F16.gguf".into());
         r.render_forms();
-        let measured = r.placement();
+        let measured = r.runs();
         // llama.cpp's flags, as bench --llama-args reads them.
         assert_eq!(crate::llama_args::parse_placement(&r.llama_cpp_args).unwrap(), measured, "{}", r.llama_cpp_args);
         assert!(r.llama_cpp_args.contains("-c 32768 -np 4 -b 1024 -ub 1024"), "{}", r.llama_cpp_args);
@@ -367,7 +373,7 @@ mod tests {
         let report =
             SplitReport { options: vec![option(vec![4, 15], 30.0), option(vec![], 12.0)], ..SplitReport::default() };
         p.placements.push(crate::profile::ContextPlacement {
-            n_ctx: p.recommendation.n_ctx,
+            n_ctx: p.recommendation.n_ctx(),
             fits_fully: true,
             kv_bytes: None,
             recommendation: p.recommendation.clone(),
@@ -379,7 +385,7 @@ mod tests {
             job: None,
         });
         let r = &mut p.recommendation;
-        (r.n_gpu_layers, r.tensor_split, r.tg_ts) = (19, vec![4, 15], Some(30.0));
+        (r.placement.n_gpu_layers, r.placement.tensor_split, r.tg_ts) = (19, vec![4, 15], Some(30.0));
         let mf = render(&p, Format::Modelfile).unwrap();
         assert!(
             mf.contains(
@@ -395,7 +401,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let cmp = DefaultComparison {
-            n_gpu_layers: Some(p.recommendation.n_gpu_layers),
+            n_gpu_layers: Some(p.recommendation.placement.n_gpu_layers),
             llama_cpp_args: p.recommendation.llama_cpp_args.clone(),
             pairs: 2,
             n_depth: 0,
@@ -405,9 +411,9 @@ mod tests {
             pp_half_width: None,
             verdict: Verdict::Tie,
             note: String::new(),
-            n_threads: Some(p.recommendation.n_threads),
+            n_threads: Some(p.recommendation.placement.n_threads),
             over_cap: false,
-            n_ctx: Some(p.recommendation.n_ctx),
+            n_ctx: Some(p.recommendation.n_ctx()),
             cpu_overrides: Vec::new(),
             predicted_bytes: None,
             mem_bytes: None,
@@ -431,7 +437,7 @@ mod tests {
             new,
             format!(
                 "FROM x.gguf\nPARAMETER temperature 0.2\nPARAMETER num_thread 2\nPARAMETER num_ctx {}\n",
-                p.recommendation.n_ctx
+                p.recommendation.n_ctx()
             )
         );
     }

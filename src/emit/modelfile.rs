@@ -16,10 +16,10 @@ use crate::profile::Profile;
 pub fn params(p: &Profile) -> Vec<(&'static str, Option<u32>)> {
     use crate::consumer::ollama::{num_batch, num_ctx, NumBatch};
     let r = &p.recommendation;
-    let placement = r.placement();
+    let placement = r.runs();
     let mut v = vec![
         ("num_gpu", r.ollama_num_gpu_param()),
-        ("num_thread", Some(r.n_threads)),
+        ("num_thread", Some(r.placement.n_threads)),
         ("num_ctx", num_ctx(&placement)),
     ];
     if let NumBatch::Num(b) = num_batch(&placement) {
@@ -44,23 +44,23 @@ pub fn render(p: &Profile) -> String {
             "# confidence low: measured while other work was running on this machine; re-tune when it is idle\n",
         );
     }
-    if p.recommendation.n_cpu_moe > 0 {
+    if p.recommendation.placement.n_cpu_moe > 0 {
         s.push_str(&format!(
             "# llama.cpp is faster with -ngl {n} --n-cpu-moe {k}; a Modelfile cannot say that, so num_gpu is the best whole-layer split. A set num_gpu also stops llama.cpp's fit, which moves experts to the CPU itself when num_gpu is unset.\n# To run the faster one under Ollama, server-wide (every model the server runs gets it): LLAMA_ARG_N_CPU_MOE={k} in the Ollama server's environment (its llama-server inherits it) and PARAMETER num_gpu {n} here\n",
-            n = p.recommendation.n_gpu_layers,
-            k = p.recommendation.n_cpu_moe
+            n = p.recommendation.placement.n_gpu_layers,
+            k = p.recommendation.placement.n_cpu_moe
         ));
     }
     let r = &p.recommendation;
-    if !r.rpc.is_empty() {
+    if !r.placement.rpc.is_empty() {
         s.push_str(&format!(
             "# llama.cpp runs this fastest with its RPC servers ({}); Ollama cannot use them: num_gpu is the layers this machine's own devices hold in that split\n",
-            r.rpc.join(",")
+            r.placement.rpc.join(",")
         ));
-    } else if !r.tensor_split.is_empty() {
+    } else if !r.placement.tensor_split.is_empty() {
         s.push_str(&format!(
             "# llama.cpp splits the layers {} (-ts); Ollama takes no proportions per model, only num_gpu: it runs a model on the one GPU that holds it, else llama.cpp's split by free memory{}\n",
-            crate::types::split_list(&r.tensor_split),
+            crate::types::split_list(&r.placement.tensor_split),
             split_gain(p)
         ));
     }
@@ -70,12 +70,12 @@ pub fn render(p: &Profile) -> String {
             r.ollama_server_env.join(" ")
         ));
     }
-    if r.n_cpu_ffn > 0 {
+    if r.placement.n_cpu_ffn > 0 {
         s.push_str(&format!(
             "# llama.cpp is faster with -ngl {n} and the FFN weights of {k} layers on the CPU (-ot); Ollama has no tensor overrides per model, so num_gpu is the best whole-layer split.\n# To run the faster one under Ollama, server-wide (every model the server runs gets it): LLAMA_ARG_OVERRIDE_TENSOR='{o}' in the Ollama server's environment (its llama-server inherits it) and PARAMETER num_gpu {n} here\n",
-            n = r.n_gpu_layers,
-            k = r.n_cpu_ffn,
-            o = crate::types::cpu_ffn_override(r.n_cpu_ffn)
+            n = r.placement.n_gpu_layers,
+            k = r.placement.n_cpu_ffn,
+            o = crate::types::cpu_ffn_override(r.placement.n_cpu_ffn)
         ));
     }
     if let Some(line) = r.unset_num_gpu_line() {
@@ -105,11 +105,12 @@ pub fn write(path: &Path, p: &Profile) -> Result<WriteOutcome> {
 fn split_gain(p: &crate::profile::Profile) -> String {
     let r = &p.recommendation;
     let Some(split) = p.placements.iter().rev().find_map(|c| c.split.as_ref()) else { return String::new() };
-    let by_memory = split.options.iter().find(|o| o.tensor_split.is_empty() && o.n_gpu_layers == r.n_gpu_layers);
+    let by_memory =
+        split.options.iter().find(|o| o.tensor_split.is_empty() && o.n_gpu_layers == r.placement.n_gpu_layers);
     match (r.tg_ts, by_memory.and_then(|o| o.tg_ts)) {
         (Some(mine), Some(theirs)) if theirs > 0.0 => format!(
             ": measured tg {mine:.2} t/s with this split against {theirs:.2} t/s split by free memory at ngl {} (x{:.2})",
-            r.n_gpu_layers,
+            r.placement.n_gpu_layers,
             mine / theirs
         ),
         _ => String::new(),

@@ -20,8 +20,10 @@ use crate::types::{Decision, KvType, Placement, Point, Quality};
 
 /// The profile's schema version. 2: per-context placements, KV cache types,
 /// FFN overrides; 3: the typed placement (flattened into each trial's spec)
-/// and typed notes. Versions 1 and 2 are read.
-pub const SCHEMA_VERSION: u32 = 3;
+/// and typed notes; 4: the recommendation's placement is that same typed
+/// placement, flattened (its op offload `"off"` where 3 wrote `false`).
+/// Versions 1 to 3 are read.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Who wrote a profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -797,7 +799,7 @@ impl Profile {
     /// # Errors
     /// `BadInput` naming the contexts the profile has.
     pub fn at_context(mut self, n_ctx: u32) -> anyhow::Result<Profile> {
-        if self.recommendation.n_ctx == n_ctx {
+        if self.recommendation.n_ctx() == n_ctx {
             return Ok(self);
         }
         let Some(c) = self.placement(n_ctx) else {

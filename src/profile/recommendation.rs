@@ -4,15 +4,18 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// The answer, in the forms people paste. `Default` is an empty answer
-/// whose placement [`Recommendation::set_placement`] writes.
+/// The answer: the placement llama.cpp runs, what it measured, the
+/// verdicts on it (llama.cpp's default or Ollama's own run as fast), and
+/// the forms people paste, rendered from those by [`Self::render_forms`].
+/// `Default` is an empty answer whose placement [`Self::set_placement`]
+/// writes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Recommendation {
-    /// ngl for llama.cpp (full offload when `n_cpu_moe` > 0).
-    pub n_gpu_layers: u32,
-    /// Layers whose experts stay on the CPU (llama.cpp's --n-cpu-moe); 0 for none.
-    #[serde(default)]
-    pub n_cpu_moe: u32,
+    /// Where each part runs and with which settings, as the trials ran it
+    /// (flash attention as asked: [`Self::placement`] turns it on for a
+    /// quantized cache). Its fields are the recommendation's in the JSON.
+    #[serde(flatten)]
+    pub placement: Placement,
     /// A Modelfile cannot give expert or FFN overrides: the best whole-layer
     /// split, when it differs from `n_gpu_layers` (a set `num_gpu` also
     /// stops llama.cpp's fit, which spills experts itself when it is unset).
@@ -28,110 +31,39 @@ pub struct Recommendation {
     /// Modelfile leaves num_gpu unset.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ollama_own_run: bool,
-    pub n_threads: u32,
-    pub n_ctx: u32,
     /// The recommended setting was measured (not only predicted).
     pub measured: bool,
     /// Low when trials ran on a busy machine (profiles from before the field: high).
     #[serde(default)]
     pub confidence: Confidence,
-    /// llama.cpp's op offload was on in the trials (off: `--no-op-offload`).
-    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
-    pub op_offload: bool,
     pub tg_ts: Option<f64>,
     pub pp_ts: Option<f64>,
     pub mem_bytes: Option<f64>,
+    /// Milliseconds to encode the fixed image at this setting (the `img` test), where measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub img_ms: Option<f64>,
     /// Ollama Modelfile lines.
     pub modelfile: Vec<String>,
     /// llama.cpp flags.
     pub llama_cpp_args: String,
-    /// KV cache type of both caches (quantized: with flash attention on).
-    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
-    pub kv_type: KvType,
-    /// Layers whose dense FFN weights stay on the CPU at full offload (`-ot`).
-    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
-    pub n_cpu_ffn: u32,
     /// Ollama server settings the recommendation needs (`OLLAMA_KV_CACHE_TYPE`,
     /// `OLLAMA_FLASH_ATTENTION`): they apply to every model that server runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ollama_server_env: Vec<String>,
-    /// llama.cpp RPC servers whose devices the placement uses (`--rpc`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rpc: Vec<String>,
-    /// The offload devices in the order they take layers (`--device`);
-    /// empty: llama.cpp's order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub devices: Vec<String>,
-    /// `-sm` of a split: layer (llama.cpp's default), row or tensor.
-    #[serde(default, skip_serializing_if = "crate::types::is_layer")]
-    pub split_mode: crate::types::SplitMode,
-    /// Layers per offload device, in the order of `devices` (`-sm layer
-    /// -ts a,b,.. -mg 0`); empty: one device, or llama.cpp's default split.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tensor_split: Vec<u32>,
-    /// The batch sizes and flash attention every trial ran with (`-b`,
-    /// `-ub`, `-fa`); profiles from before the fields: llama.cpp's defaults.
-    #[serde(default = "default_n_batch")]
-    pub n_batch: u32,
-    #[serde(default = "default_n_ubatch")]
-    pub n_ubatch: u32,
-    #[serde(default)]
-    pub flash_attn: crate::types::FlashAttn,
-    /// Parallel slots (`-np`): `n_ctx` is the whole context, each slot gets
-    /// `n_ctx / n_parallel` (Ollama's `num_ctx`; Ollama starts llama-server
-    /// with `-c num_ctx x P -np P`).
-    #[serde(default = "crate::types::one", skip_serializing_if = "crate::types::is_one")]
-    pub n_parallel: u32,
-    /// The multimodal projector loaded beside the model (`--mmproj`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mmproj: Option<PathBuf>,
-    /// Milliseconds to encode the fixed image at this setting (the `img` test), where measured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub img_ms: Option<f64>,
-    /// More tensors kept on the CPU (`-ot PATTERN=CPU`): llama.cpp's fit's,
-    /// where its default placement is the answer.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cpu_overrides: Vec<String>,
-}
-
-pub(super) fn default_n_batch() -> u32 {
-    crate::types::DEFAULT_N_BATCH
-}
-
-pub(super) fn default_n_ubatch() -> u32 {
-    crate::types::DEFAULT_N_UBATCH
 }
 
 impl Recommendation {
     /// What llama.cpp runs for this recommendation: every setting the
     /// trials ran with (flash attention on for a quantized cache).
     #[must_use]
-    pub fn placement(&self) -> Placement {
-        self.stored_placement().with_kv(self.kv_type)
+    pub fn runs(&self) -> Placement {
+        self.placement.clone().with_kv(self.placement.kv_type)
     }
 
-    /// The placement as the fields hold it (flash attention as asked):
-    /// what [`Self::set_placement`] writes, so a stage that changes where
-    /// the layers go starts from it.
+    /// The context the answer runs at (the whole context of its slots).
     #[must_use]
-    pub fn stored_placement(&self) -> Placement {
-        Placement {
-            n_cpu_moe: self.n_cpu_moe,
-            n_cpu_ffn: self.n_cpu_ffn,
-            n_batch: self.n_batch,
-            n_ubatch: self.n_ubatch,
-            flash_attn: self.flash_attn,
-            n_parallel: self.n_parallel,
-            kv_type: self.kv_type,
-            cpu_overrides: self.cpu_overrides.clone(),
-            ..Placement::default()
-        }
-        .with_layers(self.n_gpu_layers, self.n_threads, Some(self.n_ctx))
-        .with_op_offload(self.op_offload)
-        .with_split(&self.tensor_split, &self.rpc)
-        .with_devices(&self.devices)
-        .with_split_mode(self.split_mode)
-        .with_mmproj(self.mmproj.as_deref())
+    pub fn n_ctx(&self) -> u32 {
+        self.placement.n_ctx.unwrap_or(0)
     }
 
     /// This answer's placement with its layers moved: `ngl` layers on
@@ -140,34 +72,23 @@ impl Recommendation {
     /// What a hatch or a split that replaces the answer starts from.
     #[must_use]
     pub fn moved_to(&self, ngl: u32, threads: u32, (kv_type, n_cpu_ffn): (KvType, u32)) -> Placement {
-        Placement { n_cpu_moe: 0, n_cpu_ffn, kv_type, ..self.stored_placement() }.with_layers(
+        Placement { n_cpu_moe: 0, n_cpu_ffn, kv_type, ..self.placement.clone() }.with_layers(
             ngl,
             threads,
-            Some(self.n_ctx),
+            self.placement.n_ctx,
         )
     }
 
-    /// The one place a recommendation's placement is written: every field
-    /// of `p` a recommendation holds (the inverse of
-    /// [`Self::stored_placement`]; `-mg` and `--no-mmproj-offload` are not
-    /// held: an answer runs with main device 0 and the projector on the
-    /// GPU), then the paste-ready forms rendered again from them.
+    /// The one place a recommendation's placement is written: `p` (its
+    /// context kept where `p` leaves it to llama.cpp; op offload as the
+    /// trials resolved it; `-mg` and `--no-mmproj-offload` not held: an
+    /// answer runs with main device 0 and the projector on the GPU), then
+    /// the paste-ready forms rendered again from it.
     pub fn set_placement(&mut self, p: &Placement) {
-        self.n_gpu_layers = p.n_gpu_layers;
-        self.n_threads = p.n_threads;
-        if let Some(c) = p.n_ctx {
-            self.n_ctx = c;
-        }
-        (self.n_batch, self.n_ubatch, self.flash_attn, self.n_parallel) =
-            (p.n_batch, p.n_ubatch, p.flash_attn, p.n_parallel);
-        (self.kv_type, self.n_cpu_moe, self.n_cpu_ffn) = (p.kv_type, p.n_cpu_moe, p.n_cpu_ffn);
-        self.cpu_overrides.clone_from(&p.cpu_overrides);
-        self.op_offload = p.op_offload != crate::types::OpOffload::Off;
-        self.rpc.clone_from(&p.rpc);
-        self.devices.clone_from(&p.devices);
-        self.tensor_split.clone_from(&p.tensor_split);
-        self.split_mode = p.split_mode;
-        self.mmproj.clone_from(&p.mmproj);
+        let op_on = p.op_offload != crate::types::OpOffload::Off;
+        self.placement =
+            Placement { n_ctx: p.n_ctx.or(self.placement.n_ctx), main_gpu: 0, mmproj_offload: true, ..p.clone() }
+                .with_op_offload(op_on);
         self.render_forms();
     }
 
@@ -176,7 +97,7 @@ impl Recommendation {
     /// Ollama cannot place), else `n_gpu_layers`.
     #[must_use]
     pub fn ollama_layers(&self) -> u32 {
-        self.ollama_num_gpu.unwrap_or(self.n_gpu_layers)
+        self.ollama_num_gpu.unwrap_or(self.placement.n_gpu_layers)
     }
 
     /// Ollama's `num_gpu`: `None` (left unset) where llama.cpp's default is
@@ -204,7 +125,7 @@ impl Recommendation {
     /// Every stage that changes an answer calls this after, so the stored
     /// forms never say other than the fields.
     pub fn render_forms(&mut self) {
-        let placement = self.placement();
+        let placement = self.runs();
         self.llama_cpp_args = placement.flags();
         self.ollama_server_env = crate::consumer::ollama::server_settings(&placement);
         self.modelfile = crate::consumer::ollama::modelfile_lines(&self.ollama_placement());
@@ -217,20 +138,16 @@ impl Recommendation {
     /// This recommendation's llama.cpp flags.
     #[must_use]
     pub fn flags(&self) -> String {
-        self.placement().flags()
+        self.runs().flags()
     }
 
     /// The whole-layer placement Ollama can express: [`Self::ollama_layers`],
     /// no tensor overrides, no RPC devices.
     #[must_use]
     pub fn ollama_placement(&self) -> Placement {
-        Placement {
-            n_batch: self.n_batch,
-            n_ubatch: self.n_ubatch,
-            n_parallel: self.n_parallel,
-            ..Placement::default()
-        }
-        .with_layers(self.ollama_layers(), self.n_threads, Some(self.n_ctx))
+        let p = &self.placement;
+        Placement { n_batch: p.n_batch, n_ubatch: p.n_ubatch, n_parallel: p.n_parallel, ..Placement::default() }
+            .with_layers(self.ollama_layers(), p.n_threads, p.n_ctx)
     }
 }
 
@@ -317,11 +234,39 @@ mod tests {
         .with_mmproj(Some(std::path::Path::new("/m/proj.gguf")));
         let mut r = Recommendation::default();
         r.set_placement(&p);
-        assert_eq!(r.stored_placement(), p);
+        assert_eq!(r.placement, p);
         // What llama.cpp runs: a quantized cache turns flash attention on.
         assert_eq!(r.llama_cpp_args, p.clone().with_kv(KvType::Q8_0).flags());
         assert!(r.llama_cpp_args.contains("-fa on") && r.llama_cpp_args.contains("-ts 12,8"), "{}", r.llama_cpp_args);
         // Each of the two slots gets half the context, as Ollama counts num_ctx.
         assert!(r.modelfile.iter().any(|l| l == "PARAMETER num_ctx 4096"), "{:?}", r.modelfile);
+    }
+
+    /// A recommendation of schema 3 and before held its placement fields
+    /// beside the verdicts, op offload as a boolean; it reads as the same
+    /// placement, and writes back in the trials' spec's words.
+    #[test]
+    fn a_schema_3_recommendation_reads_as_its_placement() {
+        let old = serde_json::json!({
+            "n_gpu_layers": 12, "n_cpu_moe": 0, "ollama_num_gpu": null, "n_threads": 4, "n_ctx": 8192,
+            "measured": true, "op_offload": false, "tg_ts": 9.5, "pp_ts": null, "mem_bytes": null,
+            "modelfile": ["PARAMETER num_gpu 12"], "llama_cpp_args": "-ngl 12 -t 4 -c 8192 --no-op-offload",
+            "kv_type": "q8_0", "tensor_split": [8, 4], "rpc": ["10.0.0.2:50052"]
+        });
+        let r: Recommendation = serde_json::from_value(old).unwrap();
+        let p = &r.placement;
+        assert_eq!((p.n_gpu_layers, p.n_threads, r.n_ctx(), p.kv_type), (12, 4, 8192, KvType::Q8_0));
+        assert_eq!((p.op_offload, p.n_batch, p.n_ubatch), (crate::types::OpOffload::Off, 2048, 512), "older defaults");
+        assert_eq!((p.tensor_split.as_slice(), p.rpc.len()), ([8, 4].as_slice(), 1));
+        assert!(r.runs().flags().contains("--no-op-offload"), "{}", r.runs().flags());
+        let out = serde_json::to_value(&r).unwrap();
+        assert_eq!((&out["op_offload"], &out["n_gpu_layers"], out.get("placement")), (&"off".into(), &12.into(), None));
+        assert_eq!(serde_json::from_value::<Recommendation>(out).unwrap(), r, "read back as written");
+        let on: Recommendation =
+            serde_json::from_value(serde_json::json!({"n_gpu_layers": 1, "n_threads": 1, "n_ctx": 512, "measured": false,
+                "op_offload": true, "tg_ts": null, "pp_ts": null, "mem_bytes": null, "modelfile": [], "llama_cpp_args": ""}))
+            .unwrap();
+        assert_eq!(on.placement.op_offload, crate::types::OpOffload::On);
+        assert!(serde_json::to_value(&on).unwrap().get("op_offload").is_none(), "on: not written");
     }
 }

@@ -30,7 +30,7 @@ pub struct VersionContext {
 
 pub fn version_contexts(p: &crate::profile::Profile) -> Vec<VersionContext> {
     let of = |r: &crate::profile::Recommendation| VersionContext {
-        n_ctx: r.n_ctx,
+        n_ctx: r.n_ctx(),
         llama_cpp_args: r.llama_cpp_args.clone(),
         tg_ts: r.tg_ts,
         pp_ts: r.pp_ts,

@@ -358,7 +358,7 @@ fn prediction_lines(p: &Profile, pr: &crate::profile::PredictionReport) -> Strin
             let _ = writeln!(
                 s,
                 "llama.cpp's own fit (same memory margin) would choose ngl {ngl}{tg}; measured best: ngl {}{}",
-                p.recommendation.n_gpu_layers,
+                p.recommendation.placement.n_gpu_layers,
                 p.recommendation.tg_ts.map_or(String::new(), |t| format!(", tg {t:.2} t/s"))
             );
         }

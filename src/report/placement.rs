@@ -37,15 +37,15 @@ pub fn option_line(o: &PlacementOption) -> String {
 
 /// A recommendation in a few words: "ngl 19, q8_0 KV".
 fn short(r: &crate::profile::Recommendation) -> String {
-    let mut v = format!("ngl {}", r.n_gpu_layers);
-    if r.kv_type.is_quantized() {
-        v += &format!(", {} KV", r.kv_type.as_str());
+    let mut v = format!("ngl {}", r.placement.n_gpu_layers);
+    if r.placement.kv_type.is_quantized() {
+        v += &format!(", {} KV", r.placement.kv_type.as_str());
     }
-    if r.n_cpu_ffn > 0 {
-        v += &format!(", FFN of {} layers on CPU", r.n_cpu_ffn);
+    if r.placement.n_cpu_ffn > 0 {
+        v += &format!(", FFN of {} layers on CPU", r.placement.n_cpu_ffn);
     }
-    if r.n_cpu_moe > 0 {
-        v += &format!(", experts of {} layers on CPU", r.n_cpu_moe);
+    if r.placement.n_cpu_moe > 0 {
+        v += &format!(", experts of {} layers on CPU", r.placement.n_cpu_moe);
     }
     v
 }
@@ -67,7 +67,7 @@ fn hatch_lines(s: &mut String, p: &Profile, c: &ContextPlacement) {
     for (i, o) in options.iter().enumerate() {
         let _ = writeln!(s, "  {}. {}", i + 1, option_line(o));
     }
-    if c.recommendation.n_cpu_ffn > 0 {
+    if c.recommendation.placement.n_cpu_ffn > 0 {
         let split = c.options.iter().find(|o| o.kind == HatchKind::LayerSplit);
         let gain = split.and_then(|l| Some((c.recommendation.tg_ts? / l.tg_ts? - 1.0) * 100.0));
         let _ = writeln!(

@@ -241,7 +241,7 @@ fn placements_changed(old: &Profile, new: &Profile) -> Vec<(u32, String, String)
             let rec = |p: &Profile| {
                 p.placement(c)
                     .map(|x| x.recommendation.flags())
-                    .or_else(|| (p.recommendation.n_ctx == c).then(|| p.recommendation.flags()))
+                    .or_else(|| (p.recommendation.n_ctx() == c).then(|| p.recommendation.flags()))
             };
             let (o, n) = (rec(old)?, rec(new)?);
             (o != n).then_some((c, o, n))
@@ -316,8 +316,10 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
         improvements: comparisons.iter().filter(|c| c.verdict == "improvement").count(),
         contended: comparisons.iter().filter(|c| c.verdict == "contended").count(),
         comparisons,
-        recommendation_changed: (o.n_gpu_layers != n.n_gpu_layers).then_some((o.n_gpu_layers, n.n_gpu_layers)),
-        threads_changed: (o.n_threads != n.n_threads).then_some((o.n_threads, n.n_threads)),
+        recommendation_changed: (o.placement.n_gpu_layers != n.placement.n_gpu_layers)
+            .then_some((o.placement.n_gpu_layers, n.placement.n_gpu_layers)),
+        threads_changed: (o.placement.n_threads != n.placement.n_threads)
+            .then_some((o.placement.n_threads, n.placement.n_threads)),
         placements_changed: placements_changed(old, new),
     }
 }

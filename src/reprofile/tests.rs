@@ -96,8 +96,8 @@ fn drift_is_judged_per_context_and_placement_kind() {
     old.settings.workload.contexts = vec![4096, 32768];
     let place = |p: &Profile, n_ctx: u32, kv| {
         let mut r = p.recommendation.clone();
-        r.n_ctx = n_ctx;
-        r.kv_type = kv;
+        r.placement.n_ctx = Some(n_ctx);
+        r.placement.kv_type = kv;
         r.llama_cpp_args = r.flags();
         ContextPlacement {
             n_ctx,

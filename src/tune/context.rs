@@ -93,8 +93,8 @@ fn tune_context(
     let split = if several { Some(split(sh, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
     let mut recommendation = hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads);
-    if !s.backend.rpc.is_empty() && recommendation.n_gpu_layers > 0 {
-        recommendation.rpc.clone_from(&s.backend.rpc);
+    if !s.backend.rpc.is_empty() && recommendation.placement.n_gpu_layers > 0 {
+        recommendation.placement.rpc.clone_from(&s.backend.rpc);
         recommendation.render_forms();
     }
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
@@ -287,7 +287,7 @@ fn hatches(
         workload: at.workload(s),
     };
     // Quality does not depend on where the layers run: score at the fastest measured split.
-    let ngl = layer_split.n_gpu_layers;
+    let ngl = layer_split.placement.n_gpu_layers;
     let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
     let mut assess =
         |kv: crate::types::KvType| quality::kv_quality(&sh.runner, info, kv, ngl, (s, at.depth), sh.op_offload, bound);

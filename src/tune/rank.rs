@@ -51,7 +51,7 @@ pub fn qualities(
         model: p.model.path.clone(),
         kv_type: KvType::F16,
         n_gpu_layers: p.recommendation.ollama_layers(),
-        op_offload: p.recommendation.op_offload,
+        op_offload: p.recommendation.placement.op_offload != crate::types::OpOffload::Off,
     };
     let others: Vec<usize> = (0..profiles.len()).filter(|i| *i != r).collect();
     let spec = KlSpec {
@@ -75,11 +75,11 @@ fn recommendation_trial(p: &Profile) -> Option<&crate::profile::ProfileTrial> {
     let r = &p.recommendation;
     p.trials.iter().filter(|t| t.result.status == crate::types::TrialStatus::Ok).find(|t| {
         let s = &t.result.spec.placement;
-        s.n_gpu_layers == r.n_gpu_layers
-            && s.n_threads == r.n_threads
-            && s.kv_type == r.kv_type
-            && s.n_cpu_ffn == r.n_cpu_ffn
-            && s.n_ctx == Some(r.n_ctx)
+        s.n_gpu_layers == r.placement.n_gpu_layers
+            && s.n_threads == r.placement.n_threads
+            && s.kv_type == r.placement.kv_type
+            && s.n_cpu_ffn == r.placement.n_cpu_ffn
+            && s.n_ctx == Some(r.n_ctx())
     })
 }
 
@@ -125,7 +125,7 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], gate: &QualityG
                 file_name: p.model.file_name.clone(),
                 size_bytes: p.model.file_size,
                 bits_per_weight: bpw,
-                n_gpu_layers: rec.n_gpu_layers,
+                n_gpu_layers: rec.placement.n_gpu_layers,
                 llama_cpp_args: rec.llama_cpp_args.clone(),
                 tg_ts: rec.tg_ts,
                 pp_ts: rec.pp_ts,

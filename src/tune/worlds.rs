@@ -90,40 +90,21 @@ pub fn settings() -> crate::profile::Settings {
 /// A whole-layer recommendation: ngl 7 of a 32768-token context, 2 threads, measured.
 #[must_use]
 pub fn recommendation() -> crate::profile::Recommendation {
+    let placement = crate::types::Placement::default().with_layers(7, 2, Some(32768));
     crate::profile::Recommendation {
-        n_gpu_layers: 7,
-        n_cpu_moe: 0,
+        modelfile: crate::consumer::ollama::modelfile_lines(&placement),
+        llama_cpp_args: placement.flags(),
+        placement,
         ollama_num_gpu: None,
         llama_default: false,
         ollama_own_run: false,
-        n_threads: 2,
-        n_ctx: 32768,
         measured: true,
         confidence: crate::profile::Confidence::High,
-        op_offload: true,
         tg_ts: Some(3.0),
         pp_ts: Some(30.0),
         mem_bytes: Some(100.0),
-        modelfile: crate::consumer::ollama::modelfile_lines(&crate::types::Placement::default().with_layers(
-            7,
-            2,
-            Some(32768),
-        )),
-        llama_cpp_args: crate::types::Placement::default().with_layers(7, 2, Some(32768)).flags(),
-        kv_type: crate::types::KvType::F16,
-        n_cpu_ffn: 0,
-        n_batch: 2048,
-        n_ubatch: 512,
-        flash_attn: crate::types::FlashAttn::Auto,
-        n_parallel: 1,
-        mmproj: None,
         img_ms: None,
-        cpu_overrides: Vec::new(),
         ollama_server_env: Vec::new(),
-        rpc: Vec::new(),
-        devices: Vec::new(),
-        split_mode: crate::types::SplitMode::Layer,
-        tensor_split: Vec::new(),
     }
 }
 

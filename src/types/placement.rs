@@ -363,8 +363,13 @@ pub struct Placement {
     /// Context size; `None` sizes each test's context as llama-bench does
     /// (n_prompt + n_gen of that test), and leaves `-c` to llama.cpp.
     pub n_ctx: Option<u32>,
+    /// Batch sizes and flash attention (`-b`, `-ub`, `-fa`); profiles'
+    /// recommendations from before the fields: llama.cpp's defaults.
+    #[serde(default = "default_n_batch")]
     pub n_batch: u32,
+    #[serde(default = "default_n_ubatch")]
     pub n_ubatch: u32,
+    #[serde(default)]
     pub flash_attn: FlashAttn,
     /// KV cache type of both caches (`-ctk`/`-ctv`).
     #[serde(default, skip_serializing_if = "super::is_f16")]
@@ -387,7 +392,9 @@ pub struct Placement {
     /// `--no-op-offload` (off), or auto, which the worker resolves from its
     /// devices (off where every offload device runs on the CPU). A result's
     /// spec says what was used.
-    #[serde(default = "op_on", skip_serializing_if = "is_op_on")]
+    /// Profiles of schema 3 and before wrote a recommendation's as a
+    /// boolean (false: off), which is read as on or off.
+    #[serde(default = "op_on", skip_serializing_if = "is_op_on", deserialize_with = "op_offload_or_bool")]
     pub op_offload: OpOffload,
     /// llama.cpp RPC servers (`host:port`) whose devices join this
     /// machine's, as llama.cpp's `--rpc`: listed first among the offload
@@ -430,6 +437,35 @@ pub struct Placement {
 
 fn op_on() -> OpOffload {
     OpOffload::On
+}
+
+fn default_n_batch() -> u32 {
+    DEFAULT_N_BATCH
+}
+
+fn default_n_ubatch() -> u32 {
+    DEFAULT_N_UBATCH
+}
+
+/// Op offload as a word (`"off"`, `"auto"`, `"on"`), or as the boolean a
+/// recommendation of schema 3 and before held.
+fn op_offload_or_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<OpOffload, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Word(OpOffload),
+        Bool(bool),
+    }
+    Ok(match Either::deserialize(d)? {
+        Either::Word(o) => o,
+        Either::Bool(on) => {
+            if on {
+                OpOffload::On
+            } else {
+                OpOffload::Off
+            }
+        }
+    })
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)]

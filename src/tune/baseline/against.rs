@@ -172,7 +172,7 @@ mod tests {
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
-        rec.n_gpu_layers = 31;
+        rec.placement.n_gpu_layers = 31;
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();
         drop(search);
         assert!(!cmp.llama_cpp_args.contains("--no-mmproj-offload"), "{}", cmp.llama_cpp_args);

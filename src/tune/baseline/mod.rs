@@ -68,10 +68,10 @@ impl Ratio {
 #[must_use]
 pub fn candidate_of(r: &Recommendation) -> Candidate {
     Candidate {
-        n_cpu_moe: r.n_cpu_moe,
-        n_cpu_ffn: r.n_cpu_ffn,
-        kv: Some(r.kv_type),
-        ..Candidate::layers(r.n_gpu_layers, r.n_threads)
+        n_cpu_moe: r.placement.n_cpu_moe,
+        n_cpu_ffn: r.placement.n_cpu_ffn,
+        kv: Some(r.placement.kv_type),
+        ..Candidate::layers(r.placement.n_gpu_layers, r.placement.n_threads)
     }
 }
 
@@ -197,9 +197,11 @@ impl Opponent {
     fn mine(self, rec: &Recommendation, n_ctx: u32) -> Candidate {
         match self {
             Opponent::LlamaDefault => Candidate { ctx: n_ctx, ..candidate_of(rec) },
-            Opponent::OllamaRun => {
-                Candidate { ctx: n_ctx, kv: Some(rec.kv_type), ..Candidate::layers(rec.ollama_layers(), rec.n_threads) }
-            }
+            Opponent::OllamaRun => Candidate {
+                ctx: n_ctx,
+                kv: Some(rec.placement.kv_type),
+                ..Candidate::layers(rec.ollama_layers(), rec.placement.n_threads)
+            },
         }
     }
 }
@@ -419,8 +421,8 @@ pub fn default_recommendation(
         spill,
         stock: true,
         upstream: true,
-        ctx: cmp.n_ctx.unwrap_or(rec.n_ctx),
-        ..Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.n_threads))
+        ctx: cmp.n_ctx.unwrap_or(rec.n_ctx()),
+        ..Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.placement.n_threads))
     };
     // Emitted as its paired trials ran (the dry run's placement where none is kept).
     let ran = completed(trials, theirs).next().map_or_else(
@@ -522,7 +524,7 @@ mod tests {
         assert_eq!(cmp.verdict, Verdict::Slower, "the default is faster: {cmp:?}");
         assert!(cmp.over_cap, "{cmp:?}");
         assert!(cmp.note.contains("over the cap of 200.00 MiB"), "{}", cmp.note);
-        assert_eq!(rec.n_gpu_layers, 7, "the answer under the cap stays");
+        assert_eq!(rec.placement.n_gpu_layers, 7, "the answer under the cap stays");
         assert!(!rec.llama_default);
         assert!(search.trials.iter().any(|t| t.over_cap && t.result.spec.placement.n_gpu_layers == 31), "measured");
         assert_eq!(default_recommendation(&rec, &cmp, &search.trials), rec, "never rebuilt as the answer");
@@ -540,13 +542,13 @@ mod tests {
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
-        assert_eq!(rec.n_threads, 2);
+        assert_eq!(rec.placement.n_threads, 2);
         let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
         assert!(!cmp.over_cap);
         assert!(rec.llama_default, "{cmp:?}");
-        assert_eq!(rec.n_gpu_layers, 31);
+        assert_eq!(rec.placement.n_gpu_layers, 31);
         let t = crate::engine::llama_default_threads();
-        assert_eq!((cmp.n_threads, rec.n_threads), (Some(t), t), "llama.cpp's thread rule, as it ran");
+        assert_eq!((cmp.n_threads, rec.placement.n_threads), (Some(t), t), "llama.cpp's thread rule, as it ran");
         assert!(rec.llama_cpp_args.contains(&format!("-t {t}")), "{}", rec.llama_cpp_args);
         assert!(rec.llama_cpp_args.contains(&cmp.llama_cpp_args), "{} vs {}", rec.llama_cpp_args, cmp.llama_cpp_args);
     }

@@ -59,7 +59,7 @@ impl Hatch for KvCache {
         // Or: the most layers a q8_0 cache lets on, when that is more than the layer split's.
         self.at = match pick {
             Some(_) => h.full,
-            None => partial_q8(h, &self.partial, preds, search, layer_split.n_gpu_layers),
+            None => partial_q8(h, &self.partial, preds, search, layer_split.placement.n_gpu_layers),
         };
         let at = self.at;
         search.predicted.extend(preds.iter().filter(|p| p.case.is_some_and(|c| c.ngl == at && at < h.full)).cloned());

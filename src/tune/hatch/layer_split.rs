@@ -16,18 +16,18 @@ impl Hatch for LayerSplit {
         let t = w.trials.iter().map(|t| &t.result).find(|t| {
             let p = &t.spec.placement;
             t.status == TrialStatus::Ok
-                && p.n_gpu_layers == r.n_gpu_layers
-                && p.n_threads == r.n_threads
-                && p.n_cpu_moe == r.n_cpu_moe
+                && p.n_gpu_layers == r.placement.n_gpu_layers
+                && p.n_threads == r.placement.n_threads
+                && p.n_cpu_moe == r.placement.n_cpu_moe
                 && p.n_cpu_ffn == 0
-                && p.kv_type == r.kv_type
+                && p.kv_type == r.placement.kv_type
         });
         vec![PlacementOption {
             kind: HatchKind::LayerSplit,
-            n_ctx: r.n_ctx,
-            n_gpu_layers: r.n_gpu_layers,
+            n_ctx: r.n_ctx(),
+            n_gpu_layers: r.placement.n_gpu_layers,
             n_cpu_ffn: 0,
-            kv_type: r.kv_type,
+            kv_type: r.placement.kv_type,
             measured: r.measured,
             tg_ts: r.tg_ts,
             pp_ts: r.pp_ts,

@@ -59,7 +59,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
     assert!(notes[0].to_string().contains("q8_0 KV cache"), "{notes:?}");
     assert!(v[3].note.contains("-92% tg"), "{}", v[3].note);
     let r = recommend(&Recommendation { ..layer_split() }, &v, 2);
-    assert_eq!((r.n_gpu_layers, r.kv_type), (19, KvType::Q8_0));
+    assert_eq!((r.placement.n_gpu_layers, r.placement.kv_type), (19, KvType::Q8_0));
     assert!(r.llama_cpp_args.ends_with("-ctk q8_0 -ctv q8_0 -fa on"), "{}", r.llama_cpp_args);
     assert_eq!(r.ollama_server_env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
     assert!(r.modelfile.contains(&"PARAMETER num_gpu 19".to_string()), "Ollama runs it: {:?}", r.modelfile);
@@ -226,7 +226,7 @@ fn hatch_world_priced(
     let mut search = crate::tune::worlds::search(&s, &mut world, cap).with_pricer(Box::new(pricer));
     let h = inputs(cap);
     let mut split = layer_split();
-    split.n_gpu_layers = split_ngl;
+    split.placement.n_gpu_layers = split_ngl;
     split.tg_ts = Some(tg(Candidate::layers(split_ngl, 2), depth));
     let quality = |k: KvType| Quality {
         kl_mean: if k == KvType::Q8_0 { 0.002 } else { 0.02 },
@@ -288,7 +288,7 @@ fn hatch_world_sampled(cap: f64, driver: u64) -> Hatches {
     search.measure(Role::Grid, Candidate::layers(6, 2), None).unwrap();
     let h = inputs(cap);
     let mut split = layer_split();
-    split.n_gpu_layers = 6;
+    split.placement.n_gpu_layers = 6;
     let quality = |_| Ok(Some(Quality { top1_agree: 0.98, tokens: 256, ..Quality::passing() }));
     run(Topology::One { h: &h, layer_split: &split }, &mut search, &mut { quality }).unwrap()
 }
@@ -482,7 +482,7 @@ mod several {
         assert!(best.fits && best.llama_cpp_args.contains("-ctk q8_0 -ctv q8_0 -fa on"), "{}", best.llama_cpp_args);
         let devs = caps(&[105_000_000, 150_000_000]);
         let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
-        assert_eq!(r.kv_type, crate::types::KvType::Q8_0);
+        assert_eq!(r.placement.kv_type, crate::types::KvType::Q8_0);
         // A cache whose quality fails the gate is measured, not recommended.
         let (found, _) = with_kv_hatch(0.5);
         let best = &found.options[found.best.unwrap()];
@@ -528,7 +528,7 @@ mod several {
         assert!(best.llama_cpp_args.contains("-ts 0,21"), "{}", best.llama_cpp_args);
         let devs = caps(&[105_000_000, 150_000_000]);
         let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
-        assert_eq!((r.n_cpu_ffn, r.tensor_split.clone()), (15, vec![0, 21]));
+        assert_eq!((r.placement.n_cpu_ffn, r.placement.tensor_split.clone()), (15, vec![0, 21]));
         // Behind a link that costs 1 ms a token there and back, each spilled
         // layer crosses it again: 9.5 + 1 + 15 x 1.3 = 30 ms predicted,
         // slower than 23: not measured.

@@ -75,7 +75,7 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     // Every layer on the CPU needs no server.
     let servers = if o.n_gpu_layers == 0 { &[] } else { rpc };
     let p = r
-        .moved_to(o.n_gpu_layers, r.n_threads, (o.kv_type, o.n_cpu_ffn))
+        .moved_to(o.n_gpu_layers, r.placement.n_threads, (o.kv_type, o.n_cpu_ffn))
         .with_split(&split.listed(), servers)
         .with_devices(&split.device_names(&names(devs)))
         .with_split_mode(split.mode());

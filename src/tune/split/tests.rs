@@ -419,9 +419,12 @@ fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
     assert!(c.is(&spec));
     let base = crate::tune::worlds::recommendation();
     let r = recommendation(&base, &o, &devs, &rpc);
-    assert_eq!((r.devices.clone(), r.tensor_split.clone()), (vec!["D1".to_string(), "D0".to_string()], vec![13, 1]));
+    assert_eq!(
+        (r.placement.devices.clone(), r.placement.tensor_split.clone()),
+        (vec!["D1".to_string(), "D0".to_string()], vec![13, 1])
+    );
     assert!(r.llama_cpp_args.contains("--device D1,D0"), "{}", r.llama_cpp_args);
-    assert!(r.placement().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
+    assert!(r.runs().server_env().iter().any(|(k, v)| *k == "LLAMA_ARG_DEVICE" && v == "D1,D0"));
 }
 
 /// A recommended option is paired as it ran and as it is recommended: its
@@ -442,8 +445,11 @@ fn a_recommended_option_is_paired_as_it_is_recommended_whatever_its_split() {
         let p = &spec.placement;
         assert_eq!((p.n_gpu_layers, p.kv_type, p.n_cpu_ffn), (14, crate::types::KvType::Q8_0, 3), "{split:?}");
         let r = recommendation(&base, &o, &devs, &[]);
-        assert_eq!((r.n_gpu_layers, r.kv_type, r.n_cpu_ffn), (p.n_gpu_layers, p.kv_type, p.n_cpu_ffn));
-        assert_eq!(r.tensor_split, p.tensor_split, "{split:?}");
+        assert_eq!(
+            (r.placement.n_gpu_layers, r.placement.kv_type, r.placement.n_cpu_ffn),
+            (p.n_gpu_layers, p.kv_type, p.n_cpu_ffn)
+        );
+        assert_eq!(r.placement.tensor_split, p.tensor_split, "{split:?}");
     }
 }
 
@@ -559,7 +565,11 @@ fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen
     assert_eq!(best.split_mode, SplitMode::Tensor);
     let devs = caps(&[105_000_000, 150_000_000]);
     let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
-    assert!(r.split_mode == SplitMode::Tensor && r.llama_cpp_args.contains("-sm tensor"), "{}", r.llama_cpp_args);
+    assert!(
+        r.placement.split_mode == SplitMode::Tensor && r.llama_cpp_args.contains("-sm tensor"),
+        "{}",
+        r.llama_cpp_args
+    );
     // One device holds the answer: nothing to split, nothing measured.
     let layers_only = |x: &[Split], kv, k| {
         assert!(x.iter().all(|s| s.mode() == SplitMode::Layer), "a split mode priced: {x:?}");
