@@ -78,7 +78,7 @@ fn print_report(out: &mut impl Write, outcome: &crate::tune::TuneOutcome) -> Res
 fn ranked(a: &TuneArgs, outcomes: &mut [crate::tune::TuneOutcome]) -> Result<i32> {
     use crate::tune::rank;
     let profiles: Vec<crate::profile::Profile> = outcomes.iter().map(|o| o.profile.clone()).collect();
-    let runner = crate::tune::runner(&profiles[0].settings, a.talk.verbose)?;
+    let runner = crate::tune::runner(&profiles[0].settings.policy, a.talk.verbose)?;
     let qualities = rank::qualities(&runner, &profiles, profiles[0].settings.backend.n_threads)?;
     for (o, q) in outcomes.iter_mut().zip(&qualities) {
         if q.is_some() {

@@ -11,6 +11,16 @@ impl Settings {
         self.consumer.as_ref().filter(|c| c.program == crate::consumer::Program::Ollama)
     }
 
+    /// What the tune's scores weigh: its objective and test sizes.
+    #[must_use]
+    pub fn scoring(&self) -> crate::types::Scoring {
+        crate::types::Scoring {
+            objective: self.goal.objective,
+            n_prompt: self.measure.n_prompt,
+            n_gen: self.measure.n_gen,
+        }
+    }
+
     /// Makes each context `n` slots of itself, decoded together
     /// (`--objective throughput --parallel N`): the KV cache sized for `n`
     /// sequences, `-np n`; a consumer's own slots are replaced.

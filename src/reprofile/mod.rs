@@ -391,7 +391,7 @@ fn settle(
         return Ok(());
     }
     let s = &new.settings;
-    let runner = crate::tune::runner(s, opts.verbose)?;
+    let runner = crate::tune::runner(&s.policy, opts.verbose)?;
     for c in d.comparisons.iter_mut().filter(|c| c.verdict == "inconclusive") {
         let Some((old_samples, mut spec, (np, ng))) = sides(old, new, c) else { continue };
         spec.repetitions = SETTLE_REPETITIONS;

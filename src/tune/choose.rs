@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::knee::kneedle;
 use crate::curve::Curve;
 use crate::model::human_bytes;
-use crate::types::{Decision, Fits, Knee, Objective, Point};
+use crate::types::{Decision, Fits, Knee, Objective, Point, Scoring};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inputs {
@@ -26,38 +26,12 @@ pub struct Inputs {
     pub max_power_w: Option<f64>,
 }
 
-/// Objective value (higher is better) from measured or predicted speeds;
-/// `energy` needs the power too ([`score_with_power`]): `None` here.
-#[must_use]
-pub fn score(obj: Objective, n_prompt: u32, n_gen: u32, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
-    score_with_power(obj, (n_prompt, n_gen), (tg, pp), None)
-}
-
-/// [`score`] with the mean power (W) over the tg test: `energy` is
-/// generated tokens per joule, tg over watts.
-#[must_use]
-pub fn score_with_power(
-    obj: Objective,
-    (n_prompt, n_gen): (u32, u32),
-    (tg, pp): (Option<f64>, Option<f64>),
-    watts: Option<f64>,
-) -> Option<f64> {
-    match obj {
-        // Throughput's tg test counts every stream's tokens.
-        Objective::Tg | Objective::Throughput => tg,
-        Objective::Pp => pp,
-        Objective::Mixed => {
-            let t = f64::from(n_prompt) / pp? + f64::from(n_gen) / tg?;
-            (t > 0.0).then(|| 1.0 / t)
-        }
-        Objective::Energy => tg.zip(watts.filter(|w| *w > 0.0)).map(|(t, w)| t / w),
+impl Inputs {
+    /// What this decision's scores weigh.
+    #[must_use]
+    pub fn scoring(&self) -> Scoring {
+        Scoring { objective: self.objective, n_prompt: self.n_prompt, n_gen: self.n_gen }
     }
-}
-
-/// [`score`] by a tune's objective and workload.
-#[must_use]
-pub fn score_for(s: &crate::profile::Settings, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
-    score(s.goal.objective, s.measure.n_prompt, s.measure.n_gen, tg, pp)
 }
 
 /// The models of one decision and what follows from them for any ngl.
@@ -105,7 +79,7 @@ impl Model<'_> {
 
     fn score_at(&self, n: u32) -> Option<f64> {
         let i = self.inp;
-        score_with_power(i.objective, (i.n_prompt, i.n_gen), (self.tg(n), self.pp(n)), self.watts.predict(n))
+        i.scoring().with_power((self.tg(n), self.pp(n)), self.watts.predict(n))
     }
 
     /// The best setting for the objective up to `max`, any integer ngl;
@@ -199,7 +173,7 @@ impl Model<'_> {
 
 /// A measured point's objective value (its own power for `energy`).
 fn measured_score(i: &Inputs, p: &Point) -> Option<f64> {
-    score_with_power(i.objective, (i.n_prompt, i.n_gen), (p.tg, p.pp), p.power.map(|w| w.total()))
+    i.scoring().with_power((p.tg, p.pp), p.power.map(|w| w.total()))
 }
 
 /// Why this setting, in two or three lines.

@@ -110,9 +110,9 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], gate: &QualityG
             let s = &p.settings;
             // Energy: its trial's tokens per joule (the power is the trial's); else its speeds.
             let score = if s.goal.objective == crate::types::Objective::Energy {
-                recommendation_trial(p).and_then(|t| crate::tune::search::trial_score(t, s))
+                recommendation_trial(p).and_then(|t| s.scoring().trial(&t.result))
             } else {
-                crate::tune::choose::score_for(s, rec.tg_ts, rec.pp_ts)
+                s.scoring().speeds(rec.tg_ts, rec.pp_ts)
             };
             let excluded = match q {
                 _ if i == r => None,

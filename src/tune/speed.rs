@@ -23,7 +23,7 @@
 //! count is fixed (`--ngl`) and the faster ones cannot hold them.
 
 use super::plan::Split;
-use crate::types::Objective;
+use crate::types::{Objective, Scoring};
 
 /// One device's change to the time per token against the CPU (negative:
 /// faster), in milliseconds: per repeating layer it holds, and for the
@@ -265,8 +265,8 @@ impl SpeedModel {
 
     /// The known device whose layers cost least for the objective.
     #[must_use]
-    pub fn fastest(&self, objective: Objective, workload: (u32, u32)) -> Option<usize> {
-        let cost = self.layer_cost(objective, workload.0, workload.1);
+    pub fn fastest(&self, scoring: Scoring) -> Option<usize> {
+        let cost = self.layer_cost(scoring);
         (0..cost.len()).filter(|d| self.known[*d]).min_by(|a, b| cost[*a].total_cmp(&cost[*b]))
     }
 
@@ -294,7 +294,8 @@ impl SpeedModel {
 
     /// What a layer on each device costs for the objective: ms per token
     /// (tg, pp), or per request of `n_prompt` + `n_gen` tokens (mixed).
-    fn layer_cost(&self, objective: Objective, n_prompt: u32, n_gen: u32) -> Vec<f64> {
+    fn layer_cost(&self, scoring: Scoring) -> Vec<f64> {
+        let Scoring { objective, n_prompt, n_gen } = scoring;
         self.devices
             .iter()
             .map(|d| match objective {
@@ -314,15 +315,8 @@ impl SpeedModel {
     /// faster than the CPU filled, cheapest first, up to `full` layers, or
     /// every layer on the CPU where that is fastest.
     #[must_use]
-    pub fn best(
-        &self,
-        capacity: &[u32],
-        full: u32,
-        ngl: Option<u32>,
-        objective: Objective,
-        workload: (u32, u32),
-    ) -> Option<Split> {
-        let cost = self.layer_cost(objective, workload.0, workload.1);
+    pub fn best(&self, capacity: &[u32], full: u32, ngl: Option<u32>, scoring: Scoring) -> Option<Split> {
+        let cost = self.layer_cost(scoring);
         let n = cost.len();
         let cap = |i: usize| if self.known[i] { capacity.get(i).copied().unwrap_or(0) } else { 0 };
         // `target` layers, `last` given one layer before the rest, then the
@@ -356,7 +350,7 @@ impl SpeedModel {
         };
         let score = |x: &Split| {
             let (tg, pp) = self.predict(x);
-            crate::tune::choose::score(objective, workload.0, workload.1, Some(tg), pp).unwrap_or(0.0)
+            scoring.speeds(Some(tg), pp).unwrap_or(0.0)
         };
         let target = ngl.unwrap_or(full).min(full);
         let must = ngl.is_some();
@@ -371,6 +365,9 @@ impl SpeedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// tg at llama-bench's test sizes.
+    const TG: Scoring = Scoring { objective: Objective::Tg, n_prompt: 512, n_gen: 128 };
 
     fn split(layers: &[u32]) -> Split {
         Split::new(layers)
@@ -430,18 +427,18 @@ mod tests {
     fn the_slow_device_is_left_out_when_that_is_faster() {
         let w = world();
         // The fast GPU holds everything: the slow one gets nothing, whatever its memory.
-        assert_eq!(w.best(&[20, 21], 21, None, Objective::Tg, (512, 128)), Some(split(&[0, 21])));
+        assert_eq!(w.best(&[20, 21], 21, None, TG), Some(split(&[0, 21])));
         // The fast GPU holds 12: the rest stays on the CPU, not on the slower device.
-        assert_eq!(w.best(&[20, 12], 21, None, Objective::Tg, (512, 128)), Some(split(&[0, 12])));
+        assert_eq!(w.best(&[20, 12], 21, None, TG), Some(split(&[0, 12])));
     }
 
     #[test]
     fn the_slow_device_is_kept_when_its_memory_is_needed() {
         let w = world();
         // Every layer must be offloaded (--ngl 21): the fast GPU takes 12, the slow one the other 9.
-        assert_eq!(w.best(&[20, 12], 21, Some(21), Objective::Tg, (512, 128)), Some(split(&[9, 12])));
+        assert_eq!(w.best(&[20, 12], 21, Some(21), TG), Some(split(&[9, 12])));
         // More layers than both hold: no such split.
-        assert_eq!(w.best(&[5, 12], 21, Some(21), Objective::Tg, (512, 128)), None);
+        assert_eq!(w.best(&[5, 12], 21, Some(21), TG), None);
     }
 
     #[test]
@@ -451,11 +448,11 @@ mod tests {
         let w =
             SpeedModel::solve((Some(20.0), None), &[at(&[10, 0], 30.0), at(&[0, 10], 80.0)], (2, 40.0), &[]).unwrap();
         // The fast device holds every layer: the slow one gets none, no order needed.
-        let all = w.best(&[21, 21], 21, Some(21), Objective::Tg, (512, 128)).unwrap();
+        let all = w.best(&[21, 21], 21, Some(21), TG).unwrap();
         assert_eq!((all.layers(), all.in_llama_order()), (vec![21, 0], true));
         // It holds 15: the slow one must take 6; listed first (--device slow,fast), it
         // takes the first layers and the fast device runs the output.
-        let forced = w.best(&[15, 21], 21, Some(21), Objective::Tg, (512, 128)).unwrap();
+        let forced = w.best(&[15, 21], 21, Some(21), TG).unwrap();
         assert_eq!((forced.layers(), forced.order(), forced.listed()), (vec![15, 6], vec![1, 0], vec![6, 15]));
         assert_eq!(forced.output_device(), Some(0));
         let names = ["FAST".to_string(), "SLOW".to_string()];
@@ -532,10 +529,19 @@ mod tests {
         // A device that speeds up the prompt but slows generation.
         let probe = Measured { split: split(&[10]), tg_ts: 10.0, pp_ts: Some(250.0) };
         let w = SpeedModel::solve((Some(20.0), Some(200.0)), &[probe], (1, 1.0), &[]).unwrap();
-        assert_eq!(w.best(&[20], 20, None, Objective::Tg, (512, 128)), Some(split(&[0])));
-        assert_eq!(w.best(&[20], 20, None, Objective::Pp, (512, 128)), Some(split(&[20])));
+        assert_eq!(w.best(&[20], 20, None, TG), Some(split(&[0])));
+        assert_eq!(
+            w.best(&[20], 20, None, Scoring { objective: Objective::Pp, n_prompt: 512, n_gen: 128 }),
+            Some(split(&[20]))
+        );
         // A request of 4096 prompt tokens and 16 generated: the prompt's saving wins.
-        assert_eq!(w.best(&[20], 20, None, Objective::Mixed, (4096, 16)), Some(split(&[20])));
-        assert_eq!(w.best(&[20], 20, None, Objective::Mixed, (16, 512)), Some(split(&[0])));
+        assert_eq!(
+            w.best(&[20], 20, None, Scoring { objective: Objective::Mixed, n_prompt: 4096, n_gen: 16 }),
+            Some(split(&[20]))
+        );
+        assert_eq!(
+            w.best(&[20], 20, None, Scoring { objective: Objective::Mixed, n_prompt: 16, n_gen: 512 }),
+            Some(split(&[0]))
+        );
     }
 }

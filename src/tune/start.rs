@@ -14,7 +14,7 @@ use crate::clock::now_rfc3339;
 use crate::engine::runner::Runner;
 use crate::probe;
 use crate::profile::store;
-use crate::profile::{Checkpoint, MemoryPolicy, ModelIdentity, Settings, SCHEMA_VERSION};
+use crate::profile::{Checkpoint, MemoryPolicy, ModelIdentity, SearchPolicy, Settings, SCHEMA_VERSION};
 use crate::types::{Hardware, Note};
 
 /// The machine-wide facts every context's search shares.
@@ -56,7 +56,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     }
     // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).
     let guard = crate::engine::DepthCache::unless_disabled();
-    let runner = runner(s, opts.verbose())?;
+    let runner = runner(&s.policy, opts.verbose())?;
     let depth_cache = guard.as_ref().map(|d| d.0.clone());
     let sh = Shared { opts, hw, identity, policy, op_offload, runner, depth_cache, _depth_guard: guard };
     Ok((sh, checkpoint, notes))
@@ -93,10 +93,10 @@ fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
 ///
 /// # Errors
 /// When the current executable's path cannot be found.
-pub fn runner(s: &Settings, verbose: bool) -> Result<Runner> {
-    Ok(Runner::current(Duration::from_secs(s.policy.trial_timeout_s), verbose)?
-        .with_sample_interval(Duration::from_millis(s.policy.sample_interval_ms))
-        .with_busy_threshold(s.policy.busy_threshold))
+pub fn runner(policy: &SearchPolicy, verbose: bool) -> Result<Runner> {
+    Ok(Runner::current(Duration::from_secs(policy.trial_timeout_s), verbose)?
+        .with_sample_interval(Duration::from_millis(policy.sample_interval_ms))
+        .with_busy_threshold(policy.busy_threshold))
 }
 
 /// The checkpoint to continue from: the previous one with `--resume` when

@@ -43,11 +43,11 @@ pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict
 
 /// Writes the context's verdicts: reading speed for chat (one stream: not
 /// under `--objective throughput`, a job judged by its hours) and `--job`'s.
-pub fn judge(c: &mut ContextPlacement, s: &crate::profile::Settings) {
-    if s.goal.objective != crate::types::Objective::Throughput {
-        c.reading = reading(c, s.goal.reading_speed);
+pub fn judge(c: &mut ContextPlacement, goal: &crate::types::Goal) {
+    if goal.objective != crate::types::Objective::Throughput {
+        c.reading = reading(c, goal.reading_speed);
     }
-    c.job = s.goal.job.and_then(|j| job(c, j, s.goal.streams()));
+    c.job = goal.job.and_then(|j| job(c, j, goal.streams()));
 }
 
 /// The hours `job` takes at the answer's measured generation rate (of

@@ -378,7 +378,7 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     (out.pp_ratio, out.pp_half_width) = (pp.map(|r| r.ratio), pp.map(|r| r.half_width));
     // Judged on the objective's score; a side raced out far behind has no
     // pp, so the tg it was raced on judges it.
-    let judged = ratio(&|t| super::search::trial_score(t, s)).or(match s.goal.objective {
+    let judged = ratio(&|t| s.scoring().trial(&t.result)).or(match s.goal.objective {
         crate::types::Objective::Pp => pp,
         _ => tg,
     });

@@ -2,17 +2,18 @@
 //! measured under the cap and the quality gate, a lossy cache only where
 //! it pays; and the recommendation it makes.
 
-use crate::profile::{HatchKind, PlacementOption, Recommendation, Settings};
+use crate::profile::{HatchKind, PlacementOption, Recommendation};
+use crate::types::{QualityGate, Scoring};
 
 /// The note of a measured quantized cache whose quality was not checked
 /// because it would not be chosen even if it passed: what it measured
 /// against the recommendation, and why no check ran.
-pub(super) fn unchecked(options: &mut [PlacementOption], s: &Settings) {
-    let best = options.iter().find(|o| o.recommended).and_then(|o| score_with_noise(o, s)).map(|x| x.0);
+pub(super) fn unchecked(options: &mut [PlacementOption], scoring: Scoring) {
+    let best = options.iter().find(|o| o.recommended).and_then(|o| score_with_noise(o, scoring)).map(|x| x.0);
     for o in options.iter_mut().filter(|o| lossy(o) && o.measured && o.quality.is_none()) {
-        let cmp = match (score_with_noise(o, s), best) {
+        let cmp = match (score_with_noise(o, scoring), best) {
             (Some((v, _)), Some(b)) if b > 0.0 => {
-                format!("{:+.0}% {} against the recommendation; ", (v / b - 1.0) * 100.0, s.goal.objective.as_str())
+                format!("{:+.0}% {} against the recommendation; ", (v / b - 1.0) * 100.0, scoring.objective.as_str())
             }
             _ => String::new(),
         };
@@ -22,13 +23,13 @@ pub(super) fn unchecked(options: &mut [PlacementOption], s: &Settings) {
 
 /// The objective's score of an option and its standard error (the larger
 /// relative error of the speeds it is made of).
-fn score_with_noise(o: &PlacementOption, s: &Settings) -> Option<(f64, f64)> {
-    let v = crate::tune::choose::score_for(s, o.tg_ts, o.pp_ts)?;
+fn score_with_noise(o: &PlacementOption, scoring: Scoring) -> Option<(f64, f64)> {
+    let v = scoring.speeds(o.tg_ts, o.pp_ts)?;
     let rel = |se: Option<f64>, ts: Option<f64>| match (se, ts) {
         (Some(se), Some(ts)) if ts > 0.0 => se / ts,
         _ => 0.0,
     };
-    let r = match s.goal.objective {
+    let r = match scoring.objective {
         crate::types::Objective::Tg | crate::types::Objective::Energy | crate::types::Objective::Throughput => {
             rel(o.tg_se_ts, o.tg_ts)
         }
@@ -49,11 +50,11 @@ pub(super) fn lossy(o: &PlacementOption) -> bool {
 /// tokens, nothing broken), and is chosen over a lossless option only when
 /// it is faster beyond the noise of both (two standard errors of the
 /// difference) or nothing lossless fits. Returns notes for the report.
-pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types::Note> {
-    let score = |o: &PlacementOption| score_with_noise(o, s).map(|x| x.0);
+pub fn choose(options: &mut [PlacementOption], scoring: Scoring, gate: &QualityGate) -> Vec<crate::types::Note> {
+    let score = |o: &PlacementOption| score_with_noise(o, scoring).map(|x| x.0);
     let gate = |o: &PlacementOption| match &o.quality {
         None => Some("quality not measured: not recommended blind".to_string()),
-        Some(q) => q.fails(&s.gate),
+        Some(q) => q.fails(gate),
     };
     let eligible = |o: &PlacementOption| {
         o.measured && o.fits && o.kind != HatchKind::ShorterContext && (!lossy(o) || gate(o).is_none())
@@ -63,7 +64,7 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types
             .iter()
             .enumerate()
             .filter(|(_, o)| eligible(o) && !(lossless_only && lossy(o)))
-            .filter_map(|(i, o)| score_with_noise(o, s).map(|v| (i, v)))
+            .filter_map(|(i, o)| score_with_noise(o, scoring).map(|v| (i, v)))
             .max_by(|a, b| a.1 .0.total_cmp(&b.1 .0))
     };
     let Some((mut bi, (mut bv, best_se))) = best_of(false) else { return Vec::new() };
@@ -89,11 +90,11 @@ pub fn choose(options: &mut [PlacementOption], s: &Settings) -> Vec<crate::types
         } else if let (Some(pct), true) = (within_noise, lossy(o) && eligible(o)) {
             o.note = format!(
                 "{pct:+.0}% {} against the recommendation, within the noise of the two: a lossy cache only when it pays",
-                s.goal.objective.as_str()
+                scoring.objective.as_str()
             );
         } else if let Some(v) = score(o) {
             let cmp =
-                format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, s.goal.objective.as_str());
+                format!("{:+.0}% {} against the recommendation", (v / bv - 1.0) * 100.0, scoring.objective.as_str());
             o.note = if o.note.is_empty() { cmp } else { format!("{}; {cmp}", o.note) };
         } else if !o.fits {
             o.note = "over the cap".into();

@@ -119,7 +119,7 @@ impl Hatch for FfnSpill {
             return Ok(());
         };
         let (devs, full, n_layer) = (inp.devs, inp.full, inp.full.saturating_sub(1));
-        let Some(d) = m.fastest(s.goal.objective, (s.measure.n_prompt, s.measure.n_gen)) else { return Ok(()) };
+        let Some(d) = m.fastest(s.scoring()) else { return Ok(()) };
         let eligible = split::eligible(s, full, full);
         if inp.is_moe || n_layer < 2 || !eligible || best.tensor_split.get(d).is_some_and(|l| *l >= full) {
             return Ok(());
@@ -162,7 +162,7 @@ impl Hatch for FfnSpill {
         let (p, k) = priced;
         let share = (ffn / inp.layer_bytes.max(1.0)).clamp(0.0, 1.0);
         let predicted = cpu_layer_ms(search, &m, inp).map(|cpu| m.predict_spilled(&alone, (d, k, share), cpu));
-        let score = |tg: Option<f64>, pp| crate::tune::choose::score_for(s, tg, pp);
+        let score = |tg: Option<f64>, pp| s.scoring().speeds(tg, pp);
         let best_score = score(best.tg_ts, best.pp_ts).unwrap_or(0.0);
         if let Some((tg, pp)) = predicted.filter(|(tg, pp)| score(Some(*tg), *pp).unwrap_or(0.0) <= best_score) {
             let pp = pp.map_or(String::new(), |v| format!(", pp {v:.2}"));

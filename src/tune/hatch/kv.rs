@@ -129,11 +129,11 @@ impl Hatch for KvCache {
         else {
             return Ok(());
         };
-        let best_score = crate::tune::choose::score_for(s, best.tg_ts, best.pp_ts).unwrap_or(0.0);
+        let best_score = s.scoring().speeds(best.tg_ts, best.pp_ts).unwrap_or(0.0);
         let todo: Vec<Labelled> = split::speed_candidates(&m, s, full, &full_cap, &partial_cap)
             .into_iter()
             .filter(|(_, x)| !found.options.iter().any(|o| o.measured && split::split_of(o).layers() == x.layers()))
-            .filter(|(_, x)| split::predicted_score(&m, s, x) > best_score)
+            .filter(|(_, x)| split::predicted_score(&m, s.scoring(), x) > best_score)
             .map(|(_, x)| ("q8_0 KV cache: more layers on the faster devices".to_string(), x))
             .collect();
         let priced = split::price_all(todo, &mut |x: &[Split]| price(search, x), devs, &cost);
@@ -145,7 +145,7 @@ impl Hatch for KvCache {
         let race = search.race();
         let t = search.measure(Role::Hatch, c, Some(race))?.clone();
         // The check reads the text twice (minutes on a slow host): only for a cache that measured faster.
-        let faster = crate::tune::search::trial_score(&t, s).is_some_and(|v| v > best_score);
+        let faster = s.scoring().trial(&t.result).is_some_and(|v| v > best_score);
         let quality = if t.result.status == TrialStatus::Ok && faster { assess(q8)? } else { None };
         let mut o = split::option_of(&label, &split, split::per_device(&p, devs), Some(&t), s, inp);
         o.quality = quality;

@@ -290,7 +290,7 @@ fn one_device(
     let kv_pick = hatches.iter().find_map(|x| x.lossy());
     let could_win = kv_pick.is_some_and(|kv| {
         let mut options = options_of(Some((kv, Quality::passing())));
-        choose(&mut options, search.settings());
+        choose(&mut options, search.settings().scoring(), &search.settings().gate);
         options.iter().any(|o| o.recommended && choose::lossy(o))
     });
     let quality = match kv_pick {
@@ -298,7 +298,7 @@ fn one_device(
         _ => None,
     };
     let mut options = options_of(quality);
-    let mut notes = choose(&mut options, search.settings());
+    let mut notes = choose(&mut options, search.settings().scoring(), &search.settings().gate);
     if gap > 0 {
         notes.push(crate::types::Note::prediction(format!(
             "the escape hatches' dry-run prices were held to the cap less {}: what this context's trials held on the device beyond llama.cpp's accounting (the driver's own memory)",
@@ -307,7 +307,7 @@ fn one_device(
         .at(h.n_ctx));
     }
     if kv_pick.is_some() && !could_win {
-        choose::unchecked(&mut options, search.settings());
+        choose::unchecked(&mut options, search.settings().scoring());
     }
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
 }

@@ -54,7 +54,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
         option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None),
         option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
     ];
-    let notes = choose(&mut v, &s);
+    let notes = choose(&mut v, s.scoring(), &s.gate);
     assert_eq!(picked(&v), [HatchKind::KvCache], "a shorter context is another workload: never picked");
     assert!(notes[0].to_string().contains("q8_0 KV cache"), "{notes:?}");
     assert!(v[3].note.contains("-92% tg"), "{}", v[3].note);
@@ -71,7 +71,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
             option(HatchKind::FfnSpill, KvType::F16, 13.6, true, None),
             option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
         ];
-        choose(&mut v, &s);
+        choose(&mut v, s.scoring(), &s.gate);
         assert_eq!(picked(&v), [HatchKind::FfnSpill], "{kl:?}");
         assert!(v[0].note.contains("max-kl") || v[0].note.contains("blind"), "{}", v[0].note);
         let r = recommend(&layer_split(), &v, 2);
@@ -87,7 +87,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
         option(HatchKind::FfnSpill, KvType::F16, 13.6, false, None),
         option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None),
     ];
-    choose(&mut v, &s);
+    choose(&mut v, s.scoring(), &s.gate);
     assert_eq!(picked(&v), [HatchKind::LayerSplit]);
     assert_eq!(recommend(&layer_split(), &v, 2), layer_split());
 }
@@ -99,7 +99,7 @@ fn a_broken_or_unknown_quality_is_ineligible_with_its_reason() {
         let mut o = option(HatchKind::KvCache, KvType::Q8_0, 37.0, true, Some(0.001));
         f(o.quality.as_mut().unwrap());
         let mut v = vec![o, option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
-        choose(&mut v, &s);
+        choose(&mut v, s.scoring(), &s.gate);
         assert_eq!(picked(&v), [HatchKind::LayerSplit]);
         v[0].note.clone()
     };
@@ -122,17 +122,17 @@ fn a_lossy_cache_within_noise_of_a_lossless_option_is_not_recommended() {
     q8.tg_se_ts = Some(0.4);
     spill.tg_se_ts = Some(0.4);
     let mut v = vec![q8.clone(), spill.clone(), option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
-    choose(&mut v, &s);
+    choose(&mut v, s.scoring(), &s.gate);
     assert_eq!(picked(&v), [HatchKind::FfnSpill]);
     assert!(v[0].note.contains("within the noise"), "{}", v[0].note);
     // Beyond the noise it pays, and is recommended.
     q8.tg_ts = Some(20.0);
     let mut v = vec![q8.clone(), spill, option(HatchKind::LayerSplit, KvType::F16, 3.0, true, None)];
-    choose(&mut v, &s);
+    choose(&mut v, s.scoring(), &s.gate);
     assert_eq!(picked(&v), [HatchKind::KvCache]);
     // The only way to fit: recommended within any noise.
     let mut v = vec![q8, option(HatchKind::LayerSplit, KvType::F16, 3.0, false, None)];
-    choose(&mut v, &s);
+    choose(&mut v, s.scoring(), &s.gate);
     assert_eq!(picked(&v), [HatchKind::KvCache]);
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::choose::{self, decide, Inputs};
+use super::choose::{decide, Inputs};
 use super::executor::TrialExecutor;
 use super::memory::{prediction_check, trial_memory};
 use super::plan::{adaptive_points, moe_grid, Candidate, ContextRun, Found, Plan};
@@ -352,8 +352,10 @@ impl<'a> Search<'a> {
     fn adaptive(&mut self, n_max: u32, top_first: bool, max_trials: usize) -> Result<Option<String>> {
         // Its early stop reasons from time per token being linear in ngl: a speed's
         // argument, so energy's search walks by tg (its decision then weighs the watts).
-        let mut by_speed = self.settings.clone();
-        by_speed.goal.objective = Objective::Tg;
+        let mut scoring = self.settings.scoring();
+        if scoring.objective == Objective::Energy {
+            scoring.objective = Objective::Tg;
+        }
         adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
             let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.placement.n_gpu_layers == ngl;
             if !self.trials.iter().any(|x| at(&x)) {
@@ -361,8 +363,11 @@ impl<'a> Search<'a> {
                 let race = self.race();
                 self.measure(Role::Grid, self.candidate(ngl), Some(race))?;
             }
-            let s = if self.settings.goal.objective == Objective::Energy { &by_speed } else { self.settings };
-            Ok(self.trials.iter().find(|x| at(x) && x.result.status == TrialStatus::Ok).and_then(|x| trial_score(x, s)))
+            Ok(self
+                .trials
+                .iter()
+                .find(|x| at(x) && x.result.status == TrialStatus::Ok)
+                .and_then(|x| scoring.trial(&x.result)))
         })
     }
 
@@ -494,7 +499,7 @@ impl<'a> Search<'a> {
         let best_moe = moe
             .iter()
             .filter(|t| t.result.status == TrialStatus::Ok && !t.over_cap)
-            .filter_map(|t| trial_score(t, s).map(|v| (t.result.spec.placement.n_cpu_moe, v, t.mem_bytes)))
+            .filter_map(|t| s.scoring().trial(&t.result).map(|v| (t.result.spec.placement.n_cpu_moe, v, t.mem_bytes)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let dense = self
             .trials
@@ -505,12 +510,14 @@ impl<'a> Search<'a> {
                     && t.result.status == TrialStatus::Ok
                     && t.result.spec.placement.n_cpu_moe == 0
             })
-            .and_then(|t| trial_score(t, s));
+            .and_then(|t| s.scoring().trial(&t.result));
         let tried: Vec<String> = moe
             .iter()
             .map(|t| {
-                let v =
-                    trial_score(t, s).map_or_else(|| t.result.status.as_str().to_string(), |v| format!("{v:.2} t/s"));
+                let v = s
+                    .scoring()
+                    .trial(&t.result)
+                    .map_or_else(|| t.result.status.as_str().to_string(), |v| format!("{v:.2} t/s"));
                 format!("K={} {v}{}", t.result.spec.placement.n_cpu_moe, if t.over_cap { " (over cap)" } else { "" })
             })
             .collect();
@@ -563,7 +570,7 @@ impl<'a> Search<'a> {
             .iter()
             .filter_map(|n| self.trials.iter().find(|t| at(t, *n)))
             .map(|t| {
-                let score = trial_score(t, s).filter(|_| t.result.status == TrialStatus::Ok);
+                let score = s.scoring().trial(&t.result).filter(|_| t.result.status == TrialStatus::Ok);
                 (t.result.spec.placement.n_threads, score, t.result.status.as_str())
             })
             .collect();
@@ -617,19 +624,6 @@ fn last_tg(trials: &[ProfileTrial]) -> String {
         .rev()
         .find_map(|t| t.result.test(false))
         .map_or(String::new(), |t| format!(" | last tg {:.2} t/s", t.avg_ts))
-}
-
-/// A measured trial's value for the tuning objective (higher is better).
-#[must_use]
-pub fn trial_score(t: &ProfileTrial, s: &Settings) -> Option<f64> {
-    let speed = |pp: bool| t.result.test(pp).map(|x| x.avg_ts);
-    let watts = t.result.test(false).and_then(crate::types::Power::of).map(|w| w.total());
-    choose::score_with_power(
-        s.goal.objective,
-        (s.measure.n_prompt, s.measure.n_gen),
-        (speed(false), speed(true)),
-        watts,
-    )
 }
 
 /// The memory fit against each measured grid point (partial offload and

@@ -41,14 +41,13 @@ pub(in crate::tune) fn speed_candidates(
     partial_cap: &[u32],
 ) -> Vec<Labelled> {
     let fixed = s.policy.grid.as_ref().filter(|g| g.len() == 1).map(|g| g[0].min(full));
-    let w = (s.measure.n_prompt, s.measure.n_gen);
     let mut out = Vec::new();
     match fixed {
-        Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.goal.objective, w)),
-        Some(_) => out.extend(m.best(full_cap, full, Some(full), s.goal.objective, w)),
+        Some(n) if n < full => out.extend(m.best(partial_cap, full, Some(n), s.scoring())),
+        Some(_) => out.extend(m.best(full_cap, full, Some(full), s.scoring())),
         None => {
-            out.extend(m.best(full_cap, full, Some(full), s.goal.objective, w));
-            out.extend(m.best(partial_cap, full, None, s.goal.objective, w));
+            out.extend(m.best(full_cap, full, Some(full), s.scoring()));
+            out.extend(m.best(partial_cap, full, None, s.scoring()));
         }
     }
     let mut v: Vec<Labelled> = Vec::new();
@@ -66,9 +65,9 @@ pub(in crate::tune) fn speed_candidates(
 }
 
 /// The objective's score of predicted rates.
-pub(in crate::tune) fn predicted_score(m: &SpeedModel, s: &Settings, x: &Split) -> f64 {
+pub(in crate::tune) fn predicted_score(m: &SpeedModel, scoring: crate::types::Scoring, x: &Split) -> f64 {
     let (tg, pp) = m.predict(x);
-    crate::tune::choose::score_for(s, Some(tg), pp).unwrap_or(0.0)
+    scoring.speeds(Some(tg), pp).unwrap_or(0.0)
 }
 
 /// A split as `(label, layers and order)`.

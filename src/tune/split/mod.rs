@@ -232,7 +232,7 @@ fn measure_by_speed(
 ) -> Result<Vec<Option<MeasuredSplit>>> {
     let (devs, full) = (inp.devs, inp.full);
     let s = search.settings();
-    let score = |tg, pp| crate::tune::choose::score_for(s, tg, pp);
+    let score = |tg, pp| s.scoring().speeds(tg, pp);
     let ok = |ngl: u32| eligible(s, full, ngl);
     let mut trials: Vec<Option<MeasuredSplit>> = vec![None; priced.len()];
     let mut measured: Vec<Measured> = defaults.to_vec();
@@ -260,8 +260,14 @@ fn measure_by_speed(
             None => Some(round),
             Some(m) if round < MEASURED_BY_SPEED => (0..priced.len())
                 .filter(|i| trials[*i].is_none())
-                .max_by(|a, b| predicted_score(m, s, &priced[*a].1).total_cmp(&predicted_score(m, s, &priced[*b].1)))
-                .filter(|i| predicted_score(m, s, &priced[*i].1) > best),
+                .max_by(|a, b| {
+                    predicted_score(m, s.scoring(), &priced[*a].1).total_cmp(&predicted_score(
+                        m,
+                        s.scoring(),
+                        &priced[*b].1,
+                    ))
+                })
+                .filter(|i| predicted_score(m, s.scoring(), &priced[*i].1) > best),
             Some(_) => None,
         };
         let Some(i) = next else { break };
@@ -439,7 +445,7 @@ pub(in crate::tune) fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
 /// Marks the fastest measured option under every cap (by the objective)
 /// and says how the others compare.
 pub fn choose(found: &mut SplitFound, s: &Settings) {
-    let score = |o: &SplitOption| crate::tune::choose::score_for(s, o.tg_ts, o.pp_ts);
+    let score = |o: &SplitOption| s.scoring().speeds(o.tg_ts, o.pp_ts);
     let most = found.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
     // A quantized cache the workload did not ask for (the q8_0 hatch's).
     let lossy = |o: &SplitOption| o.kv_type != s.workload.kv_type && o.kv_type.is_quantized();

@@ -89,7 +89,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         super::memory::policy_for(&hw, &first.settings().caps, first.caps()).unwrap_or_else(MemoryPolicy::no_gpu);
     let exe = crate::engine::child::current_exe()?;
     let s0 = first.settings();
-    let runner = super::start::runner(s0, first.verbose())?;
+    let runner = super::start::runner(&s0.policy, first.verbose())?;
     // One depth cache a model: its files are named by depth and cache type, not by model.
     let depths: Vec<Option<crate::engine::DepthCache>> =
         reqs.iter().map(|_| crate::engine::DepthCache::unless_disabled()).collect();
