@@ -773,9 +773,10 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
     let mut settings = old.settings.clone();
     // Thread counts follow the machine (a new CPU has other cores): the
     // drift report says where the tuned count changed.
-    settings.backend.n_threads = threads_now(&old.settings, &old.hardware.cpu, crate::bench::tune_threads());
+    settings.backend.n_threads =
+        threads_now(old.settings.backend.n_threads, &old.hardware.cpu, crate::bench::tune_threads());
     // The same checks as the command line's: a model this llama.cpp cannot load is no re-tune.
-    let machine = crate::tune::Machine::probe(&info, &settings)?;
+    let machine = crate::tune::Machine::probe(&info, (&settings.backend, &settings.caps))?;
     let req = crate::tune::TuneRequest::new(info, settings, opts.store.clone(), machine)?
         .with_output(opts.verbose, opts.progress);
     Ok(crate::tune::tune(&req)?.profile)
@@ -786,11 +787,11 @@ fn retune(old: &Profile, opts: &ReprofileOptions) -> Result<Profile> {
 /// what a tune without `-t` starts from), so a new CPU's cores are tuned
 /// for; a count the user chose otherwise is kept.
 #[must_use]
-pub fn threads_now(s: &crate::profile::Settings, then: &crate::types::CpuInfo, default_now: u32) -> u32 {
-    if s.backend.n_threads == 0 || s.backend.n_threads == then.physical_cores.max(1) {
+pub fn threads_now(asked: u32, then: &crate::types::CpuInfo, default_now: u32) -> u32 {
+    if asked == 0 || asked == then.physical_cores.max(1) {
         default_now
     } else {
-        s.backend.n_threads
+        asked
     }
 }
 

@@ -4,14 +4,10 @@ use super::*;
 
 #[test]
 fn a_retune_on_another_cpu_starts_from_its_cores_unless_the_user_chose() {
-    let mut s = crate::tune::worlds::settings();
     let then = crate::types::CpuInfo { brand: "old".into(), physical_cores: 2, logical_cores: 4 };
-    s.backend.n_threads = 2;
-    assert_eq!(threads_now(&s, &then, 16), 16, "the old default (its 2 cores) follows the new machine");
-    s.backend.n_threads = 0;
-    assert_eq!(threads_now(&s, &then, 16), 16);
-    s.backend.n_threads = 3;
-    assert_eq!(threads_now(&s, &then, 16), 3, "-t 3 was the user's");
+    assert_eq!(threads_now(2, &then, 16), 16, "the old default (its 2 cores) follows the new machine");
+    assert_eq!(threads_now(0, &then, 16), 16);
+    assert_eq!(threads_now(3, &then, 16), 3, "-t 3 was the user's");
 }
 
 #[test]

@@ -46,7 +46,7 @@ pub fn tune_requests(a: &TuneArgs) -> Result<(PathBuf, Vec<TuneRequest>)> {
     let consumer = consumer(a)?;
     let mut reqs = Vec::new();
     for (info, mut settings) in checked {
-        let machine = Machine::probe(&info, &settings)?;
+        let machine = Machine::probe(&info, (&settings.backend, &settings.caps))?;
         finish(a, &mut settings, &info, &machine, consumer.as_ref())?;
         let req = TuneRequest::new(info, settings, store.clone(), machine)?
             .with_resume(a.resume)

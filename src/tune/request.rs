@@ -10,7 +10,7 @@ use anyhow::Result;
 
 use super::memory::{self, DeviceCap};
 use crate::model::ModelInfo;
-use crate::profile::{store, Settings};
+use crate::profile::{store, Backend, Caps, Settings};
 use crate::types::{Hardware, LlamaDevice};
 
 /// The machine a request runs on, probed once: each offload device's cap,
@@ -23,17 +23,18 @@ pub struct Machine {
 }
 
 impl Machine {
-    /// Probes the servers `s` names (before the check: its child could only
-    /// say it cannot load the model), checks that llama.cpp can load the
-    /// model (and projector), prices each device's cap, reads the hardware.
+    /// Probes the RPC servers `backend` names (before the check: its child
+    /// could only say it cannot load the model), checks that llama.cpp can
+    /// load the model (and projector), prices each device's cap from
+    /// `caps`, reads the hardware.
     ///
     /// # Errors
     /// `BadInput` naming the server, the model or the budget and the fix.
-    pub fn probe(info: &ModelInfo, s: &Settings) -> Result<Machine> {
-        let rpc_servers = crate::rpc::probe_all(&s.backend.rpc)?;
+    pub fn probe(info: &ModelInfo, (backend, caps): (&Backend, &Caps)) -> Result<Machine> {
+        let rpc_servers = crate::rpc::probe_all(&backend.rpc)?;
         let exe = crate::engine::child::current_exe()?;
-        let devices = crate::engine::child::check_loadable(&exe, info, &s.backend.rpc, s.backend.mmproj.as_deref())?;
-        let caps = memory::device_caps(&devices, &s.caps)?;
+        let devices = crate::engine::child::check_loadable(&exe, info, &backend.rpc, backend.mmproj.as_deref())?;
+        let caps = memory::device_caps(&devices, caps)?;
         let mut hw = crate::probe::hardware(devices);
         hw.rpc_servers = rpc_servers;
         hw.fingerprint = crate::probe::fingerprint(&hw);

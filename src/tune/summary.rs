@@ -38,7 +38,7 @@ pub fn noise_note(trials: &[ProfileTrial]) -> Option<crate::types::Note> {
 /// setting, its nearest measured speed).
 /// `None` without two measured points.
 #[must_use]
-pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full: u32) -> Option<f64> {
+pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], m: &crate::profile::Measure, full: u32) -> Option<f64> {
     let ok: Vec<&ProfileTrial> =
         trials.iter().filter(|t| t.is_search() && t.result.status == TrialStatus::Ok).collect();
     let curve = |pp: bool| {
@@ -63,10 +63,10 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
     let measuring = |ngl: u32, pp_reps: Option<f64>, tg_reps: Option<f64>| -> Option<f64> {
         let mut secs = 0.0;
         if let Some(r) = pp_reps {
-            secs += (r + 1.0) * f64::from(s.measure.n_prompt) * per_token(&pp_time, ngl)?;
+            secs += (r + 1.0) * f64::from(m.n_prompt) * per_token(&pp_time, ngl)?;
         }
         if let Some(r) = tg_reps {
-            secs += (r * f64::from(s.measure.n_gen) + 1.0) * per_token(&tg_time, ngl)?;
+            secs += (r * f64::from(m.n_gen) + 1.0) * per_token(&tg_time, ngl)?;
         }
         Some(secs)
     };
@@ -83,8 +83,8 @@ pub fn estimate_grid_s(trials: &[ProfileTrial], grid: &[u32], s: &Settings, full
         return None;
     }
     let fixed = crate::stats::mean(&fixed).max(0.0);
-    let reps = f64::from(s.measure.repetitions);
-    let (pp_reps, tg_reps) = ((s.measure.n_prompt > 0).then_some(reps), (s.measure.n_gen > 0).then_some(reps));
+    let reps = f64::from(m.repetitions);
+    let (pp_reps, tg_reps) = ((m.n_prompt > 0).then_some(reps), (m.n_gen > 0).then_some(reps));
     grid.iter()
         .map(|&n| {
             let whole = ok.iter().find(|t| {
@@ -125,7 +125,7 @@ pub fn search_report(
         // Only a comparison of like with like: the grid runs nothing over the
         // cap, so a search that measured something over it has no estimate to compare.
         grid_estimate_s: (adaptive && !decision_trials.iter().any(|t| t.over_cap))
-            .then(|| estimate_grid_s(trials, runnable, s, full))
+            .then(|| estimate_grid_s(trials, runnable, &s.measure, full))
             .flatten(),
     }
 }
@@ -242,15 +242,15 @@ mod tests {
         // ngl 10 halfway in time per token: pp 1/(1/2 * (1/64 + 1/16)) = 25.6 t/s.
         let at10 = 1.0 + 4.0 * 64.0 / 25.6 + 49.0 / 6.4;
         let at20 = 1.0 + 4.0 * 4.0 + 49.0 / 4.0;
-        let est = estimate_grid_s(&trials, &[0, 10, 20], &settings, 20).unwrap();
+        let est = estimate_grid_s(&trials, &[0, 10, 20], &settings.measure, 20).unwrap();
         let want = 8.0625 + at10 + at20;
         assert!((est - want).abs() < 1e-6, "estimated {est}, want {want}");
-        assert_eq!(estimate_grid_s(&trials[..1], &[0, 10, 20], &settings, 20), None, "one point says nothing");
+        assert_eq!(estimate_grid_s(&trials[..1], &[0, 10, 20], &settings.measure, 20), None, "one point says nothing");
         // Raced on tg alone, the top's pp never ran: pp at ngl 0 stands in.
         let mut tg_only = timed_trial(20, 16.0, 4.0, 1, 1.0 + 17.0 / 4.0);
         tg_only.result.tests.retain(|x| x.n_gen > 0);
         let trials = [trials[0].clone(), tg_only];
-        let est = estimate_grid_s(&trials, &[0, 10, 20], &settings, 20).unwrap();
+        let est = estimate_grid_s(&trials, &[0, 10, 20], &settings.measure, 20).unwrap();
         let want = 8.0625 + (1.0 + 4.0 + 49.0 / 6.4) + (1.0 + 4.0 + 49.0 / 4.0);
         assert!((est - want).abs() < 1e-6, "estimated {est}, want {want}");
     }

@@ -157,12 +157,16 @@ fn image_ms(trials: &[ProfileTrial], c: Candidate) -> Option<f64> {
 
 /// Racing thresholds for the default from the recommendation's paired
 /// speeds so far: the objective's test alone, at the search's share.
-fn race_against(trials: &[ProfileTrial], mine: Candidate, s: &Settings) -> Option<crate::types::Race> {
+fn race_against(
+    trials: &[ProfileTrial],
+    mine: Candidate,
+    objective: crate::types::Objective,
+) -> Option<crate::types::Race> {
     let mean = |pp: bool| {
         let v = samples(trials, mine, pp);
         (!v.is_empty()).then(|| crate::stats::mean(&v) * super::search::RACE_SHARE)
     };
-    Some(match s.goal.objective {
+    Some(match objective {
         // A slower side may draw less power: not cut for speed.
         crate::types::Objective::Energy => return None,
         crate::types::Objective::Pp => {
@@ -352,7 +356,7 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
         measure(search, mine, None)?;
         // The other side far behind is cut short inside its first
         // repetition, as the search races: its verdict is clear at once.
-        let race = race_against(&search.trials[start..], mine, s);
+        let race = race_against(&search.trials[start..], mine, s.goal.objective);
         measure(search, theirs, race)?;
         pairs += 1;
         // Cut short in each of two pairs: the verdict below is already "faster"; a third changes nothing.
