@@ -12,7 +12,7 @@ use super::*;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Recommendation {
     /// Where each part runs and with which settings, as the trials ran it
-    /// (flash attention as asked: [`Self::placement`] turns it on for a
+    /// (flash attention as asked: [`Self::runs`] turns it on for a
     /// quantized cache). Its fields are the recommendation's in the JSON.
     #[serde(flatten)]
     pub placement: Placement,
