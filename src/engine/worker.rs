@@ -184,7 +184,7 @@ impl Session {
         // Auto becomes what was used: off where every offload device runs on the CPU.
         let on = spec.placement.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
         let mut spec = spec.clone();
-        spec.placement.op_offload = if on { crate::types::OpOffload::On } else { crate::types::OpOffload::Off };
+        spec.placement.op_offload = crate::types::OpOffload::from(on);
         result.spec = spec.clone();
         let spec = &spec;
         let init_ms = started.elapsed().as_secs_f64() * 1e3;

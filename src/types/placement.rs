@@ -27,6 +27,17 @@ impl OpOffload {
     }
 }
 
+/// A resolved choice (a trial's, an old profile's boolean) as the setting that asks for it.
+impl From<bool> for OpOffload {
+    fn from(on: bool) -> Self {
+        if on {
+            OpOffload::On
+        } else {
+            OpOffload::Off
+        }
+    }
+}
+
 /// The KV cache's element type (llama.cpp's `-ctk`/`-ctv`, Ollama's
 /// `OLLAMA_KV_CACHE_TYPE`). Both caches get the same type.
 #[derive(
@@ -458,13 +469,7 @@ fn op_offload_or_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<OpOffloa
     }
     Ok(match Either::deserialize(d)? {
         Either::Word(o) => o,
-        Either::Bool(on) => {
-            if on {
-                OpOffload::On
-            } else {
-                OpOffload::Off
-            }
-        }
+        Either::Bool(on) => OpOffload::from(on),
     })
 }
 
@@ -541,7 +546,7 @@ impl Placement {
 
     #[must_use]
     pub fn with_op_offload(mut self, on: bool) -> Self {
-        self.op_offload = if on { OpOffload::On } else { OpOffload::Off };
+        self.op_offload = OpOffload::from(on);
         self
     }
 
