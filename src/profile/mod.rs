@@ -1,9 +1,11 @@
 //! The profile: everything a tuning run measured and decided, as versioned
 //! JSON (`profiles/profile.schema.json`), keyed by machine and model.
 
+mod option;
 mod recommendation;
 mod set;
 mod settings;
+pub use option::*;
 pub use recommendation::*;
 pub use set::*;
 pub mod lock;
@@ -443,76 +445,6 @@ pub enum Confidence {
     High,
     /// Some trials ran while other processes took the machine's CPU or GPU.
     Low,
-}
-
-/// One way to run the model at a context, in the order the guide ranks
-/// them: a quantized KV cache, a shorter context, FFN weights on the CPU,
-/// whole layers on the CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HatchKind {
-    /// Every layer on the GPU with a quantized KV cache.
-    KvCache,
-    /// The largest context that fits fully (another workload: predicted).
-    ShorterContext,
-    /// Every layer on the GPU, the dense FFN weights of the first K layers on the CPU.
-    FfnSpill,
-    /// The best whole-layer split (what Ollama's num_gpu can express).
-    LayerSplit,
-}
-
-/// One escape hatch at one context: measured, or predicted with the reason.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PlacementOption {
-    pub kind: HatchKind,
-    pub n_ctx: u32,
-    pub n_gpu_layers: u32,
-    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
-    pub n_cpu_ffn: u32,
-    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
-    pub kv_type: KvType,
-    pub measured: bool,
-    pub tg_ts: Option<f64>,
-    pub pp_ts: Option<f64>,
-    /// Standard error of the measured means (t/s): the noise a lossy option
-    /// must beat a lossless one by.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tg_se_ts: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pp_se_ts: Option<f64>,
-    /// Device memory: the trial's (policy's currency) when measured, else llama.cpp's dry run.
-    pub device_bytes: Option<u64>,
-    /// Under the cap (by measurement where measured).
-    pub fits: bool,
-    /// Quality against the reference (f16 KV): mean KL divergence of the
-    /// token distributions and how often the top token agrees.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quality: Option<Quality>,
-    pub recommended: bool,
-    /// Why it was not measured, or what it costs or gains against the recommendation.
-    pub note: String,
-    /// llama.cpp's flags for this option: its placement on the workload its
-    /// trial ran (batch sizes, flash attention, slots, projector).
-    #[serde(default)]
-    pub llama_cpp_args: String,
-}
-
-impl PlacementOption {
-    /// The option in words: "q8_0 KV cache, every layer on the GPU".
-    #[must_use]
-    pub fn describe(&self) -> String {
-        let n = self.n_gpu_layers;
-        match self.kind {
-            HatchKind::KvCache => format!("{} KV cache at ngl {n}", self.kv_type.as_str()),
-            HatchKind::ShorterContext => {
-                format!("{} context at ngl {n} ({} KV cache)", self.n_ctx, self.kv_type.as_str())
-            }
-            HatchKind::FfnSpill => {
-                format!("ngl {n} with the FFN weights of {} layers on the CPU (-ot)", self.n_cpu_ffn)
-            }
-            HatchKind::LayerSplit => format!("ngl {n}, whole layers (the layer split)"),
-        }
-    }
 }
 
 /// The answer at one context size.

@@ -363,10 +363,9 @@ mod tests {
         let q = crate::types::Quality { wall_s: 35.0, ..crate::types::Quality::passing() };
         let option = |kind| crate::profile::PlacementOption {
             kind,
-            n_ctx: 4096,
-            n_gpu_layers: 9,
-            n_cpu_ffn: 0,
-            kv_type: crate::types::KvType::Q8_0,
+            placement: crate::types::Placement::default()
+                .with_layers(9, 4, Some(4096))
+                .with_kv(crate::types::KvType::Q8_0),
             measured: kind == crate::profile::HatchKind::KvCache,
             tg_ts: None,
             pp_ts: None,
@@ -377,7 +376,6 @@ mod tests {
             quality: Some(q.clone()),
             recommended: false,
             note: String::new(),
-            llama_cpp_args: String::new(),
         };
         let options = [option(crate::profile::HatchKind::KvCache), option(crate::profile::HatchKind::ShorterContext)];
         assert!((quality_seconds(&options, None) - 35.0).abs() < 1e-9);

@@ -11,11 +11,11 @@ fn hatch(o: &PlacementOption) -> ReadingHatch {
     ReadingHatch {
         kind: o.kind,
         describe: o.describe(),
-        n_ctx: o.n_ctx,
+        n_ctx: o.n_ctx(),
         measured: o.measured,
         tg_ts: o.tg_ts.filter(|_| o.measured),
         kl_mean: o.quality.as_ref().map(|q| q.kl_mean),
-        llama_cpp_args: o.llama_cpp_args.clone(),
+        llama_cpp_args: o.llama_cpp_args(),
     }
 }
 
@@ -68,10 +68,9 @@ mod tests {
     fn option(kind: HatchKind, tg: Option<f64>, measured: bool) -> PlacementOption {
         PlacementOption {
             kind,
-            n_ctx: if kind == HatchKind::ShorterContext { 2048 } else { 8192 },
-            n_gpu_layers: 33,
-            n_cpu_ffn: 0,
-            kv_type: if kind == HatchKind::KvCache { KvType::Q8_0 } else { KvType::F16 },
+            placement: crate::types::Placement::default()
+                .with_layers(33, 4, Some(if kind == HatchKind::ShorterContext { 2048 } else { 8192 }))
+                .with_kv(if kind == HatchKind::KvCache { KvType::Q8_0 } else { KvType::F16 }),
             measured,
             tg_ts: tg,
             pp_ts: tg.map(|t| t * 10.0),
@@ -92,7 +91,6 @@ mod tests {
             }),
             recommended: false,
             note: String::new(),
-            llama_cpp_args: format!("-ngl 33 ({kind:?})"),
         }
     }
 

@@ -41,7 +41,7 @@ fn score_with_noise(o: &PlacementOption, scoring: Scoring) -> Option<(f64, f64)>
 
 /// An option that changes the output: a quantized KV cache.
 pub(super) fn lossy(o: &PlacementOption) -> bool {
-    o.kv_type.is_quantized()
+    o.placement.kv_type.is_quantized()
 }
 
 /// Marks the best measured option under the cap and says what each other
@@ -102,7 +102,7 @@ pub fn choose(options: &mut [PlacementOption], scoring: Scoring, gate: &QualityG
     }
     if options[bi].kind != HatchKind::LayerSplit {
         let o = &options[bi];
-        notes.push(crate::types::Note::hatch(format!("escape hatch at {} context: {}", o.n_ctx, o.describe())));
+        notes.push(crate::types::Note::hatch(format!("escape hatch at {} context: {}", o.n_ctx(), o.describe())));
     }
     notes
 }
@@ -117,7 +117,8 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
         return layer_split.clone();
     };
     let mut r = layer_split.clone();
-    let p = r.moved_to(o.n_gpu_layers, threads, (o.kv_type, o.n_cpu_ffn));
+    let moved = &o.placement;
+    let p = r.moved_to(moved.n_gpu_layers, threads, (moved.kv_type, moved.n_cpu_ffn));
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]

@@ -24,10 +24,7 @@ impl Hatch for LayerSplit {
         });
         vec![PlacementOption {
             kind: HatchKind::LayerSplit,
-            n_ctx: r.n_ctx(),
-            n_gpu_layers: r.placement.n_gpu_layers,
-            n_cpu_ffn: 0,
-            kv_type: r.placement.kv_type,
+            placement: r.runs(),
             measured: r.measured,
             tg_ts: r.tg_ts,
             pp_ts: r.pp_ts,
@@ -38,7 +35,6 @@ impl Hatch for LayerSplit {
             quality: None,
             recommended: false,
             note: String::new(),
-            llama_cpp_args: r.llama_cpp_args.clone(),
         }]
     }
 }

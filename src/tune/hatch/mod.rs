@@ -350,10 +350,7 @@ impl World<'_> {
         };
         PlacementOption {
             kind,
-            n_ctx: case.n_ctx,
-            n_gpu_layers: case.ngl,
-            n_cpu_ffn: case.n_cpu_ffn,
-            kv_type: case.kv_type.unwrap_or(self.h.kv),
+            placement: self.h.placement(case),
             measured: ok.is_some(),
             tg_ts: ok.and_then(|t| t.result.test(false)).map(|x| x.avg_ts),
             pp_ts: ok.and_then(|t| t.result.test(true)).map(|x| x.avg_ts),
@@ -368,7 +365,6 @@ impl World<'_> {
                 .map(|(_, q)| q.clone()),
             recommended: false,
             note,
-            llama_cpp_args: self.h.placement(case).flags(),
         }
     }
 

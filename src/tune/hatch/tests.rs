@@ -7,10 +7,12 @@ use crate::tune::pricer::fake::Curves;
 fn option(kind: HatchKind, kv: KvType, tg: f64, fits: bool, kl: Option<f64>) -> PlacementOption {
     PlacementOption {
         kind,
-        n_ctx: 32768,
-        n_gpu_layers: 19,
-        n_cpu_ffn: u32::from(kind == HatchKind::FfnSpill) * 4,
-        kv_type: kv,
+        placement: crate::types::Placement {
+            n_cpu_ffn: u32::from(kind == HatchKind::FfnSpill) * 4,
+            ..crate::types::Placement::default()
+        }
+        .with_layers(19, 4, Some(32768))
+        .with_kv(kv),
         measured: kind != HatchKind::ShorterContext,
         tg_ts: Some(tg),
         pp_ts: Some(tg * 10.0),
@@ -31,7 +33,6 @@ fn option(kind: HatchKind, kv: KvType, tg: f64, fits: bool, kl: Option<f64>) -> 
         }),
         recommended: false,
         note: String::new(),
-        llama_cpp_args: String::new(),
     }
 }
 
@@ -303,11 +304,14 @@ fn what_the_driver_holds_beyond_the_dry_run_is_kept_out_of_every_predicted_optio
     // A driver that holds 100 more: full offload really takes 4470 > 4400.
     let seen = hatch_world_sampled(4400.0, 100);
     assert!(!seen.fits_fully, "held to 4300, 4370 is over");
-    let shorter: Vec<&PlacementOption> =
-        seen.options.iter().filter(|o| o.kind == HatchKind::ShorterContext && o.kv_type == KvType::F16).collect();
+    let shorter: Vec<&PlacementOption> = seen
+        .options
+        .iter()
+        .filter(|o| o.kind == HatchKind::ShorterContext && o.placement.kv_type == KvType::F16)
+        .collect();
     assert_eq!(shorter.len(), 1, "{:?}", seen.options);
     let o = shorter[0];
-    assert!(o.n_ctx < 32768 && o.fits, "{o:?}");
+    assert!(o.n_ctx() < 32768 && o.fits, "{o:?}");
     #[allow(clippy::cast_precision_loss)]
     let real = (o.device_bytes.unwrap() + 100) as f64;
     assert!(real <= 4400.0, "the predicted option plus what the driver holds stays under the cap: {real}");
@@ -376,7 +380,10 @@ fn the_guides_example_a_q8_0_cache_keeps_every_layer_on_the_gpu() {
     assert!(kinds.contains(&(HatchKind::ShorterContext, false)));
     assert_eq!(kinds.last(), Some(&(HatchKind::LayerSplit, true)));
     let picked: Vec<&PlacementOption> = h.options.iter().filter(|o| o.recommended).collect();
-    assert_eq!((picked[0].kind, picked[0].kv_type, picked[0].n_gpu_layers), (HatchKind::KvCache, KvType::Q8_0, 11));
+    assert_eq!(
+        (picked[0].kind, picked[0].placement.kv_type, picked[0].placement.n_gpu_layers),
+        (HatchKind::KvCache, KvType::Q8_0, 11)
+    );
     assert_eq!(picked[0].quality.as_ref().map(|q| q.kl_mean), Some(0.002));
     // Attention and KV alone are over 3000: no FFN spill can fit, so none is measured.
     assert!(measured.iter().all(|c| c.n_cpu_ffn == 0), "{measured:?}");
@@ -418,7 +425,7 @@ fn a_q8_0_cache_that_fits_only_below_the_grids_first_point_is_found_from_the_spl
     let (h, measured) = hatch_world(800.0, 1);
     let kv: Vec<&Candidate> = measured.iter().filter(|c| c.kv == Some(KvType::Q8_0)).collect();
     assert_eq!(kv.iter().map(|c| c.ngl).collect::<Vec<_>>(), [3], "{measured:?}");
-    assert!(h.options.iter().any(|o| o.kind == HatchKind::KvCache && o.measured && o.n_gpu_layers == 3));
+    assert!(h.options.iter().any(|o| o.kind == HatchKind::KvCache && o.measured && o.placement.n_gpu_layers == 3));
 }
 
 #[test]
