@@ -401,23 +401,12 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let cmp = DefaultComparison {
-            n_gpu_layers: Some(p.recommendation.placement.n_gpu_layers),
-            llama_cpp_args: p.recommendation.llama_cpp_args.clone(),
+            placement: Some(p.recommendation.runs()),
             pairs: 2,
-            n_depth: 0,
             tg_ratio: Some(1.01),
             tg_half_width: Some(0.05),
-            pp_ratio: None,
-            pp_half_width: None,
             verdict: Verdict::Tie,
-            note: String::new(),
-            n_threads: Some(p.recommendation.placement.n_threads),
-            over_cap: false,
-            n_ctx: Some(p.recommendation.n_ctx()),
-            cpu_overrides: Vec::new(),
-            predicted_bytes: None,
-            mem_bytes: None,
-            by_race: false,
+            ..DefaultComparison::unmeasured(0)
         };
         p.recommendation = crate::tune::baseline::default_recommendation(&p.recommendation, &cmp, &p.trials);
         assert!(p.recommendation.llama_default);

@@ -1,10 +1,12 @@
 //! The profile: everything a tuning run measured and decided, as versioned
 //! JSON (`profiles/profile.schema.json`), keyed by machine and model.
 
+mod comparison;
 mod option;
 mod recommendation;
 mod set;
 mod settings;
+pub use comparison::*;
 pub use option::*;
 pub use recommendation::*;
 pub use set::*;
@@ -495,52 +497,6 @@ pub enum Verdict {
     NotMeasured,
 }
 
-/// The recommendation against llama.cpp's default at one context: the
-/// placement llama.cpp's fit chooses without flags (1 GiB free per device),
-/// both measured at the same depth, alternated (A/B/A/B) so drift cancels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DefaultComparison {
-    /// The layers fit chose (full offload as n_layer + 1).
-    pub n_gpu_layers: Option<u32>,
-    /// The default's placement as llama.cpp flags (what running without flags does here).
-    pub llama_cpp_args: String,
-    /// Alternated pairs measured.
-    pub pairs: u32,
-    pub n_depth: u32,
-    /// Recommendation over default, and the half width of its 95% interval.
-    pub tg_ratio: Option<f64>,
-    pub tg_half_width: Option<f64>,
-    pub pp_ratio: Option<f64>,
-    pub pp_half_width: Option<f64>,
-    pub verdict: Verdict,
-    pub note: String,
-    /// The threads the default ran with (what a winning default emits).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n_threads: Option<u32>,
-    /// The default took more than the user's cap (measured, or llama.cpp's
-    /// dry run where it could not run): reported, never recommended.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub over_cap: bool,
-    /// The context the default ran at (llama.cpp's `-c 0`: the model's
-    /// training context, shrunk by its fit where memory is short).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n_ctx: Option<u32>,
-    /// The tensors its fit kept on the CPU (`-ot PATTERN=CPU`), as it ran.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cpu_overrides: Vec<String>,
-    /// llama.cpp's dry run of what its fit chose (device bytes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_bytes: Option<u64>,
-    /// The most device memory its paired trials took (the policy's currency).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mem_bytes: Option<f64>,
-    /// The verdict is the race's: the baseline was cut short in every pair
-    /// (below half the answer's speed each time); the interval of the few
-    /// tokens it timed is too wide to say it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub by_race: bool,
-}
-
 /// One offload device's cap and its share of a placement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceShare {
@@ -640,17 +596,24 @@ pub struct SplitReport {
 pub struct SplitComparison {
     /// Which of llama.cpp's splits ("llama.cpp's default split", "llama.cpp's fit for the same caps").
     pub against: String,
-    /// Its layers per device, in llama.cpp's order (empty: by free memory).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tensor_split: Vec<u32>,
     /// Its tg rate as the devices' speeds predicted it (a split with proportions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_tg_ts: Option<f64>,
     /// Its tg rate in the pairs (of the tokens timed, where cut short).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tg_ts: Option<f64>,
+    /// The pairing, with its placement (its `tensor_split`: layers per
+    /// device in llama.cpp's order; empty: by free memory).
     #[serde(flatten)]
     pub result: DefaultComparison,
+}
+
+impl SplitComparison {
+    /// Its layers per device, in llama.cpp's order (empty: by free memory).
+    #[must_use]
+    pub fn tensor_split(&self) -> &[u32] {
+        self.result.placement.as_ref().map_or(&[], |p| p.tensor_split.as_slice())
+    }
 }
 
 /// The note of a paired split of llama.cpp's that was raced out: its rate

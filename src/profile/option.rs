@@ -151,7 +151,7 @@ impl TryFrom<StoredOption> for PlacementOption {
 }
 
 /// A placement's fields as its JSON object holds them.
-fn placement_fields(p: &Placement) -> serde_json::Map<String, serde_json::Value> {
+pub(super) fn placement_fields(p: &Placement) -> serde_json::Map<String, serde_json::Value> {
     match serde_json::to_value(p) {
         Ok(serde_json::Value::Object(m)) => m,
         _ => unreachable!("a placement is written as a JSON object"),
@@ -161,11 +161,12 @@ fn placement_fields(p: &Placement) -> serde_json::Map<String, serde_json::Value>
 /// The placement of a stored option: its fields where it has them all;
 /// an older option's flags as llama.cpp reads them, its own fields over
 /// them; else its fields over llama.cpp's defaults.
-fn stored_placement(
+pub(super) fn stored_placement(
     fields: serde_json::Map<String, serde_json::Value>,
     flags: &str,
 ) -> Result<Placement, serde_json::Error> {
-    let whole = fields.contains_key("n_threads");
+    // Every placement written whole has its batch size; older records never did.
+    let whole = fields.contains_key("n_batch");
     let base = if whole { None } else { crate::llama_args::parse_placement(flags).ok() };
     let mut merged = placement_fields(&base.unwrap_or_default());
     merged.extend(fields);

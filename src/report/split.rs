@@ -129,13 +129,13 @@ fn against_lines(r: &SplitReport) -> String {
         }
         let _ = match c.verdict {
             Verdict::Same | Verdict::NotMeasured => {
-                writeln!(s, "against {} ({}): {verdict}", a.against, c.llama_cpp_args)
+                writeln!(s, "against {} ({}): {verdict}", a.against, c.llama_cpp_args())
             }
             _ => writeln!(
                 s,
                 "against {} ({}), depth {}: {} ({} alternated pairs, 95% intervals): {verdict}",
                 a.against,
-                c.llama_cpp_args,
+                c.llama_cpp_args(),
                 c.n_depth,
                 figures.join(", "),
                 c.pairs

@@ -9,7 +9,7 @@
 
 use anyhow::Result;
 
-use super::{compare, default_recommendation, unmeasured, Opponent};
+use super::{compare, default_recommendation, Opponent};
 use crate::engine::predict::LlamaFit;
 use crate::profile::{DefaultComparison, Recommendation, Verdict};
 use crate::tune::search::Search;
@@ -65,7 +65,7 @@ pub fn ollama_run(
     // Its fit off: every layer, priced by the dry run where it answered.
     let fit = if fit_off { fit.filter(|f| f.n_gpu_layers == Some(-1)).or(Some(&all)) } else { fit };
     if rec.llama_default {
-        let mut out = unmeasured(at.depth);
+        let mut out = DefaultComparison::unmeasured(at.depth);
         out.note = "num_gpu is left unset already (llama.cpp's default is the answer): Ollama runs its own".into();
         return Ok(Some(out));
     }
@@ -118,7 +118,7 @@ mod tests {
     #[test]
     fn num_gpu_is_kept_only_where_it_beats_ollamas_own_run() {
         let (cmp, rec, measured) = paired(|ngl| 10.0 + f64::from(ngl));
-        assert_eq!((cmp.verdict, cmp.n_gpu_layers, cmp.pairs), (Verdict::Faster, Some(5), 3), "{cmp:?}");
+        assert_eq!((cmp.verdict, cmp.n_gpu_layers(), cmp.pairs), (Verdict::Faster, Some(5), 3), "{cmp:?}");
         assert!(!rec.ollama_own_run);
         assert!(rec.modelfile.iter().any(|l| l == "PARAMETER num_gpu 7"), "{:?}", rec.modelfile);
         // Ollama's run: its batch (the workload's), llama.cpp's threads, fit's layers.
@@ -126,9 +126,9 @@ mod tests {
         assert_eq!(theirs.len(), 3);
         assert!(theirs.iter().all(|c| !c.stock && c.threads == crate::engine::llama_default_threads()));
         assert!(
-            cmp.llama_cpp_args.contains("-ngl 5") && cmp.llama_cpp_args.contains("-b 512"),
+            cmp.llama_cpp_args().contains("-ngl 5") && cmp.llama_cpp_args().contains("-b 512"),
             "{}",
-            cmp.llama_cpp_args
+            cmp.llama_cpp_args()
         );
 
         let (tie, rec, _) = paired(|_| 10.0);
@@ -162,7 +162,7 @@ mod tests {
         let mut rec = recommendation();
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();
         drop(search);
-        assert!(cmp.llama_cpp_args.ends_with("--mmproj mm.gguf --no-mmproj-offload"), "{}", cmp.llama_cpp_args);
+        assert!(cmp.llama_cpp_args().ends_with("--mmproj mm.gguf --no-mmproj-offload"), "{}", cmp.llama_cpp_args());
         let sides: Vec<(u32, bool)> = world.measured.iter().map(|c| (c.ngl, c.mmproj_cpu)).collect();
         assert!(sides.iter().any(|&(n, cpu)| n == 7 && cpu), "num_gpu 7 of 31: the projector on the CPU: {sides:?}");
         assert!(sides.iter().all(|&(_, cpu)| cpu), "{sides:?}");
@@ -175,7 +175,7 @@ mod tests {
         rec.placement.n_gpu_layers = 31;
         let cmp = ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();
         drop(search);
-        assert!(!cmp.llama_cpp_args.contains("--no-mmproj-offload"), "{}", cmp.llama_cpp_args);
+        assert!(!cmp.llama_cpp_args().contains("--no-mmproj-offload"), "{}", cmp.llama_cpp_args());
         assert!(world.measured.iter().all(|c| !c.mmproj_cpu), "{:?}", world.measured);
     }
 

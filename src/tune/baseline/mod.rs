@@ -210,12 +210,13 @@ impl Opponent {
     }
 }
 
-/// The opponent's placement as it ran: its layers, threads, context and
-/// fit's CPU tensors; llama.cpp's own batch, flash attention and one
-/// sequence for its default, the workload's for Ollama's run; the base KV type.
-fn default_placement((s, at): (&Settings, ContextRun), cmp: &DefaultComparison, stock: bool) -> Option<Placement> {
+/// The opponent's placement as it runs: its layers, threads, context,
+/// fit's CPU tensors and where the projector loads; llama.cpp's own batch,
+/// flash attention and one sequence for its default, the workload's for
+/// Ollama's run; the base KV type.
+fn default_placement((s, at): (&Settings, ContextRun), theirs: &Candidate) -> Placement {
     let p = Placement {
-        cpu_overrides: cmp.cpu_overrides.clone(),
+        cpu_overrides: theirs.spill.patterns(),
         n_batch: at.n_batch,
         n_ubatch: at.n_ubatch,
         flash_attn: s.workload.flash_attn,
@@ -223,33 +224,11 @@ fn default_placement((s, at): (&Settings, ContextRun), cmp: &DefaultComparison, 
         ..Placement::default()
     };
     let p = p
-        .with_layers(cmp.n_gpu_layers?, cmp.n_threads?, Some(cmp.n_ctx?))
+        .with_layers(theirs.ngl, theirs.threads, Some(theirs.ctx))
         .with_kv(s.workload.kv_type)
         .with_mmproj(s.backend.mmproj.as_deref());
-    Some(if stock { p.with_server_defaults() } else { p })
-}
-
-/// A comparison not measured yet, at `depth`.
-pub(super) fn unmeasured(depth: u32) -> DefaultComparison {
-    DefaultComparison {
-        n_gpu_layers: None,
-        llama_cpp_args: String::new(),
-        pairs: 0,
-        n_depth: depth,
-        tg_ratio: None,
-        tg_half_width: None,
-        pp_ratio: None,
-        pp_half_width: None,
-        verdict: Verdict::NotMeasured,
-        note: String::new(),
-        n_threads: None,
-        over_cap: false,
-        n_ctx: None,
-        cpu_overrides: Vec::new(),
-        predicted_bytes: None,
-        mem_bytes: None,
-        by_race: false,
-    }
+    let p = if theirs.stock { p.with_server_defaults() } else { p };
+    Placement { mmproj_offload: !theirs.mmproj_cpu, ..p }
 }
 
 /// Why `opponent` is over the cap by its dry run, if it is: not paired.
@@ -281,7 +260,7 @@ pub fn compare(
     // Ollama with num_gpu below every layer keeps the projector on the CPU
     // (llm/llama_server.go, `shouldDisableMMProjOffload`: "partial-text-offload").
     mine.mmproj_cpu = opponent == Opponent::OllamaRun && s.backend.mmproj.is_some() && mine.ngl < full;
-    let mut out = unmeasured(at.depth);
+    let mut out = DefaultComparison::unmeasured(at.depth);
     let stock = opponent == Opponent::LlamaDefault;
     let theirs = match default_candidate(fit, (s, at), full, crate::engine::llama_default_threads()) {
         Ok(c) => Candidate { stock, upstream: true, ..c },
@@ -290,14 +269,8 @@ pub fn compare(
             return Ok(out);
         }
     };
-    out.n_gpu_layers = Some(theirs.ngl);
-    out.n_threads = Some(theirs.threads);
-    out.n_ctx = Some(theirs.ctx);
-    out.cpu_overrides = theirs.spill.patterns();
+    out.placement = Some(default_placement((s, at), &theirs));
     out.predicted_bytes = fit.and_then(|f| f.predicted_device_bytes);
-    out.llama_cpp_args = default_placement((s, at), &out, stock)
-        .map(|p| Placement { mmproj_offload: !theirs.mmproj_cpu, ..p }.flags())
-        .unwrap_or_default();
     if let Some(why) = priced_over_cap(opponent, out.predicted_bytes, search.cap_bytes()) {
         out.over_cap = true;
         out.note = why;
@@ -412,26 +385,24 @@ pub fn default_recommendation(
     cmp: &DefaultComparison,
     trials: &[ProfileTrial],
 ) -> Recommendation {
-    let Some(ngl) = cmp.n_gpu_layers else { return rec.clone() };
-    if cmp.over_cap {
-        return rec.clone();
-    }
+    let Some(placed) = cmp.placement.as_ref().filter(|_| !cmp.over_cap) else { return rec.clone() };
+    let ngl = placed.n_gpu_layers;
     // Its settings as they ran: threads, context and fit's CPU tensors.
     let spill = crate::types::FitSpill::of(
-        &cmp.cpu_overrides.iter().map(|p| (p.clone(), "CPU".to_string())).collect::<Vec<_>>(),
+        &placed.cpu_overrides.iter().map(|p| (p.clone(), "CPU".to_string())).collect::<Vec<_>>(),
     )
     .unwrap_or_default();
     let theirs = Candidate {
         spill,
         stock: true,
         upstream: true,
-        ctx: cmp.n_ctx.unwrap_or(rec.n_ctx()),
-        ..Candidate::layers(ngl, cmp.n_threads.unwrap_or(rec.placement.n_threads))
+        ctx: placed.n_ctx.unwrap_or(rec.n_ctx()),
+        ..Candidate::layers(ngl, placed.n_threads)
     };
     // Emitted as its paired trials ran (the dry run's placement where none is kept).
     let ran = completed(trials, theirs).next().map_or_else(
         || {
-            Placement { cpu_overrides: cmp.cpu_overrides.clone(), ..Placement::default() }
+            Placement { cpu_overrides: placed.cpu_overrides.clone(), ..Placement::default() }
                 .with_layers(ngl, theirs.threads, Some(theirs.ctx))
                 .with_server_defaults()
         },
@@ -524,7 +495,7 @@ mod tests {
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
         let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
-        assert_eq!(cmp.n_gpu_layers, Some(31));
+        assert_eq!(cmp.n_gpu_layers(), Some(31));
         assert_eq!(cmp.verdict, Verdict::Slower, "the default is faster: {cmp:?}");
         assert!(cmp.over_cap, "{cmp:?}");
         assert!(cmp.note.contains("over the cap of 200.00 MiB"), "{}", cmp.note);
@@ -552,9 +523,18 @@ mod tests {
         assert!(rec.llama_default, "{cmp:?}");
         assert_eq!(rec.placement.n_gpu_layers, 31);
         let t = crate::engine::llama_default_threads();
-        assert_eq!((cmp.n_threads, rec.placement.n_threads), (Some(t), t), "llama.cpp's thread rule, as it ran");
+        assert_eq!(
+            (cmp.placement.as_ref().map(|p| p.n_threads), rec.placement.n_threads),
+            (Some(t), t),
+            "llama.cpp's thread rule, as it ran"
+        );
         assert!(rec.llama_cpp_args.contains(&format!("-t {t}")), "{}", rec.llama_cpp_args);
-        assert!(rec.llama_cpp_args.contains(&cmp.llama_cpp_args), "{} vs {}", rec.llama_cpp_args, cmp.llama_cpp_args);
+        assert!(
+            rec.llama_cpp_args.contains(&cmp.llama_cpp_args()),
+            "{} vs {}",
+            rec.llama_cpp_args,
+            cmp.llama_cpp_args()
+        );
     }
 
     /// A side raced out in every pair (below half the other's speed each

@@ -131,9 +131,15 @@ fn names(devs: &[DeviceCap]) -> Vec<String> {
     devs.iter().map(|d| d.device.clone()).collect()
 }
 
-/// llama.cpp's flags of a split at the stage's context with a KV cache
+/// llama.cpp's placement of a split at the stage's context with a KV cache
 /// type and the FFN of its first `cpu_ffn` layers on the CPU.
-fn flags(ngl: u32, split: &Split, (kv, cpu_ffn): (KvType, u32), threads: u32, inp: &SplitInputs<'_>) -> String {
+fn split_placement(
+    ngl: u32,
+    split: &Split,
+    (kv, cpu_ffn): (KvType, u32),
+    threads: u32,
+    inp: &SplitInputs<'_>,
+) -> crate::types::Placement {
     crate::types::Placement { n_cpu_ffn: cpu_ffn, ..inp.workload.clone() }
         .with_layers(ngl, threads, Some(inp.n_ctx))
         .with_op_offload(inp.op_offload)
@@ -141,7 +147,6 @@ fn flags(ngl: u32, split: &Split, (kv, cpu_ffn): (KvType, u32), threads: u32, in
         .with_split(&split.listed(), inp.rpc)
         .with_devices(&split.device_names(&names(inp.devs)))
         .with_split_mode(split.mode())
-        .flags()
 }
 
 /// Prices, trims and measures the candidate splits; the whole-layer
@@ -318,7 +323,7 @@ fn default_options(
         o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
         let p = &t.result.spec.placement;
-        o.llama_cpp_args = flags(ngl, &Split::new(&[]), (p.kv_type, 0), p.n_threads, inp);
+        o.llama_cpp_args = split_placement(ngl, &Split::new(&[]), (p.kv_type, 0), p.n_threads, inp).flags();
         if let (Some(m), Some(l)) = (speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
@@ -416,7 +421,7 @@ pub(in crate::tune) fn option_of(
         fits,
         recommended: false,
         note,
-        llama_cpp_args: flags(ngl, split, (kv, cpu_ffn), threads, inp),
+        llama_cpp_args: split_placement(ngl, split, (kv, cpu_ffn), threads, inp).flags(),
         kv_type: kv,
         n_cpu_ffn: cpu_ffn,
         quality: None,

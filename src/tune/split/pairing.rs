@@ -64,11 +64,9 @@ pub fn against_llama(
         let theirs = candidate(&layers);
         let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
         let mut r = DefaultComparison {
-            n_gpu_layers: Some(theirs.ngl),
-            llama_cpp_args: flags(theirs.ngl, &split, (s.workload.kv_type, 0), threads, inp),
+            placement: Some(split_placement(theirs.ngl, &split, (s.workload.kv_type, 0), threads, inp)),
             verdict: Verdict::Same,
-            n_threads: Some(threads),
-            ..crate::tune::baseline::unmeasured(depth)
+            ..DefaultComparison::unmeasured(depth)
         };
         if theirs == mine {
             r.note = "the recommendation is this split".into();
@@ -92,7 +90,7 @@ pub fn against_llama(
         let predicted_tg_ts =
             found.speed.as_ref().filter(|_| !tensor_split.is_empty()).map(|m| m.predict(&Split::new(&tensor_split)).0);
         let tg_ts = crate::tune::baseline::paired_mean(&search.trials, theirs, false);
-        out.push(SplitComparison { against: label, tensor_split, predicted_tg_ts, tg_ts, result: r });
+        out.push(SplitComparison { against: label, predicted_tg_ts, tg_ts, result: r });
     }
     if let Some((label, theirs)) = switch {
         recommend_paired(search, found, inp, &label, theirs);

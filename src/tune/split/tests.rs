@@ -388,7 +388,9 @@ fn beside_llama_cpps_default_split_one_probe_a_device_and_the_answer_is_paired_w
     ));
     assert!((a[0].result.tg_ratio.unwrap() - 26.0 / 23.0).abs() < 1e-3, "{:?}", a[0]);
     assert!((a[1].result.tg_ratio.unwrap() - 24.5 / 23.0).abs() < 1e-3, "{:?}", a[1]);
-    assert_eq!(a[1].tensor_split, [10, 11]);
+    assert_eq!(a[1].tensor_split(), [10, 11]);
+    assert_eq!(a[1].result.llama_cpp_args(), a[1].result.placement.as_ref().unwrap().flags());
+    assert!(a[0].tensor_split().is_empty(), "llama.cpp's default split: by free memory");
 }
 
 #[test]
