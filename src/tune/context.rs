@@ -227,7 +227,7 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
         #[allow(clippy::cast_precision_loss)]
         layer_bytes: info.total_layer_bytes() as f64 / f64::from(info.n_layer.max(1)),
         links: split::links(sh.opts.caps(), &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), at.n_ubatch),
-        workload: at.workload(s),
+        workload: at.workload((&s.workload, &s.backend)),
     };
     // A kept trial worker holds its connection to each server, and a
     // server serves one client at a time: end it before asking them.
@@ -284,7 +284,7 @@ fn hatches(
         op_offload: sh.op_offload,
         rpc: s.backend.rpc.clone(),
         grid: plan.full_grid.clone(),
-        workload: at.workload(s),
+        workload: at.workload((&s.workload, &s.backend)),
     };
     // Quality does not depend on where the layers run: score at the fastest measured split.
     let ngl = layer_split.placement.n_gpu_layers;
@@ -334,7 +334,7 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offlo
     TrialSpec {
         model: info.path.clone(),
         placement: at
-            .workload(s)
+            .workload((&s.workload, &s.backend))
             .with_layers(0, s.backend.n_threads, Some(at.n_ctx))
             .with_kv(s.workload.kv_type)
             .with_op_offload(op_offload)

@@ -226,14 +226,10 @@ pub fn prediction_check(
 
 /// How Ollama starts llama-server's fit for this workload, where Ollama is
 /// the consumer (with its fit off: every layer, priced).
-fn ollama_ask(s: &Settings) -> Option<crate::engine::predict::OllamaFitAsk> {
-    let c = s.ollama()?;
+fn ollama_ask(ollama: Option<&crate::profile::Consumer>, slots: u32) -> Option<crate::engine::predict::OllamaFitAsk> {
+    let c = ollama?;
     let fit = crate::consumer::ollama::fit(&c.vars);
-    Some(crate::engine::predict::OllamaFitAsk {
-        slots: s.workload.n_parallel,
-        target_bytes: fit.target_bytes,
-        off: !fit.on,
-    })
+    Some(crate::engine::predict::OllamaFitAsk { slots, target_bytes: fit.target_bytes, off: !fit.on })
 }
 
 /// Asks llama.cpp, before any trial, what every grid setting will allocate
@@ -254,7 +250,7 @@ pub fn predict(
         ngl: grid.to_vec(),
         fit_margin_bytes: margin,
         default_fit: true,
-        ollama_fit: ollama_ask(s),
+        ollama_fit: ollama_ask(s.ollama(), s.workload.n_parallel),
         ..super::pricer::workload_spec(info, s, at, op_offload)
     };
     match predict_in_child(runner, &spec) {

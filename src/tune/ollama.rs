@@ -4,14 +4,13 @@
 
 use super::plan::ContextRun;
 use crate::engine::predict::{predict_in_child, PredictSpec};
-use crate::profile::Settings;
 use crate::types::Note;
 
 use super::start::Shared;
 
 /// Whether Ollama picks the batch itself here (no `-b`/`-ub` given, Ollama the consumer).
-fn auto_batch(s: &Settings) -> bool {
-    s.ollama().is_some_and(|c| c.auto_batch)
+fn auto_batch(ollama: Option<&crate::profile::Consumer>) -> bool {
+    ollama.is_some_and(|c| c.auto_batch)
 }
 
 /// The device's free memory before the trials, as Ollama's scheduler sees it.
@@ -26,7 +25,7 @@ fn available(sh: &Shared<'_>) -> u64 {
 /// memory. The note says what it chose and why.
 pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
     let s = sh.opts.settings();
-    if !auto_batch(s) {
+    if !auto_batch(s.ollama()) {
         return None;
     }
     let rule = crate::consumer::ollama::batch(at.n_ctx);

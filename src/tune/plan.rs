@@ -30,15 +30,18 @@ impl ContextRun {
     /// its batch sizes, flash attention, slots and projector. An option's
     /// paste-ready flags start from it, so they say what its trial ran.
     #[must_use]
-    pub fn workload(&self, s: &Settings) -> crate::types::Placement {
+    pub fn workload(
+        &self,
+        (w, backend): (&crate::consumer::Workload, &crate::profile::Backend),
+    ) -> crate::types::Placement {
         crate::types::Placement {
             n_batch: self.n_batch,
             n_ubatch: self.n_ubatch,
-            flash_attn: s.workload.flash_attn,
+            flash_attn: w.flash_attn,
             ..crate::types::Placement::default()
         }
-        .with_parallel(s.workload.n_parallel)
-        .with_mmproj(s.backend.mmproj.as_deref())
+        .with_parallel(w.n_parallel)
+        .with_mmproj(backend.mmproj.as_deref())
     }
 }
 

@@ -14,7 +14,7 @@ use crate::clock::now_rfc3339;
 use crate::engine::runner::Runner;
 use crate::probe;
 use crate::profile::store;
-use crate::profile::{Checkpoint, MemoryPolicy, ModelIdentity, SearchPolicy, Settings, SCHEMA_VERSION};
+use crate::profile::{Checkpoint, MemoryPolicy, ModelIdentity, SearchPolicy, SCHEMA_VERSION};
 use crate::types::{Hardware, Note};
 
 /// The machine-wide facts every context's search shares.
@@ -47,7 +47,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     probe::refresh_memory(&mut hw);
     let identity = ModelIdentity::of(opts.info());
     let policy = memory::policy_for(&hw, &s.caps, opts.caps());
-    check_power(s, opts.caps().len(), !hw.gpus.is_empty())?;
+    check_power((&s.caps, &s.goal), opts.caps().len(), !hw.gpus.is_empty())?;
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let checkpoint = resume(opts, &identity, &hw, &mut notes);
     let op_offload = s.backend.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
@@ -66,9 +66,9 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
 /// and energy chooses whole layers on one device (the hatches and splits
 /// are judged by speed): bad input otherwise, before any work. `nvml`:
 /// the hardware probe saw NVIDIA cards through NVML.
-fn check_power(s: &Settings, devices: usize, nvml: bool) -> Result<()> {
-    let energy = s.goal.objective == crate::types::Objective::Energy;
-    if s.caps.max_power_w.is_some() && !nvml {
+fn check_power((caps, goal): (&crate::profile::Caps, &crate::types::Goal), devices: usize, nvml: bool) -> Result<()> {
+    let energy = goal.objective == crate::types::Objective::Energy;
+    if caps.max_power_w.is_some() && !nvml {
         return Err(crate::error::bad(
             "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",
         ));

@@ -181,9 +181,13 @@ pub fn recommendation(
         img_ms: rec.and_then(|t| t.result.image.as_ref()).map(crate::types::ImageTest::avg_ms),
         ..Recommendation::default()
     };
-    let p = crate::types::Placement { n_cpu_moe: moe, kv_type: s.workload.kv_type, ..at.workload(s) }
-        .with_layers(ngl, threads, Some(at.n_ctx))
-        .with_op_offload(op_offload);
+    let p = crate::types::Placement {
+        n_cpu_moe: moe,
+        kv_type: s.workload.kv_type,
+        ..at.workload((&s.workload, &s.backend))
+    }
+    .with_layers(ngl, threads, Some(at.n_ctx))
+    .with_op_offload(op_offload);
     r.set_placement(&p);
     r
 }

@@ -16,7 +16,7 @@ use super::plan::{Candidate, ContextRun};
 use super::search::Search;
 use crate::engine::predict::LlamaFit;
 use crate::profile::{DefaultComparison, ProfileTrial, Recommendation, Settings, Verdict};
-use crate::types::{Placement, Role, TrialStatus};
+use crate::types::{KvType, Placement, Role, TrialStatus};
 
 /// Alternated pairs (A, B) measured: each side loads and runs its
 /// repetitions this many times. Three pairs is the fewest whose t interval
@@ -213,20 +213,12 @@ impl Opponent {
 /// The opponent's placement as it runs: its layers, threads, context,
 /// fit's CPU tensors and where the projector loads; llama.cpp's own batch,
 /// flash attention and one sequence for its default, the workload's for
-/// Ollama's run; the base KV type.
-fn default_placement((s, at): (&Settings, ContextRun), theirs: &Candidate) -> Placement {
-    let p = Placement {
-        cpu_overrides: theirs.spill.patterns(),
-        n_batch: at.n_batch,
-        n_ubatch: at.n_ubatch,
-        flash_attn: s.workload.flash_attn,
-        n_parallel: s.workload.n_parallel,
-        ..Placement::default()
-    };
-    let p = p
+/// Ollama's run (`workload`: the context's, `ContextRun::workload`); the
+/// base KV type `kv`.
+fn default_placement(workload: Placement, kv: KvType, theirs: &Candidate) -> Placement {
+    let p = Placement { cpu_overrides: theirs.spill.patterns(), ..workload }
         .with_layers(theirs.ngl, theirs.threads, Some(theirs.ctx))
-        .with_kv(s.workload.kv_type)
-        .with_mmproj(s.backend.mmproj.as_deref());
+        .with_kv(kv);
     let p = if theirs.stock { p.with_server_defaults() } else { p };
     Placement { mmproj_offload: !theirs.mmproj_cpu, ..p }
 }
@@ -269,7 +261,7 @@ pub fn compare(
             return Ok(out);
         }
     };
-    out.placement = Some(default_placement((s, at), &theirs));
+    out.placement = Some(default_placement(at.workload((&s.workload, &s.backend)), s.workload.kv_type, &theirs));
     out.predicted_bytes = fit.and_then(|f| f.predicted_device_bytes);
     if let Some(why) = priced_over_cap(opponent, out.predicted_bytes, search.cap_bytes()) {
         out.over_cap = true;

@@ -120,7 +120,7 @@ impl Hatch for FfnSpill {
         };
         let (devs, full, n_layer) = (inp.devs, inp.full, inp.full.saturating_sub(1));
         let Some(d) = m.fastest(s.scoring()) else { return Ok(()) };
-        let eligible = split::eligible(s, full, full);
+        let eligible = split::eligible(&s.policy, full, full);
         if inp.is_moe || n_layer < 2 || !eligible || best.tensor_split.get(d).is_some_and(|l| *l >= full) {
             return Ok(());
         }

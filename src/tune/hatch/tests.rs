@@ -325,7 +325,7 @@ fn an_options_flags_say_the_batch_and_slots_its_trial_ran_with() {
     let mut s = settings();
     (s.workload.n_batch, s.workload.n_ubatch, s.workload.n_parallel) = (1024, 1024, 2);
     let at = crate::tune::plan::ContextRun::of(&s, 32768);
-    let h = HatchInputs { workload: at.workload(&s), ..inputs(4000.0) };
+    let h = HatchInputs { workload: at.workload((&s.workload, &s.backend)), ..inputs(4000.0) };
     let flags = h.placement(h.at_full(32768, Some(KvType::Q8_0), 0)).flags();
     assert!(flags.contains("-b 1024 -ub 1024") && flags.contains("-np 2"), "{flags}");
     assert!(flags.contains("-ctk q8_0") && flags.contains("-fa on"), "{flags}");

@@ -238,7 +238,7 @@ fn measure_by_speed(
     let (devs, full) = (inp.devs, inp.full);
     let s = search.settings();
     let score = |tg, pp| s.scoring().speeds(tg, pp);
-    let ok = |ngl: u32| eligible(s, full, ngl);
+    let ok = |ngl: u32| eligible(&s.policy, full, ngl);
     let mut trials: Vec<Option<MeasuredSplit>> = vec![None; priced.len()];
     let mut measured: Vec<Measured> = defaults.to_vec();
     // What is measured already, under every cap: the probes and llama.cpp's default splits.
@@ -443,8 +443,8 @@ pub(in crate::tune) fn choose_again(found: &mut SplitFound, s: &Settings) {
 
 /// Whether a split of `ngl` layers may be recommended: any, unless
 /// `--ngl` fixes the count (`most`: full offload's, as the options have it).
-pub(in crate::tune) fn eligible(s: &Settings, most: u32, ngl: u32) -> bool {
-    s.policy.grid.as_ref().filter(|g| g.len() == 1).is_none_or(|g| g[0].min(most) == ngl)
+pub(in crate::tune) fn eligible(policy: &crate::profile::SearchPolicy, most: u32, ngl: u32) -> bool {
+    policy.grid.as_ref().filter(|g| g.len() == 1).is_none_or(|g| g[0].min(most) == ngl)
 }
 
 /// Marks the fastest measured option under every cap (by the objective)
@@ -458,8 +458,9 @@ pub fn choose(found: &mut SplitFound, s: &Settings) {
         None => Some("quality not measured: not recommended blind".to_string()),
         Some(q) => q.fails(&s.gate),
     };
-    let ok =
-        |o: &SplitOption| o.measured && o.fits && eligible(s, most, o.n_gpu_layers) && (!lossy(o) || gate(o).is_none());
+    let ok = |o: &SplitOption| {
+        o.measured && o.fits && eligible(&s.policy, most, o.n_gpu_layers) && (!lossy(o) || gate(o).is_none())
+    };
     let best_of = |lossless: bool| {
         found
             .options
