@@ -363,7 +363,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let option = |split: Vec<u32>, tg: f64| SplitOption {
-            n_gpu_layers: 19,
+            placement: crate::types::Placement::default().with_layers(19, 2, None),
             tensor_split: split,
             measured: true,
             tg_ts: Some(tg),

@@ -105,8 +105,10 @@ pub fn write(path: &Path, p: &Profile) -> Result<WriteOutcome> {
 fn split_gain(p: &crate::profile::Profile) -> String {
     let r = &p.recommendation;
     let Some(split) = p.placements.iter().rev().find_map(|c| c.split.as_ref()) else { return String::new() };
-    let by_memory =
-        split.options.iter().find(|o| o.tensor_split.is_empty() && o.n_gpu_layers == r.placement.n_gpu_layers);
+    let by_memory = split
+        .options
+        .iter()
+        .find(|o| o.tensor_split.is_empty() && o.placement.n_gpu_layers == r.placement.n_gpu_layers);
     match (r.tg_ts, by_memory.and_then(|o| o.tg_ts)) {
         (Some(mine), Some(theirs)) if theirs > 0.0 => format!(
             ": measured tg {mine:.2} t/s with this split against {theirs:.2} t/s split by free memory at ngl {} (x{:.2})",

@@ -6,10 +6,12 @@ mod option;
 mod recommendation;
 mod set;
 mod settings;
+mod split;
 pub use comparison::*;
 pub use option::*;
 pub use recommendation::*;
 pub use set::*;
+pub use split::*;
 pub mod lock;
 pub mod store;
 
@@ -513,56 +515,6 @@ pub struct DeviceShare {
     pub predicted_bytes: Option<u64>,
     /// What llama.cpp allocated there in the recommendation's trial.
     pub accounted_bytes: Option<u64>,
-}
-
-/// One split: priced by the dry run, measured where it could win.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SplitOption {
-    /// How it was made: "by capacity", "fill in device order", "llama.cpp's default split", ...
-    pub label: String,
-    pub n_gpu_layers: u32,
-    /// Layers per offload device, in llama.cpp's device order (empty:
-    /// llama.cpp's default by free memory).
-    pub tensor_split: Vec<u32>,
-    /// The order the devices take layers in (`--device`): indices into
-    /// llama.cpp's order; empty: llama.cpp's order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub order: Vec<u32>,
-    /// `-sm`: layer (llama.cpp's default), or row or tensor with the same proportions.
-    #[serde(default, skip_serializing_if = "crate::types::is_layer")]
-    pub split_mode: crate::types::SplitMode,
-    /// Bytes per device by the dry run, in the devices' order.
-    pub predicted_bytes: Vec<u64>,
-    /// Bytes per device llama.cpp allocated in the trial.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub accounted_bytes: Vec<u64>,
-    pub measured: bool,
-    pub tg_ts: Option<f64>,
-    pub pp_ts: Option<f64>,
-    /// Under every device's cap (by the trial where measured).
-    pub fits: bool,
-    pub recommended: bool,
-    pub note: String,
-    /// llama.cpp's flags for this split, on the workload its trial ran.
-    pub llama_cpp_args: String,
-    /// The KV cache type of both caches its trial ran: the workload's own
-    /// (`settings.kv_type`), or the hatch's q8_0 cache where it lets more
-    /// layers onto the faster devices; absent: f16.
-    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
-    pub kv_type: KvType,
-    /// Layers (from the first) whose dense FFN weights stay on the CPU
-    /// (`-ot`): FFN spill, where it lets the fastest device hold every layer.
-    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
-    pub n_cpu_ffn: u32,
-    /// A quantized cache's quality against f16, where measured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quality: Option<crate::types::Quality>,
-    /// The rates each device's measured speed predicts for this split
-    /// (`tune::speed`), where the probes ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_tg_ts: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_pp_ts: Option<f64>,
 }
 
 /// The split stage at one context.

@@ -81,8 +81,11 @@ pub fn split_lines(c: &ContextPlacement, r: &SplitReport) -> String {
         let mark = if o.recommended { " <- recommended" } else { "" };
         let mem = if o.accounted_bytes.is_empty() { &o.predicted_bytes } else { &o.accounted_bytes };
         let fits = if o.fits { "" } else { " (over a cap)" };
-        let mut row =
-            vec![o.label.clone(), split_words(o.n_gpu_layers, &o.tensor_split, &o.order, &names), speed(o.tg_ts)];
+        let mut row = vec![
+            o.label.clone(),
+            split_words(o.placement.n_gpu_layers, &o.tensor_split, &o.order, &names),
+            speed(o.tg_ts),
+        ];
         if by_speed {
             row.push(predicted(o.predicted_tg_ts, o.tg_ts));
         }
@@ -150,14 +153,14 @@ fn fit_and_links(r: &SplitReport) -> String {
         let ts: Vec<String> = f.tensor_split.iter().map(|v| format!("{v:.0}")).collect();
         // No proportions: its default split by free memory, measured as that row where the search ran it.
         let default_row = f.tensor_split.iter().all(|v| *v == 0.0).then(|| {
-            let most = r.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
+            let most = r.options.iter().map(|o| o.placement.n_gpu_layers).max().unwrap_or(0);
             let ngl = f.n_gpu_layers.map_or(most, |n| u32::try_from(n).unwrap_or(most));
-            r.options.iter().find(|o| o.tensor_split.is_empty() && o.n_gpu_layers == ngl && o.measured)
+            r.options.iter().find(|o| o.tensor_split.is_empty() && o.placement.n_gpu_layers == ngl && o.measured)
         });
         let measured = match default_row.flatten() {
             Some(o) => format!(
                 " (no proportions: llama.cpp's default split by free memory, measured above at ngl {}: tg {})",
-                o.n_gpu_layers,
+                o.placement.n_gpu_layers,
                 speed(o.tg_ts)
             ),
             None => String::new(),

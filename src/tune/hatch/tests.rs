@@ -482,19 +482,19 @@ mod several {
         let (found, measured) = with_kv_hatch(0.002);
         assert_eq!(measured.last(), Some(&vec![6, 15]), "{measured:?}");
         let best = &found.options[found.best.unwrap()];
-        assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![6, 15], crate::types::KvType::Q8_0));
+        assert_eq!((best.tensor_split.clone(), best.placement.kv_type), (vec![6, 15], crate::types::KvType::Q8_0));
         // 20 + 6 - 7.5 = 18.5 ms a token, as predicted, against 23 for the f16 split.
         let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
         assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 18.5).abs() < 0.5, "{p} {m}");
-        assert!(best.fits && best.llama_cpp_args.contains("-ctk q8_0 -ctv q8_0 -fa on"), "{}", best.llama_cpp_args);
+        assert!(best.fits && best.llama_cpp_args().contains("-ctk q8_0 -ctv q8_0 -fa on"), "{}", best.llama_cpp_args());
         let devs = caps(&[105_000_000, 150_000_000]);
         let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
         assert_eq!(r.placement.kv_type, crate::types::KvType::Q8_0);
         // A cache whose quality fails the gate is measured, not recommended.
         let (found, _) = with_kv_hatch(0.5);
         let best = &found.options[found.best.unwrap()];
-        assert_eq!((best.tensor_split.clone(), best.kv_type), (vec![9, 12], crate::types::KvType::F16));
-        let q8 = found.options.iter().find(|o| o.kv_type.is_quantized()).unwrap();
+        assert_eq!((best.tensor_split.clone(), best.placement.kv_type), (vec![9, 12], crate::types::KvType::F16));
+        let q8 = found.options.iter().find(|o| o.placement.kv_type.is_quantized()).unwrap();
         assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
     }
 
@@ -521,18 +521,18 @@ mod several {
         // Paired with llama.cpp's default split as it is emitted: the spill kept.
         assert_eq!(paired, vec![15, 0, 15, 0, 15, 0], "{measured:?}");
         let best = &found.options[found.best.unwrap()];
-        assert_eq!((best.tensor_split.clone(), best.n_cpu_ffn), (vec![0, 21], 15), "{:?}", found.options);
+        assert_eq!((best.tensor_split.clone(), best.placement.n_cpu_ffn), (vec![0, 21], 15), "{:?}", found.options);
         assert!(best.fits && best.accounted_bytes[1] <= 150_000_000, "{:?}", best.accounted_bytes);
         // 20 - 10.5 + 15 x 0.6 x 0.5 = 14 ms a token, as predicted, against 23 for 9 + 12.
         let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
         assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 14.0).abs() < 0.5, "{p} {m}");
         assert!(
-            best.llama_cpp_args
+            best.llama_cpp_args()
                 .contains("-ot 'blk\\.(0|1|2|3|4|5|6|7|8|9|10|11|12|13|14)\\.ffn_(up|down|gate)\\.weight=CPU'"),
             "{}",
-            best.llama_cpp_args
+            best.llama_cpp_args()
         );
-        assert!(best.llama_cpp_args.contains("-ts 0,21"), "{}", best.llama_cpp_args);
+        assert!(best.llama_cpp_args().contains("-ts 0,21"), "{}", best.llama_cpp_args());
         let devs = caps(&[105_000_000, 150_000_000]);
         let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
         assert_eq!((r.placement.n_cpu_ffn, r.placement.tensor_split.clone()), (15, vec![0, 21]));

@@ -245,7 +245,7 @@ fn measure_by_speed(
     let mut best = found
         .options
         .iter()
-        .filter(|o| o.measured && o.fits && ok(o.n_gpu_layers))
+        .filter(|o| o.measured && o.fits && ok(o.placement.n_gpu_layers))
         .filter_map(|o| score(o.tg_ts, o.pp_ts))
         .chain(
             search
@@ -320,10 +320,9 @@ fn default_options(
             None => "llama.cpp's default split (by free memory)".to_string(),
         };
         let mut o = option_of(&label, &Split::new(&[]), Vec::new(), Some(t), s, inp);
-        o.n_gpu_layers = ngl;
         o.predicted_bytes.clone_from(&o.accounted_bytes);
         let p = &t.result.spec.placement;
-        o.llama_cpp_args = split_placement(ngl, &Split::new(&[]), (p.kv_type, 0), p.n_threads, inp).flags();
+        o.placement = split_placement(ngl, &Split::new(&[]), (p.kv_type, 0), p.n_threads, inp);
         if let (Some(m), Some(l)) = (speed, by_bytes.as_ref().filter(|l| !inputs.contains(&Split::new(l)))) {
             let (tg, pp) = m.predict(&Split::new(l));
             (o.predicted_tg_ts, o.predicted_pp_ts) = (Some(tg), pp);
@@ -340,7 +339,7 @@ pub fn split_of(o: &SplitOption) -> Split {
     } else {
         Split::ordered(&o.tensor_split, &o.order.iter().map(|d| *d as usize).collect::<Vec<_>>())
     };
-    split.with_mode(o.split_mode)
+    split.with_mode(o.placement.split_mode)
 }
 
 /// The candidate that runs `o` again as it was measured and would be
@@ -351,9 +350,9 @@ pub fn split_of(o: &SplitOption) -> Split {
 pub fn candidate_of(o: &SplitOption, threads: u32) -> Candidate {
     Candidate {
         split: split_of(o),
-        kv: Some(o.kv_type),
-        n_cpu_ffn: o.n_cpu_ffn,
-        ..Candidate::layers(o.n_gpu_layers, threads)
+        kv: Some(o.placement.kv_type),
+        n_cpu_ffn: o.placement.n_cpu_ffn,
+        ..Candidate::layers(o.placement.n_gpu_layers, threads)
     }
 }
 
@@ -409,10 +408,9 @@ pub(in crate::tune) fn option_of(
     };
     SplitOption {
         label: label.to_string(),
-        n_gpu_layers: ngl,
+        placement: split_placement(ngl, split, (kv, cpu_ffn), threads, inp),
         tensor_split: layers,
         order,
-        split_mode: split.mode(),
         predicted_bytes: predicted,
         accounted_bytes: acc,
         measured: ok.is_some(),
@@ -421,9 +419,6 @@ pub(in crate::tune) fn option_of(
         fits,
         recommended: false,
         note,
-        llama_cpp_args: split_placement(ngl, split, (kv, cpu_ffn), threads, inp).flags(),
-        kv_type: kv,
-        n_cpu_ffn: cpu_ffn,
         quality: None,
         predicted_tg_ts: None,
         predicted_pp_ts: None,
@@ -451,15 +446,15 @@ pub(in crate::tune) fn eligible(policy: &crate::profile::SearchPolicy, most: u32
 /// and says how the others compare.
 pub fn choose(found: &mut SplitFound, s: &Settings) {
     let score = |o: &SplitOption| s.scoring().speeds(o.tg_ts, o.pp_ts);
-    let most = found.options.iter().map(|o| o.n_gpu_layers).max().unwrap_or(0);
+    let most = found.options.iter().map(|o| o.placement.n_gpu_layers).max().unwrap_or(0);
     // A quantized cache the workload did not ask for (the q8_0 hatch's).
-    let lossy = |o: &SplitOption| o.kv_type != s.workload.kv_type && o.kv_type.is_quantized();
+    let lossy = |o: &SplitOption| o.placement.kv_type != s.workload.kv_type && o.placement.kv_type.is_quantized();
     let gate = |o: &SplitOption| match &o.quality {
         None => Some("quality not measured: not recommended blind".to_string()),
         Some(q) => q.fails(&s.gate),
     };
     let ok = |o: &SplitOption| {
-        o.measured && o.fits && eligible(&s.policy, most, o.n_gpu_layers) && (!lossy(o) || gate(o).is_none())
+        o.measured && o.fits && eligible(&s.policy, most, o.placement.n_gpu_layers) && (!lossy(o) || gate(o).is_none())
     };
     let best_of = |lossless: bool| {
         found

@@ -40,7 +40,11 @@ pub fn split_modes(search: &mut Search<'_>, inp: &SplitInputs<'_>, found: &mut S
                         format!("priced {} in all: over the caps", crate::model::human_bytes(total))
                     } else {
                         let ngl: u32 = layers.iter().sum();
-                        let c = Candidate { split, kv: Some(best.kv_type), ..Candidate::layers(ngl, inp.threads) };
+                        let c = Candidate {
+                            split,
+                            kv: Some(best.placement.kv_type),
+                            ..Candidate::layers(ngl, inp.threads)
+                        };
                         let race = search.race();
                         let t = search.measure(Role::Split, c, Some(race))?.clone();
                         let s = search.settings();

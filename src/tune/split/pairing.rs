@@ -52,7 +52,7 @@ pub fn against_llama(
     let mine = super::candidate_of(&best, threads);
     // (label, layers, is llama.cpp's default): the default wins a tie, fit's own split does not.
     let mut sides: Vec<(String, Vec<u32>, bool)> =
-        vec![("llama.cpp's default split (by free memory)".into(), vec![best.n_gpu_layers], true)];
+        vec![("llama.cpp's default split (by free memory)".into(), vec![best.placement.n_gpu_layers], true)];
     match fit.and_then(|f| fit_split(f, inp.full, inp.devs.len())) {
         Some(l) if l == sides[0].1 => sides[0].0 += ", which llama.cpp's fit for the same caps chooses too",
         Some(l) => sides.push(("llama.cpp's fit for the same caps".into(), l, false)),
@@ -114,7 +114,7 @@ pub(super) fn recommend_paired(
     let split = if theirs.split == Split::default() { Split::new(&[]) } else { theirs.split };
     let acc = accounted(&t.result, inp.devs);
     let mut o = option_of(&format!("{label}, paired"), &split, acc.clone(), Some(t), s, inp);
-    o.n_gpu_layers = theirs.ngl;
+    o.placement.n_gpu_layers = theirs.ngl;
     o.predicted_bytes = acc;
     if !o.fits {
         found.notes.push(crate::types::Note::split(format!(

@@ -73,9 +73,9 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     let mut r = base.clone();
     let split = split_of(o);
     // Every layer on the CPU needs no server.
-    let servers = if o.n_gpu_layers == 0 { &[] } else { rpc };
+    let servers = if o.placement.n_gpu_layers == 0 { &[] } else { rpc };
     let p = r
-        .moved_to(o.n_gpu_layers, r.placement.n_threads, (o.kv_type, o.n_cpu_ffn))
+        .moved_to(o.placement.n_gpu_layers, r.placement.n_threads, (o.placement.kv_type, o.placement.n_cpu_ffn))
         .with_split(&split.listed(), servers)
         .with_devices(&split.device_names(&names(devs)))
         .with_split_mode(split.mode());
@@ -86,12 +86,12 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     r.mem_bytes = Some(mem);
     r.measured = o.measured;
     let local: u32 = if o.tensor_split.is_empty() {
-        o.n_gpu_layers
+        o.placement.n_gpu_layers
     } else {
         o.tensor_split.iter().zip(devs).filter(|(_, d)| !d.buffer_type.starts_with("RPC")).map(|(l, _)| *l).sum()
     };
-    let ollama = if servers.is_empty() { o.n_gpu_layers } else { local };
-    r.ollama_num_gpu = (ollama != o.n_gpu_layers).then_some(ollama);
+    let ollama = if servers.is_empty() { o.placement.n_gpu_layers } else { local };
+    r.ollama_num_gpu = (ollama != o.placement.n_gpu_layers).then_some(ollama);
     r.set_placement(&p);
     r
 }

@@ -111,7 +111,7 @@ fn the_fastest_split_under_every_cap_is_recommended() {
     let s = crate::tune::worlds::settings();
     let o = |tg: f64, fits: bool, measured: bool| SplitOption {
         label: "x".into(),
-        n_gpu_layers: 41,
+        placement: crate::types::Placement::default().with_layers(41, 4, None),
         tensor_split: vec![20, 21],
         predicted_bytes: vec![1, 1],
         measured,
@@ -281,7 +281,7 @@ fn every_split_options_flags_say_the_workload_its_trials_ran() {
     let (found, _) = split_world_running(0, workload);
     assert!(found.options.len() > 2, "{:?}", found.options);
     for o in &found.options {
-        assert!(o.llama_cpp_args.contains("-b 1024 -ub 1024"), "{}", o.llama_cpp_args);
+        assert!(o.llama_cpp_args().contains("-b 1024 -ub 1024"), "{}", o.llama_cpp_args());
     }
 }
 
@@ -323,10 +323,10 @@ fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_bac
     let devs = caps(&[105 * mb, 150 * mb]);
     let found = split_stage(&mut search, &inputs(&devs, &[])).unwrap();
     drop(search);
-    assert!(found.options.iter().all(|o| o.kv_type == crate::types::KvType::Q8_0), "{:#?}", found.options);
+    assert!(found.options.iter().all(|o| o.placement.kv_type == crate::types::KvType::Q8_0), "{:#?}", found.options);
     let best = &found.options[found.best.expect("a split is recommended: the own type is not a lossy hatch")];
     assert_eq!(best.tensor_split, [0, 13], "as at f16: {:#?}", found.options);
-    assert!(best.llama_cpp_args.contains("-ctk q8_0 -ctv q8_0"), "{}", best.llama_cpp_args);
+    assert!(best.llama_cpp_args().contains("-ctk q8_0 -ctv q8_0"), "{}", best.llama_cpp_args());
 }
 
 #[test]
@@ -369,7 +369,7 @@ fn beside_llama_cpps_default_split_one_probe_a_device_and_the_answer_is_paired_w
     let stage: Vec<Vec<u32>> = measured[..4].to_vec();
     assert_eq!(stage, [vec![21], vec![], vec![10, 0], vec![9, 12]], "3 trials beside the search's");
     let best = &found.options[found.best.unwrap()];
-    assert_eq!((best.tensor_split.clone(), best.n_gpu_layers), (vec![9, 12], 21));
+    assert_eq!((best.tensor_split.clone(), best.placement.n_gpu_layers), (vec![9, 12], 21));
     // Every measured split beyond the model's inputs (the probe, the default) was predicted:
     // 20 ms a token on the CPU, +1 ms a layer on D0, -0.5 on D1.
     let predicted: Vec<&SplitOption> =
@@ -404,12 +404,12 @@ fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
     let o = option_of("x", &split, vec![0, 0], None, &s, &inp);
     assert_eq!((o.tensor_split.clone(), o.order.clone()), (vec![1, 13], vec![1, 0]));
     assert!(
-        o.llama_cpp_args.contains("--device D1,D0") && o.llama_cpp_args.contains("-ts 13,1"),
+        o.llama_cpp_args().contains("--device D1,D0") && o.llama_cpp_args().contains("-ts 13,1"),
         "{}",
-        o.llama_cpp_args
+        o.llama_cpp_args()
     );
     assert_eq!(split_of(&o), split);
-    let back = crate::llama_args::parse_placement(&o.llama_cpp_args).unwrap();
+    let back = crate::llama_args::parse_placement(&o.llama_cpp_args()).unwrap();
     assert_eq!((back.devices, back.tensor_split), (vec!["D1".to_string(), "D0".to_string()], vec![13, 1]));
     let c = Candidate { split, ..Candidate::layers(14, 2) };
     let names = ["D0".to_string(), "D1".to_string()];
@@ -442,7 +442,7 @@ fn a_recommended_option_is_paired_as_it_is_recommended_whatever_its_split() {
     let base = crate::tune::worlds::recommendation();
     for split in [Split::default(), Split::new(&[6, 8])] {
         let mut o = option_of("x", &split, vec![0, 0], None, &s, &inp);
-        (o.n_gpu_layers, o.kv_type, o.n_cpu_ffn) = (14, crate::types::KvType::Q8_0, 3);
+        (o.placement.n_gpu_layers, o.placement.kv_type, o.placement.n_cpu_ffn) = (14, crate::types::KvType::Q8_0, 3);
         let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, candidate_of(&o, 2), None);
         let p = &spec.placement;
         assert_eq!((p.n_gpu_layers, p.kv_type, p.n_cpu_ffn), (14, crate::types::KvType::Q8_0, 3), "{split:?}");
@@ -550,10 +550,10 @@ fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen
     let modes = &found.split_modes;
     assert!(modes[0].contains("row") && modes[0].contains("does not support split buffers"), "{modes:?}");
     assert!(modes[1].contains("tensor") && modes[1].contains("200.00 MiB in all, measured: ok"), "{modes:?}");
-    let tensor = found.options.iter().find(|o| o.split_mode == SplitMode::Tensor).unwrap();
-    assert!(tensor.measured && tensor.fits && tensor.llama_cpp_args.contains("-sm tensor -ts 9,12"), "{tensor:?}");
+    let tensor = found.options.iter().find(|o| o.placement.split_mode == SplitMode::Tensor).unwrap();
+    assert!(tensor.measured && tensor.fits && tensor.llama_cpp_args().contains("-sm tensor -ts 9,12"), "{tensor:?}");
     let best = &found.options[found.best.unwrap()];
-    assert_eq!((best.split_mode, best.tensor_split.clone()), (SplitMode::Layer, vec![9, 12]));
+    assert_eq!((best.placement.split_mode, best.tensor_split.clone()), (SplitMode::Layer, vec![9, 12]));
     // Tensor 5 ms a token faster: recommended, emitted as such.
     let (found, _) = fixed_world_priced(
         -5.0,
@@ -564,7 +564,7 @@ fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen
         }),
     );
     let best = &found.options[found.best.unwrap()];
-    assert_eq!(best.split_mode, SplitMode::Tensor);
+    assert_eq!(best.placement.split_mode, SplitMode::Tensor);
     let devs = caps(&[105_000_000, 150_000_000]);
     let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
     assert!(
