@@ -18,7 +18,7 @@ pub fn ollama(members: &[SetMember], envs: &[Vec<String>], memory: &MemoryPolicy
         }
     }
     env.push(format!("OLLAMA_MAX_LOADED_MODELS={}", members.len()));
-    let full: Vec<&SetMember> = members.iter().filter(|m| m.n_gpu_layers >= m.n_layer_full).collect();
+    let full: Vec<&SetMember> = members.iter().filter(|m| m.placement.n_gpu_layers >= m.n_layer_full).collect();
     let mut note = format!(
         "Ollama keeps the {} models loaded at once with OLLAMA_MAX_LOADED_MODELS={} (its default: 3 a GPU); each Modelfile sets num_gpu, so a model below every layer loads as placed, without the scheduler's check",
         members.len(),
@@ -71,7 +71,7 @@ fn ids(members: &[SetMember]) -> Vec<String> {
 /// `-m MODEL FLAGS`: a member's llama-server command line.
 #[must_use]
 pub fn command(m: &SetMember) -> String {
-    format!("-m {} {}", crate::types::shell_quote(&m.model.path.to_string_lossy()), m.llama_cpp_args)
+    format!("-m {} {}", crate::types::shell_quote(&m.model.path.to_string_lossy()), m.llama_cpp_args())
 }
 
 /// A llama-swap config: each member's llama-server command, and one group
@@ -105,14 +105,11 @@ mod tests {
         SetMember {
             model,
             weight: 0.5,
-            n_gpu_layers: ngl,
+            placement: crate::types::Placement::default().with_layers(ngl, 2, Some(4096)),
             n_layer_full: full,
-            n_threads: 2,
-            n_ctx: 4096,
             tg_ts: Some(10.0),
             device_bytes: Some(bytes),
             why: String::new(),
-            llama_cpp_args: format!("-ngl {ngl} -t 2 -c 4096"),
             modelfile: Vec::new(),
         }
     }

@@ -28,7 +28,7 @@ pub fn set_report(p: &SetProfile, path: &Path) -> String {
         t.row(vec![
             m.model.file_name.clone(),
             format!("{:.0}%", m.weight * 100.0),
-            format!("{}/{}", m.n_gpu_layers, m.n_layer_full),
+            format!("{}/{}", m.placement.n_gpu_layers, m.n_layer_full),
             ts(m.tg_ts),
             m.device_bytes.map_or_else(|| "-".into(), human_bytes),
             m.why.clone(),

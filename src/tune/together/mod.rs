@@ -273,21 +273,19 @@ fn set_profile(
                 .filter_map(|t| ok_tg(&t.result).map(|tg| (t.result.spec.placement.n_gpu_layers, tg)))
                 .collect();
             let model = crate::profile::ModelIdentity::of(p.req.info());
+            let env = crate::consumer::ollama::server_settings(&placement);
             let member = SetMember {
-                llama_cpp_args: placement.flags(),
                 model,
                 weight: shares[i],
-                n_gpu_layers: ngl,
                 n_layer_full: p.req.info().n_layer_full,
-                n_threads: placement.n_threads,
-                n_ctx: p.req.settings().workload.n_ctx,
                 tg_ts: chosen.tg_ts[i],
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 device_bytes: own.and_then(|t| trial_memory(&t.result, &memory).0).map(|m| m.max(0.0) as u64),
                 why: choose::why(ngl, p.req.info().n_layer_full, shares[i], &alone, &others),
                 modelfile: crate::consumer::ollama::modelfile_lines(&placement),
+                placement,
             };
-            (member, crate::consumer::ollama::server_settings(&placement))
+            (member, env)
         })
         .unzip();
     let (ollama_server_env, ollama_note) = crate::emit::together::ollama(&members, &envs, &memory);
