@@ -589,3 +589,25 @@ fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen
     );
     assert!(found.split_modes[0].contains("one device"), "{:?}", found.split_modes);
 }
+
+/// llama.cpp's default split (no `-ts`), paired and as fast, becomes the
+/// recommended row with the layers it ran: its row's flags say them (they
+/// were once rendered before its layer count was set, as `-ngl 0`).
+#[test]
+fn a_paired_default_split_recommended_is_written_with_the_layers_it_ran() {
+    let (found, _) = fixed_world(|search, inp, found| {
+        // 19 layers by free memory: 10 + 9, under both caps.
+        let theirs = Candidate::layers(19, 2);
+        search.measure(Role::Paired, theirs, None).unwrap();
+        pairing::recommend_paired(search, found, inp, "llama.cpp's default split (by free memory)", theirs);
+    });
+    let o = &found.options[found.best.unwrap()];
+    assert!(o.recommended && o.label.ends_with(", paired") && o.tensor_split.is_empty(), "{o:?}");
+    assert_eq!(o.placement.n_gpu_layers, 19);
+    assert!(o.llama_cpp_args().contains("-ngl 19 ") && !o.llama_cpp_args().contains("-ts "), "{}", o.llama_cpp_args());
+    let v = serde_json::to_value(o).unwrap();
+    assert_eq!(
+        (v["n_gpu_layers"].as_u64(), v["llama_cpp_args"].as_str()),
+        (Some(19), Some(o.llama_cpp_args().as_str()))
+    );
+}
