@@ -216,6 +216,20 @@ impl Split {
     }
 }
 
+/// What a placement runs as a candidate: its layers, threads, experts and
+/// FFN weights on the CPU, and its KV cache type; its split, context and
+/// workload are the caller's (one device, the search's context).
+impl From<&crate::types::Placement> for Candidate {
+    fn from(p: &crate::types::Placement) -> Candidate {
+        Candidate {
+            n_cpu_moe: p.n_cpu_moe,
+            n_cpu_ffn: p.n_cpu_ffn,
+            kv: Some(p.kv_type),
+            ..Candidate::layers(p.n_gpu_layers, p.n_threads)
+        }
+    }
+}
+
 impl Candidate {
     /// A whole-layer split with `threads` threads and the workload's KV cache type.
     #[must_use]
@@ -388,6 +402,18 @@ pub struct Plan {
 mod tests {
     use super::*;
     use crate::tune::worlds::*;
+
+    /// A placement's layers, threads, experts, FFN spill and cache type are
+    /// its candidate's; the split and context are left to the caller.
+    #[test]
+    fn a_placement_is_its_candidate() {
+        let p = crate::types::Placement { n_cpu_moe: 3, n_cpu_ffn: 2, ..crate::types::Placement::default() }
+            .with_layers(20, 6, Some(8192))
+            .with_kv(KvType::Q8_0);
+        let c = Candidate::from(&p);
+        assert_eq!((c.ngl, c.threads, c.n_cpu_moe, c.n_cpu_ffn, c.kv), (20, 6, 3, 2, Some(KvType::Q8_0)));
+        assert_eq!((c.split, c.ctx, c.stock, c.upstream), (Split::default(), 0, false, false));
+    }
 
     #[test]
     fn a_candidate_of_the_own_kv_type_is_the_trial_at_the_workloads_type_whatever_it_is() {

@@ -63,18 +63,6 @@ impl Ratio {
         }
     }
 }
-
-/// The candidate a recommendation measures.
-#[must_use]
-pub fn candidate_of(r: &Recommendation) -> Candidate {
-    Candidate {
-        n_cpu_moe: r.placement.n_cpu_moe,
-        n_cpu_ffn: r.placement.n_cpu_ffn,
-        kv: Some(r.placement.kv_type),
-        ..Candidate::layers(r.placement.n_gpu_layers, r.placement.n_threads)
-    }
-}
-
 /// llama.cpp's default placement here, as `llama-server -m MODEL` runs
 /// it: its fit's layers (all as full offload), the tensors it keeps on the
 /// CPU, the context it leaves (`-c 0`: the training context, shrunk where
@@ -200,7 +188,7 @@ impl Opponent {
     /// The side of the answer paired with it.
     fn mine(self, rec: &Recommendation, n_ctx: u32) -> Candidate {
         match self {
-            Opponent::LlamaDefault => Candidate { ctx: n_ctx, ..candidate_of(rec) },
+            Opponent::LlamaDefault => Candidate { ctx: n_ctx, ..Candidate::from(&rec.placement) },
             Opponent::OllamaRun => Candidate {
                 ctx: n_ctx,
                 kv: Some(rec.placement.kv_type),

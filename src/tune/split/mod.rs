@@ -348,12 +348,7 @@ pub fn split_of(o: &SplitOption) -> Split {
 /// back to a candidate, so a pairing measures what is recommended.
 #[must_use]
 pub fn candidate_of(o: &SplitOption, threads: u32) -> Candidate {
-    Candidate {
-        split: split_of(o),
-        kv: Some(o.placement.kv_type),
-        n_cpu_ffn: o.placement.n_cpu_ffn,
-        ..Candidate::layers(o.placement.n_gpu_layers, threads)
-    }
+    Candidate { split: split_of(o), threads, ..Candidate::from(&o.placement) }
 }
 
 fn split_list(l: &[u32]) -> String {
