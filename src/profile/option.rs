@@ -158,9 +158,10 @@ pub(super) fn placement_fields(p: &Placement) -> serde_json::Map<String, serde_j
     }
 }
 
-/// The placement of a stored option: its fields where it has them all;
-/// an older option's flags as llama.cpp reads them, its own fields over
-/// them; else its fields over llama.cpp's defaults.
+/// The placement of a stored record (an option, a comparison's opponent, a
+/// set's member): its fields where it has them all; an older record's
+/// flags as llama.cpp reads them, its own fields over them; else its
+/// fields over llama.cpp's defaults.
 pub(super) fn stored_placement(
     fields: serde_json::Map<String, serde_json::Value>,
     flags: &str,

@@ -112,7 +112,7 @@ pub fn default_lines(c: &ContextPlacement) -> Vec<String> {
         .into_iter()
         .filter_map(|(d, name, bare, (before, after), lead)| {
             let d = d?;
-            let args = &d.llama_cpp_args();
+            let args = d.llama_cpp_args();
             let what =
                 if args.is_empty() { format!("{name}{bare}") } else { format!("{name} ({before}{args}{after})") };
             Some(comparison_line(c, d, lead, &what))

@@ -63,6 +63,7 @@ impl Ratio {
         }
     }
 }
+
 /// llama.cpp's default placement here, as `llama-server -m MODEL` runs
 /// it: its fit's layers (all as full offload), the tensors it keeps on the
 /// CPU, the context it leaves (`-c 0`: the training context, shrunk where
