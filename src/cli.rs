@@ -238,7 +238,7 @@ pub struct TuneArgs {
     #[arg(help_heading = "Cap", long, value_name = "SIZE")]
     pub host_budget: Option<String>,
     /// Exclude whole-layer settings whose GPUs draw more than this over the tg test (W; NVML)
-    #[arg(help_heading = "Cap", long, value_name = "W", value_parser = positive_watts)]
+    #[arg(help_heading = "Cap", long, value_name = "W", allow_hyphen_values = true, value_parser = positive_watts)]
     pub max_power: Option<f64>,
     /// ngl values to measure instead of the adaptive search (99 = all layers)
     ///
@@ -279,7 +279,8 @@ pub struct TuneArgs {
     ///
     /// Below it, the report names the first hatch in the guides' order (q8_0 KV cache, shorter
     /// context, FFN spill) that was measured above it, or what is left to try.
-    #[arg(help_heading = "Search", long, default_value = "10", value_name = "T/S", value_parser = positive_speed)]
+    #[arg(help_heading = "Search", long, default_value = "10", value_name = "T/S", allow_hyphen_values = true,
+          value_parser = positive_speed)]
     pub reading_speed: f64,
     #[command(flatten, next_help_heading = "Workload")]
     pub workload: Workload,
@@ -302,7 +303,7 @@ pub struct TuneArgs {
     #[arg(help_heading = "Search", long)]
     pub together: bool,
     /// With --together: each model's share of requests, like 0.8,0.2 [default: equal]
-    #[arg(help_heading = "Search", long, value_name = "W,W,...", requires = "together")]
+    #[arg(help_heading = "Search", long, value_name = "W,W,...", requires = "together", allow_hyphen_values = true)]
     pub weights: Option<String>,
     /// A batch job to time: REQUESTSxTOKENS generated (like 500x800); the report gives its hours
     #[arg(help_heading = "Search", long, value_name = "RxT")]
@@ -710,6 +711,42 @@ pub fn one_line(e: &clap::Error) -> Option<String> {
         return None;
     }
     std::error::Error::source(e).map(ToString::to_string)
+}
+
+/// A negative number given to a flag that takes a count, a size or a
+/// list (`--depth -5`, `-b -512`): clap reads the number as flags of its
+/// own and answers "unexpected argument '-5'" with a tip that would make
+/// it a model path. As one line instead: the flag, the value, what it
+/// takes. `None` where `e` is not that (`args`: as parsed).
+#[must_use]
+pub fn negative_value(e: &clap::Error, args: &[String]) -> Option<String> {
+    use clap::CommandFactory;
+    if e.kind() != clap::error::ErrorKind::UnknownArgument {
+        return None;
+    }
+    let (flag, value) = args.windows(2).find_map(|w| {
+        // A number, a size (`-5GiB`) or a list starting with one.
+        let negative =
+            w[1].strip_prefix('-').and_then(|r| r.chars().next()).is_some_and(|c| c.is_ascii_digit() || c == '.');
+        (negative && w[0].starts_with('-') && w[0].parse::<f64>().is_err()).then(|| (&w[0], &w[1]))
+    })?;
+    let named = |a: &&clap::Arg| {
+        flag.strip_prefix("--").map_or_else(
+            || flag.strip_prefix('-').and_then(|f| f.chars().next()).is_some_and(|c| a.get_short() == Some(c)),
+            |long| a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|v| v.contains(&long)),
+        )
+    };
+    let cmd = Cli::command();
+    let takes = std::iter::once(&cmd)
+        .chain(cmd.get_subcommands())
+        .flat_map(clap::Command::get_arguments)
+        .find(named)
+        .and_then(|a| a.get_value_names().and_then(|v| v.first()).map(ToString::to_string))
+        .unwrap_or_else(|| "a value".into());
+    Some(format!(
+        "{flag} {value} is negative: {flag} takes {takes}, 0 or more; give one like {flag} {}",
+        value.trim_start_matches('-')
+    ))
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@ use ngl_tune::error::{exit, exit_code, is_broken_pipe};
 
 fn main() {
     let args = default_to_tune(normalize_args(std::env::args()));
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { exit::BAD_INPUT } else { exit::OK };
-            match ngl_tune::cli::one_line(&e) {
+            match ngl_tune::cli::one_line(&e).or_else(|| ngl_tune::cli::negative_value(&e, &args)) {
                 Some(line) => eprintln!("error: {line}"),
                 None => drop(e.print()),
             }

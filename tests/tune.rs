@@ -435,6 +435,57 @@ fn bad_tune_options_exit_2_and_write_nothing() {
     assert_bad_input(&run(&[m, "--profiles", file.to_str().unwrap()]), "is a file, not a directory");
 }
 
+/// Every numeric flag takes a negative number to its own one-line
+/// message (clap's "unexpected argument '-50'" tip, which turns the
+/// number into a model path, once answered three of them); the same model
+/// twice in a set is bad input too. Nothing is written.
+#[test]
+fn negative_numbers_and_a_model_twice_in_a_set_are_one_line_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, other) = (synth(dir.path(), 2), synth(dir.path(), 3));
+    let (m, other) = (m.to_str().unwrap(), other.to_str().unwrap());
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let flags: &[(&[&str], &str, &str)] = &[
+        (&["--together", other], "--weights", "-1,2"),
+        (&[], "--max-power", "-50"),
+        (&[], "--reading-speed", "-3"),
+        (&[], "--target-vram", "-0.5"),
+        (&[], "--max-kl", "-1"),
+        (&[], "--min-top1", "-0.5"),
+        (&[], "--busy-threshold", "-0.1"),
+        (&[], "--vram-budget", "-5GiB"),
+        (&[], "--host-budget", "-5GiB"),
+        (&[], "--depth", "-5"),
+        (&[], "--parallel", "-2"),
+        (&[], "--ctx", "-4096"),
+        (&[], "--ngl", "-3"),
+        (&[], "-p", "-5"),
+        (&[], "-n", "-5"),
+        (&[], "-r", "-1"),
+        (&[], "-t", "-1"),
+        (&[], "-b", "-512"),
+        (&[], "--ubatch-size", "-512"),
+        (&[], "--trial-timeout", "-9"),
+        (&[], "--sample-interval", "-20"),
+    ];
+    for (before, flag, value) in flags {
+        let mut a = vec![m];
+        a.extend(*before);
+        a.extend(["--profiles", s, flag, value]);
+        let o = run(&a);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{flag} {value}: one line, got: {err}");
+        assert!(lines[0].starts_with("error: ") && lines[0].contains(flag), "{flag} {value}: {err}");
+        assert!(!err.contains("tip:") && !err.contains("unexpected argument"), "{flag} {value}: {err}");
+    }
+    let same = dir.path().join(".").join(Path::new(m).file_name().unwrap());
+    assert_bad_input(&run(&[m, same.to_str().unwrap(), "--together", "--profiles", s]), "a set holds each model once");
+    assert!(!store.exists(), "nothing was written");
+}
+
 #[test]
 fn example_profiles_validate_and_read_back() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");

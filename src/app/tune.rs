@@ -49,6 +49,17 @@ fn set_shares(a: &TuneArgs, n: usize) -> Result<Option<Vec<f64>>> {
     if n < 2 {
         return Err(bad("--together places two or more models side by side; give them all"));
     }
+    let same = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    for (i, m) in a.models.iter().enumerate() {
+        if let Some(first) = a.models[..i].iter().find(|o| same(o) == same(m)) {
+            return Err(bad(format!(
+                "--together got {} twice (as {} and {}): a set holds each model once; give each model one time",
+                same(m).display(),
+                first.display(),
+                m.display()
+            )));
+        }
+    }
     crate::tune::together::weights(a.weights.as_deref(), n).map(Some)
 }
 
