@@ -299,6 +299,9 @@ fn one_device(
     };
     let mut options = options_of(quality);
     let mut notes = choose(&mut options, search.settings().scoring(), &search.settings().gate);
+    if let Some(note) = lossy_paired(search, &mut options)? {
+        notes = note.into_iter().collect();
+    }
     if gap > 0 {
         notes.push(crate::types::Note::prediction(format!(
             "the escape hatches' dry-run prices were held to the cap less {}: what this context's trials held on the device beyond llama.cpp's accounting (the driver's own memory)",
@@ -310,6 +313,57 @@ fn one_device(
         choose::unchecked(&mut options, search.settings().scoring());
     }
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
+}
+
+/// A quantized cache chosen over the best lossless option under the cap
+/// is paired with it ([`crate::tune::baseline::pair`]: counterbalanced, a
+/// load a trial, the t interval on the log ratios) and kept only where it
+/// is faster beyond that interval; otherwise the lossless option is the
+/// answer. The spread of repetitions inside one load, which `choose`
+/// reads, is not the noise between loads. `Some(notes)` where the choice
+/// changed: the hatch notes of the new choice.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+fn lossy_paired(search: &mut Search<'_>, options: &mut [PlacementOption]) -> Result<Option<Vec<crate::types::Note>>> {
+    let Some(li) = options.iter().position(|o| o.recommended && choose::lossy(o)) else { return Ok(None) };
+    let scoring = search.settings().scoring();
+    let lossless = options
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.measured && o.fits && o.kind != HatchKind::ShorterContext && !choose::lossy(o))
+        .filter_map(|(i, o)| Some((i, scoring.speeds(o.tg_ts, o.pp_ts)?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|x| x.0);
+    // Nothing lossless fits: the quantized cache is the only way under the cap.
+    let Some(bi) = lossless else { return Ok(None) };
+    let (at, own) = (search.at(), search.settings().workload.kv_type);
+    // Each side as its hatch trial ran it (the workload's own cache type as the search names it).
+    let side = |o: &PlacementOption| {
+        let c = Candidate::from(&o.placement);
+        Candidate { ctx: o.placement.n_ctx.unwrap_or(at.n_ctx), kv: c.kv.filter(|k| *k != own), ..c }
+    };
+    let (lossy, plain) = (side(&options[li]), side(&options[bi]));
+    let mut out = crate::profile::DefaultComparison::unmeasured(at.depth);
+    crate::tune::baseline::pair(search, lossy, plain, &mut out)?;
+    let ratio = crate::report::placement::ratios(&out).join(", ");
+    let against = options[bi].describe();
+    let said = format!("paired with the best lossless option ({against}): {ratio}, {}", out.verdict.word());
+    if out.verdict == crate::profile::Verdict::Faster {
+        let o = &mut options[li];
+        o.note = if o.note.is_empty() { said } else { format!("{}; {said}", o.note) };
+        return Ok(None);
+    }
+    options[li].recommended = false;
+    options[li].note = format!("{said}: a lossy cache only when it pays");
+    options[bi].recommended = true;
+    options[bi].note = String::new();
+    let chosen = &options[bi];
+    Ok(Some(if chosen.kind == HatchKind::LayerSplit {
+        Vec::new()
+    } else {
+        vec![crate::types::Note::hatch(format!("escape hatch at {} context: {}", chosen.n_ctx(), chosen.describe()))]
+    }))
 }
 
 /// What the options at one device are made of.
