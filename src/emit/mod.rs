@@ -397,18 +397,12 @@ mod tests {
 
     #[test]
     fn where_llama_cpps_default_is_recommended_ollama_gets_no_num_gpu() {
-        use crate::profile::{DefaultComparison, Verdict};
+        // A profile from before the default stopped becoming the answer
+        // says `llama_default`: read back, its forms still leave num_gpu unset.
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
-        let cmp = DefaultComparison {
-            placement: Some(p.recommendation.runs()),
-            pairs: 2,
-            tg_ratio: Some(1.01),
-            tg_half_width: Some(0.05),
-            verdict: Verdict::Tie,
-            ..DefaultComparison::unmeasured(0)
-        };
-        p.recommendation = crate::tune::baseline::default_recommendation(&p.recommendation, &cmp, &p.trials);
+        p.recommendation.llama_default = true;
+        p.recommendation.render_forms();
         assert!(p.recommendation.llama_default);
         assert!(
             !p.recommendation.modelfile.iter().any(|l| l.starts_with("PARAMETER num_gpu")),

@@ -21,11 +21,16 @@ pub struct DefaultComparison {
     /// Alternated pairs measured.
     pub pairs: u32,
     pub n_depth: u32,
-    /// Recommendation over default, and the half width of its 95% interval.
+    /// Recommendation over default, and the half width of its 95% interval
+    /// (kept for readers of older profiles: the interval is not symmetric).
     pub tg_ratio: Option<f64>,
     pub tg_half_width: Option<f64>,
     pub pp_ratio: Option<f64>,
     pub pp_half_width: Option<f64>,
+    /// The 95% interval of each ratio, its two ends (the verdict's
+    /// statistic); `None` in profiles from before it was kept.
+    pub tg_interval: Option<[f64; 2]>,
+    pub pp_interval: Option<[f64; 2]>,
     pub verdict: Verdict,
     pub note: String,
     /// The default took more than the user's cap (measured, or llama.cpp's
@@ -53,6 +58,8 @@ impl DefaultComparison {
             tg_half_width: None,
             pp_ratio: None,
             pp_half_width: None,
+            tg_interval: None,
+            pp_interval: None,
             verdict: Verdict::NotMeasured,
             note: String::new(),
             over_cap: false,
@@ -91,6 +98,10 @@ struct StoredComparison {
     tg_half_width: Option<f64>,
     pp_ratio: Option<f64>,
     pp_half_width: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tg_interval: Option<[f64; 2]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pp_interval: Option<[f64; 2]>,
     verdict: Verdict,
     note: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -119,6 +130,8 @@ impl From<DefaultComparison> for StoredComparison {
             tg_half_width: c.tg_half_width,
             pp_ratio: c.pp_ratio,
             pp_half_width: c.pp_half_width,
+            tg_interval: c.tg_interval,
+            pp_interval: c.pp_interval,
             verdict: c.verdict,
             note: c.note,
             over_cap: c.over_cap,
@@ -144,6 +157,8 @@ impl TryFrom<StoredComparison> for DefaultComparison {
             tg_half_width: s.tg_half_width,
             pp_ratio: s.pp_ratio,
             pp_half_width: s.pp_half_width,
+            tg_interval: s.tg_interval,
+            pp_interval: s.pp_interval,
             verdict: s.verdict,
             note: s.note,
             over_cap: s.over_cap,

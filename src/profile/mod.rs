@@ -499,6 +499,20 @@ pub enum Verdict {
     NotMeasured,
 }
 
+impl Verdict {
+    /// The verdict in words, as the report says it.
+    #[must_use]
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Faster => "faster beyond the noise",
+            Verdict::Tie => "within the noise",
+            Verdict::Slower => "slower beyond the noise",
+            Verdict::Same => "the same placement",
+            Verdict::NotMeasured => "not judged",
+        }
+    }
+}
+
 /// One offload device's cap and its share of a placement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceShare {

@@ -78,12 +78,21 @@ fn hatch_lines(s: &mut String, p: &Profile, c: &ContextPlacement) {
     }
 }
 
-/// A paired comparison's ratios with their 95% half widths: "tg x1.20 ± 0.05".
+/// A paired comparison's ratios with their 95% intervals, as the
+/// intervals themselves: "tg x1.10 [1.02, 1.19]". A profile from before
+/// the interval was kept shows its half width.
 #[must_use]
 pub fn ratios(d: &crate::profile::DefaultComparison) -> Vec<String> {
-    let ratio =
-        |name: &str, r: Option<f64>, h: Option<f64>| r.map(|r| format!("{name} x{r:.2} ± {:.2}", h.unwrap_or(0.0)));
-    [ratio("tg", d.tg_ratio, d.tg_half_width), ratio("pp", d.pp_ratio, d.pp_half_width)].into_iter().flatten().collect()
+    let ratio = |name: &str, r: Option<f64>, i: Option<[f64; 2]>, h: Option<f64>| {
+        r.map(|r| match i {
+            Some([lo, hi]) => format!("{name} x{r:.2} [{lo:.2}, {hi:.2}]"),
+            None => format!("{name} x{r:.2} ± {:.2}", h.unwrap_or(0.0)),
+        })
+    };
+    [ratio("tg", d.tg_ratio, d.tg_interval, d.tg_half_width), ratio("pp", d.pp_ratio, d.pp_interval, d.pp_half_width)]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// The recommendation against llama.cpp's default at one context, then

@@ -153,6 +153,9 @@ pub(crate) mod fake {
         /// plus this much (a driver's own context, which llama.cpp does
         /// not account).
         pub driver_bytes: Option<u64>,
+        /// The index into `measured` of the next trial after each release
+        /// (a kept worker ended: that trial loads the model anew).
+        pub releases: Vec<usize>,
     }
 
     impl World {
@@ -168,7 +171,13 @@ pub(crate) mod fake {
         /// A world whose speeds and memory follow the whole spec; its tg is
         /// the test's rate, every stream's tokens counted.
         pub fn of(at: impl Fn(Candidate, &TrialSpec) -> Outcome + 'static) -> World {
-            World { at: Box::new(at), base: crate::engine::test_spec(), measured: Vec::new(), driver_bytes: None }
+            World {
+                at: Box::new(at),
+                base: crate::engine::test_spec(),
+                measured: Vec::new(),
+                driver_bytes: None,
+                releases: Vec::new(),
+            }
         }
     }
 
@@ -180,6 +189,10 @@ pub(crate) mod fake {
     impl TrialExecutor for World {
         fn spec(&self, c: Candidate) -> TrialSpec {
             spec_of(&self.base, &[], c, None)
+        }
+
+        fn release(&mut self) {
+            self.releases.push(self.measured.len());
         }
 
         fn measure(&mut self, c: Candidate, race: Option<Race>) -> anyhow::Result<TrialResult> {

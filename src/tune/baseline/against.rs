@@ -9,23 +9,32 @@
 
 use anyhow::Result;
 
-use super::{compare, default_recommendation, Opponent};
+use super::{compare, Opponent};
 use crate::engine::predict::LlamaFit;
 use crate::profile::{DefaultComparison, Recommendation, Verdict};
 use crate::tune::search::Search;
 
-/// The recommendation measured against llama.cpp's default, alternately;
-/// when the default is as fast (within the noise) or faster, it becomes
-/// the recommendation.
+/// The recommendation measured against llama.cpp's default, alternately.
+/// The default (`llama-server -m MODEL`: `-c 0`, one slot, its threads)
+/// is the no-flags baseline the report shows; it never becomes the answer,
+/// because it runs another context, slots and threads than the user's.
+/// Where it ties or wins, fit's own placement at the user's context
+/// (`here`: its layers for the user's cap, the user's context, slots and
+/// KV type, the tuned threads) is paired with the answer, and becomes the
+/// answer where it ties or wins in turn (see [`super::fit_here`]).
+///
+/// # Errors
+/// What the executor returns (an interrupt).
 pub fn llama_default(
     search: &mut Search<'_>,
     recommendation: &mut Recommendation,
-    fit: Option<&LlamaFit>,
+    (fit, here): (Option<&LlamaFit>, Option<&LlamaFit>),
     full: u32,
 ) -> Result<DefaultComparison> {
-    let cmp = compare(search, recommendation, (fit, Opponent::LlamaDefault), full)?;
+    let mut cmp = compare(search, recommendation, (fit, Opponent::LlamaDefault), full)?;
     if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower) && !cmp.over_cap {
-        *recommendation = default_recommendation(recommendation, &cmp, &search.trials);
+        let said = super::fit_here(search, recommendation, here, full)?;
+        cmp.note = if cmp.note.is_empty() { said } else { format!("{}; {said}", cmp.note) };
     }
     Ok(cmp)
 }
@@ -39,7 +48,7 @@ pub fn baselines(
     full: u32,
 ) -> Result<(Option<DefaultComparison>, Option<DefaultComparison>)> {
     let Some(pr) = priced else { return Ok((None, None)) };
-    let d = llama_default(search, rec, pr.default_fit.as_ref(), full)?;
+    let d = llama_default(search, rec, (pr.default_fit.as_ref(), pr.llama_fit.as_ref()), full)?;
     let o = ollama_run(search, rec, pr.ollama_fit.as_ref(), full)?;
     Ok((Some(d), o))
 }

@@ -24,18 +24,23 @@ use crate::types::{KvType, Placement, Role, TrialStatus};
 /// trial-to-trial noise; two (t = 12.7) almost never could.
 pub const PAIRS: u32 = 3;
 
-/// A ratio of two mean speeds and the half width of its 95% interval.
+/// A ratio of two mean speeds and its 95% interval, as the interval
+/// itself: the t interval on the log ratios mapped back, so it is not
+/// symmetric about the ratio (a half width would misstate one end).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ratio {
     pub ratio: f64,
-    pub half_width: f64,
+    /// The interval's lower end.
+    pub lo: f64,
+    /// The interval's upper end.
+    pub hi: f64,
 }
 
 impl Ratio {
     /// The ratio of `a` over `b` from paired measurements `(a_i, b_i)`
     /// (each a trial's mean speed or score): the geometric mean of the
-    /// per-pair ratios and the half width of its 95% Student t interval
-    /// (on the log ratios, mapped back). `None` without two complete pairs.
+    /// per-pair ratios and its 95% Student t interval (on the log ratios,
+    /// mapped back). `None` without two complete pairs.
     #[must_use]
     pub fn paired(pairs: &[(f64, f64)]) -> Option<Ratio> {
         use statrs::distribution::{ContinuousCDF, StudentsT};
@@ -48,15 +53,23 @@ impl Ratio {
         let (m, sd) = (crate::stats::mean(&logs), crate::stats::stddev(&logs));
         let t = StudentsT::new(0.0, 1.0, n - 1.0).ok()?.inverse_cdf(0.975);
         let h = t * sd / n.sqrt();
-        Some(Ratio { ratio: m.exp(), half_width: ((m + h).exp() - (m - h).exp()) / 2.0 })
+        Some(Ratio { ratio: m.exp(), lo: (m - h).exp(), hi: (m + h).exp() })
     }
 
-    /// Faster beyond the noise, slower beyond it, or a tie.
+    /// Half the interval's width: what profiles before the interval kept.
+    #[must_use]
+    pub fn half_width(self) -> f64 {
+        (self.hi - self.lo) / 2.0
+    }
+
+    /// Faster where the whole interval is above 1, slower where it is all
+    /// below, else a tie: the t interval's own ends, never the ratio
+    /// plus or minus a half width.
     #[must_use]
     pub fn verdict(self) -> Verdict {
-        if self.ratio - self.half_width > 1.0 {
+        if self.lo > 1.0 {
             Verdict::Faster
-        } else if self.ratio + self.half_width < 1.0 {
+        } else if self.hi < 1.0 {
             Verdict::Slower
         } else {
             Verdict::Tie
@@ -278,6 +291,12 @@ pub fn compare(
             ),
             Verdict::Faster if cut => format!("{name} was cut short, far behind: its rate is of the tokens timed"),
             Verdict::Faster => String::new(),
+            Verdict::Tie if opponent == Opponent::LlamaDefault => {
+                format!("within the noise of {name}, which runs its own context, slots and threads")
+            }
+            Verdict::Slower if opponent == Opponent::LlamaDefault => {
+                format!("{name} was faster, at its own context, slots and threads")
+            }
             Verdict::Tie => format!("within the noise of {name}: {name} is recommended"),
             Verdict::Slower => format!("{name} was faster: it is recommended"),
             _ => "a side of the pairs did not complete: not judged".into(),
@@ -286,10 +305,22 @@ pub fn compare(
     Ok(out)
 }
 
-/// Measures `mine` and `theirs` alternately ([`PAIRS`] pairs, `theirs`
-/// raced against `mine`'s speed so far) and writes the ratios and the
-/// verdict by the objective into `out` (not measured where a side did not
-/// complete). True where `theirs` was cut short.
+/// Whether pair `i` runs the answer first: pair by pair AB BA BA AB BA AB
+/// AB BA (the Thue-Morse order, ABBA BAAB trial by trial), so that a
+/// steady drift of the machine (a card warming, a neighbour's load
+/// fading) adds to one side in as many pairs as it adds to the other.
+#[must_use]
+pub fn answer_first(i: u32) -> bool {
+    i.count_ones().is_multiple_of(2)
+}
+
+/// Measures `mine` and `theirs` in [`PAIRS`] pairs, each in the order
+/// [`answer_first`] gives it and each trial in a load of its own (`theirs`
+/// raced against `mine`'s speed in the pairs before), and writes the
+/// ratios, their intervals and the verdict by the objective into `out`
+/// (not measured where a side did not complete). A pair is the two
+/// trials it ran, matched by the pair, never by how many completed. True
+/// where `theirs` was cut short.
 ///
 /// # Errors
 /// What the executor returns (an interrupt).
@@ -298,42 +329,51 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     search.progress.plan(u64::from(2 * PAIRS));
     // This comparison's trials only (the same side may be paired with another before).
     let start = search.trials.len();
-    // A side that crashed (an RPC server that died and came back, say) runs once more.
-    let measure = |search: &mut Search<'_>, c: Candidate, race: Option<crate::types::Race>| -> Result<()> {
+    // A side that crashed (an RPC server that died and came back, say)
+    // runs once more; the pair holds the side's last trial.
+    let measure = |search: &mut Search<'_>, c: Candidate, race: Option<crate::types::Race>| -> Result<usize> {
         if search.measure(Role::Paired, c, race)?.result.status == TrialStatus::Crashed {
             search.measure(Role::Paired, c, race)?;
         }
-        Ok(())
+        Ok(search.trials.len() - 1)
     };
-    let mut pairs = 0;
-    for _ in 0..PAIRS {
-        measure(search, mine, None)?;
+    // Each pair's two trials, by index into `search.trials` (mine, theirs).
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    for i in 0..PAIRS {
         // The other side far behind is cut short inside its first
         // repetition, as the search races: its verdict is clear at once.
-        let race = race_against(&search.trials[start..], mine, s.goal.objective);
-        measure(search, theirs, race)?;
-        pairs += 1;
+        let (a, b) = if answer_first(i) {
+            let a = measure(search, mine, None)?;
+            let race = race_against(&search.trials[start..], mine, s.goal.objective);
+            (a, measure(search, theirs, race)?)
+        } else {
+            let race = race_against(&search.trials[start..], mine, s.goal.objective);
+            let b = measure(search, theirs, race)?;
+            (measure(search, mine, None)?, b)
+        };
+        pairs.push((a, b));
         // Cut short in each of two pairs: the verdict below is already "faster"; a third changes nothing.
         let (done, cut) = cut_short(completed(&search.trials[start..], theirs));
-        if pairs >= 2 && done == pairs as usize && cut == done {
+        if pairs.len() >= 2 && done == pairs.len() && cut == done {
             search.progress.skip();
             search.progress.skip();
             break;
         }
     }
-    out.pairs = pairs;
-    let trials = &search.trials[start..];
-    // The i-th complete trial of each side makes the i-th pair.
-    let (a, b): (Vec<&ProfileTrial>, Vec<&ProfileTrial>) =
-        (completed(trials, mine).collect(), completed(trials, theirs).collect());
+    out.pairs = u32::try_from(pairs.len()).unwrap_or(PAIRS);
+    let ok = |i: usize| Some(&search.trials[i]).filter(|t| t.result.status == TrialStatus::Ok);
+    let complete: Vec<(&ProfileTrial, &ProfileTrial)> =
+        pairs.iter().filter_map(|&(a, b)| Some((ok(a)?, ok(b)?))).collect();
     let ratio = |f: &dyn Fn(&ProfileTrial) -> Option<f64>| {
-        let pairs: Vec<(f64, f64)> = a.iter().zip(&b).filter_map(|(x, y)| Some((f(x)?, f(y)?))).collect();
+        let pairs: Vec<(f64, f64)> = complete.iter().filter_map(|(x, y)| Some((f(x)?, f(y)?))).collect();
         Ratio::paired(&pairs)
     };
     let (tg, pp) =
         (ratio(&|t| t.result.test(false).map(|x| x.avg_ts)), ratio(&|t| t.result.test(true).map(|x| x.avg_ts)));
-    (out.tg_ratio, out.tg_half_width) = (tg.map(|r| r.ratio), tg.map(|r| r.half_width));
-    (out.pp_ratio, out.pp_half_width) = (pp.map(|r| r.ratio), pp.map(|r| r.half_width));
+    (out.tg_ratio, out.tg_half_width, out.tg_interval) =
+        (tg.map(|r| r.ratio), tg.map(Ratio::half_width), tg.map(|r| [r.lo, r.hi]));
+    (out.pp_ratio, out.pp_half_width, out.pp_interval) =
+        (pp.map(|r| r.ratio), pp.map(Ratio::half_width), pp.map(|r| [r.lo, r.hi]));
     // Judged on the objective's score; a side raced out far behind has no
     // pp, so the tg it was raced on judges it.
     let judged = ratio(&|t| s.scoring().trial(&t.result)).or(match s.goal.objective {
@@ -344,12 +384,12 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     // A side cut short in every pair ran below half of the other's speed
     // each time (the race's own test, as the search trusts it): the tokens
     // it timed before the cut are too few for the interval, the cut is not.
-    let (_, cut_short) = cut_short(b.iter().copied());
-    if cut_short == b.len() && b.len() >= 2 && a.len() >= b.len() && out.verdict != Verdict::NotMeasured {
+    let (n, cut) = cut_short(complete.iter().map(|(_, b)| *b));
+    if cut == n && n >= 2 && out.verdict != Verdict::NotMeasured {
         out.by_race = out.verdict != Verdict::Faster;
         out.verdict = Verdict::Faster;
     }
-    Ok(cut_short > 0)
+    Ok(cut_short(completed(&search.trials[start..], theirs)).1 > 0)
 }
 
 /// How many of `trials` there are, and how many were cut short by the race.
@@ -357,64 +397,86 @@ fn cut_short<'t>(trials: impl Iterator<Item = &'t ProfileTrial>) -> (usize, usiz
     trials.fold((0, 0), |(n, cut), t| (n + 1, cut + usize::from(t.result.tests.iter().any(|x| x.stopped_early))))
 }
 
-/// The recommendation when llama.cpp's default is as fast or faster:
-/// the default's placement, with the paired speeds; Ollama's Modelfile
-/// leaves num_gpu unset (Ollama then places the layers as fit does).
-#[must_use]
-pub fn default_recommendation(
-    rec: &Recommendation,
-    cmp: &DefaultComparison,
-    trials: &[ProfileTrial],
-) -> Recommendation {
-    let Some(placed) = cmp.placement.as_ref().filter(|_| !cmp.over_cap) else { return rec.clone() };
-    let ngl = placed.n_gpu_layers;
-    // Its settings as they ran: threads, context and fit's CPU tensors.
-    let spill = crate::types::FitSpill::of(
-        &placed.cpu_overrides.iter().map(|p| (p.clone(), "CPU".to_string())).collect::<Vec<_>>(),
-    )
-    .unwrap_or_default();
-    let theirs = Candidate {
-        spill,
-        stock: true,
-        upstream: true,
-        ctx: placed.n_ctx.unwrap_or(rec.n_ctx()),
-        ..Candidate::layers(ngl, placed.n_threads)
+/// fit's own placement at the user's context: the layers llama.cpp's fit
+/// chooses for the user's cap there (`here`, its CPU tensors included),
+/// at the user's context, slots, batch and KV type, on the tuned threads
+/// (the fastest measured). `None` where fit gave none.
+fn fit_candidate(here: Option<&LlamaFit>, threads: u32, full: u32) -> Option<Candidate> {
+    let fit = here.filter(|f| f.error.is_none())?;
+    let ngl = fit.n_gpu_layers?;
+    let spill = crate::types::FitSpill::of(&fit.override_pairs())?;
+    let ngl = if ngl < 0 { full } else { u32::try_from(ngl).unwrap_or(0).min(full) };
+    Some(Candidate { spill, ..Candidate::layers(ngl, threads) })
+}
+
+/// Where llama.cpp's default tied with the answer or beat it: fit's own
+/// placement at the user's context ([`fit_candidate`]) paired with the
+/// answer, and made the answer where it ties or wins, with the speeds
+/// and memory its paired trials measured. The user's context, slots and
+/// KV type stay as asked whatever wins. Returns what happened, in words.
+///
+/// # Errors
+/// What the executor returns (an interrupt).
+pub fn fit_here(
+    search: &mut Search<'_>,
+    rec: &mut Recommendation,
+    here: Option<&LlamaFit>,
+    full: u32,
+) -> Result<String> {
+    let at = search.at();
+    let mine = Opponent::LlamaDefault.mine(rec, at.n_ctx);
+    let kv = Some(search.settings().workload.kv_type);
+    let Some(theirs) = fit_candidate(here, rec.placement.n_threads, full).map(|c| Candidate { ctx: at.n_ctx, kv, ..c })
+    else {
+        return Ok("llama.cpp's fit gave no placement at your context: the tuned answer stays".into());
     };
-    // Emitted as its paired trials ran (the dry run's placement where none is kept).
-    let ran = completed(trials, theirs).next().map_or_else(
-        || {
-            Placement { cpu_overrides: placed.cpu_overrides.clone(), ..Placement::default() }
-                .with_layers(ngl, theirs.threads, Some(theirs.ctx))
-                .with_server_defaults()
-        },
-        |t| t.result.spec.placement.clone(),
-    );
-    let mean = |pp: bool| {
-        let v = samples(trials, theirs, pp);
-        (!v.is_empty()).then(|| crate::stats::mean(&v))
+    if theirs == mine {
+        return Ok(format!("the answer is llama.cpp's fit at your context (-ngl {})", theirs.ngl));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    if let (Some(p), Some(cap)) = (here.and_then(|f| f.predicted_device_bytes), search.cap_bytes()) {
+        if p as f64 > cap {
+            return Ok(format!(
+                "llama.cpp's fit at your context (-ngl {}) is over the cap by its dry run: the tuned answer stays",
+                theirs.ngl
+            ));
+        }
+    }
+    let start = search.trials.len();
+    let mut out = DefaultComparison::unmeasured(at.depth);
+    pair(search, mine, theirs, &mut out)?;
+    let trials = &search.trials[start..];
+    let ratio = crate::report::placement::ratios(&out).join(", ");
+    if let Some(why) = over_cap(trials, theirs, search.cap_bytes(), "llama.cpp's fit at your context") {
+        return Ok(why);
+    }
+    if !matches!(out.verdict, Verdict::Tie | Verdict::Slower) {
+        return Ok(format!(
+            "llama.cpp's fit at your context (-ngl {}) paired with the answer: {ratio}, {}; the tuned answer stays",
+            theirs.ngl,
+            out.verdict.word()
+        ));
+    }
+    let Some(ran) = completed(trials, theirs).last().map(|t| t.result.spec.placement.clone()) else {
+        return Ok("llama.cpp's fit at your context did not complete: the tuned answer stays".into());
     };
-    let mut r = Recommendation {
+    let mean = |pp: bool| paired_mean(trials, theirs, pp);
+    let mem = completed(trials, theirs).filter_map(|t| t.mem_bytes).reduce(f64::max);
+    *rec = Recommendation {
         ollama_num_gpu: None,
-        llama_default: true,
         tg_ts: mean(false),
         pp_ts: mean(true),
         img_ms: image_ms(trials, theirs),
+        mem_bytes: mem,
         measured: true,
         ..rec.clone()
     };
-    // llama.cpp's default split: no device order, no per-device layers.
-    let n_ctx = Some(ran.n_ctx.unwrap_or(theirs.ctx));
-    r.set_placement(&Placement {
-        n_gpu_layers: ngl,
-        n_cpu_moe: 0,
-        n_cpu_ffn: 0,
-        n_ctx,
-        devices: Vec::new(),
-        tensor_split: Vec::new(),
-        split_mode: crate::types::SplitMode::Layer,
-        ..ran
-    });
-    r
+    rec.set_placement(&ran);
+    Ok(format!(
+        "llama.cpp's fit at your context (-ngl {}) paired with the tuned answer: {ratio}, {}; it is the answer, at your context, slots and KV type",
+        theirs.ngl,
+        out.verdict.word()
+    ))
 }
 
 #[cfg(test)]
@@ -448,13 +510,102 @@ mod tests {
     fn a_ratio_is_judged_against_its_noise() {
         let pairs = |a: [f64; 4], b: [f64; 4]| a.into_iter().zip(b).collect::<Vec<_>>();
         let r = Ratio::paired(&pairs([30.0, 30.5, 29.5, 30.2], [10.0, 10.1, 9.9, 10.0])).unwrap();
-        assert!((r.ratio - 3.0).abs() < 0.05 && r.half_width < 0.1, "{r:?}");
+        assert!((r.ratio - 3.0).abs() < 0.05 && r.half_width() < 0.1, "{r:?}");
         assert_eq!(r.verdict(), Verdict::Faster);
         let tie = Ratio::paired(&pairs([10.2, 9.6, 10.4, 9.9], [10.0, 10.3, 9.7, 10.1])).unwrap();
         assert_eq!(tie.verdict(), Verdict::Tie, "{tie:?}");
         let slower = Ratio::paired(&pairs([8.0, 8.1, 7.9, 8.0], [10.0, 10.1, 9.9, 10.0])).unwrap();
         assert_eq!(slower.verdict(), Verdict::Slower);
         assert_eq!(Ratio::paired(&[(1.0, 1.0)]), None, "one pair has no spread");
+    }
+
+    /// The t interval's own ends decide. Log ratios -0.40, -0.28, -0.16:
+    /// the ratio is x0.756 and the interval [0.56, 1.02] reaches above 1,
+    /// so a tie; the ratio plus the half width (x0.986) once called it slower.
+    #[test]
+    fn the_verdict_is_the_t_intervals_and_the_interval_is_printed_as_one() {
+        let pairs: Vec<(f64, f64)> = [-0.4008f64, -0.28, -0.1592].iter().map(|l| (l.exp(), 1.0)).collect();
+        let r = Ratio::paired(&pairs).unwrap();
+        assert!(r.hi > 1.0 && r.hi < 1.03, "{r:?}");
+        assert!(r.ratio + r.half_width() < 1.0, "the half width's reading: {r:?}");
+        assert!(r.ratio - r.lo < r.hi - r.ratio, "skewed: {r:?}");
+        assert_eq!(r.verdict(), Verdict::Tie, "{r:?}");
+        let cmp = DefaultComparison {
+            tg_ratio: Some(r.ratio),
+            tg_half_width: Some(r.half_width()),
+            tg_interval: Some([r.lo, r.hi]),
+            ..DefaultComparison::unmeasured(0)
+        };
+        let line = crate::report::placement::ratios(&cmp).join(", ");
+        assert_eq!(line, format!("tg x{:.2} [{:.2}, {:.2}]", r.ratio, r.lo, r.hi));
+        assert!(!line.contains('±'), "{line}");
+    }
+
+    /// Pair by pair AB BA BA AB BA AB AB BA: trial by trial ABBA BAAB.
+    #[test]
+    fn pairs_run_in_counterbalanced_order() {
+        let order: String = (0..8).map(|i| if answer_first(i) { "AB" } else { "BA" }).collect();
+        assert_eq!(order, "ABBABAABBAABABBA");
+    }
+
+    /// A machine that slows 1% with every trial, and two sides that are the
+    /// same speed: the answer always first read "faster, x1.010 ± 0.0005";
+    /// counterbalanced, the drift is noise, not a verdict. Each paired
+    /// trial is a load of its own.
+    #[test]
+    fn drift_between_trials_is_not_a_verdict_and_every_paired_trial_loads_anew() {
+        use crate::tune::executor::fake::{Outcome, World};
+        use crate::tune::worlds::settings;
+        let s = settings();
+        let calls = std::rc::Rc::new(std::cell::Cell::new(0i32));
+        let seen = calls.clone();
+        let mut world = World::new(move |_| {
+            seen.set(seen.get() + 1);
+            Outcome::Ok { tg: 20.0 * 0.99f64.powi(seen.get()), pp: 100.0 * 0.99f64.powi(seen.get()), mem: 1 << 20 }
+        });
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
+        let (mine, theirs) = (Candidate::layers(7, 2), Candidate::layers(31, 2));
+        let mut out = DefaultComparison::unmeasured(0);
+        pair(&mut search, mine, theirs, &mut out).unwrap();
+        drop(search);
+        assert_eq!(out.pairs, PAIRS);
+        assert_ne!(out.verdict, Verdict::Faster, "{out:?}");
+        assert_ne!(out.verdict, Verdict::Slower, "{out:?}");
+        let ngls: Vec<u32> = world.measured.iter().map(|c| c.ngl).collect();
+        assert_eq!(ngls, [7, 31, 31, 7, 31, 7], "AB BA BA");
+        assert_eq!(world.releases, (0..6).collect::<Vec<_>>(), "a release before every paired trial");
+    }
+
+    /// A pair is its two trials: the answer's first trial out of memory
+    /// drops pair 0 whole. Matched by how many completed, the answer's
+    /// second trial would pair with the other side's first, across a jump
+    /// of the machine's speed between pairs, and read x2.
+    #[test]
+    fn pairs_are_matched_by_the_pair_not_by_completion() {
+        use crate::tune::executor::fake::{Outcome, World};
+        use crate::tune::worlds::settings;
+        let s = settings();
+        let calls = std::rc::Rc::new(std::cell::Cell::new(0u32));
+        let seen = calls.clone();
+        let mut world = World::new(move |c| {
+            let k = seen.get();
+            seen.set(k + 1);
+            // Trials AB BA BA: pair k / 2 runs at 10, 20, 40 t/s.
+            let base = 10.0 * f64::from(1u32 << (k / 2));
+            match (k, c.ngl) {
+                (0, _) => Outcome::Oom,
+                (3, 7) => Outcome::Ok { tg: base * 1.001, pp: base * 10.0 * 1.001, mem: 1 << 20 },
+                (5, 7) => Outcome::Ok { tg: base * 0.999, pp: base * 10.0 * 0.999, mem: 1 << 20 },
+                _ => Outcome::Ok { tg: base, pp: base * 10.0, mem: 1 << 20 },
+            }
+        });
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
+        let mut out = DefaultComparison::unmeasured(0);
+        pair(&mut search, Candidate::layers(7, 2), Candidate::layers(31, 2), &mut out).unwrap();
+        assert_eq!(calls.get(), 6);
+        let r = out.tg_ratio.unwrap();
+        assert!((r - 1.0).abs() < 0.01, "pairs 1 and 2, each x1: {out:?}");
+        assert_eq!(out.verdict, Verdict::Tie, "{out:?}");
     }
 
     /// The rig's first tune: llama.cpp's fit offloads every layer (its
@@ -475,7 +626,7 @@ mod tests {
         let mut search = crate::tune::worlds::search(&s, &mut world, cap);
         let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
-        let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
+        let cmp = against::llama_default(&mut search, &mut rec, (Some(&fit), None), 31).unwrap();
         assert_eq!(cmp.n_gpu_layers(), Some(31));
         assert_eq!(cmp.verdict, Verdict::Slower, "the default is faster: {cmp:?}");
         assert!(cmp.over_cap, "{cmp:?}");
@@ -483,39 +634,72 @@ mod tests {
         assert_eq!(rec.placement.n_gpu_layers, 7, "the answer under the cap stays");
         assert!(!rec.llama_default);
         assert!(search.trials.iter().any(|t| t.over_cap && t.result.spec.placement.n_gpu_layers == 31), "measured");
-        assert_eq!(default_recommendation(&rec, &cmp, &search.trials), rec, "never rebuilt as the answer");
     }
 
-    /// A default that wins emits exactly what ran: its own thread count,
-    /// not the tuned one.
+    /// The rig's first report: llama.cpp's default (`-c 0`: here a
+    /// 65536-token context, its own threads, one slot) ties with the
+    /// answer. It stays the no-flags baseline in the report; the answer
+    /// becomes fit's own layers at the user's 32768-token context, on the
+    /// tuned threads, paired as such, and every form says that context.
     #[test]
-    fn a_winning_default_emits_the_threads_it_ran_with() {
+    fn a_tie_with_the_default_never_changes_the_run_the_user_asked_for() {
+        use crate::tune::executor::fake::{Outcome, World};
+        use crate::tune::worlds::{recommendation, settings};
+        let s = settings();
+        let mut world = World::new(|_| Outcome::Ok { tg: 10.0, pp: 100.0, mem: 1 << 20 });
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
+        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(65536), ..LlamaFit::none(1 << 30) };
+        let here = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(32768), ..LlamaFit::none(1 << 30) };
+        let mut rec = recommendation();
+        let cmp = against::llama_default(&mut search, &mut rec, (Some(&fit), Some(&here)), 31).unwrap();
+        drop(search);
+        assert_eq!(cmp.verdict, Verdict::Tie, "{cmp:?}");
+        assert_eq!(cmp.placement.as_ref().and_then(|p| p.n_ctx), Some(65536), "the baseline as it ran");
+        assert!(!rec.llama_default, "the default is never the answer");
+        assert_eq!(
+            (rec.placement.n_gpu_layers, rec.placement.n_ctx, rec.placement.n_threads),
+            (20, Some(32768), 2),
+            "fit's layers at the user's context, on the tuned threads"
+        );
+        assert!(rec.measured && rec.tg_ts == Some(10.0), "{rec:?}");
+        assert!(
+            rec.llama_cpp_args.contains("-c 32768") && rec.llama_cpp_args.contains("-t 2"),
+            "{}",
+            rec.llama_cpp_args
+        );
+        assert!(rec.modelfile.iter().any(|l| l == "PARAMETER num_ctx 32768"), "{:?}", rec.modelfile);
+        assert!(rec.modelfile.iter().any(|l| l == "PARAMETER num_thread 2"), "{:?}", rec.modelfile);
+        assert!(cmp.note.contains("fit at your context (-ngl 20)"), "{}", cmp.note);
+        // fit's layers there, paired with the answer in counterbalanced pairs.
+        let sides: Vec<u32> = world.measured.iter().map(|c| c.ngl).collect();
+        assert_eq!(&sides[6..], [7, 20, 20, 7, 20, 7], "{sides:?}");
+    }
+
+    /// `--objective throughput --parallel 4`: a tie with the default keeps
+    /// the four streams the user tuned (`-np 4`), never the default's one.
+    #[test]
+    fn a_tie_under_throughput_keeps_the_users_slots() {
         use crate::tune::executor::fake::{Outcome, World};
         use crate::tune::worlds::{recommendation, settings};
         let mut s = settings();
-        s.backend.n_threads = 1;
-        let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
+        s.goal.objective = crate::types::Objective::Throughput;
+        s.goal.parallel_streams = Some(4);
+        s.workload.n_parallel = 4;
+        let mut world = World::new(|_| Outcome::Ok { tg: 40.0, pp: 100.0, mem: 1 << 20 });
+        world.base.placement.n_parallel = 4;
+        world.base.n_streams = 4;
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
-        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
+        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(65536), ..LlamaFit::none(1 << 30) };
+        let here = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(32768), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
-        assert_eq!(rec.placement.n_threads, 2);
-        let cmp = against::llama_default(&mut search, &mut rec, Some(&fit), 31).unwrap();
-        assert!(!cmp.over_cap);
-        assert!(rec.llama_default, "{cmp:?}");
-        assert_eq!(rec.placement.n_gpu_layers, 31);
-        let t = crate::engine::llama_default_threads();
-        assert_eq!(
-            (cmp.placement.as_ref().map(|p| p.n_threads), rec.placement.n_threads),
-            (Some(t), t),
-            "llama.cpp's thread rule, as it ran"
-        );
-        assert!(rec.llama_cpp_args.contains(&format!("-t {t}")), "{}", rec.llama_cpp_args);
-        assert!(
-            rec.llama_cpp_args.contains(&cmp.llama_cpp_args()),
-            "{} vs {}",
-            rec.llama_cpp_args,
-            cmp.llama_cpp_args()
-        );
+        rec.placement.n_parallel = 4;
+        rec.render_forms();
+        let cmp = against::llama_default(&mut search, &mut rec, (Some(&fit), Some(&here)), 31).unwrap();
+        drop(search);
+        assert_eq!(cmp.verdict, Verdict::Tie, "{cmp:?}");
+        assert_eq!(cmp.placement.as_ref().map(|p| p.n_parallel), Some(1), "llama-server's own slot");
+        assert_eq!((rec.placement.n_parallel, rec.placement.n_ctx), (4, Some(32768)), "{rec:?}");
+        assert!(rec.llama_cpp_args.contains("-np 4"), "{}", rec.llama_cpp_args);
     }
 
     /// A side raced out in every pair (below half the other's speed each

@@ -191,6 +191,12 @@ impl<'a> Search<'a> {
             return Ok(self.trials.last().expect("just pushed"));
         }
         self.progress.starting(format!("ngl {}{}", c.ngl, last_tg(&self.trials)));
+        if role == Role::Paired {
+            // Each paired trial a load of its own: the noise between loads
+            // is what a pair's verdict must hold against, so no two paired
+            // trials share a kept worker.
+            self.executor.release();
+        }
         self.prefill_for(c).map_err(|e| self.stopped(e, c.ngl))?;
         let r = self.executor.measure(c, race).map_err(|e| self.stopped(e, c.ngl))?;
         let trial = self.record(role, r);
@@ -489,9 +495,14 @@ impl<'a> Search<'a> {
         let s = self.settings;
         let grid = moe_grid(n_layer);
         self.progress.plan(grid.len() as u64);
+        // Priced first, as the search is: a K whose dry run is over the cap
+        // (less what the trials held beyond their prices) never runs.
+        let over = self.moe_over_cap(&grid, full);
         for &k in grid.iter().rev() {
             let c = Candidate { n_cpu_moe: k, ..Candidate::layers(full, s.backend.n_threads) };
-            if !self.trials.iter().any(|t| t.role == Role::Moe && c.is(&t.result.spec)) {
+            if over.iter().any(|(o, _)| *o == k) {
+                self.progress.skip();
+            } else if !self.trials.iter().any(|t| t.role == Role::Moe && c.is(&t.result.spec)) {
                 self.measure(Role::Moe, c, None)?;
             }
         }
@@ -520,6 +531,11 @@ impl<'a> Search<'a> {
                     .map_or_else(|| t.result.status.as_str().to_string(), |v| format!("{v:.2} t/s"));
                 format!("K={} {v}{}", t.result.spec.placement.n_cpu_moe, if t.over_cap { " (over cap)" } else { "" })
             })
+            .chain(
+                over.iter().map(|(k, b)| {
+                    format!("K={k} not run: {} by its dry run, over the cap", crate::model::human_bytes(*b))
+                }),
+            )
             .collect();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         Ok(match (best_moe, dense) {
@@ -540,6 +556,33 @@ impl<'a> Search<'a> {
                 ),
             ),
         })
+    }
+
+    /// The K of `grid` whose full offload with the experts of the first K
+    /// layers on the CPU the dry run prices over the cap less what this
+    /// context's trials held beyond their prices, with their bytes. None
+    /// without a cap or a dry run (the trials' own memory then judges).
+    fn moe_over_cap(&mut self, grid: &[u32], full: u32) -> Vec<(u32, u64)> {
+        #[allow(clippy::cast_precision_loss)]
+        let Some(cap) = self.policy.as_ref().map(|p| p.cap_bytes - self.unaccounted() as f64) else {
+            return Vec::new();
+        };
+        let n_ctx = self.at.n_ctx;
+        let cases: Vec<crate::engine::predict::PredictCase> = grid
+            .iter()
+            .map(|&k| crate::engine::predict::PredictCase {
+                n_cpu_moe: k,
+                ..crate::engine::predict::PredictCase::layers(full, n_ctx)
+            })
+            .collect();
+        let priced = self.price_cases(&cases);
+        self.predicted.extend(priced.iter().cloned());
+        #[allow(clippy::cast_precision_loss)]
+        priced
+            .iter()
+            .filter(|p| p.error.is_none() && p.device_bytes as f64 > cap)
+            .filter_map(|p| Some((p.case?.n_cpu_moe, p.device_bytes)))
+            .collect()
     }
 
     /// Measures thread counts (physical cores, logical cores, half the

@@ -364,3 +364,74 @@ fn expert_offload_wins_when_every_layer_on_the_gpu_with_experts_on_the_cpu_is_fa
     assert!(found.decision.reasons.iter().any(|r| r.contains("--n-cpu-moe 1")), "{:?}", found.decision.reasons);
     assert!(found.dense_ngl < 5, "Ollama still gets the best whole-layer split");
 }
+
+/// The MoE stage is priced like the search: with every layer on the GPU
+/// and no experts on the CPU over the cap by the dry run (K = 0, usually
+/// the setting the search already found over it), K = 0 never runs, and
+/// the reason says why.
+#[test]
+fn an_expert_setting_over_the_cap_by_its_dry_run_never_runs() {
+    use crate::engine::predict::{PredictCase, PredictedBuffer};
+    let s = settings(None, "grid", false);
+    let mut p = plan(5, vec![0, 5], true, 5);
+    p.is_moe = true;
+    let mem = |ngl: u32, k: u32| -> u64 {
+        match (ngl, k) {
+            (5, 0) => 200,
+            (5, k) => 60 + 10 * u64::from(4 - k.min(4)),
+            (n, _) => 20 * u64::from(n),
+        }
+    };
+    let mut w = World::new(move |c| {
+        let tg = match (c.ngl, c.n_cpu_moe) {
+            (5, 0) => 50.0,
+            (5, k) => 40.0 - 5.0 * f64::from(k),
+            (n, _) => 10.0 + f64::from(n),
+        };
+        Outcome::Ok { tg, pp: 100.0, mem: mem(c.ngl, c.n_cpu_moe) << 20 }
+    });
+    let price = move |cases: &[PredictCase]| -> Vec<Prediction> {
+        cases
+            .iter()
+            .map(|c| {
+                let b = mem(c.ngl, c.n_cpu_moe) << 20;
+                Prediction {
+                    n_gpu_layers: c.ngl,
+                    device_bytes: b,
+                    device_model_bytes: b,
+                    buffers: vec![PredictedBuffer {
+                        buffer_type: "Vulkan0".into(),
+                        is_host: false,
+                        model: b,
+                        context: 0,
+                        compute: 0,
+                    }],
+                    error: None,
+                    case: Some(*c),
+                    split: vec![],
+                    devices: Vec::new(),
+                }
+            })
+            .collect()
+    };
+    let mut search = Search::new(
+        &s,
+        crate::tune::plan::ContextRun::of(&s, s.workload.n_ctx),
+        &mut w,
+        Some(policy(100.0 * 1024.0 * 1024.0)),
+        Progress::hidden(),
+        None,
+    )
+    .with_pricer(Box::new(crate::tune::pricer::fake::Curves::cases(price)));
+    let found = search.run(&p).unwrap();
+    let trials = search.into_trials();
+    let ks: Vec<u32> =
+        trials.iter().filter(|t| t.role == Role::Moe).map(|t| t.result.spec.placement.n_cpu_moe).collect();
+    assert_eq!(ks, [4, 3, 2, 1], "K=0 priced over the cap: not run");
+    assert_eq!(found.n_cpu_moe, 1);
+    assert!(
+        found.decision.reasons.iter().any(|r| r.contains("K=0 not run: 200.00 MiB by its dry run, over the cap")),
+        "{:?}",
+        found.decision.reasons
+    );
+}
