@@ -481,6 +481,18 @@ fn negative_numbers_and_a_model_twice_in_a_set_are_one_line_exit_2() {
         assert!(lines[0].starts_with("error: ") && lines[0].contains(flag), "{flag} {value}: {err}");
         assert!(!err.contains("tip:") && !err.contains("unexpected argument"), "{flag} {value}: {err}");
     }
+    // What a set cannot honour is refused, never silently dropped.
+    for extra in [
+        &["--objective", "energy"][..],
+        &["--objective", "pp"],
+        &["--max-power", "200"],
+        &["--host-budget", "8GiB"],
+        &["--ctx", "2048,4096"],
+    ] {
+        let mut a = vec![m, other, "--together", "--profiles", s];
+        a.extend(extra);
+        assert_bad_input(&run(&a), &format!("--together does not take {}", extra.join(" ")));
+    }
     let same = dir.path().join(".").join(Path::new(m).file_name().unwrap());
     assert_bad_input(&run(&[m, same.to_str().unwrap(), "--together", "--profiles", s]), "a set holds each model once");
     assert!(!store.exists(), "nothing was written");

@@ -104,9 +104,14 @@ for name in names:
         for s in p:
             d = ((p[s].get("placements") or [{}])[-1]).get("default")
             if d:
-                r = lambda x, h: f"x{x:.2f} ± {h:.2f}" if x is not None else "n/a"
-                print(f"- against llama.cpp's default, {s} ({d['llama_cpp_args'] or 'no answer'}): tg {r(d.get('tg_ratio'), d.get('tg_half_width') or 0)}, "
-                      f"pp {r(d.get('pp_ratio'), d.get('pp_half_width') or 0)}, {d['verdict']}{'; ' + d['note'] if d['note'] else ''}")
+                def r(t):
+                    # The 95% interval as the interval itself; a profile from before it shows its half width.
+                    x, i, h = d.get(t + "_ratio"), d.get(t + "_interval"), d.get(t + "_half_width") or 0
+                    if x is None:
+                        return "n/a"
+                    return f"x{x:.2f} [{i[0]:.2f}, {i[1]:.2f}]" if i else f"x{x:.2f} ± {h:.2f}"
+                print(f"- against llama.cpp's default, {s} ({d['llama_cpp_args'] or 'no answer'}): tg {r('tg')}, "
+                      f"pp {r('pp')}, {d['verdict']}{'; ' + d['note'] if d['note'] else ''}")
         k = g["decision"].get("knee")
         print(f"- knee: {'ngl ' + str(k['ngl']) if k else 'none'} ({g['decision']['knee_note']})")
         fit = (g.get("prediction") or {}).get("llama_fit") or {}

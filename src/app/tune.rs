@@ -5,6 +5,8 @@ use std::io::Write;
 use anyhow::Result;
 
 use super::{print_notes, write_extras};
+use clap::ValueEnum;
+
 use crate::cli::TuneArgs;
 use crate::error::{bad, exit};
 
@@ -48,6 +50,26 @@ fn set_shares(a: &TuneArgs, n: usize) -> Result<Option<Vec<f64>>> {
     }
     if n < 2 {
         return Err(bad("--together places two or more models side by side; give them all"));
+    }
+    // The set is placed by the weighted time a generated token takes, at
+    // one context, under the device's cap: what it cannot honour is refused,
+    // never silently dropped.
+    let ignored = [
+        matches!(
+            a.objective,
+            crate::cli::ObjectiveArg::Pp | crate::cli::ObjectiveArg::Mixed | crate::cli::ObjectiveArg::Energy
+        )
+        .then(|| {
+            format!("--objective {}", a.objective.to_possible_value().map_or("?".into(), |v| v.get_name().to_string()))
+        }),
+        a.max_power.map(|w| format!("--max-power {w}")),
+        a.host_budget.as_ref().map(|b| format!("--host-budget {b}")),
+        a.ctx.as_ref().filter(|c| c.contains(',')).map(|c| format!("--ctx {c}")),
+    ];
+    if let Some(flag) = ignored.into_iter().flatten().next() {
+        return Err(bad(format!(
+            "--together does not take {flag}: a set is placed by the weighted generation speed of its models at one context under the device's cap; drop it, or tune the models one by one"
+        )));
     }
     let same = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     for (i, m) in a.models.iter().enumerate() {

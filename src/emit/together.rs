@@ -6,6 +6,10 @@
 use crate::model::human_bytes;
 use crate::profile::{MemoryPolicy, SetMember};
 
+/// Models Ollama keeps loaded a GPU where `OLLAMA_MAX_LOADED_MODELS` is
+/// unset (server/sched.go: `defaultModelsPerGPU`).
+const DEFAULT_MAX_LOADED: usize = 3;
+
 /// The Ollama server's settings for the set, and what its scheduler does
 /// with it. `envs`: each member's own server settings (KV type, flash
 /// attention, slots), server-wide in Ollama.
@@ -17,12 +21,22 @@ pub fn ollama(members: &[SetMember], envs: &[Vec<String>], memory: &MemoryPolicy
             env.push(e.clone());
         }
     }
-    env.push(format!("OLLAMA_MAX_LOADED_MODELS={}", members.len()));
+    // envconfig.KeepAlive: 5 minutes unless set; a negative one is forever.
+    // An idle member unloaded would load again at the next request, placed
+    // by whatever else is loaded then.
+    env.push("OLLAMA_KEEP_ALIVE=-1".into());
+    // envconfig.MaxRunners: 0 (unset) means 3 a GPU in server/sched.go;
+    // a smaller set needs no setting, and a lower one would cap others.
+    let loaded = if members.len() > DEFAULT_MAX_LOADED {
+        env.push(format!("OLLAMA_MAX_LOADED_MODELS={}", members.len()));
+        format!("with OLLAMA_MAX_LOADED_MODELS={}", members.len())
+    } else {
+        format!("under its default of {DEFAULT_MAX_LOADED} a GPU (OLLAMA_MAX_LOADED_MODELS unset)")
+    };
     let full: Vec<&SetMember> = members.iter().filter(|m| m.placement.n_gpu_layers >= m.n_layer_full).collect();
     let mut note = format!(
-        "Ollama keeps the {} models loaded at once with OLLAMA_MAX_LOADED_MODELS={} (its default: 3 a GPU); each Modelfile sets num_gpu, so a model below every layer loads as placed, without the scheduler's check",
+        "Ollama keeps the {} models loaded at once {loaded}, and never unloads them idle with OLLAMA_KEEP_ALIVE=-1 (its default: after 5 minutes); each Modelfile sets num_gpu, so a model below every layer loads as placed, without the scheduler's check",
         members.len(),
-        members.len()
     );
     let free = memory.device_total_bytes.map(|t| t.saturating_sub(memory.baseline_bytes));
     let set: u64 = members.iter().filter_map(|m| m.device_bytes).sum();
@@ -129,7 +143,12 @@ mod tests {
             &[vec!["OLLAMA_KV_CACHE_TYPE=q8_0".into()], vec!["OLLAMA_KV_CACHE_TYPE=q8_0".into()], vec![]],
             &memory,
         );
-        assert_eq!(env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_MAX_LOADED_MODELS=3"]);
+        // Idle members never unloaded; three is Ollama's own default a GPU, not lowered.
+        assert_eq!(env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_KEEP_ALIVE=-1"]);
+        assert!(note.contains("under its default of 3 a GPU"), "{note}");
+        let four = [&m[..], &m[..1]].concat();
+        let (env, _) = ollama(&four, &[], &memory);
+        assert_eq!(env, ["OLLAMA_KEEP_ALIVE=-1", "OLLAMA_MAX_LOADED_MODELS=4"]);
         // The one member fully on the GPU is checked against 80% of what the others leave: load it first.
         assert!(note.contains("1.00 GiB of 4.00 GiB here: load a b.gguf first"), "{note}");
         assert!(note.contains("the set takes 4.00 GiB on the device of 8.00 GiB free"), "{note}");

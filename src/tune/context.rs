@@ -124,7 +124,7 @@ fn tune_context(
         reading: None,
         job: None,
     };
-    verdict::judge(&mut placement, &s.goal);
+    verdict::judge(&mut placement, &s.goal, &s.gate);
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))

@@ -6,6 +6,7 @@
 //! A batch job (`--job`) is judged by its hours instead.
 
 use crate::profile::{ContextPlacement, JobVerdict, PlacementOption, ReadingHatch, ReadingVerdict};
+use crate::types::QualityGate;
 
 fn hatch(o: &PlacementOption) -> ReadingHatch {
     ReadingHatch {
@@ -22,12 +23,17 @@ fn hatch(o: &PlacementOption) -> ReadingHatch {
 /// The verdict at one context: `None` where the answer's generation speed
 /// was not measured (nothing to judge). Below the threshold, the first
 /// measured hatch in the guides' order that reaches it (under the cap,
-/// not the recommendation itself), else the priced ones that fit but were
-/// not measured (their speed unknown), so the reader knows what to try.
+/// not the recommendation itself, and a quantized cache only with its
+/// quality checked and passing `gate`), else the priced ones that fit but
+/// were not measured (their speed unknown), so the reader knows what to
+/// try. A cache whose quality failed the gate is never named.
 #[must_use]
-pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict> {
+pub fn reading(c: &ContextPlacement, threshold_ts: f64, gate: &QualityGate) -> Option<ReadingVerdict> {
     let tg = c.recommendation.tg_ts.filter(|t| t.is_finite())?;
-    let mut options: Vec<&PlacementOption> = c.options.iter().filter(|o| o.fits && !o.recommended).collect();
+    let failed = |o: &PlacementOption| o.quality.as_ref().is_some_and(|q| q.fails(gate).is_some());
+    let unchecked = |o: &PlacementOption| o.placement.kv_type.is_quantized() && o.measured && o.quality.is_none();
+    let mut options: Vec<&PlacementOption> =
+        c.options.iter().filter(|o| o.fits && !o.recommended && !failed(o) && !unchecked(o)).collect();
     // `HatchKind`'s order is the guides': the cache's type, the context, then the placements.
     options.sort_by_key(|o| o.kind);
     let above = tg >= threshold_ts;
@@ -43,9 +49,9 @@ pub fn reading(c: &ContextPlacement, threshold_ts: f64) -> Option<ReadingVerdict
 
 /// Writes the context's verdicts: reading speed for chat (one stream: not
 /// under `--objective throughput`, a job judged by its hours) and `--job`'s.
-pub fn judge(c: &mut ContextPlacement, goal: &crate::types::Goal) {
+pub fn judge(c: &mut ContextPlacement, goal: &crate::types::Goal, gate: &QualityGate) {
     if goal.objective != crate::types::Objective::Throughput {
-        c.reading = reading(c, goal.reading_speed);
+        c.reading = reading(c, goal.reading_speed, gate);
     }
     c.job = goal.job.and_then(|j| job(c, j, goal.streams()));
 }
@@ -94,6 +100,25 @@ mod tests {
         }
     }
 
+    fn gate() -> QualityGate {
+        QualityGate { max_kl: 0.05, min_top1: 0.9 }
+    }
+
+    /// A quantized cache that reaches reading speed but failed the quality
+    /// gate (or was never checked) is never named; the next hatch is.
+    #[test]
+    fn a_cache_that_failed_the_quality_gate_is_never_named() {
+        let mut bad = option(HatchKind::KvCache, Some(30.0), true);
+        bad.quality.as_mut().unwrap().kl_mean = 0.3;
+        let mut unchecked = option(HatchKind::KvCache, Some(30.0), true);
+        unchecked.quality = None;
+        let shorter = option(HatchKind::ShorterContext, Some(12.0), true);
+        for cache in [bad, unchecked] {
+            let v = reading(&context(Some(7.0), vec![cache.clone(), shorter.clone()]), 10.0, &gate()).unwrap();
+            assert_eq!(v.reaches.map(|r| r.kind), Some(HatchKind::ShorterContext), "{cache:?}");
+        }
+    }
+
     fn context(tg: Option<f64>, options: Vec<PlacementOption>) -> ContextPlacement {
         ContextPlacement {
             n_ctx: 8192,
@@ -112,10 +137,10 @@ mod tests {
     #[test]
     fn an_answer_at_reading_speed_is_fast_enough_and_names_no_hatch() {
         let c = context(Some(10.0), vec![option(HatchKind::KvCache, Some(30.0), true)]);
-        let v = reading(&c, 10.0).unwrap();
+        let v = reading(&c, 10.0, &gate()).unwrap();
         assert!(v.above);
         assert!(v.reaches.is_none() && v.untried.is_empty());
-        assert!(!reading(&c, 10.5).unwrap().above);
+        assert!(!reading(&c, 10.5, &gate()).unwrap().above);
     }
 
     #[test]
@@ -126,13 +151,13 @@ mod tests {
             option(HatchKind::ShorterContext, Some(15.0), true),
             option(HatchKind::KvCache, Some(12.0), true),
         ];
-        let v = reading(&context(Some(7.0), opts.clone()), 10.0).unwrap();
+        let v = reading(&context(Some(7.0), opts.clone()), 10.0, &gate()).unwrap();
         assert!(!v.above);
         let r = v.reaches.unwrap();
         assert_eq!(r.kind, HatchKind::KvCache);
         assert_eq!(r.kl_mean, Some(0.004));
         // A threshold the cache does not reach: the shorter context is next.
-        let v = reading(&context(Some(7.0), opts), 13.0).unwrap();
+        let v = reading(&context(Some(7.0), opts), 13.0, &gate()).unwrap();
         assert_eq!(v.reaches.unwrap().kind, HatchKind::ShorterContext);
     }
 
@@ -142,7 +167,7 @@ mod tests {
         over.fits = false;
         let mut chosen = option(HatchKind::FfnSpill, Some(30.0), true);
         chosen.recommended = true;
-        let v = reading(&context(Some(7.0), vec![over, chosen]), 10.0).unwrap();
+        let v = reading(&context(Some(7.0), vec![over, chosen]), 10.0, &gate()).unwrap();
         assert!(v.reaches.is_none());
         assert!(v.untried.is_empty());
     }
@@ -150,7 +175,7 @@ mod tests {
     #[test]
     fn with_none_measured_that_reaches_the_priced_ones_that_fit_are_listed() {
         let opts = vec![option(HatchKind::KvCache, Some(8.0), true), option(HatchKind::ShorterContext, None, false)];
-        let v = reading(&context(Some(7.0), opts), 10.0).unwrap();
+        let v = reading(&context(Some(7.0), opts), 10.0, &gate()).unwrap();
         assert!(v.reaches.is_none());
         assert_eq!(v.untried.len(), 1);
         assert_eq!(v.untried[0].kind, HatchKind::ShorterContext);
@@ -159,7 +184,7 @@ mod tests {
 
     #[test]
     fn an_unmeasured_answer_gets_no_verdict() {
-        assert!(reading(&context(None, Vec::new()), 10.0).is_none());
-        assert!(reading(&context(Some(f64::NAN), Vec::new()), 10.0).is_none());
+        assert!(reading(&context(None, Vec::new()), 10.0, &gate()).is_none());
+        assert!(reading(&context(Some(f64::NAN), Vec::new()), 10.0, &gate()).is_none());
     }
 }
