@@ -132,7 +132,27 @@ impl Recommendation {
         if let Some(line) = self.unset_num_gpu_line() {
             self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
             self.modelfile.insert(0, line.to_string());
+        } else if let Some(line) = self.server_cache_line() {
+            self.modelfile.insert(0, line);
         }
+    }
+
+    /// Where the answer's layers need a quantized KV cache that only the
+    /// Ollama server's environment sets (`OLLAMA_KV_CACHE_TYPE`, which a
+    /// Modelfile cannot carry): its `num_gpu` is the whole-layer split that
+    /// fits with the server's own cache, and this comment says what the
+    /// server setting would allow.
+    #[must_use]
+    pub fn server_cache_line(&self) -> Option<String> {
+        let p = &self.placement;
+        let n = self.ollama_num_gpu.filter(|n| *n != p.n_gpu_layers)?;
+        (p.kv_type.is_quantized() && p.n_cpu_ffn == 0 && p.n_cpu_moe == 0 && p.cpu_overrides.is_empty()).then(|| {
+            format!(
+                "# num_gpu {n} fits with the KV cache the Ollama server runs; with OLLAMA_KV_CACHE_TYPE={} on the server (a setting of every model it runs), num_gpu {} was measured to fit",
+                p.kv_type.as_str(),
+                p.n_gpu_layers
+            )
+        })
     }
 
     /// This recommendation's llama.cpp flags.

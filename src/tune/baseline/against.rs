@@ -188,6 +188,27 @@ mod tests {
         assert!(world.measured.iter().all(|c| !c.mmproj_cpu), "{:?}", world.measured);
     }
 
+    /// A q8_0 answer (the KV hatch): its Ollama form is the whole-layer
+    /// split with the cache Ollama's server runs (f16 here), so that is
+    /// what is paired with Ollama's own f16 run, never the q8_0 placement.
+    #[test]
+    fn a_quantized_answers_ollama_form_is_paired_with_the_servers_own_cache() {
+        let s = ollama_settings();
+        let mut world = World::new(move |c| Outcome::Ok { tg: 10.0 + f64::from(c.ngl), pp: 100.0, mem: 1 << 20 });
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
+        let fit = LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
+        let mut rec = recommendation();
+        rec.placement = rec.placement.clone().with_layers(31, 2, Some(32768)).with_kv(crate::types::KvType::Q8_0);
+        rec.ollama_num_gpu = Some(7);
+        rec.render_forms();
+        assert!(rec.modelfile.iter().any(|l| l == "PARAMETER num_gpu 7"), "{:?}", rec.modelfile);
+        ollama_run(&mut search, &mut rec, Some(&fit), 31).unwrap().unwrap();
+        drop(search);
+        let mine: Vec<&Candidate> = world.measured.iter().filter(|c| c.ngl == 7).collect();
+        assert_eq!(mine.len(), 3, "{:?}", world.measured);
+        assert!(mine.iter().all(|c| c.kv == Some(s.workload.kv_type)), "{mine:?}");
+    }
+
     #[test]
     fn without_ollama_as_the_consumer_there_is_no_ollama_run() {
         let s = settings();

@@ -199,13 +199,15 @@ impl Opponent {
         }
     }
 
-    /// The side of the answer paired with it.
-    fn mine(self, rec: &Recommendation, n_ctx: u32) -> Candidate {
+    /// The side of the answer paired with it: its Ollama form runs the
+    /// cache Ollama's server runs (`server_kv`, the workload's), never a
+    /// quantized one only the server's environment could set.
+    fn mine(self, rec: &Recommendation, n_ctx: u32, server_kv: KvType) -> Candidate {
         match self {
             Opponent::LlamaDefault => Candidate { ctx: n_ctx, ..Candidate::from(&rec.placement) },
             Opponent::OllamaRun => Candidate {
                 ctx: n_ctx,
-                kv: Some(rec.placement.kv_type),
+                kv: Some(server_kv),
                 ..Candidate::layers(rec.ollama_layers(), rec.placement.n_threads)
             },
         }
@@ -250,7 +252,7 @@ pub fn compare(
     full: u32,
 ) -> Result<DefaultComparison> {
     let (s, at) = (search.settings(), search.at());
-    let mut mine = opponent.mine(rec, at.n_ctx);
+    let mut mine = opponent.mine(rec, at.n_ctx, s.workload.kv_type);
     // Ollama with num_gpu below every layer keeps the projector on the CPU
     // (llm/llama_server.go, `shouldDisableMMProjOffload`: "partial-text-offload").
     mine.mmproj_cpu = opponent == Opponent::OllamaRun && s.backend.mmproj.is_some() && mine.ngl < full;
@@ -424,7 +426,7 @@ pub fn fit_here(
     full: u32,
 ) -> Result<String> {
     let at = search.at();
-    let mine = Opponent::LlamaDefault.mine(rec, at.n_ctx);
+    let mine = Opponent::LlamaDefault.mine(rec, at.n_ctx, search.settings().workload.kv_type);
     let kv = Some(search.settings().workload.kv_type);
     let Some(theirs) = fit_candidate(here, rec.placement.n_threads, full).map(|c| Candidate { ctx: at.n_ctx, kv, ..c })
     else {

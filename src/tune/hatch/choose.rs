@@ -125,9 +125,11 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
     let mem = o.device_bytes.map(|b| b as f64);
     r.mem_bytes = mem;
     r.measured = o.measured;
-    // Ollama takes a quantized cache as a server setting, and has no
-    // tensor overrides: its best beside an FFN spill is the whole-layer split.
-    r.ollama_num_gpu = (o.kind != HatchKind::KvCache).then(|| layer_split.ollama_layers());
+    // Ollama takes a quantized cache as a server setting, which a Modelfile
+    // cannot carry (its num_gpu would be over the cap on a server that runs
+    // its own cache), and has no tensor overrides: its num_gpu is the
+    // whole-layer split, which fits with the cache the server runs.
+    r.ollama_num_gpu = Some(layer_split.ollama_layers());
     r.set_placement(&p);
     r
 }

@@ -63,7 +63,17 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
     assert_eq!((r.placement.n_gpu_layers, r.placement.kv_type), (19, KvType::Q8_0));
     assert!(r.llama_cpp_args.ends_with("-ctk q8_0 -ctv q8_0 -fa on"), "{}", r.llama_cpp_args);
     assert_eq!(r.ollama_server_env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
-    assert!(r.modelfile.contains(&"PARAMETER num_gpu 19".to_string()), "Ollama runs it: {:?}", r.modelfile);
+    // A Modelfile cannot carry the server's cache type: num_gpu is the whole-layer split, which
+    // fits with the cache the server runs; a comment says what OLLAMA_KV_CACHE_TYPE=q8_0 allows.
+    assert_eq!(r.ollama_num_gpu, Some(7));
+    assert!(r.modelfile.contains(&"PARAMETER num_gpu 7".to_string()), "{:?}", r.modelfile);
+    let comment = &r.modelfile[0];
+    assert!(
+        comment.contains("with OLLAMA_KV_CACHE_TYPE=q8_0 on the server") && comment.contains("num_gpu 19"),
+        "{comment}"
+    );
+    // What the in-place Modelfile writers pin (emit::modelfile::params reads it).
+    assert_eq!(r.ollama_num_gpu_param(), Some(7));
 
     // Over --max-kl, or quality unknown: not recommended blind; the FFN spill wins.
     for kl in [Some(0.2), None] {
