@@ -116,8 +116,24 @@ pub struct EnergyMeter {
 /// A reading the meter started a span with.
 pub struct EnergySpan {
     t0: std::time::Instant,
+    /// The devices read (NVML's indices): those this process runs on.
+    devices: Vec<u32>,
     energy_mj: Option<u64>,
     power_mw: u64,
+}
+
+/// The devices a process runs on, by the processes each device lists
+/// (`listed[i]`: device i's compute and graphics processes): those that
+/// list `me`; every device where none does (a driver that lists no
+/// processes, as in containers without the host's PID namespace).
+fn used_by(listed: &[Vec<u32>], me: u32) -> Vec<u32> {
+    let all = (0..listed.len()).filter_map(|i| u32::try_from(i).ok());
+    let mine: Vec<u32> = all.clone().filter(|&i| listed[i as usize].contains(&me)).collect();
+    if mine.is_empty() {
+        all.collect()
+    } else {
+        mine
+    }
 }
 
 impl EnergyMeter {
@@ -127,25 +143,47 @@ impl EnergyMeter {
         open().ok().filter(|n| n.device_count().is_ok_and(|c| c > 0)).map(|nvml| EnergyMeter { nvml })
     }
 
-    /// Every device's energy counter summed (`None` if one has none), and their power now.
-    fn read(&self) -> (Option<u64>, u64) {
+    /// The devices this process (the trial's worker, its model loaded)
+    /// runs on: an idle card beside it draws its own power, which is not
+    /// this placement's (an 8-GPU node's idle cards once added ~500 W to
+    /// every setting).
+    fn ours(&self) -> Vec<u32> {
         let n = self.nvml.device_count().unwrap_or(0);
-        let devices: Vec<_> = (0..n).filter_map(|i| self.nvml.device_by_index(i).ok()).collect();
+        let listed: Vec<Vec<u32>> = (0..n)
+            .map(|i| {
+                self.nvml.device_by_index(i).map_or_else(
+                    |_| Vec::new(),
+                    |d| {
+                        let compute = d.running_compute_processes().unwrap_or_default();
+                        let graphics = d.running_graphics_processes().unwrap_or_default();
+                        compute.iter().chain(&graphics).map(|p| p.pid).collect()
+                    },
+                )
+            })
+            .collect();
+        used_by(&listed, std::process::id())
+    }
+
+    /// `devices`' energy counters summed (`None` if one has none), and their power now.
+    fn read(&self, devices: &[u32]) -> (Option<u64>, u64) {
+        let devices: Vec<_> = devices.iter().filter_map(|&i| self.nvml.device_by_index(i).ok()).collect();
         let energy = devices.iter().map(|d| d.total_energy_consumption().ok()).sum::<Option<u64>>();
         (energy, devices.iter().filter_map(|d| d.power_usage().ok()).map(u64::from).sum())
     }
 
     #[must_use]
     pub fn start(&self) -> EnergySpan {
-        let (energy_mj, power_mw) = self.read();
-        EnergySpan { t0: std::time::Instant::now(), energy_mj, power_mw }
+        let devices = self.ours();
+        let (energy_mj, power_mw) = self.read(&devices);
+        EnergySpan { t0: std::time::Instant::now(), devices, energy_mj, power_mw }
     }
 
-    /// Mean power (W) since `span` started; `None` when nothing could be read.
+    /// Mean power (W) of the span's devices since it started; `None` when
+    /// nothing could be read.
     #[must_use]
     #[allow(clippy::cast_precision_loss)]
     pub fn watts(&self, span: &EnergySpan) -> Option<f64> {
-        let (energy, power) = self.read();
+        let (energy, power) = self.read(&span.devices);
         let secs = span.t0.elapsed().as_secs_f64();
         match (span.energy_mj, energy) {
             (Some(a), Some(b)) if secs > 0.0 && b >= a => Some((b - a) as f64 / 1000.0 / secs),
@@ -229,6 +267,17 @@ pub fn busy_before(nvml: &Nvml, except: &[u32]) -> (Option<u32>, Vec<crate::type
 
 #[cfg(test)]
 mod tests {
+    /// Power is read from the cards the worker runs on; where no card
+    /// lists any process, from all of them.
+    #[test]
+    fn energy_is_read_from_the_devices_the_worker_runs_on() {
+        let listed = vec![vec![7, 1], vec![], vec![42], vec![]];
+        assert_eq!(used_by(&listed, 42), [2], "one card of four");
+        assert_eq!(used_by(&[vec![42], vec![42]], 42), [0, 1], "a split over two");
+        assert_eq!(used_by(&[vec![], vec![]], 42), [0, 1], "nothing listed: every card");
+        assert!(used_by(&[], 42).is_empty());
+    }
+
     use super::*;
 
     fn p(pid: u32, used: Option<u64>) -> ProcessInfo {
