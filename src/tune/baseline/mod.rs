@@ -99,7 +99,8 @@ pub fn default_candidate(
     }
     let ngl = fit.n_gpu_layers.ok_or("llama.cpp's fit gave no layer count")?;
     let ctx = fit.n_ctx.unwrap_or(at.n_ctx);
-    let needs = at.depth + s.measure.longest_test();
+    // Every stream decodes at the depth, all in the default's one cache.
+    let needs = (at.depth + s.measure.longest_test()) * s.goal.streams();
     if ctx < needs {
         return Err(format!(
             "without flags llama.cpp would run a {ctx}-token context here: too small for the workload ({needs} tokens), not compared"
@@ -753,6 +754,13 @@ mod tests {
         let small = default_candidate(Some(&fit(19, needs - 1)), (&s, at), 19, 4).unwrap_err();
         assert!(small.contains("too small for the workload"), "{small}");
         assert!(default_candidate(None, (&s, at), 19, 4).is_err());
+        // Four streams at the depth (--objective throughput --parallel 4) need four times the room.
+        let mut four = s.clone();
+        four.goal.objective = crate::types::Objective::Throughput;
+        four.goal.parallel_streams = Some(4);
+        let small = default_candidate(Some(&fit(19, 2 * needs)), (&four, at), 19, 4).unwrap_err();
+        assert!(small.contains(&format!("({} tokens)", 4 * needs)), "{small}");
+        assert!(default_candidate(Some(&fit(19, 4 * needs)), (&four, at), 19, 4).is_ok());
     }
 
     /// A MoE model's default: fit keeps every layer on the device and the
