@@ -310,7 +310,7 @@ mod tests {
         use crate::types::{FlashAttn, KvType};
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
-        let r = &mut p.recommendation;
+        let r = p.recommendation.for_test_mut();
         (
             r.placement.n_ctx,
             r.placement.n_parallel,
@@ -384,7 +384,7 @@ mod tests {
             reading: None,
             job: None,
         });
-        let r = &mut p.recommendation;
+        let r = p.recommendation.for_test_mut();
         (r.placement.n_gpu_layers, r.placement.tensor_split, r.tg_ts) = (19, vec![4, 15], Some(30.0));
         let mf = render(&p, Format::Modelfile).unwrap();
         assert!(
@@ -401,8 +401,8 @@ mod tests {
         // says `llama_default`: read back, its forms still leave num_gpu unset.
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
-        p.recommendation.llama_default = true;
-        p.recommendation.render_forms();
+        p.recommendation.for_test_mut().llama_default = true;
+        p.recommendation.for_test_mut().render_forms();
         assert!(p.recommendation.llama_default);
         assert!(
             !p.recommendation.modelfile.iter().any(|l| l.starts_with("PARAMETER num_gpu")),

@@ -1,12 +1,14 @@
 //! The profile: everything a tuning run measured and decided, as versioned
 //! JSON (`profiles/profile.schema.json`), keyed by machine and model.
 
+pub(crate) mod admitted;
 mod comparison;
 mod option;
 mod recommendation;
 mod set;
 mod settings;
 mod split;
+pub use admitted::{Admitted, Evidence, Gate, Refused};
 pub use comparison::*;
 pub use option::*;
 pub use recommendation::*;
@@ -459,7 +461,8 @@ pub struct ContextPlacement {
     pub fits_fully: bool,
     /// The f16 KV cache at full offload, by llama.cpp's dry run.
     pub kv_bytes: Option<u64>,
-    pub recommendation: Recommendation,
+    /// The answer, admitted under every cap by its evidence ([`Gate`]).
+    pub recommendation: Admitted,
     /// The escape hatches in the guide's order (empty when nothing needed one).
     pub options: Vec<PlacementOption>,
     /// The recommendation against what llama.cpp does without flags (its
@@ -621,7 +624,8 @@ pub struct Profile {
     pub skipped: Vec<u32>,
     pub decision: Decision,
     pub memory_fit_check: Vec<FitCheck>,
-    pub recommendation: Recommendation,
+    /// The answer at the context asked first, admitted ([`Gate`]).
+    pub recommendation: Admitted,
     /// llama.cpp's dry-run prediction and fit choice (absent in profiles made before they existed).
     #[serde(default)]
     pub prediction: Option<PredictionReport>,

@@ -92,9 +92,10 @@ fn drift_is_judged_per_context_and_placement_kind() {
     old.settings.workload.contexts = vec![4096, 32768];
     let place = |p: &Profile, n_ctx: u32, kv| {
         let mut r = p.recommendation.clone();
-        r.placement.n_ctx = Some(n_ctx);
-        r.placement.kv_type = kv;
-        r.llama_cpp_args = r.flags();
+        let m = r.for_test_mut();
+        m.placement.n_ctx = Some(n_ctx);
+        m.placement.kv_type = kv;
+        m.llama_cpp_args = m.flags();
         ContextPlacement {
             n_ctx,
             fits_fully: false,

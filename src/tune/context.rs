@@ -99,19 +99,37 @@ fn tune_context(
     }
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
     let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;
+    let quality_wall_s = quality_seconds(&hatches.options, split.as_ref());
+    let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.backend.rpc));
+    let predicted = search.predicted.clone();
+    let host_cap = search.host_cap.as_ref().map(|h| h.0);
     let (trials, checkpoint) = search.into_parts();
+    let gate = crate::profile::Gate {
+        trials: &trials,
+        predicted: &predicted,
+        cap_bytes: policy.filter(|_| !plan.no_gpu).map(|p| p.cap_bytes),
+        unaccounted: search::unaccounted(&trials),
+        host_bytes: host_cap,
+        max_power_w: s.caps.max_power_w,
+    };
+    let mut fallback = layer_split;
+    if !s.backend.rpc.is_empty() && fallback.placement.n_gpu_layers > 0 {
+        fallback.placement.rpc.clone_from(&s.backend.rpc);
+        fallback.render_forms();
+    }
+    let (recommendation, refused) = admit(&gate, recommendation, &fallback, s.workload.kv_type)?;
+    notes.extend(refused);
     notes.extend(summary::noise_note(&trials));
     if let Some(pr) = prediction.as_mut() {
         summary::finish_prediction(pr, &trials, info.n_layer_full);
     }
     let runnable: Vec<u32> = plan.full_grid.iter().copied().filter(|n| !plan.predicted_over.contains(n)).collect();
     let search_report = (!plan.no_gpu).then(|| crate::profile::SearchReport {
-        quality_wall_s: quality_seconds(&hatches.options, split.as_ref()),
+        quality_wall_s,
         ..summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full)
     });
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
     let options = hatches.options;
-    let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.backend.rpc));
     let mut placement = crate::profile::ContextPlacement {
         n_ctx: at.n_ctx,
         fits_fully: hatches.fits_fully,
@@ -128,6 +146,45 @@ fn tune_context(
     let no_gpu = plan.no_gpu;
     let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
     Ok((o, checkpoint))
+}
+
+/// The answer through the gate ([`crate::profile::Gate::admit`]): where it
+/// is refused, the whole-layer split the search found (its forms, with
+/// the RPC servers it ran on) in its place, and a note says why; nothing
+/// refused is ever the answer.
+///
+/// # Errors
+/// Where neither is admitted (the search's own answer is measured or
+/// priced under the caps, so this is a fault of the tune): what was refused.
+fn admit(
+    gate: &crate::profile::Gate<'_>,
+    answer: crate::profile::Recommendation,
+    layer_split: &crate::profile::Recommendation,
+    own_kv: crate::types::KvType,
+) -> Result<(crate::profile::Admitted, Option<Note>)> {
+    let refused = match gate.admit(answer, own_kv) {
+        Ok(a) => return Ok((a, None)),
+        Err(r) => r,
+    };
+    let n_ctx = refused.recommendation.n_ctx();
+    let flags = refused.recommendation.flags();
+    match gate.admit(layer_split.clone(), own_kv) {
+        Ok(a) => {
+            let note = Note::search(format!(
+                "not the answer: {flags} was refused by the gate ({}); the whole-layer split {} is",
+                refused.why,
+                a.flags()
+            ))
+            .at(n_ctx);
+            Ok((a, Some(note)))
+        }
+        Err(again) => Err(anyhow::anyhow!(
+            "no answer at the {n_ctx}-token context could be admitted under the caps: {flags}: {}; {}: {}",
+            refused.why,
+            again.recommendation.flags(),
+            again.why
+        )),
+    }
 }
 
 /// The split stage's answer made the recommendation (its best split, if
@@ -380,6 +437,36 @@ mod tests {
         let options = [option(crate::profile::HatchKind::KvCache), option(crate::profile::HatchKind::ShorterContext)];
         assert!((quality_seconds(&options, None) - 35.0).abs() < 1e-9);
         assert!(quality_seconds(&[], None).abs() < 1e-9);
+    }
+
+    /// An answer measured over the cap (a path that forgot a cap) is never
+    /// the answer: the whole-layer split is, and a note says why; with
+    /// neither admitted, the tune fails rather than emit either.
+    #[test]
+    fn an_answer_the_gate_refuses_gives_way_to_the_whole_layer_split() {
+        use crate::profile::admitted::tests::trial;
+        use crate::types::{KvType, Placement};
+        let mib = 1024.0 * 1024.0;
+        let mut hatch = crate::tune::worlds::recommendation();
+        hatch.set_placement(&Placement::default().with_layers(19, 2, Some(32768)).with_kv(KvType::Q8_0));
+        let split = crate::tune::worlds::recommendation();
+        let trials = [trial(&hatch.runs(), 120.0 * mib, true), trial(&split.runs(), 80.0 * mib, false)];
+        let gate = crate::profile::Gate {
+            trials: &trials,
+            predicted: &[],
+            cap_bytes: Some(100.0 * mib),
+            unaccounted: 0,
+            host_bytes: None,
+            max_power_w: None,
+        };
+        let (a, note) = admit(&gate, hatch.clone(), &split, KvType::F16).unwrap();
+        assert_eq!(a.placement.n_gpu_layers, 7, "the whole-layer split");
+        let note = note.unwrap().to_string();
+        assert!(note.contains("refused by the gate (measured at 120.00 MiB, over the cap of 100.00 MiB)"), "{note}");
+        let both_over = [trial(&hatch.runs(), 120.0 * mib, true), trial(&split.runs(), 130.0 * mib, true)];
+        let gate = crate::profile::Gate { trials: &both_over, ..gate };
+        let e = admit(&gate, hatch, &split, KvType::F16).unwrap_err().to_string();
+        assert!(e.contains("no answer at the 32768-token context could be admitted"), "{e}");
     }
 
     /// A failed dry run's note names the stage, its first error, and what it left unpriced.

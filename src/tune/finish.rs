@@ -34,7 +34,7 @@ pub(super) fn profile(
     let mut trials = Vec::new();
     for o in outcomes.iter().chain([&primary]) {
         let mut p = o.placement.clone();
-        p.recommendation.confidence = confidence;
+        p.recommendation.set_confidence(confidence);
         placements.push(p);
         trials.extend(o.trials.iter().cloned());
         add_context_notes(&mut notes, &o.notes, o.placement.n_ctx, s.workload.n_ctx);
@@ -42,7 +42,7 @@ pub(super) fn profile(
     notes.extend(busy);
     notes.extend(crate::report::note::threads(trials.iter().map(|t| &t.result)));
     let mut recommendation = primary.placement.recommendation.clone();
-    recommendation.confidence = confidence;
+    recommendation.set_confidence(confidence);
     let profile = Profile {
         schema_version: SCHEMA_VERSION,
         tool: Tool::this(),

@@ -124,7 +124,10 @@ mod tests {
             n_ctx: 8192,
             fits_fully: false,
             kv_bytes: None,
-            recommendation: Recommendation { tg_ts: tg, ..crate::tune::worlds::recommendation() },
+            recommendation: crate::profile::Admitted::for_test(Recommendation {
+                tg_ts: tg,
+                ..crate::tune::worlds::recommendation()
+            }),
             options,
             default: None,
             ollama: None,

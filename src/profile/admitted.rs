@@ -1,0 +1,326 @@
+//! The one gate every answer passes: an [`Admitted`] recommendation is a
+//! placement together with the evidence that admits it under every cap
+//! the user set. Its fields are private and [`Gate::admit`] is the only
+//! way to make one in the tune, so a stage that replaces the answer (a
+//! hatch, the MoE spill, a split, fit at the user's context, throughput,
+//! energy) cannot put one in a profile without passing here. A profile
+//! read back holds the answer it was written with ([`Evidence::Stored`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::{ProfileTrial, Recommendation};
+use crate::engine::predict::Prediction;
+use crate::model::human_bytes;
+use crate::types::{Placement, TrialStatus};
+
+/// Why an answer is admitted.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Evidence {
+    /// Trials of exactly this placement at this context completed, none
+    /// over a cap: their count and the most device memory they took (the
+    /// policy's currency).
+    Measured { trials: usize, mem_bytes: Option<f64> },
+    /// llama.cpp's dry run of this placement plus what this context's
+    /// trials held beyond their prices, under the cap.
+    Priced { bytes: u64, unaccounted: u64 },
+    /// No offload device is capped here (CPU only): nothing to hold under a cap.
+    Uncapped,
+    /// Read back from a stored profile: admitted when it was written.
+    #[default]
+    Stored,
+}
+
+/// A recommendation with the evidence that admits it. Reads go through
+/// `Deref`; nothing outside this module changes its placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Admitted {
+    recommendation: Recommendation,
+    #[serde(skip)]
+    evidence: Evidence,
+}
+
+impl std::ops::Deref for Admitted {
+    type Target = Recommendation;
+
+    fn deref(&self) -> &Recommendation {
+        &self.recommendation
+    }
+}
+
+impl Admitted {
+    /// What admitted it.
+    #[must_use]
+    pub fn evidence(&self) -> &Evidence {
+        &self.evidence
+    }
+
+    /// The measurement's confidence, set once the whole tune is judged
+    /// (it says how busy the machine was, not where anything runs).
+    pub fn set_confidence(&mut self, c: super::Confidence) {
+        self.recommendation.confidence = c;
+    }
+
+    /// The admitted answer itself.
+    #[must_use]
+    pub fn into_inner(self) -> Recommendation {
+        self.recommendation
+    }
+
+    /// A test's answer, admitted without evidence.
+    #[cfg(test)]
+    #[must_use]
+    pub fn for_test(recommendation: Recommendation) -> Admitted {
+        Admitted { recommendation, evidence: Evidence::Stored }
+    }
+
+    /// A test's access to the answer's fields.
+    #[cfg(test)]
+    pub fn for_test_mut(&mut self) -> &mut Recommendation {
+        &mut self.recommendation
+    }
+}
+
+/// An answer the gate refused, and why, in words.
+#[derive(Debug)]
+pub struct Refused {
+    pub recommendation: Recommendation,
+    pub why: String,
+}
+
+/// What an answer at one context is judged by: that context's trials, the
+/// dry runs, and every cap the user set.
+pub struct Gate<'a> {
+    pub trials: &'a [ProfileTrial],
+    pub predicted: &'a [Prediction],
+    /// The capped device's cap in the policy's currency; `None`: no offload device.
+    pub cap_bytes: Option<f64>,
+    /// What this context's trials held on the device beyond their dry runs.
+    pub unaccounted: u64,
+    /// The host's cap (bytes), where one is set.
+    pub host_bytes: Option<u64>,
+    /// `--max-power`: the GPUs' mean power a setting may draw.
+    pub max_power_w: Option<f64>,
+}
+
+/// The same placement for memory and for what it runs: where each part
+/// lives, the cache, the context and its slots (threads, flash attention
+/// and op offload change no allocation a cap reads).
+fn same(a: &Placement, b: &Placement) -> bool {
+    a.n_gpu_layers == b.n_gpu_layers
+        && a.n_cpu_moe == b.n_cpu_moe
+        && a.n_cpu_ffn == b.n_cpu_ffn
+        && a.cpu_overrides == b.cpu_overrides
+        && a.kv_type == b.kv_type
+        && a.n_ctx == b.n_ctx
+        && a.n_parallel.max(1) == b.n_parallel.max(1)
+        && a.tensor_split.iter().sum::<u32>() == b.tensor_split.iter().sum::<u32>()
+}
+
+/// A dry run of that placement (a whole-layer price names the tune's own cache).
+fn prices(p: &Prediction, placement: &Placement, own_kv: crate::types::KvType) -> bool {
+    let case = p.case.unwrap_or(crate::engine::predict::PredictCase::layers(p.n_gpu_layers, 0));
+    p.error.is_none()
+        && case.ngl == placement.n_gpu_layers
+        && (case.n_ctx == 0 || Some(case.n_ctx) == placement.n_ctx)
+        && case.kv_type.unwrap_or(own_kv) == placement.kv_type
+        && case.n_cpu_ffn == placement.n_cpu_ffn
+        && case.n_cpu_moe == placement.n_cpu_moe
+        && placement.cpu_overrides.is_empty()
+        && p.split.iter().sum::<u32>() == placement.tensor_split.iter().sum::<u32>()
+}
+
+impl Gate<'_> {
+    /// `rec` admitted by its evidence, or refused with the reason: trials
+    /// of exactly its placement (none over the device's cap, out of
+    /// memory, or over `--max-power`), else its dry-run price plus the
+    /// unaccounted share under the cap; and its host part by the dry run
+    /// under the host's cap where both are known. `own_kv`: the tune's own
+    /// KV type (the cache a whole-layer price names).
+    ///
+    /// # Errors
+    /// The refusal, holding `rec` and why.
+    pub fn admit(&self, rec: Recommendation, own_kv: crate::types::KvType) -> Result<Admitted, Box<Refused>> {
+        let refuse = |rec, why: String| Err(Box::new(Refused { recommendation: rec, why }));
+        let p = rec.placement.clone();
+        let ran: Vec<&ProfileTrial> = self.trials.iter().filter(|t| same(&t.result.spec.placement, &p)).collect();
+        let priced = self.predicted.iter().find(|x| prices(x, &p, own_kv));
+        if let (Some(cap), Some(pr)) = (self.host_bytes, priced) {
+            if pr.host_bytes() > cap {
+                let (need, cap) = (human_bytes(pr.host_bytes()), human_bytes(cap));
+                return refuse(
+                    rec,
+                    format!("its host part needs {need} by llama.cpp's dry run, over the host cap of {cap}"),
+                );
+            }
+        }
+        if let Some(t) = ran.iter().find(|t| t.over_cap || t.result.status == TrialStatus::Oom) {
+            let what = t.mem_bytes.map_or_else(|| "out of device memory".to_string(), |m| over(m, self.cap_bytes));
+            return refuse(rec, format!("measured {what}"));
+        }
+        let power = |t: &&&ProfileTrial| t.result.test(false).and_then(crate::types::Power::of).and_then(|w| w.gpu_w);
+        // Every layer on the CPU puts nothing on the GPUs: what they draw
+        // then is not this placement's (the search's rule too).
+        if let Some(max) = self.max_power_w.filter(|_| p.n_gpu_layers > 0) {
+            if let Some(w) = ran.iter().filter_map(|t| power(&t)).find(|w| *w > max) {
+                return refuse(rec, format!("its GPUs drew {w:.0} W, over --max-power {max:.0} W"));
+            }
+        }
+        let ok: Vec<&&ProfileTrial> = ran.iter().filter(|t| t.result.status == TrialStatus::Ok).collect();
+        let Some(cap) = self.cap_bytes else {
+            return Ok(Admitted { recommendation: rec, evidence: Evidence::Uncapped });
+        };
+        if !ok.is_empty() {
+            let mem_bytes = ok.iter().filter_map(|t| t.mem_bytes).reduce(f64::max);
+            return Ok(Admitted { recommendation: rec, evidence: Evidence::Measured { trials: ok.len(), mem_bytes } });
+        }
+        match priced {
+            #[allow(clippy::cast_precision_loss)]
+            Some(pr) if (pr.device_bytes + self.unaccounted) as f64 <= cap => Ok(Admitted {
+                recommendation: rec,
+                evidence: Evidence::Priced { bytes: pr.device_bytes, unaccounted: self.unaccounted },
+            }),
+            #[allow(clippy::cast_precision_loss)]
+            Some(pr) => {
+                let why = over((pr.device_bytes + self.unaccounted) as f64, Some(cap));
+                refuse(rec, format!("priced {why} by llama.cpp's dry run (with what the trials held beyond it)"))
+            }
+            None => refuse(rec, "neither measured nor priced at this context".into()),
+        }
+    }
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn over(bytes: f64, cap: Option<f64>) -> String {
+    let b = human_bytes(bytes.max(0.0) as u64);
+    cap.map_or_else(|| format!("at {b}"), |c| format!("at {b}, over the cap of {}", human_bytes(c.max(0.0) as u64)))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::types::KvType;
+
+    const MIB: f64 = 1024.0 * 1024.0;
+
+    pub(crate) fn trial(p: &Placement, mem: f64, over_cap: bool) -> ProfileTrial {
+        let mut spec = crate::engine::test_spec();
+        spec.placement = p.clone();
+        let mut result = crate::types::TrialResult::failed(spec, TrialStatus::Ok, String::new());
+        result.reason = None;
+        ProfileTrial {
+            role: crate::types::Role::Grid,
+            mem_bytes: Some(mem),
+            device_peak_bytes: None,
+            device_share: None,
+            over_cap,
+            predicted_bytes: None,
+            prediction_error_pct: None,
+            sampled_minus_predicted_bytes: None,
+            result,
+        }
+    }
+
+    fn answer(ngl: u32, kv: KvType) -> Recommendation {
+        let mut r = crate::tune::worlds::recommendation();
+        r.set_placement(&Placement::default().with_layers(ngl, 2, Some(32768)).with_kv(kv));
+        r
+    }
+
+    fn gate<'a>(trials: &'a [ProfileTrial], predicted: &'a [Prediction]) -> Gate<'a> {
+        Gate {
+            trials,
+            predicted,
+            cap_bytes: Some(100.0 * MIB),
+            unaccounted: 10 << 20,
+            host_bytes: None,
+            max_power_w: None,
+        }
+    }
+
+    fn price(ngl: u32, mib: u64) -> Prediction {
+        let bytes = mib << 20;
+        Prediction {
+            n_gpu_layers: ngl,
+            device_bytes: bytes,
+            device_model_bytes: bytes,
+            buffers: Vec::new(),
+            error: None,
+            case: Some(crate::engine::predict::PredictCase::layers(ngl, 32768)),
+            split: Vec::new(),
+            devices: Vec::new(),
+        }
+    }
+
+    /// Measured under the cap: admitted by its trials. A trial of it over
+    /// the cap refuses it, whatever another trial said; one of another
+    /// placement (another KV type) says nothing of it.
+    #[test]
+    fn an_answer_is_admitted_by_trials_of_exactly_its_placement() {
+        let a = answer(7, KvType::F16);
+        let ran = [trial(&a.runs(), 80.0 * MIB, false)];
+        let ok = gate(&ran, &[]).admit(a.clone(), KvType::F16).unwrap();
+        assert_eq!(ok.evidence(), &Evidence::Measured { trials: 1, mem_bytes: Some(80.0 * MIB) });
+        assert_eq!(ok.placement.n_gpu_layers, 7);
+        let over = [trial(&a.runs(), 80.0 * MIB, false), trial(&a.runs(), 120.0 * MIB, true)];
+        let no = gate(&over, &[]).admit(a.clone(), KvType::F16).unwrap_err();
+        assert_eq!(no.why, "measured at 120.00 MiB, over the cap of 100.00 MiB");
+        let other = [trial(&answer(7, KvType::Q8_0).runs(), 50.0 * MIB, false)];
+        assert!(gate(&other, &[]).admit(a, KvType::F16).unwrap_err().why.contains("neither measured nor priced"));
+    }
+
+    /// Not measured: its dry run plus what the trials held beyond their
+    /// prices decides (85 + 10 under 100; 95 + 10 over it).
+    #[test]
+    fn an_unmeasured_answer_is_admitted_by_its_price_and_the_unaccounted_share() {
+        let a = answer(9, KvType::F16);
+        let ok = gate(&[], &[price(9, 85)]).admit(a.clone(), KvType::F16).unwrap();
+        assert_eq!(ok.evidence(), &Evidence::Priced { bytes: 85 << 20, unaccounted: 10 << 20 });
+        let no = gate(&[], &[price(9, 95)]).admit(a.clone(), KvType::F16).unwrap_err();
+        assert!(no.why.starts_with("priced at 105.00 MiB, over the cap of 100.00 MiB"), "{}", no.why);
+        // No offload device: nothing to cap.
+        let cpu = Gate { cap_bytes: None, ..gate(&[], &[]) };
+        assert_eq!(cpu.admit(a, KvType::F16).unwrap().evidence(), &Evidence::Uncapped);
+    }
+
+    /// The host's cap and the power cap bind every answer, not only whole
+    /// layers; the power cap reads only placements with layers on the GPU.
+    #[test]
+    fn the_host_and_power_caps_refuse_an_answer_over_them() {
+        let a = answer(7, KvType::F16);
+        let mut pr = price(7, 50);
+        pr.buffers.push(crate::engine::predict::PredictedBuffer {
+            buffer_type: "CPU_Mapped".into(),
+            is_host: true,
+            model: 5000 << 20,
+            context: 0,
+            compute: 0,
+        });
+        let ran = [trial(&a.runs(), 80.0 * MIB, false)];
+        let host = Gate { host_bytes: Some(4000 << 20), ..gate(&ran, std::slice::from_ref(&pr)) };
+        assert!(host.admit(a.clone(), KvType::F16).unwrap_err().why.contains("over the host cap"));
+        let mut hot = trial(&a.runs(), 80.0 * MIB, false);
+        let mut tg = crate::types::TestResult::from_samples(0, 16, 256, vec![1_000_000_000; 2]);
+        tg.power_w = Some(300.0);
+        hot.result.tests.push(tg);
+        let hot = [hot];
+        let power = Gate { max_power_w: Some(250.0), ..gate(&hot, &[]) };
+        assert!(power.admit(a, KvType::F16).unwrap_err().why.contains("over --max-power 250 W"));
+        // Every layer on the CPU: what the GPUs draw is not its own.
+        let cpu = answer(0, KvType::F16);
+        let mut idle = trial(&cpu.runs(), 0.0, false);
+        idle.result.tests.push(hot[0].result.tests[0].clone());
+        let idle = [idle];
+        assert!(Gate { max_power_w: Some(250.0), ..gate(&idle, &[]) }.admit(cpu, KvType::F16).is_ok());
+    }
+
+    /// A profile read back holds its answer as written.
+    #[test]
+    fn a_stored_answer_reads_back_as_it_was_written() {
+        let a = Admitted::for_test(answer(7, KvType::F16));
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(v, serde_json::to_value(&*a).unwrap(), "the JSON is the recommendation's own");
+        let back: Admitted = serde_json::from_value(v).unwrap();
+        assert_eq!((back.evidence(), back.placement.n_gpu_layers), (&Evidence::Stored, 7));
+    }
+}
