@@ -92,34 +92,17 @@ fn tune_context(
     notes.extend(hatches.notes.iter().cloned());
     let split = if several { Some(split(sh, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
-    let mut recommendation = hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads);
-    if !s.backend.rpc.is_empty() && recommendation.placement.n_gpu_layers > 0 {
-        recommendation.placement.rpc.clone_from(&s.backend.rpc);
-        recommendation.render_forms();
-    }
+    let mut recommendation = with_rpc(hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads), s);
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
     let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;
     let quality_wall_s = quality_seconds(&hatches.options, split.as_ref());
     let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.backend.rpc));
-    let predicted = search.predicted.clone();
-    let host_cap = search.host_cap.as_ref().map(|h| h.0);
+    let (predicted, host_cap) = (search.predicted.clone(), search.host_cap.as_ref().map(|h| h.0));
     let (trials, checkpoint) = search.into_parts();
-    let gate = crate::profile::Gate {
-        trials: &trials,
-        predicted: &predicted,
-        cap_bytes: policy.filter(|_| !plan.no_gpu).map(|p| p.cap_bytes),
-        unaccounted: search::unaccounted(&trials),
-        host_bytes: host_cap,
-        max_power_w: s.caps.max_power_w,
-    };
-    let mut fallback = layer_split;
-    if !s.backend.rpc.is_empty() && fallback.placement.n_gpu_layers > 0 {
-        fallback.placement.rpc.clone_from(&s.backend.rpc);
-        fallback.render_forms();
-    }
-    let (recommendation, refused) = admit(&gate, recommendation, &fallback, s.workload.kv_type)?;
-    notes.extend(refused);
-    notes.extend(summary::noise_note(&trials));
+    let cap = policy.filter(|_| !plan.no_gpu).map(|p| p.cap_bytes);
+    let gate = gate_of((&trials, &predicted), (cap, host_cap), s);
+    let (recommendation, refused) = admit(&gate, recommendation, &with_rpc(layer_split, s), s.workload.kv_type)?;
+    notes.extend(refused.into_iter().chain(summary::noise_note(&trials)));
     if let Some(pr) = prediction.as_mut() {
         summary::finish_prediction(pr, &trials, info.n_layer_full);
     }
@@ -129,13 +112,12 @@ fn tune_context(
         ..summary::search_report(&trials, s, &plan.full_grid, &runnable, !plan.grid_mode, info.n_layer_full)
     });
     let fit_check = policy.map(|_| search::fit_check(&trials, &found.decision, info.n_layer_full)).unwrap_or_default();
-    let options = hatches.options;
     let mut placement = crate::profile::ContextPlacement {
         n_ctx: at.n_ctx,
         fits_fully: hatches.fits_fully,
         kv_bytes: hatches.kv_bytes,
         recommendation,
-        options,
+        options: hatches.options,
         default,
         ollama,
         split,
@@ -143,9 +125,28 @@ fn tune_context(
         job: None,
     };
     verdict::judge(&mut placement, &s.goal, &s.gate);
-    let no_gpu = plan.no_gpu;
-    let o = ContextOutcome { found, trials, prediction, search: search_report, fit_check, placement, no_gpu, notes };
-    Ok((o, checkpoint))
+    let (search, no_gpu) = (search_report, plan.no_gpu);
+    Ok((ContextOutcome { found, trials, prediction, search, fit_check, placement, no_gpu, notes }, checkpoint))
+}
+
+/// `r` on the RPC servers the tune ran on, where it puts layers on a device.
+fn with_rpc(mut r: crate::profile::Recommendation, s: &Settings) -> crate::profile::Recommendation {
+    if !s.backend.rpc.is_empty() && r.placement.n_gpu_layers > 0 {
+        r.placement.rpc.clone_from(&s.backend.rpc);
+        r.render_forms();
+    }
+    r
+}
+
+/// The gate at one context: its trials and dry runs, the device's cap
+/// (`None` without an offload device), the host's, and `--max-power`.
+fn gate_of<'a>(
+    (trials, predicted): (&'a [crate::profile::ProfileTrial], &'a [crate::engine::predict::Prediction]),
+    (cap_bytes, host_bytes): (Option<f64>, Option<u64>),
+    s: &Settings,
+) -> crate::profile::Gate<'a> {
+    let unaccounted = search::unaccounted(trials);
+    crate::profile::Gate { trials, predicted, cap_bytes, unaccounted, host_bytes, max_power_w: s.caps.max_power_w }
 }
 
 /// The answer through the gate ([`crate::profile::Gate::admit`]): where it
