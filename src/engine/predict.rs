@@ -93,16 +93,23 @@ impl Prediction {
     /// KV cache type, `spec.kv_base`).
     #[must_use]
     pub fn prices(&self, spec: &crate::types::TrialSpec) -> bool {
-        let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, spec.placement.n_ctx.unwrap_or(0)));
-        c.ngl == spec.placement.n_gpu_layers
-            && Some(c.n_ctx) == spec.placement.n_ctx.or(Some(0))
-            && c.kv_type.unwrap_or(spec.kv_base) == spec.placement.kv_type
-            && c.n_cpu_ffn == spec.placement.n_cpu_ffn
-            && c.n_cpu_moe == spec.placement.n_cpu_moe
-            && self.split == spec.placement.tensor_split
-            && self.devices == spec.placement.devices
+        self.prices_placement(&spec.placement, spec.kv_base)
+    }
+
+    /// Whether this prediction is for placement `p`, `kv_base` being the
+    /// cache type a whole-layer prediction names (the tune's own).
+    #[must_use]
+    pub fn prices_placement(&self, p: &crate::types::Placement, kv_base: crate::types::KvType) -> bool {
+        let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, p.n_ctx.unwrap_or(0)));
+        c.ngl == p.n_gpu_layers
+            && Some(c.n_ctx) == p.n_ctx.or(Some(0))
+            && c.kv_type.unwrap_or(kv_base) == p.kv_type
+            && c.n_cpu_ffn == p.n_cpu_ffn
+            && c.n_cpu_moe == p.n_cpu_moe
+            && self.split == p.tensor_split
+            && self.devices == p.devices
             // Every prediction counts the projector on its GPU.
-            && spec.placement.mmproj_offload
+            && p.mmproj_offload
     }
 }
 

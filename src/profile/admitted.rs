@@ -117,17 +117,10 @@ fn same(a: &Placement, b: &Placement) -> bool {
         && a.tensor_split.iter().sum::<u32>() == b.tensor_split.iter().sum::<u32>()
 }
 
-/// A dry run of that placement (a whole-layer price names the tune's own cache).
+/// A dry run of that placement ([`Prediction::prices_placement`]; no
+/// dry run prices fit's CPU tensors).
 fn prices(p: &Prediction, placement: &Placement, own_kv: crate::types::KvType) -> bool {
-    let case = p.case.unwrap_or(crate::engine::predict::PredictCase::layers(p.n_gpu_layers, 0));
-    p.error.is_none()
-        && case.ngl == placement.n_gpu_layers
-        && (case.n_ctx == 0 || Some(case.n_ctx) == placement.n_ctx)
-        && case.kv_type.unwrap_or(own_kv) == placement.kv_type
-        && case.n_cpu_ffn == placement.n_cpu_ffn
-        && case.n_cpu_moe == placement.n_cpu_moe
-        && placement.cpu_overrides.is_empty()
-        && p.split.iter().sum::<u32>() == placement.tensor_split.iter().sum::<u32>()
+    p.error.is_none() && placement.cpu_overrides.is_empty() && p.prices_placement(placement, own_kv)
 }
 
 impl Gate<'_> {

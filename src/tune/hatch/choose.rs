@@ -100,11 +100,15 @@ pub fn choose(options: &mut [PlacementOption], scoring: Scoring, gate: &QualityG
             o.note = "over the cap".into();
         }
     }
-    if options[bi].kind != HatchKind::LayerSplit {
-        let o = &options[bi];
-        notes.push(crate::types::Note::hatch(format!("escape hatch at {} context: {}", o.n_ctx(), o.describe())));
-    }
+    notes.extend(hatch_note(&options[bi]));
     notes
+}
+
+/// The note that `o` is the answer at its context: none for the
+/// whole-layer split, which needs no hatch.
+pub(super) fn hatch_note(o: &PlacementOption) -> Option<crate::types::Note> {
+    (o.kind != HatchKind::LayerSplit)
+        .then(|| crate::types::Note::hatch(format!("escape hatch at {} context: {}", o.n_ctx(), o.describe())))
 }
 
 /// The recommendation at one context: the layer split's, or the chosen

@@ -358,12 +358,7 @@ fn lossy_paired(search: &mut Search<'_>, options: &mut [PlacementOption]) -> Res
     options[li].note = format!("{said}: a lossy cache only when it pays");
     options[bi].recommended = true;
     options[bi].note = String::new();
-    let chosen = &options[bi];
-    Ok(Some(if chosen.kind == HatchKind::LayerSplit {
-        Vec::new()
-    } else {
-        vec![crate::types::Note::hatch(format!("escape hatch at {} context: {}", chosen.n_ctx(), chosen.describe()))]
-    }))
+    Ok(Some(choose::hatch_note(&options[bi]).into_iter().collect()))
 }
 
 /// What the options at one device are made of.
