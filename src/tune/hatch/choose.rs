@@ -6,11 +6,14 @@ use crate::profile::{HatchKind, PlacementOption, Recommendation};
 use crate::types::{QualityGate, Scoring};
 
 /// The note of a measured quantized cache whose quality was not checked
-/// because it would not be chosen even if it passed: what it measured
-/// against the recommendation, and why no check ran.
-pub(super) fn unchecked(options: &mut [PlacementOption], scoring: Scoring) {
+/// because it would not be chosen even if it passed (not among `checked`):
+/// what it measured against the recommendation, and why no check ran.
+pub(super) fn unchecked(options: &mut [PlacementOption], scoring: Scoring, checked: &[crate::types::KvType]) {
     let best = options.iter().find(|o| o.recommended).and_then(|o| score_with_noise(o, scoring)).map(|x| x.0);
-    for o in options.iter_mut().filter(|o| lossy(o) && o.measured && o.quality.is_none()) {
+    for o in options
+        .iter_mut()
+        .filter(|o| lossy(o) && o.measured && o.quality.is_none() && !checked.contains(&o.placement.kv_type))
+    {
         let cmp = match (score_with_noise(o, scoring), best) {
             (Some((v, _)), Some(b)) if b > 0.0 => {
                 format!("{:+.0}% {} against the recommendation; ", (v / b - 1.0) * 100.0, scoring.objective.as_str())

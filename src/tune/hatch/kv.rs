@@ -13,33 +13,44 @@ use crate::tune::search::Search;
 use crate::tune::split::{self, Labelled, SplitFound, SplitInputs};
 use crate::types::{KvType, Role, TrialStatus};
 
-/// The KV cache hatch: with one device, the lightest type whose full
-/// offload fits, else q8_0 at the most layers it lets on; with several,
+/// The KV cache hatch. With one device, each quantized type at the most
+/// layers it lets on under the cap (full offload where it fits), wherever
+/// that is more than the f16 split's and more than a less lossy type's:
+/// the types and the layers are one search, so a q8_0 cache a few layers
+/// short of full offload is measured beside a q4_0 cache that fits fully
+/// (on a card, each spilled layer is read from system RAM; a lighter cache
+/// costs quality and, on some backends, speed). With several devices,
 /// q8_0 where it lets more layers onto the faster devices.
 #[derive(Debug, Default)]
 pub struct KvCache {
-    /// The type measured (`None`: none fits, and q8_0 lets no more layers on).
-    pick: Option<KvType>,
-    /// The layers it runs with: full offload, or fewer with q8_0.
-    at: u32,
-    /// A q8_0 cache over the whole-layer grid (only when none fits at full offload).
+    /// The types measured, each with the layers it runs with (lightest loss first).
+    picks: Vec<(KvType, u32)>,
+    /// Each type that does not fit at full offload, over the whole-layer grid.
     partial: Vec<PredictCase>,
 }
 
+/// The quantized types the hatch tries, the least lossy first.
+const TYPES: [KvType; 2] = [KvType::Q8_0, KvType::Q4_0];
+
 impl Hatch for KvCache {
     fn first_cases(&self, h: &HatchInputs) -> Vec<PredictCase> {
-        vec![h.at_full(h.n_ctx, Some(KvType::Q8_0), 0), h.at_full(h.n_ctx, Some(KvType::Q4_0), 0)]
+        TYPES.iter().map(|kv| h.at_full(h.n_ctx, Some(*kv), 0)).collect()
     }
 
     fn solved_cases(&mut self, h: &HatchInputs, preds: &[Prediction], _fits_fully: bool) -> Vec<PredictCase> {
-        // No quantized cache fits at full offload: a q8_0 cache may still let more layers on.
-        let kv_fits =
-            [KvType::Q8_0, KvType::Q4_0].iter().any(|kv| super::under(preds, h.at_full(h.n_ctx, Some(*kv), 0), h.cap));
-        if !kv_fits {
-            let q8 = h.at_full(h.n_ctx, Some(KvType::Q8_0), 0);
-            self.partial =
-                h.grid.iter().filter(|n| **n > 0 && **n < h.full).map(|n| PredictCase { ngl: *n, ..q8 }).collect();
+        // q8_0 at full offload is as many layers as any type gives, at the least loss: nothing else to price.
+        if super::under(preds, h.at_full(h.n_ctx, Some(KvType::Q8_0), 0), h.cap) {
+            return Vec::new();
         }
+        // Each type over the cap at full offload may still let more layers on than f16.
+        self.partial = TYPES
+            .iter()
+            .filter(|kv| !super::under(preds, h.at_full(h.n_ctx, Some(**kv), 0), h.cap))
+            .flat_map(|kv| {
+                let at = h.at_full(h.n_ctx, Some(*kv), 0);
+                h.grid.iter().filter(|n| **n > 0 && **n < h.full).map(move |n| PredictCase { ngl: *n, ..at })
+            })
+            .collect();
         self.partial.clone()
     }
 
@@ -50,50 +61,56 @@ impl Hatch for KvCache {
         preds: &mut Vec<Prediction>,
         search: &mut Search<'_>,
     ) -> Vec<Candidate> {
-        // One KV type: the lightest that is needed.
-        let pick = if super::under(preds, h.at_full(h.n_ctx, Some(KvType::Q8_0), 0), h.cap) {
-            Some(KvType::Q8_0)
-        } else {
-            super::under(preds, h.at_full(h.n_ctx, Some(KvType::Q4_0), 0), h.cap).then_some(KvType::Q4_0)
-        };
-        // Or: the most layers a q8_0 cache lets on, when that is more than the layer split's.
-        self.at = match pick {
-            Some(_) => h.full,
-            None => partial_q8(h, &self.partial, preds, search, layer_split.placement.n_gpu_layers),
-        };
-        let at = self.at;
-        search.predicted.extend(preds.iter().filter(|p| p.case.is_some_and(|c| c.ngl == at && at < h.full)).cloned());
-        self.pick = pick.or((at > 0).then_some(KvType::Q8_0));
-        self.pick.map(|kv| Candidate { kv: Some(kv), ..Candidate::layers(at, h.threads) }).into_iter().collect()
+        let mut most = layer_split.placement.n_gpu_layers;
+        for kv in TYPES {
+            let at = if super::under(preds, h.at_full(h.n_ctx, Some(kv), 0), h.cap) {
+                h.full
+            } else {
+                let grid: Vec<PredictCase> = self.partial.iter().filter(|c| c.kv_type == Some(kv)).copied().collect();
+                partial_at(h, &grid, preds, search, most)
+            };
+            // A lossier type earns a trial only with more layers than every less lossy one.
+            if at > most {
+                search.predicted.extend(
+                    preds.iter().filter(|p| p.case.is_some_and(|c| c.ngl == at && c.kv_type == Some(kv))).cloned(),
+                );
+                self.picks.push((kv, at));
+                most = at;
+            }
+            if most == h.full {
+                break;
+            }
+        }
+        self.picks.iter().map(|(kv, at)| Candidate { kv: Some(*kv), ..Candidate::layers(*at, h.threads) }).collect()
     }
 
-    fn lossy(&self) -> Option<KvType> {
-        self.pick
+    fn lossy(&self) -> Vec<KvType> {
+        self.picks.iter().map(|p| p.0).collect()
     }
 
     fn options(&self, w: &World<'_>) -> Vec<PlacementOption> {
         let h = w.h;
-        let (pick, at) = (self.pick, self.at);
         let mut v = Vec::new();
-        if pick.is_some() && at < h.full {
-            // Over the cap at full offload with either type; the q8_0 cache at the most layers it lets on.
-            let q8 = h.at_full(h.n_ctx, Some(KvType::Q8_0), 0);
-            let mut o = w.option(HatchKind::KvCache, PredictCase { ngl: at, ..q8 });
-            if o.note.is_empty() {
-                let q4 = h.at_full(h.n_ctx, Some(KvType::Q4_0), 0);
-                o.note = format!("full offload is {}", w.over_even(q4, " even with q4_0"));
-            }
-            v.push(o);
-        }
-        for kv in [KvType::Q8_0, KvType::Q4_0].into_iter().filter(|_| at == h.full || pick.is_none()) {
-            let mut o = w.option(HatchKind::KvCache, h.at_full(h.n_ctx, Some(kv), 0));
-            if Some(kv) != pick {
-                if kv == KvType::Q4_0 && pick == Some(KvType::Q8_0) {
-                    continue; // q8_0 is enough: q4_0 would only cost quality
+        for kv in TYPES {
+            let full = h.at_full(h.n_ctx, Some(kv), 0);
+            match self.picks.iter().find(|p| p.0 == kv) {
+                Some((_, at)) if *at < h.full => {
+                    // Over the cap at full offload: the most layers this cache lets on.
+                    let mut o = w.option(HatchKind::KvCache, PredictCase { ngl: *at, ..full });
+                    if o.note.is_empty() {
+                        let with = if kv == KvType::Q8_0 { " with q8_0" } else { " even with q4_0" };
+                        o.note = format!("full offload is {}", w.over_even(full, with));
+                    }
+                    v.push(o);
                 }
-                o.note = w.over(h.at_full(h.n_ctx, Some(kv), 0));
+                Some(_) => v.push(w.option(HatchKind::KvCache, full)),
+                None if self.picks.iter().any(|(_, at)| *at == h.full) => {} // a less lossy cache already fits fully
+                None => {
+                    let mut o = w.option(HatchKind::KvCache, full);
+                    o.note = w.over(full);
+                    v.push(o);
+                }
             }
-            v.push(o);
         }
         v
     }
@@ -157,24 +174,29 @@ impl Hatch for KvCache {
     }
 }
 
-/// The most layers a q8_0 cache lets on under the cap (interpolated over the
-/// grid, then priced exactly, one layer less while over; where that falls
-/// below the grid's first offloaded point, priced up from the split a layer
-/// at a time), or 0 when that is not more than `split` (the f16 layer split's).
-fn partial_q8(
+/// The most layers a quantized cache lets on under the cap (interpolated
+/// over its `grid`, then priced exactly, one layer less while over; where
+/// that falls below the grid's first offloaded point, priced up from
+/// `split` a layer at a time), or 0 when that is not more than `split`.
+fn partial_at(
     h: &HatchInputs,
-    partial: &[PredictCase],
+    grid: &[PredictCase],
     preds: &mut Vec<Prediction>,
     search: &mut Search<'_>,
     split: u32,
 ) -> u32 {
-    let q8: Vec<Prediction> = partial.iter().filter_map(|c| super::find(preds, *c).cloned()).collect();
-    let mut n = crate::tune::memory::largest_predicted_under(&q8, h.cap, h.full);
-    if q8.is_empty() {
+    let priced: Vec<Prediction> = grid.iter().filter_map(|c| super::find(preds, *c).cloned()).collect();
+    let mut n = crate::tune::memory::largest_predicted_under(&priced, h.cap, h.full);
+    let Some(first) = grid.first().copied() else { return 0 };
+    if priced.is_empty() {
         return 0;
     }
     let price = |n: u32, preds: &mut Vec<Prediction>, search: &mut Search<'_>| {
-        let case = partial.first().map(|c| PredictCase { ngl: n, ..*c }).expect("q8 is not empty");
+        let case = PredictCase { ngl: n, ..first };
+        if let Some(p) = super::find(preds, case) {
+            #[allow(clippy::cast_precision_loss)]
+            return super::bytes(Some(p)).is_some_and(|b| b as f64 <= h.cap);
+        }
         let priced = search.price_cases(&[case]);
         #[allow(clippy::cast_precision_loss)]
         let fits = super::bytes(priced.first()).is_some_and(|b| b as f64 <= h.cap);

@@ -123,10 +123,10 @@ pub trait Hatch {
         Vec::new()
     }
 
-    /// The quantized KV cache it measures, whose quality is checked where
-    /// it could be chosen.
-    fn lossy(&self) -> Option<KvType> {
-        None
+    /// The quantized KV caches it measures, whose quality is checked where
+    /// one could be chosen.
+    fn lossy(&self) -> Vec<KvType> {
+        Vec::new()
     }
 
     /// Its options at one device, from what was priced and measured.
@@ -286,17 +286,29 @@ fn one_device(
         hatches.iter().flat_map(|x| x.options(&world)).collect::<Vec<_>>()
     };
     // The quality check reads the text twice (minutes on a slow host): only
-    // where the quantized cache would be chosen if it passed.
-    let kv_pick = hatches.iter().find_map(|x| x.lossy());
-    let could_win = kv_pick.is_some_and(|kv| {
-        let mut options = options_of(Some((kv, Quality::passing())));
-        choose(&mut options, search.settings().scoring(), &search.settings().gate);
-        options.iter().any(|o| o.recommended && choose::lossy(o))
-    });
-    let quality = match kv_pick {
-        Some(kv) if could_win => assess(kv)?.map(|q| (kv, q)),
-        _ => None,
+    // for a cache that would be chosen if it passed, each type once, until
+    // the choice is a lossless option or a cache already checked.
+    let lossy_types: Vec<KvType> = hatches.iter().flat_map(|x| x.lossy()).collect();
+    let mut checked: Vec<(KvType, Option<Quality>)> = Vec::new();
+    let known = |checked: &[(KvType, Option<Quality>)]| -> Vec<(KvType, Quality)> {
+        lossy_types
+            .iter()
+            .filter_map(|kv| match checked.iter().find(|c| c.0 == *kv) {
+                Some((_, q)) => q.clone().map(|q| (*kv, q)),
+                None => Some((*kv, Quality::passing())),
+            })
+            .collect()
     };
+    loop {
+        let mut options = options_of(known(&checked));
+        choose(&mut options, search.settings().scoring(), &search.settings().gate);
+        let next = options.iter().find(|o| o.recommended && choose::lossy(o)).map(|o| o.placement.kv_type);
+        match next.filter(|kv| !checked.iter().any(|c| c.0 == *kv)) {
+            Some(kv) => checked.push((kv, assess(kv)?)),
+            None => break,
+        }
+    }
+    let quality = checked.iter().filter_map(|(kv, q)| q.clone().map(|q| (*kv, q))).collect();
     let mut options = options_of(quality);
     let mut notes = choose(&mut options, search.settings().scoring(), &search.settings().gate);
     if let Some(note) = lossy_paired(search, &mut options)? {
@@ -309,9 +321,8 @@ fn one_device(
         ))
         .at(h.n_ctx));
     }
-    if kv_pick.is_some() && !could_win {
-        choose::unchecked(&mut options, search.settings().scoring());
-    }
+    let checked: Vec<KvType> = checked.iter().map(|c| c.0).collect();
+    choose::unchecked(&mut options, search.settings().scoring(), &checked);
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
 }
 
@@ -366,7 +377,8 @@ pub struct World<'a> {
     h: &'a HatchInputs,
     preds: &'a [Prediction],
     trials: &'a [ProfileTrial],
-    quality: Option<(KvType, Quality)>,
+    /// The quality of each quantized cache checked (or assumed, to see whether it could win).
+    quality: Vec<(KvType, Quality)>,
     layer_split: &'a Recommendation,
 }
 
@@ -409,8 +421,8 @@ impl World<'_> {
             fits,
             quality: self
                 .quality
-                .as_ref()
-                .filter(|(kv, _)| Some(*kv) == case.kv_type && kv.is_quantized())
+                .iter()
+                .find(|(kv, _)| Some(*kv) == case.kv_type && kv.is_quantized())
                 .map(|(_, q)| q.clone()),
             recommended: false,
             note,

@@ -415,14 +415,19 @@ fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_w
     // q8_0 fits at full offload here and wins (37 against 13.6), paired with the spill.
     assert!(h.options.iter().any(|o| o.recommended && o.kind == HatchKind::KvCache));
 
-    // 1500: not even q4_0 fits at full offload (10 x 181 + 100 = 1910).
+    // 1500: not even q4_0 fits at full offload (10 x 181 + 100 = 1910). Each type at the most
+    // layers it lets on: q8_0 at 5 (5 x 263 = 1315), q4_0 at 8 (8 x 181 = 1448).
     let (h, measured) = hatch_world(1500.0, 3);
-    let kv: Vec<&Candidate> = hatch_trials(&measured).filter(|c| c.kv.is_some()).collect();
-    assert_eq!(kv.len(), 1, "{measured:?}");
-    assert!(kv[0].ngl > 3 && kv[0].ngl < 11, "more layers than the f16 split's 3: {:?}", kv[0]);
-    let o = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.measured).unwrap();
-    assert!(o.fits && o.recommended, "{o:?}");
-    assert!(o.note.contains("full offload is over the cap even with q4_0: llama.cpp's dry run predicts"), "{}", o.note);
+    let kv: Vec<(Option<KvType>, u32)> =
+        hatch_trials(&measured).filter(|c| c.kv.is_some()).map(|c| (c.kv, c.ngl)).collect();
+    assert_eq!(kv, [(Some(KvType::Q8_0), 5), (Some(KvType::Q4_0), 8)], "{measured:?}");
+    let o = |kv: KvType| h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.placement.kv_type == kv).unwrap();
+    // q8_0 could not win (4.5 against 5.4 t/s): its quality was never read.
+    assert!(o(KvType::Q8_0).note.contains("quality not checked"), "{}", o(KvType::Q8_0).note);
+    // q4_0's three more layers run faster here (5.4 against 4.5 t/s), and its quality passes.
+    let q4 = o(KvType::Q4_0);
+    assert!(q4.fits && q4.recommended && q4.placement.n_gpu_layers == 8, "{q4:?}");
+    assert!(q4.note.contains("full offload is over the cap even with q4_0: llama.cpp's dry run predicts"), "{}", q4.note);
     // Every layer's FFN on the CPU is not enough either: one option says so, from the price.
     let ffn: Vec<&PlacementOption> = h.options.iter().filter(|o| o.kind == HatchKind::FfnSpill).collect();
     assert_eq!(ffn.len(), 1, "{ffn:?}");
@@ -442,6 +447,43 @@ fn a_q8_0_cache_that_fits_only_below_the_grids_first_point_is_found_from_the_spl
     let kv: Vec<&Candidate> = hatch_trials(&measured).filter(|c| c.kv == Some(KvType::Q8_0)).collect();
     assert_eq!(kv.iter().map(|c| c.ngl).collect::<Vec<_>>(), [3], "{measured:?}");
     assert!(h.options.iter().any(|o| o.kind == HatchKind::KvCache && o.measured && o.placement.n_gpu_layers == 3));
+}
+
+/// Issue 54 item 8: q4_0 fits at full offload (1910 under 2500) and q8_0
+/// does not (2730), yet q8_0 at 9 layers (9 x 263 = 2367) is a candidate:
+/// on a card, where q4_0's dequantization costs more than two layers'
+/// reads, it is the faster one. Before, the hatch measured q4_0 alone.
+#[test]
+fn the_kv_types_and_the_layers_are_one_search() {
+    fn tg(c: Candidate, _depth: u32) -> f64 {
+        match (c.ngl, c.kv) {
+            (9, Some(KvType::Q8_0)) => 30.0,
+            (11, Some(KvType::Q4_0)) => 20.0,
+            (n, _) => 3.0 + 0.3 * f64::from(n),
+        }
+    }
+    let (h, measured) = hatch_world_at(2500.0, 5, 0, tg);
+    let kv: Vec<(Option<KvType>, u32)> =
+        hatch_trials(&measured).filter(|c| c.kv.is_some()).map(|c| (c.kv, c.ngl)).collect();
+    assert_eq!(kv, [(Some(KvType::Q8_0), 9), (Some(KvType::Q4_0), 11)], "{measured:?}");
+    let pick = h.options.iter().find(|o| o.recommended).unwrap();
+    assert_eq!((pick.kind, pick.placement.kv_type, pick.placement.n_gpu_layers), (HatchKind::KvCache, KvType::Q8_0, 9));
+    assert_eq!(pick.quality.as_ref().map(|q| q.kl_mean), Some(0.002), "q8_0's own quality, checked");
+    // q4_0 could not win: its quality was never read.
+    let q4 = h.options.iter().find(|o| o.placement.kv_type == KvType::Q4_0).unwrap();
+    assert!(q4.measured && q4.quality.is_none() && q4.note.contains("quality not checked"), "{q4:?}");
+    // Where q4_0 at full offload is the faster, it wins, with its own quality checked.
+    fn q4_faster(c: Candidate, d: u32) -> f64 {
+        if c.kv == Some(KvType::Q4_0) {
+            40.0
+        } else {
+            tg(c, d)
+        }
+    }
+    let (h, _) = hatch_world_at(2500.0, 5, 0, q4_faster);
+    let pick = h.options.iter().find(|o| o.recommended).unwrap();
+    assert_eq!((pick.placement.kv_type, pick.placement.n_gpu_layers), (KvType::Q4_0, 11));
+    assert_eq!(pick.quality.as_ref().map(|q| q.kl_mean), Some(0.02));
 }
 
 #[test]
