@@ -500,6 +500,11 @@ pub enum Verdict {
     Same,
     /// The default could not be measured (the note says why).
     NotMeasured,
+    /// The interval covers 1 but is wider than a tie's resolution after
+    /// the most pairs the budget allows: the pairs could not tell. Nothing
+    /// changes on it: the lossless answer at the user's context stays, and
+    /// the consumer's own run keeps what it would do anyway.
+    NotDecided,
 }
 
 impl Verdict {
@@ -512,6 +517,7 @@ impl Verdict {
             Verdict::Slower => "slower beyond the noise",
             Verdict::Same => "the same placement",
             Verdict::NotMeasured => "not judged",
+            Verdict::NotDecided => "not decided (the pairs could not tell)",
         }
     }
 }

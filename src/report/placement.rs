@@ -147,6 +147,7 @@ fn comparison_line(c: &ContextPlacement, d: &crate::profile::DefaultComparison, 
                 Verdict::Faster if d.by_race => format!("faster: {}", d.note),
                 Verdict::Faster => "faster beyond the noise".to_string(),
                 Verdict::Tie if d.over_cap => format!("within the noise; {}", d.note),
+                Verdict::NotDecided if d.over_cap => format!("not decided; {}", d.note),
                 Verdict::Slower if d.over_cap => format!("slower beyond the noise; {}", d.note),
                 _ => d.note.clone(),
             };

@@ -32,7 +32,7 @@ pub fn llama_default(
     full: u32,
 ) -> Result<DefaultComparison> {
     let mut cmp = compare(search, recommendation, (fit, Opponent::LlamaDefault), full)?;
-    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower) && !cmp.over_cap {
+    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower | Verdict::NotDecided) && !cmp.over_cap {
         let said = super::fit_here(search, recommendation, here, full)?;
         cmp.note = if cmp.note.is_empty() { said } else { format!("{}; {said}", cmp.note) };
     }
@@ -79,7 +79,8 @@ pub fn ollama_run(
         return Ok(Some(out));
     }
     let cmp = compare(search, rec, (fit, Opponent::OllamaRun), full)?;
-    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower | Verdict::Same) && !cmp.over_cap {
+    // Not decided: num_gpu is pinned only where it is shown to pay.
+    if matches!(cmp.verdict, Verdict::Tie | Verdict::Slower | Verdict::Same | Verdict::NotDecided) && !cmp.over_cap {
         rec.ollama_own_run = true;
         rec.render_forms();
     }

@@ -16,13 +16,23 @@ use super::plan::{Candidate, ContextRun};
 use super::search::Search;
 use crate::engine::predict::LlamaFit;
 use crate::profile::{DefaultComparison, ProfileTrial, Recommendation, Settings, Verdict};
-use crate::types::{KvType, Placement, Role, TrialStatus};
+use crate::types::{KvType, Placement, Role, Scoring, TrialStatus};
 
 /// Alternated pairs (A, B) measured: each side loads and runs its
 /// repetitions this many times. Three pairs is the fewest whose t interval
 /// (2 degrees of freedom, t = 4.30) can call a 10% difference under 2%
 /// trial-to-trial noise; two (t = 12.7) almost never could.
 pub const PAIRS: u32 = 3;
+
+/// The most pairs a comparison runs: where [`PAIRS`] leave it not decided,
+/// one more pair at a time up to this many.
+pub const MAX_PAIRS: u32 = 5;
+
+/// The resolution of a tie: the interval inside [1/1.1, 1.1] rules out a
+/// 10% difference either way. An interval that covers 1 and reaches past
+/// it is not decided: the pairs could not tell (a noisy machine), which is
+/// not the same as "the same speed".
+pub const TIE_RESOLUTION: f64 = 1.1;
 
 /// A ratio of two mean speeds and its 95% interval, as the interval
 /// itself: the t interval on the log ratios mapped back, so it is not
@@ -63,16 +73,19 @@ impl Ratio {
     }
 
     /// Faster where the whole interval is above 1, slower where it is all
-    /// below, else a tie: the t interval's own ends, never the ratio
-    /// plus or minus a half width.
+    /// below, a tie where it covers 1 within [`TIE_RESOLUTION`], else not
+    /// decided: the t interval's own ends, never the ratio plus or minus a
+    /// half width.
     #[must_use]
     pub fn verdict(self) -> Verdict {
         if self.lo > 1.0 {
             Verdict::Faster
         } else if self.hi < 1.0 {
             Verdict::Slower
-        } else {
+        } else if self.lo >= 1.0 / TIE_RESOLUTION && self.hi <= TIE_RESOLUTION {
             Verdict::Tie
+        } else {
+            Verdict::NotDecided
         }
     }
 }
@@ -306,7 +319,15 @@ pub fn compare(
             Verdict::Slower if opponent == Opponent::LlamaDefault => {
                 format!("{name} was faster, at its own context, slots and threads")
             }
+            Verdict::NotDecided if opponent == Opponent::LlamaDefault => format!(
+                "not decided against {name} in {} pairs (the interval covers 1 and reaches past a 10% difference)",
+                out.pairs
+            ),
             Verdict::Tie => format!("within the noise of {name}: {name} is recommended"),
+            Verdict::NotDecided => format!(
+                "not decided against {name} in {} pairs (the interval covers 1 and reaches past a 10% difference): {name} is recommended",
+                out.pairs
+            ),
             Verdict::Slower => format!("{name} was faster: it is recommended"),
             _ => "a side of the pairs did not complete: not judged".into(),
         };
@@ -348,7 +369,10 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
     };
     // Each pair's two trials, by index into `search.trials` (mine, theirs).
     let mut pairs: Vec<(usize, usize)> = Vec::new();
-    for i in 0..PAIRS {
+    for i in 0..MAX_PAIRS {
+        if i >= PAIRS {
+            search.progress.plan(2);
+        }
         // The other side far behind is cut short inside its first
         // repetition, as the search races: its verdict is clear at once.
         let (a, b) = if answer_first(i) {
@@ -368,9 +392,31 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
             search.progress.skip();
             break;
         }
+        // Not decided after the pairs planned: one more pair, up to the most.
+        if i + 1 >= PAIRS && judge(&search.trials, &pairs, s.scoring(), out) != Verdict::NotDecided {
+            break;
+        }
     }
-    out.pairs = u32::try_from(pairs.len()).unwrap_or(PAIRS);
+    judge(&search.trials, &pairs, s.scoring(), out);
+    // A side cut short in every pair ran below half of the other's speed
+    // each time (the race's own test, as the search trusts it): the tokens
+    // it timed before the cut are too few for the interval, the cut is not.
     let ok = |i: usize| Some(&search.trials[i]).filter(|t| t.result.status == TrialStatus::Ok);
+    let (n, cut) = cut_short(pairs.iter().filter_map(|&(a, b)| ok(a).and(ok(b))));
+    if cut == n && n >= 2 && out.verdict != Verdict::NotMeasured {
+        out.by_race = out.verdict != Verdict::Faster;
+        out.verdict = Verdict::Faster;
+    }
+    Ok(cut_short(completed(&search.trials[start..], theirs)).1 > 0)
+}
+
+/// The ratios of the `pairs` (indices into `trials`: mine, theirs) and
+/// their intervals written into `out`, with the verdict by the objective
+/// (`scoring`'s score; a side raced out far behind has no pp, so the tg
+/// it was raced on judges it). A pair counts where both its trials completed.
+fn judge(trials: &[ProfileTrial], pairs: &[(usize, usize)], scoring: Scoring, out: &mut DefaultComparison) -> Verdict {
+    out.pairs = u32::try_from(pairs.len()).unwrap_or(MAX_PAIRS);
+    let ok = |i: usize| Some(&trials[i]).filter(|t| t.result.status == TrialStatus::Ok);
     let complete: Vec<(&ProfileTrial, &ProfileTrial)> =
         pairs.iter().filter_map(|&(a, b)| Some((ok(a)?, ok(b)?))).collect();
     let ratio = |f: &dyn Fn(&ProfileTrial) -> Option<f64>| {
@@ -383,22 +429,12 @@ pub fn pair(search: &mut Search<'_>, mine: Candidate, theirs: Candidate, out: &m
         (tg.map(|r| r.ratio), tg.map(Ratio::half_width), tg.map(|r| [r.lo, r.hi]));
     (out.pp_ratio, out.pp_half_width, out.pp_interval) =
         (pp.map(|r| r.ratio), pp.map(Ratio::half_width), pp.map(|r| [r.lo, r.hi]));
-    // Judged on the objective's score; a side raced out far behind has no
-    // pp, so the tg it was raced on judges it.
-    let judged = ratio(&|t| s.scoring().trial(&t.result)).or(match s.goal.objective {
+    let judged = ratio(&|t| scoring.trial(&t.result)).or(match scoring.objective {
         crate::types::Objective::Pp => pp,
         _ => tg,
     });
     out.verdict = judged.map_or(Verdict::NotMeasured, Ratio::verdict);
-    // A side cut short in every pair ran below half of the other's speed
-    // each time (the race's own test, as the search trusts it): the tokens
-    // it timed before the cut are too few for the interval, the cut is not.
-    let (n, cut) = cut_short(complete.iter().map(|(_, b)| *b));
-    if cut == n && n >= 2 && out.verdict != Verdict::NotMeasured {
-        out.by_race = out.verdict != Verdict::Faster;
-        out.verdict = Verdict::Faster;
-    }
-    Ok(cut_short(completed(&search.trials[start..], theirs)).1 > 0)
+    out.verdict
 }
 
 /// How many of `trials` there are, and how many were cut short by the race.

@@ -427,7 +427,11 @@ fn ffn_weights_on_the_cpu_are_measured_where_they_fit_and_a_partial_q8_0_cache_w
     // q4_0's three more layers run faster here (5.4 against 4.5 t/s), and its quality passes.
     let q4 = o(KvType::Q4_0);
     assert!(q4.fits && q4.recommended && q4.placement.n_gpu_layers == 8, "{q4:?}");
-    assert!(q4.note.contains("full offload is over the cap even with q4_0: llama.cpp's dry run predicts"), "{}", q4.note);
+    assert!(
+        q4.note.contains("full offload is over the cap even with q4_0: llama.cpp's dry run predicts"),
+        "{}",
+        q4.note
+    );
     // Every layer's FFN on the CPU is not enough either: one option says so, from the price.
     let ffn: Vec<&PlacementOption> = h.options.iter().filter(|o| o.kind == HatchKind::FfnSpill).collect();
     assert_eq!(ffn.len(), 1, "{ffn:?}");
@@ -624,10 +628,11 @@ fn a_lossy_cache_is_chosen_by_the_paired_statistic_not_by_one_loads_spread() {
     let (h, measured) = hatch_world_at(3000.0, 6, 0, tg);
     let kv = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.placement.kv_type == KvType::Q8_0).unwrap();
     assert!(kv.note.contains("paired with the best lossless option"), "{}", kv.note);
-    assert!(kv.note.contains("within the noise") && kv.note.contains('['), "{}", kv.note);
+    // Loads 10% apart: five pairs cannot tell 2% (the interval reaches past 10% either way).
+    assert!(kv.note.contains("not decided") && kv.note.contains('['), "{}", kv.note);
     assert!(!kv.recommended);
     assert_eq!(picked(&h.options), [HatchKind::LayerSplit], "{:?}", h.options);
     assert!(h.notes.is_empty(), "no hatch is the answer: {:?}", h.notes);
     let q8 = measured.iter().filter(|c| c.ngl == 11 && c.kv == Some(KvType::Q8_0)).count();
-    assert!(q8 > 3, "its hatch trial and three paired: {measured:?}");
+    assert_eq!(q8, 6, "its hatch trial and five paired (not decided after three): {measured:?}");
 }

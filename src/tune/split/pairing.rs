@@ -76,11 +76,16 @@ pub fn against_llama(
                 Verdict::Faster if cut => crate::profile::CUT_SHORT.into(),
                 Verdict::Tie if default => "within the noise: llama.cpp's default split is recommended".into(),
                 Verdict::Tie => "within the noise".into(),
+                Verdict::NotDecided if default => {
+                    "not decided (the pairs could not tell): llama.cpp's default split is recommended".into()
+                }
+                Verdict::NotDecided => "not decided (the pairs could not tell)".into(),
                 Verdict::Slower => "theirs was faster beyond the noise: it is recommended".into(),
                 Verdict::NotMeasured => "a side of the pairs did not complete: not judged".into(),
                 _ => String::new(),
             };
-            let wins = r.verdict == Verdict::Slower || (default && r.verdict == Verdict::Tie);
+            let wins =
+                r.verdict == Verdict::Slower || (default && matches!(r.verdict, Verdict::Tie | Verdict::NotDecided));
             if wins && switch.is_none() {
                 switch = Some((label.clone(), theirs));
             }
