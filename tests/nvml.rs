@@ -158,7 +158,13 @@ fn energy_is_measured_per_test_and_the_energy_objective_and_max_power_choose_by_
     let dir = tempfile::tempdir().unwrap();
     let lib = fake_nvml(dir.path());
     let m = synth(dir.path(), 8);
-    let env = [("LD_LIBRARY_PATH", lib.as_str()), ("GGML_VK_VISIBLE_DEVICES", "0")];
+    // The CPU's energy through a powercap tree of the test's own (its counter still: 0 W).
+    let powercap = dir.path().join("powercap");
+    std::fs::create_dir_all(powercap.join("intel-rapl:0")).unwrap();
+    std::fs::write(powercap.join("intel-rapl:0/energy_uj"), "1000\n").unwrap();
+    let powercap = powercap.to_str().unwrap().to_string();
+    let env =
+        [("LD_LIBRARY_PATH", lib.as_str()), ("GGML_VK_VISIBLE_DEVICES", "0"), ("NGL_TUNE_POWERCAP", powercap.as_str())];
     let tune = |extra: &[&str], store: &Path| {
         let args = [m.to_str().unwrap(), "--ngl", "0,9", "-p", "8", "-n", "4", "-r", "1", "-c", "256", "-t", "2"];
         let args = [&args[..], extra, &["--profiles", store.to_str().unwrap()]].concat();
@@ -176,6 +182,16 @@ fn energy_is_measured_per_test_and_the_energy_objective_and_max_power_choose_by_
         assert!((j - tg["power_w"].as_f64().unwrap() / tg["avg_ts"].as_f64().unwrap()).abs() < 1e-9, "{tg}");
     }
     assert!(out.contains("best energy under the"), "{out}");
+    // The GPUs' power without the CPU's would make layers on the CPU look free: refused, nothing written.
+    let nowhere = dir.path().join("no-powercap");
+    let o = run_env(
+        &[m.to_str().unwrap(), "--objective", "energy", "--profiles", dir.path().join("blind").to_str().unwrap()],
+        &[env[0], env[1], ("NGL_TUNE_POWERCAP", nowhere.to_str().unwrap())],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--objective energy needs the CPU's power too"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the GPUs' power through NVML but not the CPU's"), "{}", stderr(&o));
+    assert!(!dir.path().join("blind").exists(), "nothing written");
     let (out, p) = tune(&["--max-power", "100"], &dir.path().join("capped"));
     assert_eq!(p["settings"]["max_power_w"], 100.0);
     assert!(out.contains("--max-power 100 W: the GPUs draw more from ngl 0"), "{out}");

@@ -426,11 +426,10 @@ fn measure_tests(spec: &TrialSpec, backend: &LlamaBackend, model: &LlamaModel, m
         }
         let Some((_, ctx, ctx_log, depth)) = open.as_mut() else { unreachable!("opened above") };
         let mut samples = Vec::with_capacity(spec.repetitions as usize);
-        let span = meter.map(crate::probe::nvml::EnergyMeter::start);
-        let cpu_span = rapl.as_ref().and_then(crate::probe::rapl::Rapl::start);
-        let measured = measure((ctx, depth), model, &mut rng, spec, (n_prompt, n_gen), &mut samples);
-        let power_w = meter.zip(span.as_ref()).and_then(|(m, s)| m.watts(s));
-        let cpu_power_w = rapl.as_ref().zip(cpu_span.as_ref()).and_then(|(r, s)| r.watts(s));
+        // Power over the timed tokens only: not the warmup, not the depth restores.
+        let mut energy = crate::probe::energy::Timed::new(meter, rapl.as_ref());
+        let measured = measure((ctx, depth), model, &mut rng, spec, (n_prompt, n_gen), (&mut samples, &mut energy));
+        let (power_w, cpu_power_w) = energy.watts();
         let run_log = logs::take();
         let ended = match measured {
             Ok(ended) => ended,
@@ -649,7 +648,7 @@ fn measure(
     rng: &mut rand::rngs::StdRng,
     spec: &TrialSpec,
     (n_prompt, n_gen): (u32, u32),
-    samples: &mut Vec<u64>,
+    (samples, energy): (&mut Vec<u64>, &mut crate::probe::energy::Timed<'_>),
 ) -> Result<Ended, String> {
     let vocab = model.vocab();
     let n_vocab = model.n_vocab().max(1);
@@ -673,6 +672,7 @@ fn measure(
     let counted = f64::from(n_tokens * streams);
     for _ in 0..spec.repetitions {
         depth.restore(ctx, streams)?;
+        energy.begin();
         let t0 = Instant::now();
         // The first repetition stops as soon as its rate cannot reach the threshold.
         let limit = below.filter(|_| samples.is_empty()).map(|b| (t0, Duration::from_secs_f64(counted / b)));
@@ -684,6 +684,7 @@ fn measure(
             timed = test_gen(ctx, rng, &gen, n_gen, limit)?.map(|g| n_prompt + g);
         }
         let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        energy.end();
         if let Some(done) = timed {
             // The rate of what was timed, as if the test had run to its end at it.
             let whole = u128::from(ns) * u128::from(n_tokens) / u128::from(done.max(1));

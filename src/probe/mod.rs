@@ -4,6 +4,7 @@
 //! a [`Sampler`] thread while a trial runs.
 
 pub mod cpu;
+pub mod energy;
 pub mod ggml;
 pub mod host;
 pub mod nvml;

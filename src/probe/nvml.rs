@@ -117,7 +117,7 @@ pub struct EnergyMeter {
 pub struct EnergySpan {
     t0: std::time::Instant,
     /// The devices read (NVML's indices): those this process runs on.
-    devices: Vec<u32>,
+    pub devices: Vec<u32>,
     energy_mj: Option<u64>,
     power_mw: u64,
 }
@@ -173,7 +173,13 @@ impl EnergyMeter {
 
     #[must_use]
     pub fn start(&self) -> EnergySpan {
-        let devices = self.ours();
+        self.start_on(self.ours())
+    }
+
+    /// A span on `devices` (those a span before found: the process lists
+    /// are not read again for every timed section).
+    #[must_use]
+    pub fn start_on(&self, devices: Vec<u32>) -> EnergySpan {
         let (energy_mj, power_mw) = self.read(&devices);
         EnergySpan { t0: std::time::Instant::now(), devices, energy_mj, power_mw }
     }
@@ -181,13 +187,24 @@ impl EnergyMeter {
     /// Mean power (W) of the span's devices since it started; `None` when
     /// nothing could be read.
     #[must_use]
-    #[allow(clippy::cast_precision_loss)]
     pub fn watts(&self, span: &EnergySpan) -> Option<f64> {
+        self.joules(span).map(|(j, s)| j / s)
+    }
+
+    /// The energy (J) of the span's devices since it started (their
+    /// counters, else the mean of the power read at each end over the
+    /// time), and the seconds since; `None` when nothing could be read.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn joules(&self, span: &EnergySpan) -> Option<(f64, f64)> {
         let (energy, power) = self.read(&span.devices);
         let secs = span.t0.elapsed().as_secs_f64();
+        if secs <= 0.0 {
+            return None;
+        }
         match (span.energy_mj, energy) {
-            (Some(a), Some(b)) if secs > 0.0 && b >= a => Some((b - a) as f64 / 1000.0 / secs),
-            _ if span.power_mw + power > 0 => Some((span.power_mw + power) as f64 / 2.0 / 1000.0),
+            (Some(a), Some(b)) if b >= a => Some(((b - a) as f64 / 1000.0, secs)),
+            _ if span.power_mw + power > 0 => Some(((span.power_mw + power) as f64 / 2.0 / 1000.0 * secs, secs)),
             _ => None,
         }
     }

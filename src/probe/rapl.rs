@@ -75,9 +75,12 @@ fn counter(dir: &Path) -> Option<(PathBuf, u64)> {
 
 impl Rapl {
     /// This machine's packages; `None` where no counter can be read.
+    /// `NGL_TUNE_POWERCAP` names another tree (the tests' stand-in, as
+    /// `LD_LIBRARY_PATH` names their NVML).
     #[must_use]
     pub fn open() -> Option<Self> {
-        Self::open_at(Path::new(POWERCAP))
+        let root = std::env::var_os("NGL_TUNE_POWERCAP").map_or_else(|| PathBuf::from(POWERCAP), PathBuf::from);
+        Self::open_at(&root)
     }
 
     /// The zones under `root` (a powercap tree; tests pass their own):
@@ -119,8 +122,15 @@ impl Rapl {
     /// The packages' mean power (W) since `span` started (a counter that
     /// wrapped is taken round once).
     #[must_use]
-    #[allow(clippy::cast_precision_loss)]
     pub fn watts(&self, span: &RaplSpan) -> Option<f64> {
+        self.joules(span).map(|(j, s)| j / s)
+    }
+
+    /// The energy (J) the zones counted since `span` started, and the
+    /// seconds since (`None` where a counter does not read or no time passed).
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn joules(&self, span: &RaplSpan) -> Option<(f64, f64)> {
         let now = self.read()?;
         let secs = span.t0.elapsed().as_secs_f64();
         let uj: u64 = self
@@ -129,7 +139,7 @@ impl Rapl {
             .zip(span.uj.iter().zip(&now))
             .map(|((_, max), (a, b))| if b >= a { b - a } else { max.saturating_sub(*a) + b })
             .sum();
-        (secs > 0.0).then(|| uj as f64 / 1e6 / secs)
+        (secs > 0.0).then(|| (uj as f64 / 1e6, secs))
     }
 }
 

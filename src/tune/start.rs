@@ -73,9 +73,14 @@ fn check_power((caps, goal): (&crate::profile::Caps, &crate::types::Goal), devic
             "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",
         ));
     }
-    if energy && !nvml && crate::probe::rapl::Rapl::open().is_none() {
+    // The CPU's power is half of every partial offload's: scored on the
+    // GPUs' power alone, layers moved to the CPU would look free, and the
+    // answer would lean the way that costs the user most.
+    if energy && crate::probe::rapl::Rapl::open().is_none() {
+        let what = if nvml { "the GPUs' power through NVML but not the CPU's" } else { "no power at all" };
         return Err(crate::error::bad(format!(
-            "--objective energy needs power readings: no NVIDIA card through NVML and no RAPL counter under {} here; use --objective tg",
+            "--objective energy needs the CPU's power too, and no RAPL counter under {} can be read here ({what}; energy_uj is root-only on current kernels): run as root or make it readable (sudo chmod a+r {}/intel-rapl:*/energy_uj), or use --objective tg",
+            crate::probe::rapl::POWERCAP,
             crate::probe::rapl::POWERCAP
         )));
     }
