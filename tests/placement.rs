@@ -110,9 +110,9 @@ fn a_context_that_does_not_fit_gets_its_hatches_measured_in_order_and_each_ones_
     // context here, its own batch) was measured alternately with the answer: far slower (raced
     // out in every pair, or beyond the interval).
     let d = &big["default"];
-    // Three pairs, or two where it was cut short in both (a third cannot change the verdict).
+    // Three pairs (up to five where three did not decide), or two where it was cut short in both.
     let pairs = d["pairs"].as_u64().unwrap_or(0);
-    assert!(pairs == 3 || (pairs == 2 && d["note"].as_str().unwrap_or("").contains("cut short")), "{d}");
+    assert!((3..=5).contains(&pairs) || (pairs == 2 && d["note"].as_str().unwrap_or("").contains("cut short")), "{d}");
     assert_eq!((d["n_gpu_layers"].as_u64(), d["n_ctx"].as_u64()), (Some(19), Some(32768)), "{d}");
     assert_eq!(d["verdict"], "faster", "{d}");
     assert!(d["llama_cpp_args"].as_str().unwrap().contains("-c 32768"), "{d}");

@@ -180,9 +180,10 @@ fn a_split_across_two_rpc_servers_keeps_every_cap_and_its_flags_run() {
     for a in against {
         assert!(a["against"].as_str().unwrap().starts_with("llama.cpp's"), "{a}");
         assert!(a["llama_cpp_args"].as_str().unwrap().starts_with(&format!("--rpc {rpc} ")), "{a}");
-        // Three pairs (two where the other side was cut short in both), or the answer is that split.
+        // Three pairs (two where the other side was cut short in both; up to five where three could
+        // not decide), or the answer is that split.
         let pairs = a["pairs"].as_u64().unwrap_or(0);
-        assert!((2..=3).contains(&pairs) || a["verdict"] == "same", "alternated pairs, or that split: {a}");
+        assert!((2..=5).contains(&pairs) || a["verdict"] == "same", "alternated pairs, or that split: {a}");
     }
     // llama.cpp's default split at a measured ngl, where it breaks a cap, is not recommended.
     for o in options.iter().filter(|o| o["fits"] == false) {
@@ -287,7 +288,10 @@ fn the_default_of_a_moe_model_runs_fits_expert_overrides() {
     assert_eq!(d["n_ctx"].as_u64(), Some(4096), "-c 0: 8192 trained, shrunk by fit to its 4096 floor: {d}");
     assert!(args.contains("-c 4096"), "{args}");
     let pairs = d["pairs"].as_u64().unwrap_or(0);
-    assert!(pairs == 3 || (pairs == 2 && d["note"].as_str().unwrap_or("").contains("cut short")), "paired: {d}");
+    assert!(
+        (3..=5).contains(&pairs) || (pairs == 2 && d["note"].as_str().unwrap_or("").contains("cut short")),
+        "paired: {d}"
+    );
     let (took, priced) = (d["mem_bytes"].as_f64().unwrap(), d["predicted_bytes"].as_f64().unwrap());
     assert!((took - priced).abs() <= 0.02 * priced, "accounted {took} against fit's dry run {priced}");
     // Whatever won, the trials of the default ran exactly fit's overrides.
