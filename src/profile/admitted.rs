@@ -189,6 +189,57 @@ fn over(bytes: f64, cap: Option<f64>) -> String {
     cap.map_or_else(|| format!("at {b}"), |c| format!("at {b}, over the cap of {}", human_bytes(c.max(0.0) as u64)))
 }
 
+/// A set of models admitted to be loaded together: the only way a set's
+/// members reach the profile and the forms written from it. Admitted
+/// where every member was measured with the others resident, at the
+/// set's layers, and completed, and the set's device bytes (each member's
+/// own, all resident) are under the cap (`None`: no offload device).
+#[derive(Debug, Clone)]
+pub struct AdmittedSet(super::MeasuredSet);
+
+impl std::ops::Deref for AdmittedSet {
+    type Target = super::MeasuredSet;
+
+    fn deref(&self) -> &super::MeasuredSet {
+        &self.0
+    }
+}
+
+impl AdmittedSet {
+    /// `set` through the gate, by `trials` (the set search's).
+    ///
+    /// # Errors
+    /// Why it is refused, in words.
+    pub fn admit(set: &super::MeasuredSet, trials: &[super::SetTrial], cap_bytes: Option<f64>) -> Result<Self, String> {
+        let n = set.n_gpu_layers.len();
+        for (i, ngl) in set.n_gpu_layers.iter().enumerate() {
+            let ran = trials
+                .iter()
+                .rfind(|t| t.member == i && t.beside.len() + 1 == n && t.result.spec.placement.n_gpu_layers == *ngl);
+            match ran.map(|t| t.result.status) {
+                Some(TrialStatus::Ok) => {}
+                Some(s) => return Err(format!("member {i} at ngl {ngl} with the others resident: {}", s.as_str())),
+                None => return Err(format!("member {i} at ngl {ngl} was never measured with the others resident")),
+            }
+        }
+        if set.s_per_token.is_none() {
+            return Err("a member's speed was not measured".into());
+        }
+        #[allow(clippy::cast_precision_loss)]
+        match (cap_bytes, set.device_bytes) {
+            (None, _) => {}
+            (Some(cap), Some(b)) if b as f64 <= cap && set.under_cap => {}
+            (Some(cap), Some(b)) => {
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let cap = human_bytes(cap.max(0.0) as u64);
+                return Err(format!("the set took {} on the device, over the cap of {cap}", human_bytes(b)));
+            }
+            (Some(_), None) => return Err("the set's device memory was not measured".into()),
+        }
+        Ok(AdmittedSet(set.clone()))
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -315,5 +366,40 @@ pub(crate) mod tests {
         assert_eq!(v, serde_json::to_value(&*a).unwrap(), "the JSON is the recommendation's own");
         let back: Admitted = serde_json::from_value(v).unwrap();
         assert_eq!((back.evidence(), back.placement.n_gpu_layers), (&Evidence::Stored, 7));
+    }
+
+    /// Issue 54 item 1 for `--together`: a set reaches the profile only
+    /// through [`AdmittedSet::admit`]: each member measured with the
+    /// others resident at the set's layers, and the whole under the cap.
+    #[test]
+    fn a_set_is_admitted_only_measured_whole_and_under_the_cap() {
+        let set_trial = |member: usize, ngl: u32, status: TrialStatus| {
+            let mut t = trial(&Placement::default().with_layers(ngl, 2, Some(4096)), 0.0, false);
+            t.result.status = status;
+            crate::profile::SetTrial { member, beside: vec![(1 - member, 9)], beside_bytes: None, result: t.result }
+        };
+        let set = crate::profile::MeasuredSet {
+            n_gpu_layers: vec![7, 9],
+            predicted_s_per_token: 0.1,
+            s_per_token: Some(0.1),
+            tg_ts: vec![Some(10.0), Some(10.0)],
+            device_bytes: Some(90 << 20),
+            under_cap: true,
+            recommended: false,
+        };
+        let mut ok = vec![set_trial(0, 7, TrialStatus::Ok), set_trial(1, 9, TrialStatus::Ok)];
+        ok[1].beside = vec![(0, 7)];
+        let cap = Some(100.0 * MIB);
+        assert_eq!(AdmittedSet::admit(&set, &ok, cap).map(|a| a.n_gpu_layers.clone()), Ok(vec![7, 9]));
+        assert!(AdmittedSet::admit(&set, &ok, None).is_ok(), "no offload device: nothing to hold");
+        let over = crate::profile::MeasuredSet { device_bytes: Some(110 << 20), ..set.clone() };
+        assert!(AdmittedSet::admit(&over, &ok, cap).unwrap_err().contains("over the cap"));
+        let mut oom = ok.clone();
+        oom[1].result.status = TrialStatus::Oom;
+        assert!(AdmittedSet::admit(&set, &oom, cap).unwrap_err().contains("member 1 at ngl 9"));
+        // A member measured alone (nothing beside it) is not the set's evidence.
+        let mut alone = ok;
+        alone[0].beside.clear();
+        assert!(AdmittedSet::admit(&set, &alone, cap).unwrap_err().contains("never measured with the others resident"));
     }
 }

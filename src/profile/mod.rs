@@ -8,7 +8,7 @@ mod recommendation;
 mod set;
 mod settings;
 mod split;
-pub use admitted::{Admitted, Evidence, Gate, Refused};
+pub use admitted::{Admitted, AdmittedSet, Evidence, Gate, Refused};
 pub use comparison::*;
 pub use option::*;
 pub use recommendation::*;

@@ -127,18 +127,18 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         trials.extend(t);
     }
     runner.release();
-    let best = sets
+    // Only a set the gate admits is written (measured whole, under the cap).
+    let cap = (policy.source != crate::types::Source::None).then_some(policy.cap_bytes);
+    let (best, chosen) = sets
         .iter()
         .enumerate()
-        .filter(|(_, s)| s.under_cap && s.s_per_token.is_some())
+        .filter_map(|(i, s)| crate::profile::AdmittedSet::admit(s, &trials, cap).ok().map(|a| (i, a)))
         .min_by(|a, b| a.1.s_per_token.unwrap_or(f64::MAX).total_cmp(&b.1.s_per_token.unwrap_or(f64::MAX)))
-        .map(|(i, _)| i)
         .ok_or_else(|| {
             bad("no set of these models fits the cap together with every member measured; give a larger --vram-budget or fewer models")
         })?;
     sets[best].recommended = true;
     sets.sort_by_key(|s| !s.recommended);
-    let chosen = sets[0].clone();
     let profile = set_profile(&hw, policy, &parts, &chosen, shares, (sets, trials), started);
     let path = store_set(first.store(), &profile)?;
     Ok(SetOutcome { profile, path })
@@ -249,7 +249,7 @@ fn set_profile(
     hw: &crate::types::Hardware,
     memory: MemoryPolicy,
     parts: &[Part<'_>],
-    chosen: &MeasuredSet,
+    chosen: &crate::profile::AdmittedSet,
     shares: &[f64],
     (sets, trials): (Vec<MeasuredSet>, Vec<SetTrial>),
     started: Instant,
