@@ -31,6 +31,13 @@ pub struct Recommendation {
     /// Modelfile leaves num_gpu unset.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ollama_own_run: bool,
+    /// Ollama runs this model's family with one slot whatever
+    /// `OLLAMA_NUM_PARALLEL` says (server/sched.go): the slots tuned here
+    /// are not written as an Ollama server setting, and the Modelfile says
+    /// why (the one slot Ollama runs needs less memory than the slots
+    /// measured, so `num_gpu` still fits).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ollama_one_slot: bool,
     /// The recommended setting was measured (not only predicted).
     pub measured: bool,
     /// Low when trials ran on a busy machine (profiles from before the field: high).
@@ -129,6 +136,16 @@ impl Recommendation {
         self.llama_cpp_args = placement.flags();
         self.ollama_server_env = crate::consumer::ollama::server_settings(&placement);
         self.modelfile = crate::consumer::ollama::modelfile_lines(&self.ollama_placement());
+        if self.ollama_one_slot && placement.n_parallel > 1 {
+            self.ollama_server_env.retain(|v| !v.starts_with("OLLAMA_NUM_PARALLEL="));
+            self.modelfile.insert(
+                0,
+                format!(
+                    "{ONE_SLOT_LINE} (the {} slots tuned here are llama-server's -np {})",
+                    placement.n_parallel, placement.n_parallel
+                ),
+            );
+        }
         if let Some(line) = self.unset_num_gpu_line() {
             self.modelfile.retain(|l| !l.starts_with("PARAMETER num_gpu "));
             self.modelfile.insert(0, line.to_string());
@@ -176,6 +193,10 @@ pub const UNSET_NUM_GPU: &str =
     "# num_gpu left unset: Ollama places the layers itself, as llama.cpp's default does, as fast as any tuned placement here";
 
 /// The Modelfile's word where Ollama's own run is as fast as the tuned layers.
+/// The Modelfile's comment for a family Ollama runs with one slot.
+pub const ONE_SLOT_LINE: &str =
+    "# Ollama runs this model's family with one slot whatever OLLAMA_NUM_PARALLEL says (server/sched.go)";
+
 pub const OLLAMA_OWN_RUN: &str =
     "# num_gpu left unset: Ollama's own run (llama-server's fit) was as fast as the tuned layers here, paired; a set num_gpu would also stop fit's expert spill";
 
@@ -260,6 +281,26 @@ mod tests {
         assert!(r.llama_cpp_args.contains("-fa on") && r.llama_cpp_args.contains("-ts 12,8"), "{}", r.llama_cpp_args);
         // Each of the two slots gets half the context, as Ollama counts num_ctx.
         assert!(r.modelfile.iter().any(|l| l == "PARAMETER num_ctx 4096"), "{:?}", r.modelfile);
+    }
+
+    /// Issue 54 item 10: a family Ollama runs with one slot (qwen3next,
+    /// lfm2, ...) gets no OLLAMA_NUM_PARALLEL, which its server would
+    /// ignore; the Modelfile says why, and llama.cpp's flags keep -np.
+    #[test]
+    fn a_one_slot_family_gets_no_ollama_num_parallel() {
+        assert!(crate::consumer::ollama::one_slot("lfm2") && !crate::consumer::ollama::one_slot("llama"));
+        let p = Placement { n_parallel: 4, ..Placement::default() }.with_layers(20, 6, Some(8192));
+        let mut r = Recommendation::default();
+        r.set_placement(&p);
+        assert!(r.ollama_server_env.contains(&"OLLAMA_NUM_PARALLEL=4".to_string()), "{:?}", r.ollama_server_env);
+        r.ollama_one_slot = true;
+        r.render_forms();
+        assert!(!r.ollama_server_env.iter().any(|v| v.starts_with("OLLAMA_NUM_PARALLEL")), "{:?}", r.ollama_server_env);
+        assert!(r.modelfile[0].starts_with(ONE_SLOT_LINE) && r.modelfile[0].contains("-np 4"), "{:?}", r.modelfile);
+        assert!(r.llama_cpp_args.contains("-np 4"), "{}", r.llama_cpp_args);
+        // A Modelfile comment is a comment to Ollama's parser: the parameters read back the same.
+        let text = r.modelfile.join("\n");
+        assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("PARAMETER ")), "{text}");
     }
 
     /// A recommendation of schema 3 and before held its placement fields

@@ -92,16 +92,15 @@ fn tune_context(
     notes.extend(hatches.notes.iter().cloned());
     let split = if several { Some(split(sh, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
-    let mut recommendation = with_rpc(hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads), s);
+    let mut recommendation = with_rpc(hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads), s, info);
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
     let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;
     let quality_wall_s = quality_seconds(&hatches.options, split.as_ref());
     let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.backend.rpc));
     let (predicted, host_cap) = (search.predicted.clone(), search.host_cap.as_ref().map(|h| h.0));
     let (trials, checkpoint) = search.into_parts();
-    let cap = policy.filter(|_| !plan.no_gpu).map(|p| p.cap_bytes);
-    let gate = gate_of((&trials, &predicted), (cap, host_cap), s);
-    let (recommendation, refused) = admit(&gate, recommendation, &with_rpc(layer_split, s), s.workload.kv_type)?;
+    let gate = gate_of((&trials, &predicted), (policy.filter(|_| !plan.no_gpu).map(|p| p.cap_bytes), host_cap), s);
+    let (recommendation, refused) = admit(&gate, recommendation, &with_rpc(layer_split, s, info), s.workload.kv_type)?;
     notes.extend(refused.into_iter().chain(summary::noise_note(&trials)));
     if let Some(pr) = prediction.as_mut() {
         summary::finish_prediction(pr, &trials, info.n_layer_full);
@@ -130,11 +129,18 @@ fn tune_context(
 }
 
 /// `r` on the RPC servers the tune ran on, where it puts layers on a device.
-fn with_rpc(mut r: crate::profile::Recommendation, s: &Settings) -> crate::profile::Recommendation {
+/// Its forms rendered again with Ollama's one-slot rule for the model's
+/// family ([`crate::consumer::ollama::one_slot`]).
+fn with_rpc(
+    mut r: crate::profile::Recommendation,
+    s: &Settings,
+    info: &crate::model::ModelInfo,
+) -> crate::profile::Recommendation {
     if !s.backend.rpc.is_empty() && r.placement.n_gpu_layers > 0 {
         r.placement.rpc.clone_from(&s.backend.rpc);
-        r.render_forms();
     }
+    r.ollama_one_slot = crate::consumer::ollama::one_slot(&info.architecture);
+    r.render_forms();
     r
 }
 
@@ -411,6 +417,10 @@ pub(super) fn base_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offlo
         n_streams: s.goal.streams(),
     }
 }
+
+#[cfg(test)]
+#[path = "property.rs"]
+mod property;
 
 #[cfg(test)]
 mod tests {

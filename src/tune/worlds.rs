@@ -98,6 +98,7 @@ pub fn recommendation() -> crate::profile::Recommendation {
         ollama_num_gpu: None,
         llama_default: false,
         ollama_own_run: false,
+        ollama_one_slot: false,
         measured: true,
         confidence: crate::profile::Confidence::High,
         tg_ts: Some(3.0),

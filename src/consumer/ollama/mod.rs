@@ -112,6 +112,14 @@ const ONE_SLOT: [&str; 11] = [
     "nemotron_h_omni",
 ];
 
+/// Whether Ollama runs architecture `arch` with one slot whatever
+/// `OLLAMA_NUM_PARALLEL` says (server/sched.go, `load`: "model architecture
+/// does not currently support parallel requests").
+#[must_use]
+pub fn one_slot(arch: &str) -> bool {
+    ONE_SLOT.contains(&arch)
+}
+
 /// What the Ollama server will pass llama-server, from its environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OllamaRun {
@@ -245,7 +253,7 @@ pub fn cuda_flash_attention((major, minor): (u32, u32)) -> bool {
 pub fn run(env: &ServerEnv, arch: &str, cuda: &[(String, (u32, u32))]) -> OllamaRun {
     let mut applied = Vec::new();
     let asked = env.number("OLLAMA_NUM_PARALLEL").map_or(1, |n| u32::try_from(n.max(1)).unwrap_or(u32::MAX));
-    let parallel = if asked > 1 && ONE_SLOT.contains(&arch) {
+    let parallel = if asked > 1 && one_slot(arch) {
         applied.push(format!("OLLAMA_NUM_PARALLEL={asked} (Ollama runs {arch} with one slot)"));
         1
     } else {
@@ -278,10 +286,17 @@ pub fn run(env: &ServerEnv, arch: &str, cuda: &[(String, (u32, u32))]) -> Ollama
             "--flash-attn off: Ollama's device check refuses flash attention on {name} (CUDA compute {major}.{minor})"
         ));
     }
-    for k in ["OLLAMA_CONTEXT_LENGTH", "OLLAMA_GPU_OVERHEAD", "OLLAMA_IGPU_ENABLE"] {
+    for k in ["OLLAMA_CONTEXT_LENGTH", "OLLAMA_IGPU_ENABLE"] {
         if let Some(v) = env.var(k) {
             applied.push(format!("{k}={v}"));
         }
+    }
+    // server/sched.go only logs it at load; server/routes.go still takes it
+    // off each GPU's total for the default context's tier.
+    if let Some(v) = env.var("OLLAMA_GPU_OVERHEAD") {
+        applied.push(format!(
+            "OLLAMA_GPU_OVERHEAD={v}: lowers the memory Ollama's default context counts, and reserves nothing at load (llama-server's fit keeps its own margin: LLAMA_ARG_FIT_TARGET sets it)"
+        ));
     }
     OllamaRun { parallel, kv_type, flash_attn, applied }
 }
@@ -314,15 +329,19 @@ pub fn default_ctx(gpu_totals: &[u64], overhead: u64, env_ctx: Option<u64>, ctx_
 /// `num_ctx` is set: its rule over the GPUs its discovery keeps
 /// (discover/runner.go: NVIDIA cards, else this machine's own offload
 /// devices, never RPC servers, which Ollama does not start, nor CPU-emulated
-/// ones, which ggml hides from it; integrated GPUs only on CUDA or with
-/// `OLLAMA_IGPU_ENABLE`), `OLLAMA_GPU_OVERHEAD` and `OLLAMA_CONTEXT_LENGTH`
-/// read through `env` (the Ollama server's environment).
+/// ones, which ggml hides from it; integrated GPUs on CUDA and ROCm's
+/// gfx1151 by default, others only with `OLLAMA_IGPU_ENABLE`, which
+/// decides for every one where set), `OLLAMA_GPU_OVERHEAD` and
+/// `OLLAMA_CONTEXT_LENGTH` read through `env` (the Ollama server's environment).
 #[must_use]
 pub fn ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) -> Option<String>) -> u64 {
     let num = |k: &str| env(k).and_then(|v| v.trim().parse::<u64>().ok());
-    // Ollama's admission of integrated GPUs: its variable when set, else CUDA's only.
+    // Ollama's admission of integrated GPUs (discover/runner.go,
+    // integratedGPUAllowedByDefault): its variable when set, else CUDA's
+    // and ROCm's gfx1151 (Ryzen AI Max: Radeon 8060S/8050S, whatever
+    // backend llama.cpp reaches it through here).
     let igpu_env = env("OLLAMA_IGPU_ENABLE").map(|v| parse_bool(&v));
-    let igpu = |d: &crate::types::LlamaDevice| igpu_env.unwrap_or(d.backend == "CUDA");
+    let igpu = |d: &crate::types::LlamaDevice| igpu_env.unwrap_or(d.backend == "CUDA" || gfx1151(&d.description));
     let mut totals: Vec<u64> = hw.gpus.iter().filter_map(|g| g.memory_total).collect();
     if totals.is_empty() {
         totals = hw
@@ -334,6 +353,14 @@ pub fn ctx_here(hw: &crate::types::Hardware, ctx_train: u64, env: &dyn Fn(&str) 
             .collect();
     }
     default_ctx(&totals, num("OLLAMA_GPU_OVERHEAD").unwrap_or(0), num("OLLAMA_CONTEXT_LENGTH"), ctx_train)
+}
+
+/// Whether a device's description names a gfx1151 part (AMD Ryzen AI Max's
+/// Radeon 8060S and 8050S), which Ollama admits as an integrated GPU by
+/// default (discover/runner.go, `defaultIntegratedROCmGFXTargets`).
+fn gfx1151(description: &str) -> bool {
+    let d = description.to_ascii_lowercase();
+    ["gfx1151", "radeon 8060s", "radeon 8050s"].iter().any(|n| d.contains(n))
 }
 
 /// What Ollama's `num_batch` can say of a placement's batch sizes.
@@ -405,7 +432,28 @@ pub fn server_settings(p: &Placement) -> Vec<String> {
     if p.n_parallel > 1 {
         v.push(format!("OLLAMA_NUM_PARALLEL={}", p.n_parallel));
     }
+    // server/sched.go (selectLlamaServerPlacement, bestSingleGPUFit): on
+    // several GPUs Ollama runs a model on one (--split-mode none) wherever
+    // its prediction is under 80% of that GPU's free memory; a placement
+    // tuned over several only runs as tuned where Ollama spreads it.
+    if local_gpus(p) >= 2 {
+        v.push("OLLAMA_SCHED_SPREAD=1".into());
+    }
     v
+}
+
+/// How many of this machine's GPUs a placement puts layers on (RPC
+/// servers are not Ollama's; 0 where it cannot tell: llama.cpp's own
+/// order with servers in it).
+fn local_gpus(p: &Placement) -> usize {
+    if p.n_gpu_layers == 0 {
+        return 0;
+    }
+    let holds = |i: usize| p.tensor_split.get(i).is_none_or(|l| *l > 0);
+    if p.devices.is_empty() {
+        return if p.rpc.is_empty() { p.tensor_split.iter().filter(|l| **l > 0).count() } else { 0 };
+    }
+    p.devices.iter().enumerate().filter(|(i, d)| !d.starts_with("RPC") && holds(*i)).count()
 }
 
 /// The Ollama server as the consumer: its environment, found or not (its
@@ -485,155 +533,4 @@ impl super::Consumer for Ollama {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::Path;
-
-    #[test]
-    fn a_systemd_unit_gives_environment_then_its_files_over_it() {
-        let show = "LoadState=loaded\nEnvironment=OLLAMA_HOST=0.0.0.0 \"OLLAMA_NUM_PARALLEL=2\" OLLAMA_FLASH_ATTENTION=1\nEnvironmentFiles=/etc/ollama.env (ignore_errors=no)\nEnvironmentFiles=/gone.env (ignore_errors=yes)\n";
-        let read = |p: &Path| (p == Path::new("/etc/ollama.env")).then(|| "OLLAMA_NUM_PARALLEL=4\n".to_string());
-        let env = parse_systemctl_show("ollama.service", show, &read).unwrap();
-        assert_eq!(env.var("OLLAMA_NUM_PARALLEL").as_deref(), Some("4"), "the file overrides Environment=");
-        assert_eq!(env.var("OLLAMA_FLASH_ATTENTION").as_deref(), Some("1"));
-        assert_eq!(env.source, "systemd unit ollama.service (Environment=, /etc/ollama.env)");
-        assert!(parse_systemctl_show("ollama.service", "LoadState=not-found\nEnvironment=\n", &read).is_none());
-    }
-
-    #[test]
-    fn ollama_runs_what_its_environment_says_as_it_reads_it() {
-        let env = |pairs: &[(&str, &str)]| ServerEnv {
-            source: "test".into(),
-            found: true,
-            vars: pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect(),
-        };
-        let r = run(
-            &env(&[
-                ("OLLAMA_NUM_PARALLEL", " 4 "),
-                ("OLLAMA_KV_CACHE_TYPE", "\"Q8_0\""),
-                ("OLLAMA_FLASH_ATTENTION", "yes"),
-            ]),
-            "gemma3",
-            &[],
-        );
-        assert_eq!((r.parallel, r.kv_type, r.flash_attn), (4, Some(KvType::Q8_0), Some(FlashAttn::On)));
-        // Every type llama-server takes, lowercased as Ollama passes it; others would not start.
-        for (raw, k) in [("q5_1", Some(KvType::Q5_1)), ("BF16", Some(KvType::Bf16)), ("iq4_nl", Some(KvType::Iq4Nl))] {
-            assert_eq!(run(&env(&[("OLLAMA_KV_CACHE_TYPE", raw)]), "gemma3", &[]).kv_type, k, "{raw}");
-        }
-        let odd = run(&env(&[("OLLAMA_KV_CACHE_TYPE", "q6_k")]), "gemma3", &[]);
-        assert_eq!(odd.kv_type, None);
-        assert!(odd.applied[0].contains("not a cache type llama-server takes"), "{:?}", odd.applied);
-        let one = run(&env(&[("OLLAMA_NUM_PARALLEL", "4")]), "qwen3vl", &[]);
-        assert_eq!(one.parallel, 1);
-        assert!(one.applied[0].contains("one slot"), "{:?}", one.applied);
-        let bad = run(&env(&[("OLLAMA_NUM_PARALLEL", "four"), ("OLLAMA_FLASH_ATTENTION", "0")]), "gemma3", &[]);
-        assert_eq!((bad.parallel, bad.flash_attn), (1, Some(FlashAttn::Off)), "an unparsable number is the default");
-        // Unset, Ollama's device check decides: a Maxwell card (5.2) or a Jetson Xavier (7.2) turns it off.
-        let cards = |cc: (u32, u32)| vec![("NVIDIA H200".to_string(), (9, 0)), ("old card".to_string(), cc)];
-        assert_eq!(run(&env(&[]), "gemma3", &cards((8, 6))).flash_attn, None, "auto where all pass");
-        for cc in [(5, 2), (7, 2)] {
-            let off = run(&env(&[]), "gemma3", &cards(cc));
-            assert_eq!(off.flash_attn, Some(FlashAttn::Off), "{cc:?}");
-            assert!(off.applied[0].contains("device check refuses flash attention on old card"), "{:?}", off.applied);
-        }
-        let set = run(&env(&[("OLLAMA_FLASH_ATTENTION", "1")]), "gemma3", &cards((5, 2)));
-        assert_eq!(set.flash_attn, Some(FlashAttn::On), "the user's setting overrides the check");
-        assert!(!parse_bool("False") && !parse_bool(" F ") && parse_bool("fAlSe"), "Go's ParseBool, else true");
-        assert_eq!([batch(4096), batch(8192), batch(32768), batch(65536)], [512, 1024, 1024, 2048]);
-    }
-
-    /// server/sched.go's step-down, case by case: headroom 60% for 2048,
-    /// 75% for 1024, the surcharge inside 80%; CUDA without flash attention.
-    #[test]
-    fn ollamas_batch_steps_down_where_the_model_leaves_little_room() {
-        let gib = 1u64 << 30;
-        assert_eq!(batch_for(65536, 4 * gib, 24 * gib, None), 2048, "ample room");
-        assert_eq!(batch_for(65536, 16 * gib, 24 * gib, None), 1024, "67% of free: over 60%, under 75%");
-        assert_eq!(batch_for(65536, 19 * gib, 24 * gib, None), 512, "79%: over 75%");
-        assert_eq!(batch_for(8192, 17 * gib, 24 * gib, None), 1024, "1024's surcharge fits: 19.2 - 17 > 0.75");
-        assert_eq!(batch_for(8192, 18 * gib + gib / 2, 24 * gib, None), 512, "0.7 GiB left under 80%");
-        assert_eq!(batch_for(4096, 30 * gib, 24 * gib, None), 512, "never below 512");
-        assert_eq!(batch_for(65536, 0, 0, None), 2048, "nothing predicted: the context's");
-        assert_eq!(batch_for(65536, gib, 24 * gib, Some(8 * gib)), 256, "CUDA, 8 GiB, no flash attention");
-        assert_eq!(batch_for(4096, gib, 24 * gib, Some(8 * gib)), 512);
-        assert_eq!(batch_for(65536, gib, 24 * gib, Some(24 * gib)), 512);
-    }
-
-    #[test]
-    fn ollamas_fit_target_follows_its_environment_and_the_projector() {
-        let v = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-            pairs.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
-        };
-        let mib = 1u64 << 20;
-        assert_eq!(fit(&v(&[])), OllamaFit { on: true, target_bytes: None });
-        // The projector on the GPU only where every GPU has it plus 1 GiB free.
-        assert!(offloads_projector(300 * mib, &[2048 * mib, 1325 * mib]));
-        assert!(!offloads_projector(300 * mib, &[2048 * mib, 1323 * mib]));
-        assert!(offloads_projector(300 * mib, &[]), "no GPU: nothing to decide");
-        assert_eq!((fit_margin(None), fit_margin(Some(300 * mib + 1))), (1024 * mib, 1325 * mib));
-        assert_eq!(fit(&v(&[("LLAMA_ARG_FIT_TARGET", "2048,512")])).target_bytes, Some(2048 * mib));
-        assert!(!fit(&v(&[("LLAMA_ARG_FIT", "off")])).on);
-        assert!(fit(&v(&[("LLAMA_ARG_FIT", "on")])).on);
-    }
-
-    #[test]
-    fn ollamas_context_tier_counts_only_the_gpus_ollama_sees() {
-        use crate::types::{DeviceKind, LlamaDevice};
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
-        let profile: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-        let mut hw: crate::types::Hardware = serde_json::from_value(profile["hardware"].clone()).unwrap();
-        hw.gpus.clear();
-        let dev = |name: &str, description: &str, backend: &str, kind: DeviceKind, gib: u64| LlamaDevice {
-            index: 0,
-            name: name.into(),
-            description: description.into(),
-            backend: backend.into(),
-            kind,
-            memory_total: gib << 30,
-            memory_free: gib << 30,
-        };
-        // A CPU host with two local rpc-servers (llvmpipe 2 GiB, the CPU 23.5 GiB, as llama.cpp lists them).
-        hw.llama_devices = vec![
-            dev("RPC0", "127.0.0.1:50052", "RPC", DeviceKind::Gpu, 2),
-            dev("RPC1", "127.0.0.1:50053", "RPC", DeviceKind::Gpu, 24),
-            dev("CPU", "Intel Xeon", "CPU", DeviceKind::Cpu, 24),
-        ];
-        let none = |_: &str| None;
-        assert_eq!(ctx_here(&hw, 131_072, &none), 4096, "RPC servers are not Ollama's GPUs");
-        hw.llama_devices.push(dev("Vulkan0", "AMD Radeon 780M", "Vulkan", DeviceKind::Igpu, 24));
-        assert_eq!(ctx_here(&hw, 131_072, &none), 4096, "a Vulkan iGPU is dropped by default");
-        let on = |k: &str| (k == "OLLAMA_IGPU_ENABLE").then(|| "1".to_string());
-        assert_eq!(ctx_here(&hw, 131_072, &on), 32_768, "unless OLLAMA_IGPU_ENABLE");
-        hw.llama_devices.push(dev("CUDA0", "NVIDIA GB10", "CUDA", DeviceKind::Igpu, 48));
-        assert_eq!(ctx_here(&hw, 1 << 20, &none), 262_144, "a CUDA iGPU counts");
-    }
-
-    #[test]
-    fn ollamas_slots_multiply_each_context_and_its_batch_rule_holds_found_or_not() {
-        use crate::consumer::{Consumer, Workload};
-        let w = || Workload {
-            n_ctx: 32768,
-            contexts: vec![4096, 32768],
-            ctx_rule: None,
-            n_parallel: 1,
-            kv_type: KvType::F16,
-            flash_attn: FlashAttn::Auto,
-            n_batch: crate::types::DEFAULT_N_BATCH,
-            n_ubatch: crate::types::DEFAULT_N_UBATCH,
-        };
-        let vars = vec![("OLLAMA_NUM_PARALLEL".to_string(), "2".to_string()), ("PATH".into(), "/bin".into())];
-        let found = Ollama { env: ServerEnv { source: "test".into(), found: true, vars } };
-        let mut got = w();
-        let applied = found.apply(&mut got, "gemma3", false, &[]);
-        assert_eq!((got.n_ctx, got.contexts.clone(), got.n_parallel), (65536, vec![8192, 65536], 2));
-        assert_eq!((got.n_batch, got.n_ubatch), (2048, 2048), "its rule above 32768 tokens");
-        assert!(applied.auto_batch);
-        assert_eq!(found.vars().len(), 1, "Ollama's own variables only");
-        // Not found: its defaults, one slot; its batch rule still holds.
-        let none = Ollama { env: ServerEnv::default() };
-        let mut got = w();
-        none.apply(&mut got, "gemma3", false, &[]);
-        assert_eq!((got.n_ctx, got.n_parallel, got.n_batch), (32768, 1, 1024));
-    }
-}
+mod tests;
