@@ -41,4 +41,24 @@ fn main() {
         .include(sys.join("tools/mtmd"))
         .warnings(false)
         .compile("ngl_tune_shim");
+    cuda_links();
+}
+
+/// The CUDA build (scripts/setup-cuda, scripts/build): cuBLAS from the
+/// machine's CUDA at run time (llama-cpp-sys-2 asks for static cuBLAS, which
+/// empty archives in the toolkit's lib64 answer), found first in the
+/// toolkit the build used (a run path) and then where the system keeps it.
+fn cuda_links() {
+    println!("cargo:rerun-if-env-changed=NGL_TUNE_CUDA_LIB");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let lib = std::env::var("NGL_TUNE_CUDA_LIB").expect(
+        "the cuda feature builds through scripts/build --backend cuda (scripts/setup-cuda writes vendor/cuda/env)",
+    );
+    println!("cargo:rustc-link-arg=-L{lib}");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    for l in ["cublas", "cublasLt", "dl", "rt", "pthread"] {
+        println!("cargo:rustc-link-arg=-l{l}");
+    }
 }

@@ -13,6 +13,10 @@ use crate::error::{bad, exit};
 pub(super) fn cmd_tune(a: &TuneArgs) -> Result<i32> {
     let (store, reqs) = crate::request::finish::tune_requests(a)?;
     let shares = set_shares(a, reqs.len())?;
+    // Bad input before the store is touched.
+    for req in &reqs {
+        crate::tune::check_request_power(req)?;
+    }
     crate::interrupt::install();
     let names: Vec<&str> = reqs.iter().map(|r| r.info().file_name.as_str()).collect();
     let _lock = crate::profile::lock::StoreLock::acquire(

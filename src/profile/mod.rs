@@ -649,6 +649,12 @@ pub struct Profile {
     /// of them (absent for the reference and for a model tuned alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_quality: Option<Quality>,
+    /// The llama.cpp backend the trials ran through (`CUDA`, `Vulkan`,
+    /// `CPU`): a consumer that runs another (Ollama's CUDA llama-server on
+    /// an NVIDIA card) holds other memory beyond llama.cpp's accounting.
+    /// `None` in profiles from before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_backend: Option<String>,
 }
 
 impl Profile {

@@ -69,11 +69,7 @@ fn tune_context(
     search.confirmations_priced = prediction.as_ref().is_some_and(|p| p.error.is_none());
     let found = search.run(&plan)?;
     notes.extend(search.take_unpriced().map(|e| confirmation_unpriced(&e)));
-    if let Some(pr) = prediction.as_mut() {
-        // What the search priced itself (confirmations) joins the report.
-        let new: Vec<_> = search.predicted.iter().filter(|p| !pr.predictions.contains(p)).cloned().collect();
-        pr.predictions.extend(new);
-    }
+    absorb_confirmations(prediction.as_mut(), &search.predicted);
     notes.extend(found.notes.iter().cloned());
     let layer_split = {
         let t = &search.trials;
@@ -95,6 +91,7 @@ fn tune_context(
     let mut recommendation = with_rpc(hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads), s, info);
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
     let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;
+    notes.extend(for_consumer(sh, several, &mut search, &mut recommendation));
     let quality_wall_s = quality_seconds(&hatches.options, split.as_ref());
     let split = split.and_then(|f| apply_split(&mut recommendation, f, sh.opts.caps(), &s.backend.rpc));
     let (predicted, host_cap) = (search.predicted.clone(), search.host_cap.as_ref().map(|h| h.0));
@@ -126,6 +123,29 @@ fn tune_context(
     verdict::judge(&mut placement, &s.goal, &s.gate);
     let (search, no_gpu) = (search_report, plan.no_gpu);
     Ok((ContextOutcome { found, trials, prediction, search, fit_check, placement, no_gpu, notes }, checkpoint))
+}
+
+/// What the search priced itself (confirmations) joins the dry run's report.
+fn absorb_confirmations(
+    prediction: Option<&mut crate::profile::PredictionReport>,
+    priced: &[crate::engine::predict::Prediction],
+) {
+    if let Some(pr) = prediction {
+        let new: Vec<_> = priced.iter().filter(|p| !pr.predictions.contains(p)).cloned().collect();
+        pr.predictions.extend(new);
+    }
+}
+
+/// The answer's Ollama lines priced for the engine Ollama runs here (one
+/// offload device: [`ollama::priced_for_consumer`]).
+fn for_consumer(
+    sh: &Shared<'_>,
+    several: bool,
+    search: &mut Search<'_>,
+    rec: &mut crate::profile::Recommendation,
+) -> Option<Note> {
+    let device = sh.opts.caps().first().filter(|_| !several).map(|c| c.device.as_str());
+    ollama::priced_for_consumer((&sh.hw, device), search, rec)
 }
 
 /// `r` on the RPC servers the tune ran on, where it puts layers on a device.

@@ -65,6 +65,10 @@ pub(super) fn profile(
         wall_s: started.elapsed().as_secs_f64(),
         placements: if policy.is_some() { placements } else { Vec::new() },
         model_quality: None,
+        measured_backend: Some(super::ollama::measured_backend(
+            hw,
+            sh.opts.caps().first().filter(|_| policy.is_some()).map(|c| c.device.as_str()),
+        )),
     };
     let path = store::save(sh.opts.store(), &profile)?;
     let _ = std::fs::remove_file(store::checkpoint_path(sh.opts.store(), &profile.machine_id, &profile.model));

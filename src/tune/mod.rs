@@ -31,6 +31,7 @@ pub mod verdict;
 pub(crate) mod worlds;
 
 pub use request::{Machine, TuneRequest};
+pub(crate) use start::check_request_power;
 pub use start::runner;
 
 use std::path::PathBuf;

@@ -61,3 +61,137 @@ pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
     };
     Some(Note::consumer(format!("Ollama's batch at {} tokens: -b {b} -ub {b}{why}", at.n_ctx)))
 }
+
+/// What a CUDA process holds on the card beyond llama.cpp's accounting
+/// (its context, cuBLAS's workspace): 451-456 MiB per RTX 4090 in the
+/// breakdown of llama.cpp PR #15860, 612 MiB on a B200 in Unsloth PR #8669;
+/// the larger, until a card measured here through both backends
+/// (`scripts/gpu-check --backends cuda,vulkan`) says otherwise.
+pub const CUDA_PROCESS_BYTES: u64 = 612 << 20;
+
+/// The backend the trials ran through: the offload device's (`CUDA`,
+/// `Vulkan`, ...), else `CPU`.
+#[must_use]
+pub fn measured_backend(hw: &crate::types::Hardware, device: Option<&str>) -> String {
+    device
+        .and_then(|d| hw.llama_devices.iter().find(|x| x.name == d))
+        .map_or_else(|| "CPU".to_string(), |d| d.backend.clone())
+}
+
+/// Ollama's `num_gpu` priced for the engine Ollama runs here. On an NVIDIA
+/// card Ollama starts its CUDA llama-server, whose process holds
+/// [`CUDA_PROCESS_BYTES`] that a trial through another backend (Vulkan)
+/// never held: the Modelfile's layers are then the most whose dry-run
+/// price plus that share is under the cap (at most the answer's), and the
+/// note says so. Measured through CUDA, NVML's per-process reading already
+/// holds the context and the search's unaccounted share carries it: nothing
+/// is added twice. `None` where there is nothing to say (no NVIDIA card, a
+/// CUDA measurement, several devices, num_gpu left unset).
+pub(super) fn priced_for_consumer(
+    (hw, device): (&crate::types::Hardware, Option<&str>),
+    search: &mut super::search::Search<'_>,
+    rec: &mut crate::profile::Recommendation,
+) -> Option<Note> {
+    let backend = measured_backend(hw, device);
+    let cap = search.cap_bytes()?;
+    let pinned = rec.ollama_num_gpu_param().filter(|_| !hw.gpus.is_empty() && backend != "CUDA" && backend != "CPU")?;
+    let share = CUDA_PROCESS_BYTES;
+    #[allow(clippy::cast_precision_loss)]
+    let fits = |p: &crate::engine::predict::Prediction| p.error.is_none() && (p.device_bytes + share) as f64 <= cap;
+    let mut n = pinned;
+    loop {
+        let priced = search.price_layers(&[n]);
+        match priced.first() {
+            Some(p) if fits(p) => break,
+            Some(p) if p.error.is_none() && n > 0 => n -= 1,
+            _ => return None,
+        }
+    }
+    let mib = share >> 20;
+    if n < pinned {
+        rec.ollama_num_gpu = Some(n);
+        rec.render_forms();
+    }
+    let said = if n < pinned {
+        format!("PARAMETER num_gpu {n}, not {pinned}")
+    } else {
+        format!("PARAMETER num_gpu {n} fits with it")
+    };
+    Some(Note::consumer(format!(
+        "measured through {backend}; Ollama runs llama.cpp through CUDA on this NVIDIA card, whose process holds about {mib} MiB beyond llama.cpp's accounting (llama.cpp PR #15860, Unsloth PR #8669): priced with it under the cap, {said}"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::predict::{PredictCase, Prediction};
+    use crate::tune::executor::fake::{Outcome, World};
+
+    /// A machine with an NVIDIA card (NVML lists it) whose llama.cpp device is `device`.
+    fn nvidia(device: &str, backend: &str) -> crate::types::Hardware {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
+        let profile: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let mut hw: crate::types::Hardware = serde_json::from_value(profile["hardware"].clone()).unwrap();
+        let gpu = serde_json::json!({"index": 0, "name": "NVIDIA H100", "uuid": "GPU-0", "driver_version": "580.1",
+            "memory_total": 85_000_000_000u64, "memory_free": 84_000_000_000u64});
+        hw.gpus = vec![serde_json::from_value(gpu).unwrap()];
+        let dev = serde_json::json!({"index": 0, "name": device, "description": "NVIDIA H100", "backend": backend,
+            "kind": "gpu", "memory_total": 85_000_000_000u64, "memory_free": 84_000_000_000u64});
+        hw.llama_devices = vec![serde_json::from_value(dev).unwrap()];
+        hw
+    }
+
+    /// 100 MiB a layer, 200 MiB of buffers: ngl n is priced 200 + 100 n MiB.
+    fn price(cases: &[PredictCase]) -> Vec<Prediction> {
+        cases
+            .iter()
+            .map(|c| Prediction {
+                devices: Vec::new(),
+                n_gpu_layers: c.ngl,
+                device_bytes: (200 + 100 * u64::from(c.ngl)) << 20,
+                device_model_bytes: (100 * u64::from(c.ngl)) << 20,
+                buffers: Vec::new(),
+                error: None,
+                case: Some(*c),
+                split: vec![],
+            })
+            .collect()
+    }
+
+    fn priced(device: &str, backend: &str, ngl: u32) -> (Option<Note>, crate::profile::Recommendation) {
+        let s = crate::tune::worlds::settings();
+        let mut world = World::new(|_| Outcome::Ok { tg: 10.0, pp: 100.0, mem: 1 << 20 });
+        // A cap of 2000 MiB: 18 layers by the dry run alone (2000), 11 with CUDA's 612 MiB.
+        let mut search = crate::tune::worlds::search(&s, &mut world, f64::from(2000u32 << 20))
+            .with_pricer(Box::new(crate::tune::pricer::fake::Curves::cases(price)));
+        let mut rec = crate::tune::worlds::recommendation();
+        rec.set_placement(&crate::types::Placement::default().with_layers(ngl, 2, Some(32768)));
+        let note = priced_for_consumer((&nvidia(device, backend), Some(device)), &mut search, &mut rec);
+        (note, rec)
+    }
+
+    /// Issue 57 item 4: an Ollama answer measured through Vulkan on an
+    /// NVIDIA card is held under the cap less CUDA's per-process share, and
+    /// says so; measured through CUDA, nothing is added (NVML's reading
+    /// held it already); the llama.cpp flags keep the measured layers.
+    #[test]
+    fn an_ollama_answer_measured_through_vulkan_is_priced_for_cudas_process() {
+        let (note, rec) = priced("Vulkan0", "Vulkan", 18);
+        assert_eq!(rec.ollama_num_gpu_param(), Some(11), "200 + 100 x 11 + 612 <= 2000 MiB");
+        assert!(rec.modelfile.contains(&"PARAMETER num_gpu 11".to_string()), "{:?}", rec.modelfile);
+        assert!(rec.llama_cpp_args.contains("-ngl 18"), "{}", rec.llama_cpp_args);
+        let note = note.unwrap().to_string();
+        assert!(
+            note.contains("measured through Vulkan") && note.contains("612 MiB") && note.contains("not 18"),
+            "{note}"
+        );
+        // Already under with the share: pinned as it is, and said.
+        let (note, rec) = priced("Vulkan0", "Vulkan", 9);
+        assert_eq!(rec.ollama_num_gpu_param(), Some(9));
+        assert!(note.unwrap().to_string().contains("num_gpu 9 fits with it"));
+        // Measured through CUDA: not counted twice.
+        let (note, rec) = priced("CUDA0", "CUDA", 18);
+        assert_eq!((note, rec.ollama_num_gpu_param()), (None, Some(18)));
+    }
+}

@@ -47,7 +47,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     probe::refresh_memory(&mut hw);
     let identity = ModelIdentity::of(opts.info());
     let policy = memory::policy_for(&hw, &s.caps, opts.caps());
-    check_power((&s.caps, &s.goal), opts.caps().len(), !hw.gpus.is_empty())?;
+    check_request_power(opts)?;
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let checkpoint = resume(opts, &identity, &hw, &mut notes);
     let op_offload = s.backend.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
@@ -60,6 +60,16 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     let depth_cache = guard.as_ref().map(|d| d.0.clone());
     let sh = Shared { opts, hw, identity, policy, op_offload, runner, depth_cache, _depth_guard: guard };
     Ok((sh, checkpoint, notes))
+}
+
+/// The power checks of a request (see [`check_power`]), before anything is
+/// written: `ngl-tune tune` asks before it takes the store's lock.
+///
+/// # Errors
+/// `BadInput`, as [`check_power`].
+pub(crate) fn check_request_power(opts: &TuneRequest) -> Result<()> {
+    let s = opts.settings();
+    check_power((&s.caps, &s.goal), opts.caps().len(), !opts.hw().gpus.is_empty())
 }
 
 /// `--objective energy` and `--max-power` need the power they choose by,
