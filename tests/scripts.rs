@@ -259,3 +259,73 @@ print("ok")
     assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok");
 }
+
+/// `scripts/gpu-check --backends`: the same check through each build in
+/// turn, each into its own directory with an even share of the deadline,
+/// then one report side by side that says whether each backend's answer
+/// stays under the cap when the other runs it. Here both "builds" are this
+/// one (llvmpipe), which exercises the plumbing and the report; on a card
+/// they are the CUDA and the Vulkan build. `--dry-run` lists the steps.
+#[test]
+fn gpu_check_through_two_backends_reports_them_side_by_side() {
+    let _heavy = heavy();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-check");
+    let bin = env!("CARGO_BIN_EXE_ngl-tune");
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let base = ["--local", "--models", "small", "--searches", "adaptive", "--no-placement", "--out", dir];
+    let two = ["--backends", "cuda,vulkan", "--bin-cuda", bin, "--bin-vulkan", bin];
+    let dry = std::process::Command::new("bash")
+        .arg(&script)
+        .args(base)
+        .args(two)
+        .args(["--deadline", "600", "--dry-run"])
+        .output()
+        .unwrap();
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    let steps = String::from_utf8_lossy(&dry.stdout).to_string();
+    assert_eq!(steps.lines().count(), 3, "{steps}");
+    assert!(steps.contains(&format!("--out {dir}/cuda")) && steps.contains("--deadline 300"), "{steps}");
+    assert!(steps.lines().last().unwrap().contains("gpu_check_backends.py"), "{steps}");
+    assert!(!out.path().join("cuda").exists(), "a dry run runs nothing");
+    let o = std::process::Command::new("bash").arg(&script).args(base).args(two).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(report.starts_with("# gpu-check through cuda, vulkan"), "{report}");
+    assert!(report.contains("| ngl | tg cuda | pp cuda | beyond cuda (MiB) | tg vulkan |"), "{report}");
+    assert!(
+        report.contains("cuda's answer through vulkan: held ") && report.contains("vulkan's answer through cuda"),
+        "{report}"
+    );
+    assert!(out.path().join("cuda/raw.json").exists() && out.path().join("vulkan/raw.json").exists());
+    let bad =
+        std::process::Command::new("bash").arg(&script).args(["--backends", "metal", "--dry-run"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown backend 'metal'"));
+}
+
+/// The floors docs/architecture.md states hold, checked by the script it
+/// cites: no cycle between the rooms of src/, no function over 80 lines,
+/// no source file over 700. The script finds each kind of breach.
+#[test]
+fn the_structure_floors_hold_and_the_check_finds_each_breach() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/structure");
+    let o = std::process::Command::new("python3").arg(&script).output().unwrap();
+    let said = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{said}");
+    assert!(said.trim_end().ends_with(", 0 breaches"), "{said}");
+    let dir = tempfile::tempdir().unwrap();
+    let long: String = (0..90).map(|i| format!("    let x{i} = {i};\n")).collect();
+    std::fs::write(dir.path().join("a.rs"), format!("use crate::b::B;\nfn big() {{\n{long}}}\n")).unwrap();
+    std::fs::write(dir.path().join("b.rs"), "pub struct B(crate::a::A);\n").unwrap();
+    std::fs::write(dir.path().join("c.rs"), "\n".repeat(701)).unwrap();
+    let o = std::process::Command::new("python3")
+        .arg(&script)
+        .args(["--src", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{said}");
+    assert!(said.contains("a.rs: fn big is 92 lines") && said.contains("c.rs: 701 lines"), "{said}");
+    assert!(said.contains("cycle: a -> b -> a"), "{said}");
+}

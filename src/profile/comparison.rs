@@ -3,7 +3,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Verdict;
 use crate::types::Placement;
 
 /// The recommendation against llama.cpp's default at one context: the
@@ -166,6 +165,42 @@ impl TryFrom<StoredComparison> for DefaultComparison {
             mem_bytes: s.mem_bytes,
             by_race: s.by_race,
         })
+    }
+}
+
+/// How the recommendation compares with llama.cpp's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Faster beyond the noise of the pairs.
+    Faster,
+    /// Within the noise: llama.cpp's default is recommended.
+    Tie,
+    /// The default was faster beyond the noise: it is recommended.
+    Slower,
+    /// The tuned placement is what llama.cpp does anyway.
+    Same,
+    /// The default could not be measured (the note says why).
+    NotMeasured,
+    /// The interval covers 1 but is wider than a tie's resolution after
+    /// the most pairs the budget allows: the pairs could not tell. Nothing
+    /// changes on it: the lossless answer at the user's context stays, and
+    /// the consumer's own run keeps what it would do anyway.
+    NotDecided,
+}
+
+impl Verdict {
+    /// The verdict in words, as the report says it.
+    #[must_use]
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Faster => "faster beyond the noise",
+            Verdict::Tie => "within the noise",
+            Verdict::Slower => "slower beyond the noise",
+            Verdict::Same => "the same placement",
+            Verdict::NotMeasured => "not judged",
+            Verdict::NotDecided => "not decided (the pairs could not tell)",
+        }
     }
 }
 

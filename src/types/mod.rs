@@ -6,6 +6,7 @@
 
 mod decision;
 mod hardware;
+mod knobs;
 mod memory;
 mod note;
 mod placement;
@@ -13,6 +14,7 @@ mod trial;
 
 pub use decision::*;
 pub use hardware::*;
+pub use knobs::*;
 pub use memory::*;
 pub use note::*;
 pub use placement::*;

@@ -1,19 +1,19 @@
-//! Memory prediction by llama.cpp's own dry run: the model is loaded and the
-//! context created with no allocation, and llama.cpp reports per buffer type
-//! what it would allocate (weights, KV cache, compute buffers). This is what
-//! llama.cpp's `--fit` reads. Runs in a child process (hidden `__predict`) so
-//! the parent never initializes a GPU backend.
+//! The dry run's child side (hidden `__predict`): llama.cpp's own dry run
+//! through the shim (`ngl_tune_predict`), llama.cpp's fit asked as
+//! llama-server and Ollama run it, and the projector's price, answered as
+//! JSON on stdout.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
-use serde::{Deserialize, Serialize};
+
+use super::*;
 
 extern "C" {
     fn ngl_tune_predict(
         path: *const c_char,
-        placement: *const super::placement::RawPlacement,
+        placement: *const crate::engine::placement::RawPlacement,
         n_ctx: u32,
         n_batch: u32,
         n_ubatch: u32,
@@ -32,299 +32,6 @@ extern "C" {
         cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64),
         user: *mut c_void,
     ) -> c_int;
-}
-
-/// What llama.cpp would allocate in one buffer type.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PredictedBuffer {
-    pub buffer_type: String,
-    pub is_host: bool,
-    pub model: u64,
-    pub context: u64,
-    pub compute: u64,
-}
-
-/// The dry run's answer at one ngl.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Prediction {
-    pub n_gpu_layers: u32,
-    /// Bytes on accelerator devices (not host buffers): model + context + compute.
-    pub device_bytes: u64,
-    pub device_model_bytes: u64,
-    pub buffers: Vec<PredictedBuffer>,
-    /// Why llama.cpp could not predict this setting.
-    pub error: Option<String>,
-    /// The placement, where it is more than a whole-layer split at the spec's context.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub case: Option<PredictCase>,
-    /// Layers per offload device, where the prediction is for a split.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub split: Vec<u32>,
-    /// The devices in the order `split` follows (`--device`); empty: llama.cpp's order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub devices: Vec<String>,
-}
-
-impl Prediction {
-    /// Bytes in host buffers (the CPU's weights, mmap'd or not, its KV
-    /// cache and compute buffers, pinned host copies): what this placement
-    /// needs of the machine's RAM to run without paging.
-    #[must_use]
-    pub fn host_bytes(&self) -> u64 {
-        let host = self.buffers.iter().filter(|b| b.is_host || !crate::types::is_device_buffer_type(&b.buffer_type));
-        host.map(|b| b.model + b.context + b.compute).sum()
-    }
-
-    /// Bytes per accelerator buffer type (model + context + compute), in
-    /// the order llama.cpp reported them: one buffer type per device in
-    /// split mode layer (`Vulkan0`, `CUDA1`, `RPC0[host:port]`).
-    #[must_use]
-    pub fn per_device(&self) -> Vec<(String, u64)> {
-        let device = self.buffers.iter().filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type));
-        crate::types::merge_by_name(device.map(|b| (b.buffer_type.clone(), b.model + b.context + b.compute)), |a, b| {
-            a + b
-        })
-    }
-}
-
-impl Prediction {
-    /// Whether this prediction is for the placement `spec` measures (a
-    /// whole-layer prediction: at the spec's context with the tune's own
-    /// KV cache type, `spec.kv_base`).
-    #[must_use]
-    pub fn prices(&self, spec: &crate::types::TrialSpec) -> bool {
-        self.prices_placement(&spec.placement, spec.kv_base)
-    }
-
-    /// Whether this prediction is for placement `p`, `kv_base` being the
-    /// cache type a whole-layer prediction names (the tune's own).
-    #[must_use]
-    pub fn prices_placement(&self, p: &crate::types::Placement, kv_base: crate::types::KvType) -> bool {
-        let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, p.n_ctx.unwrap_or(0)));
-        c.ngl == p.n_gpu_layers
-            && Some(c.n_ctx) == p.n_ctx.or(Some(0))
-            && c.kv_type.unwrap_or(kv_base) == p.kv_type
-            && c.n_cpu_ffn == p.n_cpu_ffn
-            && c.n_cpu_moe == p.n_cpu_moe
-            && self.split == p.tensor_split
-            && self.devices == p.devices
-            // Every prediction counts the projector on its GPU.
-            && p.mmproj_offload
-    }
-}
-
-/// A placement to price beyond the whole-layer grid: another context, KV
-/// cache type, or tensors kept on the CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PredictCase {
-    pub ngl: u32,
-    pub n_ctx: u32,
-    /// The KV cache type of both caches; `None`: the tune's own
-    /// ([`PredictSpec::kv_type`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv_type: Option<crate::types::KvType>,
-    #[serde(default)]
-    pub n_cpu_ffn: u32,
-    #[serde(default)]
-    pub n_cpu_moe: u32,
-}
-
-impl PredictCase {
-    /// A whole-layer split at `n_ctx` with the tune's own KV cache type.
-    #[must_use]
-    pub fn layers(ngl: u32, n_ctx: u32) -> PredictCase {
-        PredictCase { ngl, n_ctx, kv_type: None, n_cpu_ffn: 0, n_cpu_moe: 0 }
-    }
-}
-
-/// What to predict: the tuning settings and the ngl values.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PredictSpec {
-    pub model: PathBuf,
-    pub ngl: Vec<u32>,
-    pub n_ctx: u32,
-    pub n_batch: u32,
-    pub n_ubatch: u32,
-    pub flash_attn: crate::types::FlashAttn,
-    /// Offload host tensor operations to the device (llama.cpp's default).
-    #[serde(default = "crate::types::yes")]
-    pub op_offload: bool,
-    /// Also ask llama.cpp's own fit (`common_fit_params`) which ngl it would
-    /// choose when this many bytes must stay free on each device.
-    #[serde(default)]
-    pub fit_margin_bytes: Option<u64>,
-    /// More placements to price (answered in `PredictOutput::cases`).
-    #[serde(default)]
-    pub cases: Vec<PredictCase>,
-    /// Splits to price at the spec's context (answered in `PredictOutput::splits`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub splits: Vec<SplitCase>,
-    /// RPC servers whose devices join (`--rpc`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rpc: Vec<String>,
-    /// Also ask what llama.cpp does without flags: its fit with its own
-    /// defaults (1 GiB free per device, the context shrunk down to 4096 at most).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub default_fit: bool,
-    /// Also ask what llama-server's fit does when Ollama starts it with
-    /// num_gpu unset (answered in `PredictOutput::ollama_fit`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ollama_fit: Option<OllamaFitAsk>,
-    /// Per-device margins for llama.cpp's fit, in device order: asks it
-    /// for its split (answered in `PredictOutput::llama_fit_split`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fit_split_margins: Vec<u64>,
-    /// The tune's own KV cache type, of every case that names none: f16,
-    /// `--cache-type`, or the one the consumer's server forces on every model.
-    #[serde(default, skip_serializing_if = "crate::types::is_f16")]
-    pub kv_type: crate::types::KvType,
-    /// A multimodal projector loaded beside the model (`--mmproj`): priced
-    /// once and added to every prediction on the device it loads on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mmproj: Option<PathBuf>,
-}
-
-/// One split to price: everything that places it, in one value.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct SplitCase {
-    /// Layers per offload device, in the order below.
-    pub layers: Vec<u32>,
-    /// The `--device` order, where it is not llama.cpp's (empty: its order).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub devices: Vec<String>,
-    /// `-sm` (llama.cpp's default: layer).
-    #[serde(default)]
-    pub mode: crate::types::SplitMode,
-    /// The FFN layers kept on the CPU (`-ot`, the first K).
-    #[serde(default)]
-    pub n_cpu_ffn: u32,
-}
-
-/// How Ollama starts llama-server's fit: `-np slots` (not unified), and
-/// `LLAMA_ARG_FIT_TARGET` where its environment sets one (else the
-/// projector's memory plus 1 GiB, or llama.cpp's 1 GiB).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OllamaFitAsk {
-    pub slots: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_bytes: Option<u64>,
-    /// `LLAMA_ARG_FIT=off` in Ollama's environment: llama-server offloads
-    /// every layer (`-ngl` auto), priced as such.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub off: bool,
-}
-
-/// What a projector adds, as mtmd's dry run reports it: per buffer type,
-/// its weights (`model`) and its image encoder's buffers (`compute`),
-/// reserved for the largest image.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProjectorPrediction {
-    pub buffers: Vec<PredictedBuffer>,
-    /// Why mtmd could not price it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl ProjectorPrediction {
-    /// Bytes on accelerator devices.
-    #[must_use]
-    pub fn device_bytes(&self) -> u64 {
-        self.buffers
-            .iter()
-            .filter(|b| !b.is_host && crate::types::is_device_buffer_type(&b.buffer_type))
-            .map(|b| b.model + b.compute)
-            .sum()
-    }
-}
-
-/// What llama.cpp's `--fit` would choose for the same memory margin.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LlamaFit {
-    pub margin_bytes: u64,
-    /// ngl it chose (llama.cpp's -1 means all layers: reported as full offload).
-    pub n_gpu_layers: Option<i32>,
-    /// The context it left (smaller than asked when it shrank it to fit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n_ctx: Option<u32>,
-    /// The tensors it moved off the devices (`-ot`): where a device's last
-    /// layers only partly fit, and a MoE model's experts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub overrides: Vec<FitOverride>,
-    /// The dry run's device bytes for what it chose.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicted_device_bytes: Option<u64>,
-    /// Why there is no answer ("could not find allocations that fit", ...).
-    pub error: Option<String>,
-    /// Whether the projector (`--mmproj`) loads on the GPU: false where
-    /// Ollama passes `--no-mmproj-offload` (too little free memory for it).
-    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
-    pub mmproj_offload: bool,
-}
-
-impl LlamaFit {
-    /// No answer yet, for `margin`.
-    #[must_use]
-    pub fn none(margin: u64) -> LlamaFit {
-        LlamaFit {
-            margin_bytes: margin,
-            n_gpu_layers: None,
-            n_ctx: None,
-            overrides: Vec::new(),
-            predicted_device_bytes: None,
-            error: None,
-            mmproj_offload: true,
-        }
-    }
-
-    /// Its overrides as (pattern, buffer type) pairs.
-    #[must_use]
-    pub fn override_pairs(&self) -> Vec<(String, String)> {
-        self.overrides.iter().map(|o| (o.pattern.clone(), o.buffer_type.clone())).collect()
-    }
-}
-
-/// All dry-run answers of one `__predict` run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PredictOutput {
-    pub predictions: Vec<Prediction>,
-    pub llama_fit: Option<LlamaFit>,
-    #[serde(default)]
-    pub cases: Vec<Prediction>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub splits: Vec<Prediction>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub llama_fit_split: Option<LlamaFitSplit>,
-    /// What llama.cpp does without flags: its fit with its own defaults.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default_fit: Option<LlamaFit>,
-    /// What llama-server's fit does under Ollama with num_gpu unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ollama_fit: Option<LlamaFit>,
-    /// The projector's share, already in every prediction above.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mmproj: Option<ProjectorPrediction>,
-}
-
-/// What llama.cpp's fit chose with a margin per device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LlamaFitSplit {
-    pub margins: Vec<u64>,
-    pub n_gpu_layers: Option<i32>,
-    /// Its `-ts` proportions, one per offload device.
-    pub tensor_split: Vec<f32>,
-    pub error: Option<String>,
-}
-
-/// llama.cpp's defaults for its fit (common.h: `fit_params_target`, `fit_params_min_ctx`).
-pub const DEFAULT_FIT_MARGIN: u64 = 1 << 30;
-pub const DEFAULT_FIT_MIN_CTX: u32 = 4096;
-
-/// One tensor override llama.cpp's fit set: tensors matching `pattern`
-/// go to `buffer_type` (`-ot PATTERN=BUFT`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FitOverride {
-    pub pattern: String,
-    pub buffer_type: String,
 }
 
 /// What llama.cpp's fit (`common_fit_params`, through llama-cpp-sys-2's
@@ -394,7 +101,7 @@ fn run_fit(spec: &PredictSpec, margin: impl Fn(usize) -> u64, ask: FitAsk) -> Fi
             std::ptr::null(),
             llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR,
         );
-        let _ = super::logs::take();
+        let _ = crate::engine::logs::take();
         let overrides = overrides
             .iter()
             .take_while(|o| !o.pattern.is_null())
@@ -482,7 +189,7 @@ fn predict_placement(
     let kv = kv.unwrap_or(spec.kv_type);
     let mut buffers: Vec<PredictedBuffer> = Vec::new();
     let path = CString::new(spec.model.to_string_lossy().as_bytes()).unwrap_or_default();
-    let params = super::placement::ModelParams::of(placement);
+    let params = crate::engine::placement::ModelParams::of(placement);
     let raw = params.raw();
     // A quantized V cache needs flash attention (as the trials run it).
     let fa = i32::from(kv.flash_attn(spec.flash_attn).value());
@@ -502,7 +209,7 @@ fn predict_placement(
             (&raw mut buffers).cast::<c_void>(),
         )
     };
-    let log = super::logs::take();
+    let log = crate::engine::logs::take();
     let error = match rc {
         0 => None,
         1 => Some(format!("dry-run model load failed: {}", load_error(&log))),
@@ -550,10 +257,10 @@ pub fn predict_main() -> Result<()> {
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
     let spec: PredictSpec = serde_json::from_str(&input).context("__predict expects a PredictSpec as JSON on stdin")?;
-    super::logs::install();
-    super::logs::quiet();
+    crate::engine::logs::install();
+    crate::engine::logs::quiet();
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
-    super::placement::add_rpc_servers(&spec.rpc)?;
+    crate::engine::placement::add_rpc_servers(&spec.rpc)?;
     let mmproj = spec.mmproj.as_deref().map(|m| predict_projector(m, spec.flash_attn));
     let extra = mmproj.as_ref().map_or(&[][..], |m| &m.buffers[..]);
     let predictions: Vec<Prediction> = spec
@@ -627,7 +334,7 @@ fn server_projector_pad(path: &Path, use_gpu: bool, flash_attn: crate::types::Fl
     let rc = unsafe {
         ngl_tune_mmproj_fit_pad(c.as_ptr(), c_int::from(use_gpu), i32::from(flash_attn.value()), pad.as_mut_ptr(), n)
     };
-    let _ = super::logs::take();
+    let _ = crate::engine::logs::take();
     if rc != 0 {
         pad.fill(0);
     }
@@ -679,7 +386,7 @@ fn predict_projector(path: &Path, flash_attn: crate::types::FlashAttn) -> Projec
             (&raw mut buffers).cast::<c_void>(),
         )
     };
-    let log = super::logs::take();
+    let log = crate::engine::logs::take();
     if rc != 0 {
         return ProjectorPrediction {
             buffers: Vec::new(),
@@ -710,51 +417,5 @@ fn llama_fit_split(spec: &PredictSpec) -> LlamaFitSplit {
         n_gpu_layers: r.ok.then_some(r.n_gpu_layers),
         tensor_split: if r.ok { split } else { Vec::new() },
         error: (!r.ok).then(|| "llama.cpp's fit found no allocation that fits".to_string()),
-    }
-}
-
-/// Runs the predictions in a child process (the runner's kept trial
-/// worker ended first, so the dry run finds the devices as they were).
-///
-/// # Errors
-/// When the child cannot run or answers nonsense.
-pub fn predict_in_child(runner: &super::runner::Runner, spec: &PredictSpec) -> Result<PredictOutput> {
-    runner.call("__predict", spec)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn whole_layers(ngl: u32) -> Prediction {
-        Prediction {
-            n_gpu_layers: ngl,
-            device_bytes: 1,
-            device_model_bytes: 1,
-            buffers: Vec::new(),
-            error: None,
-            case: None,
-            split: Vec::new(),
-            devices: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn a_whole_layer_prediction_prices_the_trial_at_the_tunes_own_kv_type_not_only_f16() {
-        let mut spec = crate::engine::test_spec();
-        spec.placement = spec.placement.with_layers(4, 2, Some(256));
-        assert!(whole_layers(4).prices(&spec));
-        // A server forcing q8_0: its trials run q8_0, and the tune's dry run priced q8_0.
-        spec.kv_base = crate::types::KvType::Q8_0;
-        spec.placement = spec.placement.with_kv(crate::types::KvType::Q8_0);
-        assert!(whole_layers(4).prices(&spec));
-        assert!(!whole_layers(3).prices(&spec));
-        // A case naming f16 is not that trial; one naming q8_0 is.
-        let case = |kv| {
-            let c = PredictCase { kv_type: Some(kv), ..PredictCase::layers(4, 256) };
-            Prediction { case: Some(c), ..whole_layers(4) }
-        };
-        assert!(!case(crate::types::KvType::F16).prices(&spec));
-        assert!(case(crate::types::KvType::Q8_0).prices(&spec));
     }
 }
