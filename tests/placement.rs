@@ -367,6 +367,9 @@ fn two_models_tuned_together_each_load_as_measured_beside_the_other() {
     for (i, m) in members.iter().enumerate() {
         assert_eq!(best["n_gpu_layers"][i], m["n_gpu_layers"], "{m}");
         assert!(m["modelfile"][0].as_str().unwrap().starts_with("PARAMETER num_gpu "), "{m}");
+        // Ollama's own prediction (its file and more), which its scheduler weighs, not ours.
+        let file = m["model"]["file_size"].as_u64().unwrap();
+        assert!(m["ollama_predicted_bytes"].as_u64().is_some_and(|p| p > file), "{m}");
         // Measured generating while the other was resident.
         let beside = set["trials"].as_array().unwrap().iter().any(|t| {
             t["member"] == i

@@ -12,9 +12,16 @@ const DEFAULT_MAX_LOADED: usize = 3;
 
 /// The Ollama server's settings for the set, and what its scheduler does
 /// with it. `envs`: each member's own server settings (KV type, flash
-/// attention, slots), server-wide in Ollama.
+/// attention, slots), server-wide in Ollama. `process_bytes`: what each
+/// of Ollama's llama-server processes holds beyond the members' measured
+/// bytes (its CUDA context where the trials ran through another backend).
 #[must_use]
-pub fn ollama(members: &[SetMember], envs: &[Vec<String>], memory: &MemoryPolicy) -> (Vec<String>, String) {
+pub fn ollama(
+    members: &[SetMember],
+    envs: &[Vec<String>],
+    memory: &MemoryPolicy,
+    process_bytes: u64,
+) -> (Vec<String>, String) {
     let mut env: Vec<String> = Vec::new();
     for e in envs.iter().flatten() {
         if !env.contains(e) {
@@ -33,29 +40,48 @@ pub fn ollama(members: &[SetMember], envs: &[Vec<String>], memory: &MemoryPolicy
     } else {
         format!("under its default of {DEFAULT_MAX_LOADED} a GPU (OLLAMA_MAX_LOADED_MODELS unset)")
     };
+    // server/sched.go explicitPartialGPUOffload: num_gpu below every layer
+    // loads as placed; the pre-flight check is for the others.
     let full: Vec<&SetMember> = members.iter().filter(|m| m.placement.n_gpu_layers >= m.n_layer_full).collect();
     let mut note = format!(
         "Ollama keeps the {} models loaded at once {loaded}, and never unloads them idle with OLLAMA_KEEP_ALIVE=-1 (its default: after 5 minutes); each Modelfile sets num_gpu, so a model below every layer loads as placed, without the scheduler's check",
         members.len(),
     );
     let free = memory.device_total_bytes.map(|t| t.saturating_sub(memory.baseline_bytes));
-    let set: u64 = members.iter().filter_map(|m| m.device_bytes).sum();
+    let held = |m: &SetMember| m.device_bytes.map(|b| b + process_bytes);
+    let set: u64 = members.iter().filter_map(held).sum();
+    let share = if process_bytes > 0 {
+        format!(", with {} for each of Ollama's CUDA processes", human_bytes(process_bytes))
+    } else {
+        String::new()
+    };
     note.push_str(&format!(
-        "; the set takes {} on the device{} (llama.cpp's own allocations; Ollama's scheduler predicts each model whole at its context)",
+        "; the set takes {} on the device{}{share}",
         human_bytes(set),
         free.map_or_else(String::new, |f| format!(" of {} free", human_bytes(f)))
     ));
+    // server/sched.go: a model fully on the GPU loads beside loaded ones only
+    // where predictedForLoad (PredictServerVRAM plus the batch's surcharge)
+    // is at most 80% of the free memory they leave; else it evicts them.
     if let (Some(free), [one]) = (free, full.as_slice()) {
-        let others: u64 = members.iter().filter(|m| !std::ptr::eq(*m, *one)).filter_map(|m| m.device_bytes).sum();
-        let left = free.saturating_sub(others);
+        let others: u64 = members.iter().filter(|m| !std::ptr::eq(*m, *one)).filter_map(held).sum();
+        let left = free.saturating_sub(others) * 8 / 10;
+        let predicted = one.ollama_predicted_bytes.or(one.device_bytes).unwrap_or(0);
+        let verdict = if predicted <= left {
+            "it loads beside them in any order".to_string()
+        } else {
+            format!(
+                "over it, Ollama would evict them: load {} first, and the check does not apply",
+                one.model.file_name
+            )
+        };
         note.push_str(&format!(
-            "; a model fully on the GPU loads beside loaded ones only where Ollama's prediction for it is under 80% of the free memory they leave (server/sched.go), {} of {} here: load {} first and the check does not apply",
-            human_bytes(one.device_bytes.unwrap_or(0)),
-            human_bytes(left * 8 / 10),
-            one.model.file_name
+            "; a model fully on the GPU loads beside loaded ones only where Ollama's prediction for it (its file and an f16 cache at its context, plus the batch's surcharge) is at most 80% of the free memory they leave (server/sched.go): {} against {} here, so {verdict}",
+            human_bytes(predicted),
+            human_bytes(left),
         ));
     } else if full.len() > 1 {
-        note.push_str("; a model fully on the GPU loads beside loaded ones only where Ollama's prediction for it is under 80% of the free memory they leave (server/sched.go): load the largest first");
+        note.push_str("; a model fully on the GPU loads beside loaded ones only where Ollama's prediction for it (its file and an f16 cache at its context, plus the batch's surcharge) is at most 80% of the free memory they leave (server/sched.go): load the largest first");
     }
     (env, note)
 }
@@ -123,6 +149,7 @@ mod tests {
             n_layer_full: full,
             tg_ts: Some(10.0),
             device_bytes: Some(bytes),
+            ollama_predicted_bytes: Some(bytes + (bytes >> 1)),
             why: String::new(),
             modelfile: Vec::new(),
         }
@@ -142,15 +169,34 @@ mod tests {
             &m,
             &[vec!["OLLAMA_KV_CACHE_TYPE=q8_0".into()], vec!["OLLAMA_KV_CACHE_TYPE=q8_0".into()], vec![]],
             &memory,
+            0,
         );
         // Idle members never unloaded; three is Ollama's own default a GPU, not lowered.
         assert_eq!(env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_KEEP_ALIVE=-1"]);
         assert!(note.contains("under its default of 3 a GPU"), "{note}");
         let four = [&m[..], &m[..1]].concat();
-        let (env, _) = ollama(&four, &[], &memory);
+        let (env, _) = ollama(&four, &[], &memory, 0);
         assert_eq!(env, ["OLLAMA_KEEP_ALIVE=-1", "OLLAMA_MAX_LOADED_MODELS=4"]);
-        // The one member fully on the GPU is checked against 80% of what the others leave: load it first.
-        assert!(note.contains("1.00 GiB of 4.00 GiB here: load a b.gguf first"), "{note}");
+        // The one member fully on the GPU is checked as Ollama checks it: its
+        // prediction (1.5 GiB), not llama.cpp's 1 GiB, against 80% of the 5 GiB the others leave.
+        assert!(note.contains("1.50 GiB against 4.00 GiB here, so it loads beside them"), "{note}");
         assert!(note.contains("the set takes 4.00 GiB on the device of 8.00 GiB free"), "{note}");
+        // Each of Ollama's CUDA processes holds its context: 3 x 612 MiB more, and 80% of (8 - 3 - 2 x 0.6) GiB left.
+        let (_, note) = ollama(&m, &[], &memory, 612 << 20);
+        assert!(
+            note.contains("the set takes 5.79 GiB on the device of 8.00 GiB free, with 612.00 MiB for each"),
+            "{note}"
+        );
+        assert!(note.contains("1.50 GiB against 3.04 GiB here"), "{note}");
+        // A prediction over what the others leave: load it first.
+        let tight = MemoryPolicy { device_total_bytes: Some(5 << 30), ..MemoryPolicy::no_gpu() };
+        let (_, note) = ollama(&m, &[], &tight, 0);
+        assert!(note.contains("1.50 GiB against 1.60 GiB"), "{note}");
+        let tighter = MemoryPolicy { device_total_bytes: Some((4 << 30) + (1 << 29)), ..MemoryPolicy::no_gpu() };
+        let (_, note) = ollama(&m, &[], &tighter, 0);
+        assert!(
+            note.contains("1.50 GiB against 1.20 GiB here, so over it, Ollama would evict them: load a b.gguf first"),
+            "{note}"
+        );
     }
 }

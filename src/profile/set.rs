@@ -56,6 +56,10 @@ pub struct SetMember {
     pub tg_ts: Option<f64>,
     /// Its device memory there, as llama.cpp accounted it (or sampled).
     pub device_bytes: Option<u64>,
+    /// What Ollama's scheduler predicts for it before loading it beside
+    /// others: its file and an f16 cache at its context, plus its batch's
+    /// surcharge (`consumer::ollama::predicted_for_load`).
+    pub ollama_predicted_bytes: Option<u64>,
     /// Why it got these layers, in words.
     pub why: String,
     /// Its Modelfile PARAMETER lines (num_gpu always set: see `ollama_note`).
@@ -80,6 +84,8 @@ struct StoredMember {
     n_layer_full: u32,
     tg_ts: Option<f64>,
     device_bytes: Option<u64>,
+    #[serde(default)]
+    ollama_predicted_bytes: Option<u64>,
     why: String,
     #[serde(default)]
     llama_cpp_args: String,
@@ -96,6 +102,7 @@ impl From<SetMember> for StoredMember {
             n_layer_full: m.n_layer_full,
             tg_ts: m.tg_ts,
             device_bytes: m.device_bytes,
+            ollama_predicted_bytes: m.ollama_predicted_bytes,
             why: m.why,
             modelfile: m.modelfile,
         }
@@ -113,6 +120,7 @@ impl TryFrom<StoredMember> for SetMember {
             n_layer_full: s.n_layer_full,
             tg_ts: s.tg_ts,
             device_bytes: s.device_bytes,
+            ollama_predicted_bytes: s.ollama_predicted_bytes,
             why: s.why,
             modelfile: s.modelfile,
         })
@@ -174,6 +182,7 @@ mod tests {
             n_layer_full: 31,
             tg_ts: Some(10.0),
             device_bytes: Some(1 << 30),
+            ollama_predicted_bytes: Some(3 << 29),
             why: "its share".into(),
             modelfile: vec!["PARAMETER num_gpu 20".into()],
         };

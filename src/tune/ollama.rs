@@ -3,7 +3,6 @@
 //! (server/sched.go). Ollama's own run is paired in `baseline::against`.
 
 use super::plan::ContextRun;
-use crate::engine::predict::{predict_in_child, PredictSpec};
 use crate::types::Note;
 
 use super::start::Shared;
@@ -20,9 +19,8 @@ fn available(sh: &Shared<'_>) -> u64 {
 
 /// Sets Ollama's batch for this context where it is Ollama's to choose:
 /// its rule, stepped down as server/sched.go does for the model's
-/// predicted memory (llama.cpp's dry run of full offload at this context,
-/// Ollama's prediction being of the whole model) against the device's free
-/// memory. The note says what it chose and why.
+/// predicted memory (Ollama's own prediction of the whole model at this
+/// context: `PredictServerVRAM`) against the device's free memory. The note says what it chose and why.
 pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
     let s = sh.opts.settings();
     if !auto_batch(s.ollama()) {
@@ -30,18 +28,12 @@ pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
     }
     let rule = crate::consumer::ollama::batch(at.n_ctx);
     let free = available(sh);
-    let full = sh.opts.info().n_layer_full;
+    // server/sched.go steps the batch on its own prediction (PredictServerVRAM
+    // at the context llama-server gets), not on llama.cpp's accounting.
     let predicted = if free == 0 || rule == 512 {
         0
     } else {
-        let spec = PredictSpec {
-            ngl: vec![full],
-            n_batch: 512,
-            n_ubatch: 512,
-            ..super::pricer::workload_spec(sh.opts.info(), s, *at, sh.op_offload)
-        };
-        let out = predict_in_child(&sh.runner, &spec).ok();
-        out.and_then(|o| o.predictions.into_iter().find(|p| p.error.is_none())).map_or(0, |p| p.device_bytes)
+        crate::consumer::ollama::predict_server_vram(sh.opts.info(), at.n_ctx)
     };
     let cuda = sh.hw.llama_devices.iter().find(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
     let cuda_without_fa =
@@ -50,7 +42,7 @@ pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
     (at.n_batch, at.n_ubatch) = (b, b);
     let why = if b < rule && cuda_without_fa.is_none() {
         format!(
-            ", stepped down from {rule}: the model takes {} of {} free (Ollama wants 60% for 2048, 75% for 1024)",
+            ", stepped down from {rule}: Ollama predicts the model at {} of {} free (its file and an f16 cache; it wants 60% for 2048, 75% for 1024)",
             crate::model::human_bytes(predicted),
             crate::model::human_bytes(free)
         )
@@ -78,6 +70,21 @@ pub fn measured_backend(hw: &crate::types::Hardware, device: Option<&str>) -> St
         .map_or_else(|| "CPU".to_string(), |d| d.backend.clone())
 }
 
+/// What each of Ollama's llama-server processes holds here beyond what the
+/// trials measured: [`CUDA_PROCESS_BYTES`] on an NVIDIA card measured
+/// through another backend (Vulkan, RPC), else nothing (a CUDA
+/// measurement's NVML reading holds its context already; no NVIDIA card,
+/// no CUDA process).
+#[must_use]
+pub fn consumer_process_bytes(hw: &crate::types::Hardware, device: Option<&str>) -> u64 {
+    let backend = measured_backend(hw, device);
+    if hw.gpus.is_empty() || backend == "CUDA" || backend == "CPU" {
+        0
+    } else {
+        CUDA_PROCESS_BYTES
+    }
+}
+
 /// Ollama's `num_gpu` priced for the engine Ollama runs here. On an NVIDIA
 /// card Ollama starts its CUDA llama-server, whose process holds
 /// [`CUDA_PROCESS_BYTES`] that a trial through another backend (Vulkan)
@@ -94,8 +101,8 @@ pub(super) fn priced_for_consumer(
 ) -> Option<Note> {
     let backend = measured_backend(hw, device);
     let cap = search.cap_bytes()?;
-    let pinned = rec.ollama_num_gpu_param().filter(|_| !hw.gpus.is_empty() && backend != "CUDA" && backend != "CPU")?;
-    let share = CUDA_PROCESS_BYTES;
+    let share = consumer_process_bytes(hw, device);
+    let pinned = rec.ollama_num_gpu_param().filter(|_| share > 0)?;
     #[allow(clippy::cast_precision_loss)]
     let fits = |p: &crate::engine::predict::Prediction| p.error.is_none() && (p.device_bytes + share) as f64 <= cap;
     let mut n = pinned;
@@ -193,5 +200,19 @@ mod tests {
         // Measured through CUDA: not counted twice.
         let (note, rec) = priced("CUDA0", "CUDA", 18);
         assert_eq!((note, rec.ollama_num_gpu_param()), (None, Some(18)));
+    }
+
+    /// Issue 54 item 9: a set's members each run in an Ollama llama-server
+    /// of their own, so each holds CUDA's share on an NVIDIA card measured
+    /// through another backend; through CUDA, or with no NVIDIA card, none.
+    #[test]
+    fn each_of_ollamas_processes_holds_cudas_share_where_the_trials_did_not() {
+        assert_eq!(consumer_process_bytes(&nvidia("Vulkan0", "Vulkan"), Some("Vulkan0")), 612 << 20);
+        assert_eq!(consumer_process_bytes(&nvidia("RPC0", "RPC"), Some("RPC0")), 612 << 20);
+        assert_eq!(consumer_process_bytes(&nvidia("CUDA0", "CUDA"), Some("CUDA0")), 0);
+        assert_eq!(consumer_process_bytes(&nvidia("Vulkan0", "Vulkan"), None), 0, "on the CPU: no device process");
+        let mut amd = nvidia("Vulkan0", "Vulkan");
+        amd.gpus.clear();
+        assert_eq!(consumer_process_bytes(&amd, Some("Vulkan0")), 0, "no NVIDIA card: Ollama runs no CUDA");
     }
 }

@@ -161,6 +161,30 @@ fn batch_surcharge(batch: u32) -> u64 {
     }
 }
 
+/// Ollama's own prediction of a model's device memory before it starts
+/// llama-server (llm/llama_server.go `PredictServerVRAM`): the file's size
+/// plus an f16 cache of `2 x layers x kv heads x (embedding / heads) x
+/// context x 2` bytes, deliberately high. Its scheduler steps the batch
+/// down and decides whether a model loads beside others on this, not on
+/// llama.cpp's accounting. `n_ctx`: the context llama-server gets
+/// (`num_ctx x parallel`: `effectiveLlamaServerContext`).
+#[must_use]
+pub fn predict_server_vram(info: &crate::model::ModelInfo, n_ctx: u32) -> u64 {
+    // HeadCountKVMin() of 0 counts as 1; HeadCountMax() of 0 leaves no head dimension.
+    let kv_heads = info.n_head_kv.max(1);
+    let head_dim = info.n_embd.checked_div(info.n_head).unwrap_or(0);
+    info.file_size + 2 * u64::from(info.n_layer) * kv_heads * head_dim * u64::from(n_ctx) * 2
+}
+
+/// What Ollama's pre-flight check weighs before it loads a model fully on
+/// the GPU beside loaded ones (server/sched.go: `predictedForLoad`, the
+/// prediction plus the batch's surcharge), against 80% of the free memory
+/// they leave.
+#[must_use]
+pub fn predicted_for_load(info: &crate::model::ModelInfo, n_ctx: u32, n_batch: u32) -> u64 {
+    predict_server_vram(info, n_ctx) + batch_surcharge(n_batch)
+}
+
 /// Ollama's `generationBatchFits`: the prediction under 80% of the free
 /// memory, under 60% (2048) or 75% (1024) of it, and the surcharge inside
 /// what the 80% leaves.

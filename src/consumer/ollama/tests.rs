@@ -182,3 +182,20 @@ fn ollamas_slots_multiply_each_context_and_its_batch_rule_holds_found_or_not() {
     none.apply(&mut got, "gemma3", false, &[]);
     assert_eq!((got.n_ctx, got.n_parallel, got.n_batch), (32768, 1, 1024));
 }
+
+#[test]
+fn ollama_predicts_a_model_as_its_scheduler_does_file_plus_an_f16_cache_plus_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.gguf");
+    let spec = crate::synth::SynthSpec::default().with_n_layer(4).with_dims(256, 512, 8).with_kv_heads(2);
+    crate::synth::write_model(&p, &spec).unwrap();
+    let info = crate::model::inspect(&p).unwrap();
+    // llm/llama_server.go PredictServerVRAM: 2 (K, V) x 4 layers x 2 kv heads x 32 (256 / 8) x 4096 x 2 bytes.
+    let kv = 2 * 4 * 2 * 32 * 4096 * 2;
+    assert_eq!(predict_server_vram(&info, 4096), info.file_size + kv);
+    assert_eq!(predict_server_vram(&info, 8192), info.file_size + 2 * kv, "the cache grows with the context");
+    // server/sched.go predictedForLoad: the surcharge of the batch it will run.
+    assert_eq!(predicted_for_load(&info, 4096, 512), info.file_size + kv);
+    assert_eq!(predicted_for_load(&info, 4096, 1024), info.file_size + kv + (768 << 20));
+    assert_eq!(predicted_for_load(&info, 4096, 2048), info.file_size + kv + (2 << 30));
+}

@@ -87,6 +87,12 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
     crate::probe::refresh_memory(&mut hw);
     let policy =
         super::memory::policy_for(&hw, &first.settings().caps, first.caps()).unwrap_or_else(MemoryPolicy::no_gpu);
+    // Ollama starts a llama-server a member on an NVIDIA card, each holding
+    // its CUDA context; measured through another backend the set is priced
+    // with that share a member (`tune::ollama::consumer_process_bytes`).
+    let process_bytes = super::ollama::consumer_process_bytes(&hw, first.caps().first().map(|c| c.device.as_str()));
+    #[allow(clippy::cast_precision_loss)]
+    let cap_bytes = policy.cap_bytes - (process_bytes * reqs.len() as u64) as f64;
     let exe = crate::engine::child::current_exe()?;
     let s0 = first.settings();
     let runner = super::start::runner(&s0.policy, first.verbose())?;
@@ -102,7 +108,7 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         let mut base = super::context::base_spec(req.info(), s, ContextRun::of(s, s.workload.n_ctx), op);
         base.depth_cache = depths[i].as_ref().map(|d| d.0.clone());
         let part = Part { req, base, devices: req.caps().iter().map(|c| c.device.clone()).collect() };
-        let priced = price(&runner, req, &policy, op);
+        let priced = price(&runner, req, (&policy, cap_bytes), op);
         let most = priced.iter().map(|p| p.0).max().unwrap_or(0);
         let mut measured = Vec::new();
         for n in if most > 0 { vec![0, most] } else { vec![0] } {
@@ -115,20 +121,20 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         members.push(Member { weight: shares[i], priced, measured });
         parts.push(part);
     }
-    let ranked = choose::ranked(&members, policy.cap_bytes);
+    let ranked = choose::ranked(&members, cap_bytes);
     // The best two that load whole and measure under the cap (at most four tried).
     let mut sets: Vec<MeasuredSet> = Vec::new();
     for set in ranked.iter().take(4) {
         if sets.iter().filter(|s| s.under_cap && s.s_per_token.is_some()).count() == 2 {
             break;
         }
-        let (m, t) = measure_set(&exe, &runner, &parts, set, &policy, shares)?;
+        let (m, t) = measure_set(&exe, &runner, &parts, set, (&policy, cap_bytes), shares)?;
         sets.push(m);
         trials.extend(t);
     }
     runner.release();
     // Only a set the gate admits is written (measured whole, under the cap).
-    let cap = (policy.source != crate::types::Source::None).then_some(policy.cap_bytes);
+    let cap = (policy.source != crate::types::Source::None).then_some(cap_bytes);
     let (best, chosen) = sets
         .iter()
         .enumerate()
@@ -139,14 +145,14 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         })?;
     sets[best].recommended = true;
     sets.sort_by_key(|s| !s.recommended);
-    let profile = set_profile(&hw, policy, &parts, &chosen, shares, (sets, trials), started);
+    let profile = set_profile(&hw, (policy, process_bytes), &parts, &chosen, shares, (sets, trials), started);
     let path = store_set(first.store(), &profile)?;
     Ok(SetOutcome { profile, path })
 }
 
 /// The settings a member may take alone under the cap, priced by
 /// llama.cpp's dry run (its grid: `--ngl`, else every few layers and all).
-fn price(runner: &Runner, req: &TuneRequest, policy: &MemoryPolicy, op: bool) -> Vec<(u32, u64)> {
+fn price(runner: &Runner, req: &TuneRequest, (policy, cap_bytes): (&MemoryPolicy, f64), op: bool) -> Vec<(u32, u64)> {
     let s = req.settings();
     let full = req.info().n_layer_full;
     let grid = s
@@ -163,7 +169,7 @@ fn price(runner: &Runner, req: &TuneRequest, policy: &MemoryPolicy, op: bool) ->
     let v: Vec<(u32, u64)> = report
         .predictions
         .iter()
-        .filter(|p| p.error.is_none() && p.device_bytes as f64 <= policy.cap_bytes)
+        .filter(|p| p.error.is_none() && p.device_bytes as f64 <= cap_bytes)
         .map(|p| (p.n_gpu_layers, p.device_bytes))
         .collect();
     if v.is_empty() {
@@ -184,7 +190,7 @@ fn measure_set(
     runner: &Runner,
     parts: &[Part<'_>],
     set: &choose::Set,
-    policy: &MemoryPolicy,
+    (policy, cap_bytes): (&MemoryPolicy, f64),
     shares: &[f64],
 ) -> Result<(MeasuredSet, Vec<SetTrial>)> {
     let mut trials = Vec::new();
@@ -218,7 +224,7 @@ fn measure_set(
     }
     let times: Option<Vec<f64>> = tg.iter().map(|t| t.filter(|v| *v > 0.0).map(|v| 1.0 / v)).collect();
     #[allow(clippy::cast_precision_loss)]
-    let under_cap = policy.source == crate::types::Source::None || bytes.is_some_and(|b| b as f64 <= policy.cap_bytes);
+    let under_cap = policy.source == crate::types::Source::None || bytes.is_some_and(|b| b as f64 <= cap_bytes);
     let measured = MeasuredSet {
         n_gpu_layers: set.ngls.clone(),
         predicted_s_per_token: set.s_per_token,
@@ -247,7 +253,7 @@ fn unmeasured(set: &choose::Set, n: usize) -> MeasuredSet {
 /// The set's profile: each member's answer and forms, the sets measured.
 fn set_profile(
     hw: &crate::types::Hardware,
-    memory: MemoryPolicy,
+    (memory, process_bytes): (MemoryPolicy, u64),
     parts: &[Part<'_>],
     chosen: &crate::profile::AdmittedSet,
     shares: &[f64],
@@ -281,6 +287,9 @@ fn set_profile(
                 tg_ts: chosen.tg_ts[i],
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 device_bytes: own.and_then(|t| trial_memory(&t.result, &memory).0).map(|m| m.max(0.0) as u64),
+                ollama_predicted_bytes: placement
+                    .n_ctx
+                    .map(|c| crate::consumer::ollama::predicted_for_load(p.req.info(), c, placement.n_batch)),
                 why: choose::why(ngl, p.req.info().n_layer_full, shares[i], &alone, &others),
                 modelfile: crate::consumer::ollama::modelfile_lines(&placement),
                 placement,
@@ -288,7 +297,7 @@ fn set_profile(
             (member, env)
         })
         .unzip();
-    let (ollama_server_env, ollama_note) = crate::emit::together::ollama(&members, &envs, &memory);
+    let (ollama_server_env, ollama_note) = crate::emit::together::ollama(&members, &envs, &memory, process_bytes);
     SetProfile {
         schema_version: crate::profile::SCHEMA_VERSION,
         kind: "set".into(),
