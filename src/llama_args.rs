@@ -31,6 +31,8 @@ pub struct LlamaArgs {
     pub main_gpu: Option<u32>,
     /// `-np`: parallel sequences (llama-server's slots).
     pub n_parallel: Option<u32>,
+    /// `-kvu` / `-no-kvu`: one KV cache shared by the slots.
+    pub kv_unified: Option<bool>,
     /// `--mmproj`: the multimodal projector file.
     pub mmproj: Option<std::path::PathBuf>,
     /// `--mmproj-offload` / `--no-mmproj-offload`.
@@ -39,7 +41,7 @@ pub struct LlamaArgs {
 
 /// The flags this reads.
 pub const KNOWN: &str =
-    "-ngl, -t, -c, -np, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj, --no-mmproj-offload";
+    "-ngl, -t, -c, -np, -kvu, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj, --no-mmproj-offload";
 
 impl LlamaArgs {
     /// `base` with what this command line sets laid over it. An `-ot`
@@ -57,6 +59,7 @@ impl LlamaArgs {
         set(&mut p.n_cpu_moe, self.n_cpu_moe);
         set(&mut p.main_gpu, self.main_gpu);
         set(&mut p.n_parallel, self.n_parallel);
+        p.kv_unified = self.kv_unified.unwrap_or(p.kv_unified);
         p.kv_type = self.kv_type.unwrap_or(p.kv_type);
         p.flash_attn = self.flash_attn.unwrap_or(p.flash_attn);
         p.op_offload = self.op_offload.unwrap_or(p.op_offload);
@@ -120,11 +123,12 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
 
 /// llama-server's environment variables (`common/arg.cpp`'s `set_env`) for
 /// the flags ngl-tune emits.
-const ENV_FLAGS: [(&str, &str); 18] = [
+const ENV_FLAGS: [(&str, &str); 19] = [
     ("LLAMA_ARG_N_GPU_LAYERS", "-ngl"),
     ("LLAMA_ARG_THREADS", "-t"),
     ("LLAMA_ARG_CTX_SIZE", "-c"),
     ("LLAMA_ARG_N_PARALLEL", "-np"),
+    ("LLAMA_ARG_KV_UNIFIED", "-kvu"),
     ("LLAMA_ARG_BATCH", "-b"),
     ("LLAMA_ARG_UBATCH", "-ub"),
     ("LLAMA_ARG_N_CPU_MOE", "--n-cpu-moe"),
@@ -213,6 +217,14 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
         match flag.as_str() {
             "--no-op-offload" => {
                 a.op_offload = Some(OpOffload::Off);
+                continue;
+            }
+            "-kvu" | "--kv-unified" => {
+                a.kv_unified = Some(switch(&mut it));
+                continue;
+            }
+            "-no-kvu" | "--no-kv-unified" => {
+                a.kv_unified = Some(false);
                 continue;
             }
             "--op-offload" => {
@@ -357,14 +369,14 @@ mod tests {
             (0u32..200, 1u32..64, proptest::option::of(1u32..300_000), 1u32..8192, 1u32..4096),
             (kv, fa, 0u32..60, 0u32..60, proptest::collection::vec(other, 0..3)),
             (op, proptest::collection::vec(endpoint, 0..3), sm, proptest::collection::vec(0u32..99, 0..6), 0u32..4),
-            (1u32..9, devices),
+            (1u32..9, devices, proptest::bool::ANY),
             proptest::option::of(prop_oneof![
                 Just("mmproj-F16.gguf".to_string()),
                 Just("/models/My Model's/mmproj.gguf".to_string()),
             ]),
             proptest::bool::ANY,
         )
-            .prop_map(|(a, b, c, (np, devices), mm, on_gpu)| Placement {
+            .prop_map(|(a, b, c, (np, devices, kvu), mm, on_gpu)| Placement {
                 n_gpu_layers: a.0,
                 n_threads: a.1,
                 n_ctx: a.2,
@@ -382,6 +394,7 @@ mod tests {
                 tensor_split: c.3,
                 main_gpu: c.4,
                 n_parallel: np,
+                kv_unified: kvu,
                 mmproj_offload: on_gpu || mm.is_none(),
                 mmproj: mm.map(std::path::PathBuf::from),
             })

@@ -699,9 +699,11 @@ fn the_ollama_servers_settings_are_what_the_tune_measures() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let p = only_profile(&store);
-    // llama.cpp's default runs as llama-server does without flags (one sequence here, its own
-    // batch); every other trial as Ollama runs it. All of them with Ollama's KV type.
-    let stock = |s: &serde_json::Value| s["n_batch"] == 2048 && s["n_ubatch"] == 512 && s["n_parallel"].is_null();
+    // llama.cpp's default runs as llama-server does without flags (its 4 slots over one unified
+    // cache, its own batch); every other trial as Ollama runs it. All of them with Ollama's KV type.
+    let stock = |s: &serde_json::Value| {
+        s["n_batch"] == 2048 && s["n_ubatch"] == 512 && s["n_parallel"] == 4 && s["kv_unified"] == true
+    };
     for t in p["trials"].as_array().unwrap() {
         let s = &t["spec"];
         assert_eq!(s["kv_type"], "q8_0", "both baselines priced and measured with Ollama's KV type: {s}");

@@ -67,6 +67,8 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
     }
     if c.stock {
         spec.placement = spec.placement.with_server_defaults();
+        // Its slots serve at most that many streams at once; the rest wait.
+        spec.n_streams = spec.n_streams.min(spec.placement.n_parallel);
     }
     if c.ngl == 0 {
         // Every layer on the CPU: measured as recommended, without the

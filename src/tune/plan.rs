@@ -270,9 +270,12 @@ impl Candidate {
             && (self.ctx == 0 || spec.placement.n_ctx == Some(self.ctx))
             && spec.baseline == self.upstream
             && spec.placement.mmproj_offload != self.mmproj_cpu
-            && (!self.stock
-                || (spec.placement.n_batch, spec.placement.n_ubatch, spec.placement.n_parallel)
-                    == (crate::types::DEFAULT_N_BATCH, crate::types::DEFAULT_N_UBATCH, 1))
+            && (!self.stock || {
+                let stock = crate::types::Placement::default().with_server_defaults();
+                let p = &spec.placement;
+                (p.n_batch, p.n_ubatch, p.n_parallel, p.kv_unified)
+                    == (stock.n_batch, stock.n_ubatch, stock.n_parallel, stock.kv_unified)
+            })
     }
 }
 

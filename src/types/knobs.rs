@@ -251,6 +251,9 @@ impl SplitMode {
 pub const DEFAULT_N_BATCH: u32 = 2048;
 /// llama.cpp's default micro-batch (`-ub`).
 pub const DEFAULT_N_UBATCH: u32 = 512;
+/// llama-server's slots where `-np` is not given (its auto: tools/server
+/// sets 4, over one unified cache).
+pub const SERVER_SLOTS: u32 = 4;
 
 /// The pattern for one layer's experts (llama.cpp's `LLM_FFN_EXPS_REGEX`),
 /// as `--n-cpu-moe` builds it.

@@ -49,6 +49,11 @@ pub(crate) fn is_true(b: &bool) -> bool {
     *b
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 pub(crate) fn one() -> u32 {
     1
 }

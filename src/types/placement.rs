@@ -81,6 +81,11 @@ pub struct Placement {
     /// splits it, and as Ollama starts it: `-c num_ctx x P -np P`).
     #[serde(default = "super::one", skip_serializing_if = "super::is_one")]
     pub n_parallel: u32,
+    /// One KV cache shared by the slots (`-kvu`): each sequence may use the
+    /// whole context. llama-server's own when the slot count is its auto
+    /// (4 slots, unified); off for a given `-np`, as Ollama starts it.
+    #[serde(default, skip_serializing_if = "super::is_false")]
+    pub kv_unified: bool,
     /// A multimodal projector (llama-server's `--mmproj`), loaded beside
     /// the model on the first GPU, as llama-server loads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,6 +157,7 @@ impl Default for Placement {
             tensor_split: Vec::new(),
             main_gpu: 0,
             n_parallel: 1,
+            kv_unified: false,
             mmproj: None,
             mmproj_offload: true,
         }
@@ -181,11 +187,14 @@ impl Placement {
         self
     }
 
-    /// llama-server's own batch sizes, flash attention and one sequence
-    /// (`-b 2048 -ub 512 -fa auto`): what it runs without flags.
+    /// llama-server's own batch sizes, flash attention and slots (`-b 2048
+    /// -ub 512 -fa auto`, `-np` auto: 4 over one unified cache, its
+    /// tools/server `params.n_parallel = -1` and `-kvu` "enabled if number
+    /// of slots is auto"): what it runs without flags.
     #[must_use]
     pub fn with_server_defaults(mut self) -> Self {
-        (self.n_batch, self.n_ubatch, self.n_parallel) = (DEFAULT_N_BATCH, DEFAULT_N_UBATCH, 1);
+        (self.n_batch, self.n_ubatch) = (DEFAULT_N_BATCH, DEFAULT_N_UBATCH);
+        (self.n_parallel, self.kv_unified) = (SERVER_SLOTS, true);
         self.flash_attn = self.kv_type.flash_attn(FlashAttn::Auto);
         self
     }
@@ -269,6 +278,9 @@ impl Placement {
         if self.n_parallel > 1 {
             f.push(format!("-np {}", self.n_parallel));
         }
+        if self.kv_unified {
+            f.push("-kvu".into());
+        }
         if self.n_batch != DEFAULT_N_BATCH {
             f.push(format!("-b {}", self.n_batch));
         }
@@ -325,6 +337,9 @@ impl Placement {
         }
         if self.n_parallel > 1 {
             v.push(("LLAMA_ARG_N_PARALLEL", self.n_parallel.to_string()));
+        }
+        if self.kv_unified {
+            v.push(("LLAMA_ARG_KV_UNIFIED", "1".to_string()));
         }
         if self.n_batch != DEFAULT_N_BATCH {
             v.push(("LLAMA_ARG_BATCH", self.n_batch.to_string()));

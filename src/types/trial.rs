@@ -101,6 +101,7 @@ impl TrialSpec {
             kv_type: KvType::F16,
             op_offload: OpOffload::On,
             n_parallel: 1,
+            kv_unified: false,
             ..p.clone()
         };
         format!("{}\n{}", self.model.display(), serde_json::to_string(&load).unwrap_or_default())

@@ -470,6 +470,7 @@ fn open_context<'m>(
     let cparams = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(n_ctx))
         .with_n_seq_max(p.n_parallel.max(spec.n_streams).max(1))
+        .with_kv_unified(p.kv_unified)
         .with_n_batch(p.n_batch)
         .with_n_ubatch(p.n_ubatch)
         .with_n_threads(threads)

@@ -112,8 +112,9 @@ pub fn default_candidate(
     }
     let ngl = fit.n_gpu_layers.ok_or("llama.cpp's fit gave no layer count")?;
     let ctx = fit.n_ctx.unwrap_or(at.n_ctx);
-    // Every stream decodes at the depth, all in the default's one cache.
-    let needs = (at.depth + s.measure.longest_test()) * s.goal.streams();
+    // Every stream it serves at once (at most its 4 slots) decodes at the
+    // depth, all in its one unified cache.
+    let needs = (at.depth + s.measure.longest_test()) * s.goal.streams().min(crate::types::SERVER_SLOTS);
     if ctx < needs {
         return Err(format!(
             "without flags llama.cpp would run a {ctx}-token context here: too small for the workload ({needs} tokens), not compared"
@@ -204,7 +205,7 @@ fn race_against(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opponent {
     /// `llama-server -m MODEL`: its fit (`-c 0`, 1 GiB margin), its own
-    /// batch and one sequence, llama.cpp's thread rule.
+    /// batch and 4 slots over one unified cache, llama.cpp's thread rule.
     LlamaDefault,
     /// What Ollama starts llama-server with, `num_gpu` unset: its fit at
     /// Ollama's context, batch, slots and fit target. The answer's Ollama
@@ -238,7 +239,7 @@ impl Opponent {
 
 /// The opponent's placement as it runs: its layers, threads, context,
 /// fit's CPU tensors and where the projector loads; llama.cpp's own batch,
-/// flash attention and one sequence for its default, the workload's for
+/// flash attention and slots (4, unified) for its default, the workload's for
 /// Ollama's run (`workload`: the context's, `ContextRun::workload`); the
 /// base KV type `kv`.
 fn default_placement(workload: Placement, kv: KvType, theirs: &Candidate) -> Placement {

@@ -227,31 +227,49 @@ fn a_tie_with_the_default_never_changes_the_run_the_user_asked_for() {
     assert_eq!(&sides[6..], [7, 20, 20, 7, 20, 7], "{sides:?}");
 }
 
-/// `--objective throughput --parallel 4`: a tie with the default keeps
-/// the four streams the user tuned (`-np 4`), never the default's one.
+/// `--objective throughput --parallel N`: llama-server without flags
+/// serves 4 slots over one unified cache, so its trial decodes at most 4
+/// streams in a unified cache (`-np 4 -kvu`), never N non-unified ones;
+/// a tie with it keeps the N streams the user tuned (`-np N`).
 #[test]
 fn a_tie_under_throughput_keeps_the_users_slots() {
     use crate::tune::executor::fake::{Outcome, World};
     use crate::tune::worlds::{recommendation, settings};
-    let mut s = settings();
-    s.goal.objective = crate::types::Objective::Throughput;
-    s.goal.parallel_streams = Some(4);
-    s.workload.n_parallel = 4;
-    let mut world = World::new(|_| Outcome::Ok { tg: 40.0, pp: 100.0, mem: 1 << 20 });
-    world.base.placement.n_parallel = 4;
-    world.base.n_streams = 4;
-    let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
-    let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(65536), ..LlamaFit::none(1 << 30) };
-    let here = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(32768), ..LlamaFit::none(1 << 30) };
-    let mut rec = recommendation();
-    rec.placement.n_parallel = 4;
-    rec.render_forms();
-    let cmp = against::llama_default(&mut search, &mut rec, (Some(&fit), Some(&here)), 31).unwrap();
-    drop(search);
-    assert_eq!(cmp.verdict, Verdict::Tie, "{cmp:?}");
-    assert_eq!(cmp.placement.as_ref().map(|p| p.n_parallel), Some(1), "llama-server's own slot");
-    assert_eq!((rec.placement.n_parallel, rec.placement.n_ctx), (4, Some(32768)), "{rec:?}");
-    assert!(rec.llama_cpp_args.contains("-np 4"), "{}", rec.llama_cpp_args);
+    for n in [4u32, 8] {
+        let mut s = settings();
+        s.goal.objective = crate::types::Objective::Throughput;
+        s.goal.parallel_streams = Some(n);
+        s.workload.n_parallel = n;
+        let ran = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let seen = ran.clone();
+        let mut world = World::of(move |_, spec| {
+            let p = &spec.placement;
+            seen.borrow_mut().push((spec.baseline, p.n_parallel, p.kv_unified, spec.n_streams));
+            Outcome::Ok { tg: 40.0, pp: 100.0, mem: 1 << 20 }
+        });
+        world.base.placement.n_parallel = n;
+        world.base.n_streams = n;
+        let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
+        let fit = LlamaFit { n_gpu_layers: Some(-1), n_ctx: Some(65536), ..LlamaFit::none(1 << 30) };
+        let here = LlamaFit { n_gpu_layers: Some(20), n_ctx: Some(32768), ..LlamaFit::none(1 << 30) };
+        let mut rec = recommendation();
+        rec.placement.n_parallel = n;
+        rec.render_forms();
+        let cmp = against::llama_default(&mut search, &mut rec, (Some(&fit), Some(&here)), 31).unwrap();
+        drop(search);
+        assert_eq!(cmp.verdict, Verdict::Tie, "{cmp:?}");
+        let p = cmp.placement.as_ref().unwrap();
+        assert_eq!((p.n_parallel, p.kv_unified), (4, true), "llama-server's own slots");
+        assert!(p.flags().contains("-np 4 -kvu"), "{}", p.flags());
+        let ran = ran.borrow();
+        let stock: Vec<_> = ran.iter().filter(|r| r.0 && r.1 == 4 && r.2).collect();
+        assert!(!stock.is_empty(), "the default ran as llama-server runs it: {ran:?}");
+        assert!(stock.iter().all(|r| r.3 == n.min(4)), "at most its 4 slots' streams at once: {ran:?}");
+        assert!(ran.iter().any(|r| !r.0 && r.1 == n && !r.2 && r.3 == n), "the answer: {n} streams, -np {n}: {ran:?}");
+        assert_eq!((rec.placement.n_parallel, rec.placement.n_ctx), (n, Some(32768)), "{rec:?}");
+        assert!(!rec.placement.kv_unified, "the user's -np {n}: not unified, as llama-server runs a given -np");
+        assert!(rec.llama_cpp_args.contains(&format!("-np {n}")), "{}", rec.llama_cpp_args);
+    }
 }
 
 /// A side raced out in every pair (below half the other's speed each
