@@ -209,33 +209,26 @@ fn switch(it: &mut std::slice::Iter<'_, String>) -> bool {
     on.unwrap_or(true)
 }
 
+/// The flags that take no value (or a switch's): true where `flag` was one.
+fn toggle(a: &mut LlamaArgs, flag: &str, it: &mut std::slice::Iter<'_, String>) -> bool {
+    match flag {
+        "--no-op-offload" => a.op_offload = Some(OpOffload::Off),
+        "--op-offload" => a.op_offload = Some(OpOffload::On),
+        "-kvu" | "--kv-unified" => a.kv_unified = Some(switch(it)),
+        "-no-kvu" | "--no-kv-unified" => a.kv_unified = Some(false),
+        "--no-mmproj-offload" => a.mmproj_offload = Some(false),
+        _ => return false,
+    }
+    true
+}
+
 fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
     let mut a = LlamaArgs::default();
     let (mut k, mut v) = (None, None);
     let mut it = words.iter();
     while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--no-op-offload" => {
-                a.op_offload = Some(OpOffload::Off);
-                continue;
-            }
-            "-kvu" | "--kv-unified" => {
-                a.kv_unified = Some(switch(&mut it));
-                continue;
-            }
-            "-no-kvu" | "--no-kv-unified" => {
-                a.kv_unified = Some(false);
-                continue;
-            }
-            "--op-offload" => {
-                a.op_offload = Some(OpOffload::On);
-                continue;
-            }
-            "--no-mmproj-offload" => {
-                a.mmproj_offload = Some(false);
-                continue;
-            }
-            _ => {}
+        if toggle(&mut a, flag, &mut it) {
+            continue;
         }
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {

@@ -284,7 +284,24 @@ fn priced_plan(
             ))
         }));
     }
+    notes.extend(rig_margin_note(crate::engine::predict::upstream_margin(), policy.and_then(|p| p.device_total_bytes)));
     (prediction, notes)
+}
+
+/// Where the rig stands in a margin for fit's 1 GiB, the report says so:
+/// both baselines' layers follow from it.
+fn rig_margin_note(margin: u64, device_total: Option<u64>) -> Option<Note> {
+    use crate::engine::predict::{DEFAULT_FIT_MARGIN, RIG_FIT_MARGIN_ENV};
+    (margin != DEFAULT_FIT_MARGIN).then(|| {
+        #[allow(clippy::cast_precision_loss)]
+        let share = device_total.filter(|t| *t > 0).map_or_else(String::new, |t| {
+            format!(", {:.1}% of the device as 1 GiB is of a 24 GiB card", 100.0 * margin as f64 / t as f64)
+        });
+        Note::prediction(format!(
+            "llama.cpp's default and Ollama's run are priced with fit keeping {} free per device ({RIG_FIT_MARGIN_ENV}{share}), not its 1 GiB: the rig's card scaled to a real one",
+            crate::model::human_bytes(margin)
+        ))
+    })
 }
 
 /// The worker executor for this context's trials (the depth cache shared).
@@ -508,5 +525,17 @@ mod tests {
             said,
             "llama.cpp's dry run of the escape hatches failed (worker killed by signal 6): the options it could not price have no price"
         );
+    }
+
+    /// Issue 54 item 9: on the rig, fit's margin for the baselines is the
+    /// share of the card 1 GiB is of a 24 GiB one, and the report says so;
+    /// at llama.cpp's own 1 GiB nothing is said.
+    #[test]
+    fn the_rigs_scaled_fit_margin_is_said_and_llama_cpps_own_is_not() {
+        use crate::engine::predict::DEFAULT_FIT_MARGIN;
+        assert!(rig_margin_note(DEFAULT_FIT_MARGIN, Some(2048 << 20)).is_none());
+        let said = rig_margin_note(85 << 20, Some(2048 << 20)).unwrap().to_string();
+        assert!(said.contains("keeping 85.00 MiB free per device"), "{said}");
+        assert!(said.contains("NGL_TUNE_RIG_FIT_MARGIN_MIB, 4.2% of the device"), "{said}");
     }
 }

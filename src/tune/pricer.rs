@@ -61,6 +61,7 @@ pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload:
         flash_attn: s.workload.flash_attn,
         op_offload,
         fit_margin_bytes: None,
+        upstream_margin_bytes: crate::engine::predict::upstream_margin(),
         cases: Vec::new(),
         splits: Vec::new(),
         rpc: s.backend.rpc.clone(),

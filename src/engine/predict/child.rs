@@ -299,8 +299,9 @@ pub fn predict_main() -> Result<()> {
     let pad = |on_gpu: bool, fa: crate::types::FlashAttn| {
         spec.mmproj.as_deref().map(|m| server_projector_pad(m, on_gpu, fa)).unwrap_or_default()
     };
-    let default_fit =
-        spec.default_fit.then(|| fit_with(&stock, (DEFAULT_FIT_MARGIN, &pad(true, stock.flash_attn)), server, extra));
+    let default_fit = spec
+        .default_fit
+        .then(|| fit_with(&stock, (spec.upstream_margin_bytes, &pad(true, stock.flash_attn)), server, extra));
     // Ollama's run: its context (`-c num_ctx x P -np P`, which fit keeps),
     // its batch and KV type (the spec's), its fit target, llama.cpp's op
     // offload as Ollama leaves it; with its fit off, every layer.
@@ -312,8 +313,11 @@ pub fn predict_main() -> Result<()> {
         let ask = FitAsk { slots: o.slots, ..FitAsk::at(spec.n_ctx) };
         let projector = spec.mmproj.as_deref().map(ollama_projector_bytes);
         let offload = projector.is_none_or(|b| crate::consumer::ollama::offloads_projector(b, &offload_free()));
-        let margin =
-            o.target_bytes.unwrap_or_else(|| crate::consumer::ollama::fit_margin(projector.filter(|_| offload)));
+        // Ollama's own margin is llama.cpp's 1 GiB (the rig's stand-in where set) plus the projector.
+        let margin = o.target_bytes.unwrap_or_else(|| {
+            crate::consumer::ollama::fit_margin(projector.filter(|_| offload)) - DEFAULT_FIT_MARGIN
+                + spec.upstream_margin_bytes
+        });
         // A projector Ollama keeps on the CPU adds nothing on the devices.
         let extra = if offload { extra } else { &[] };
         LlamaFit { mmproj_offload: offload, ..fit_with(&theirs, (margin, &pad(offload, spec.flash_attn)), ask, extra) }

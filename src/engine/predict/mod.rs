@@ -128,6 +128,9 @@ pub struct PredictSpec {
     /// choose when this many bytes must stay free on each device.
     #[serde(default)]
     pub fit_margin_bytes: Option<u64>,
+    /// The margin the baselines' fit keeps free per device ([`upstream_margin`]).
+    #[serde(default = "default_fit_margin")]
+    pub upstream_margin_bytes: u64,
     /// More placements to price (answered in `PredictOutput::cases`).
     #[serde(default)]
     pub cases: Vec<PredictCase>,
@@ -293,6 +296,27 @@ pub struct LlamaFitSplit {
 /// llama.cpp's defaults for its fit (common.h: `fit_params_target`, `fit_params_min_ctx`).
 pub const DEFAULT_FIT_MARGIN: u64 = 1 << 30;
 pub const DEFAULT_FIT_MIN_CTX: u32 = 4096;
+
+fn default_fit_margin() -> u64 {
+    DEFAULT_FIT_MARGIN
+}
+
+/// The rig's stand-in for fit's 1 GiB (MiB): on a rig card of a few
+/// hundred MiB, 1 GiB free puts both baselines at ngl 0, where on a real
+/// card it is about 4% of 24 GiB; `scripts/rig-gpu` sets it to that share
+/// of its card, so the baselines run where they would on one. Unset: 1 GiB.
+pub const RIG_FIT_MARGIN_ENV: &str = "NGL_TUNE_RIG_FIT_MARGIN_MIB";
+
+/// The margin llama.cpp's fit keeps free per device for the baselines (the
+/// default, and Ollama's run without a fit target): [`DEFAULT_FIT_MARGIN`],
+/// or the rig's [`RIG_FIT_MARGIN_ENV`].
+#[must_use]
+pub fn upstream_margin() -> u64 {
+    std::env::var(RIG_FIT_MARGIN_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_FIT_MARGIN, |mib| mib << 20)
+}
 
 /// One tensor override llama.cpp's fit set: tensors matching `pattern`
 /// go to `buffer_type` (`-ot PATTERN=BUFT`).
