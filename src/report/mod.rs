@@ -186,6 +186,19 @@ fn status_words(t: &crate::profile::ProfileTrial) -> String {
     if t.role == crate::types::Role::Confirm {
         status.push_str(" (confirmation)");
     }
+    if r.spec.baseline {
+        // llama.cpp's or Ollama's own run: its context and slots are its own,
+        // not the tuned ones the other rows share.
+        let p = &r.spec.placement;
+        let mut at = p.n_ctx.map_or_else(String::new, |c| format!(" -c {c}"));
+        if p.n_parallel > 1 {
+            let _ = write!(at, " -np {}", p.n_parallel);
+        }
+        if p.kv_unified {
+            at.push_str(" -kvu");
+        }
+        let _ = write!(status, " (a baseline's run{at})");
+    }
     if let Some(x) = r.tests.iter().find(|x| x.stopped_early) {
         match x.tokens_measured {
             Some(n) => {
@@ -608,5 +621,23 @@ mod tests {
         let row = table.lines().find(|l| l.starts_with(&format!("| {n} |"))).expect(&table);
         assert!(row.contains("cut short: far behind the best"), "{row}");
         assert!(!row.contains('±'), "one sample has no spread: {row}");
+    }
+
+    /// A baseline's trials (llama.cpp's default, Ollama's own run) run
+    /// their own context and slots: their rows say so, so they are not
+    /// read as the answer's at another memory.
+    #[test]
+    fn a_baselines_rows_say_whose_run_they_are() {
+        let mut p = example();
+        let t = &mut p.trials[1].result;
+        t.spec.baseline = true;
+        t.spec.placement = t.spec.placement.clone().with_layers(t.spec.placement.n_gpu_layers, 2, Some(8192));
+        t.spec.placement = t.spec.placement.clone().with_server_defaults();
+        let n = t.spec.placement.n_gpu_layers;
+        let table = trial_table(&p);
+        let row = table.lines().find(|l| l.starts_with(&format!("| {n} | 2 |"))).expect(&table);
+        assert!(row.contains("(a baseline's run -c 8192 -np 4 -kvu)"), "{row}");
+        let others = table.lines().filter(|l| l.contains("a baseline's run")).count();
+        assert_eq!(others, 1, "only the baseline's row: {table}");
     }
 }
