@@ -295,7 +295,7 @@ fn rig_margin_note(margin: u64, device_total: Option<u64>) -> Option<Note> {
     (margin != DEFAULT_FIT_MARGIN).then(|| {
         #[allow(clippy::cast_precision_loss)]
         let share = device_total.filter(|t| *t > 0).map_or_else(String::new, |t| {
-            format!(", {:.1}% of the device as 1 GiB is of a 24 GiB card", 100.0 * margin as f64 / t as f64)
+            format!(", {:.1}% of the device, where 1 GiB is 4.2% of a 24 GiB card", 100.0 * margin as f64 / t as f64)
         });
         Note::prediction(format!(
             "llama.cpp's default and Ollama's run are priced with fit keeping {} free per device ({RIG_FIT_MARGIN_ENV}{share}), not its 1 GiB: the rig's card scaled to a real one",

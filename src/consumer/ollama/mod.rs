@@ -242,13 +242,14 @@ pub fn fit(vars: &[(String, String)]) -> OllamaFit {
 }
 
 /// The fit margin Ollama sets without `LLAMA_ARG_FIT_TARGET`: with a
-/// projector, its memory plus 1 GiB in whole MiB (llm/llama_server.go,
-/// `mmprojFitTargetMiB`), which replaces llama.cpp's 1 GiB; else 1 GiB.
+/// projector, its memory plus llama.cpp's margin `base` (1 GiB; the rig's
+/// stand-in there) in whole MiB (llm/llama_server.go, `mmprojFitTargetMiB`),
+/// which replaces llama.cpp's; else `base`.
 #[must_use]
-pub fn fit_margin(projector_bytes: Option<u64>) -> u64 {
+pub fn fit_margin(projector_bytes: Option<u64>, base: u64) -> u64 {
     match projector_bytes {
-        Some(b) if b > 0 => (b + GIB).div_ceil(MIB) * MIB,
-        _ => GIB,
+        Some(b) if b > 0 => (b + base).div_ceil(MIB) * MIB,
+        _ => base,
     }
 }
 

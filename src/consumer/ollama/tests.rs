@@ -85,7 +85,7 @@ fn ollamas_fit_target_follows_its_environment_and_the_projector() {
     assert!(offloads_projector(300 * mib, &[2048 * mib, 1325 * mib]));
     assert!(!offloads_projector(300 * mib, &[2048 * mib, 1323 * mib]));
     assert!(offloads_projector(300 * mib, &[]), "no GPU: nothing to decide");
-    assert_eq!((fit_margin(None), fit_margin(Some(300 * mib + 1))), (1024 * mib, 1325 * mib));
+    assert_eq!((fit_margin(None, 1 << 30), fit_margin(Some(300 * mib + 1), 1 << 30)), (1024 * mib, 1325 * mib));
     assert_eq!(fit(&v(&[("LLAMA_ARG_FIT_TARGET", "2048,512")])).target_bytes, Some(2048 * mib));
     assert!(!fit(&v(&[("LLAMA_ARG_FIT", "off")])).on);
     assert!(fit(&v(&[("LLAMA_ARG_FIT", "on")])).on);

@@ -315,8 +315,7 @@ pub fn predict_main() -> Result<()> {
         let offload = projector.is_none_or(|b| crate::consumer::ollama::offloads_projector(b, &offload_free()));
         // Ollama's own margin is llama.cpp's 1 GiB (the rig's stand-in where set) plus the projector.
         let margin = o.target_bytes.unwrap_or_else(|| {
-            crate::consumer::ollama::fit_margin(projector.filter(|_| offload)) - DEFAULT_FIT_MARGIN
-                + spec.upstream_margin_bytes
+            crate::consumer::ollama::fit_margin(projector.filter(|_| offload), spec.upstream_margin_bytes)
         });
         // A projector Ollama keeps on the CPU adds nothing on the devices.
         let extra = if offload { extra } else { &[] };
