@@ -248,7 +248,7 @@ pub fn decide(inp: &Inputs) -> Decision {
         .max_by(|a, b| a.1.total_cmp(&b.1));
     // Slower offloaded: a speed's verdict (energy's best may be ngl 0 for its own reason).
     let offload_hurts =
-        inp.objective != Objective::Energy && matches!((zero, best_offload), (Some(z), Some((_, b))) if b < z);
+        !inp.objective.weighs_power() && matches!((zero, best_offload), (Some(z), Some((_, b))) if b < z);
     let (rec, needs_confirmation) = match best {
         _ if offload_hurts => (0, false),
         Some((n, _)) => (n, m.tg_time.measured_at(n).is_none() && m.pp_time.measured_at(n).is_none()),

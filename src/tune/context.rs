@@ -80,7 +80,7 @@ fn tune_context(
     let kv_fixed = s.workload.kv_type.is_quantized();
     let priced_ok = prediction.as_ref().is_some_and(|p| p.error.is_none());
     // Energy chooses among whole layers: the hatches are judged by speed alone.
-    let energy = s.goal.objective == crate::types::Objective::Energy;
+    let energy = s.goal.objective.weighs_power();
     let hatches = match policy.filter(|_| !several && !kv_fixed && !plan.no_gpu && priced_ok && !energy) {
         Some(p) => hatches(sh, p, &plan, &mut search, &layer_split)?,
         None => hatch::Hatches::default(),

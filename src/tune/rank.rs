@@ -86,7 +86,7 @@ fn recommendation_trial(p: &Profile) -> Option<&crate::profile::ProfileTrial> {
 /// The standard error of the recommendation's measured tg (or pp, for the
 /// pp objective) mean, from the trial that measured it.
 fn recommendation_se(p: &Profile) -> f64 {
-    let pp = p.settings.goal.objective == crate::types::Objective::Pp;
+    let pp = p.settings.goal.objective.reads() == crate::types::Reads::Pp;
     recommendation_trial(p).and_then(|t| t.result.test(pp)).map_or(0.0, |x| {
         #[allow(clippy::cast_precision_loss)]
         let n = x.samples_ts.len().max(1) as f64;
@@ -109,7 +109,7 @@ pub fn rank(profiles: &[Profile], qualities: &[Option<Quality>], gate: &QualityG
             let rec = &p.recommendation;
             let s = &p.settings;
             // Energy: its trial's tokens per joule (the power is the trial's); else its speeds.
-            let score = if s.goal.objective == crate::types::Objective::Energy {
+            let score = if s.goal.objective.weighs_power() {
                 recommendation_trial(p).and_then(|t| s.scoring().trial(&t.result))
             } else {
                 s.scoring().speeds(rec.tg_ts, rec.pp_ts)

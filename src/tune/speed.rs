@@ -23,7 +23,7 @@
 //! count is fixed (`--ngl`) and the faster ones cannot hold them.
 
 use super::plan::Split;
-use crate::types::{Objective, Scoring};
+use crate::types::Scoring;
 
 /// One device's change to the time per token against the CPU (negative:
 /// faster), in milliseconds: per repeating layer it holds, and for the
@@ -295,15 +295,7 @@ impl SpeedModel {
     /// What a layer on each device costs for the objective: ms per token
     /// (tg, pp), or per request of `n_prompt` + `n_gen` tokens (mixed).
     fn layer_cost(&self, scoring: Scoring) -> Vec<f64> {
-        let Scoring { objective, n_prompt, n_gen } = scoring;
-        self.devices
-            .iter()
-            .map(|d| match objective {
-                Objective::Tg | Objective::Energy | Objective::Throughput => d.tg_ms_per_layer,
-                Objective::Pp => d.pp_ms_per_layer,
-                Objective::Mixed => f64::from(n_prompt) * d.pp_ms_per_layer + f64::from(n_gen) * d.tg_ms_per_layer,
-            })
-            .collect()
+        self.devices.iter().map(|d| scoring.layer_cost(d.tg_ms_per_layer, d.pp_ms_per_layer)).collect()
     }
 
     /// The fastest split under each device's `capacity`, by the model's
@@ -365,6 +357,7 @@ impl SpeedModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::Objective;
 
     /// tg at llama-bench's test sizes.
     const TG: Scoring = Scoring { objective: Objective::Tg, n_prompt: 512, n_gen: 128 };

@@ -77,7 +77,7 @@ pub(crate) fn check_request_power(opts: &TuneRequest) -> Result<()> {
 /// are judged by speed): bad input otherwise, before any work. `nvml`:
 /// the hardware probe saw NVIDIA cards through NVML.
 fn check_power((caps, goal): (&crate::profile::Caps, &crate::types::Goal), devices: usize, nvml: bool) -> Result<()> {
-    let energy = goal.objective == crate::types::Objective::Energy;
+    let energy = goal.objective.weighs_power();
     if caps.max_power_w.is_some() && !nvml {
         return Err(crate::error::bad(
             "--max-power reads an NVIDIA card's power through NVML, and NVML is not available here: drop --max-power",

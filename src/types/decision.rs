@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Objective;
 use crate::curve::{Curve, LinearFit};
 
 /// A batch job (`--job 500x800`): requests, and the tokens each generates.
@@ -9,38 +10,6 @@ use crate::curve::{Curve, LinearFit};
 pub struct Job {
     pub requests: u32,
     pub n_gen: u32,
-}
-
-/// What "best" means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Objective {
-    /// Token generation speed (chat, the default).
-    Tg,
-    /// Prompt processing speed (long prompts, RAG).
-    Pp,
-    /// Time for one request of n_prompt + n_gen tokens.
-    Mixed,
-    /// Generated tokens per joule (the GPUs' and CPU packages' measured
-    /// power over the tg test): fewer layers where power grows faster
-    /// than speed.
-    Energy,
-    /// Generated tokens per second of `--parallel N` sequences decoding
-    /// together (llama-batched-bench's S_TG): batch jobs.
-    Throughput,
-}
-
-impl Objective {
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Objective::Tg => "tg",
-            Objective::Pp => "pp",
-            Objective::Mixed => "mixed",
-            Objective::Energy => "energy",
-            Objective::Throughput => "throughput",
-        }
-    }
 }
 
 /// What the tune is asked to serve: what "best" means (`--objective`),
@@ -88,48 +57,6 @@ fn default_reading_speed() -> f64 {
 #[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)]
 fn is_default_reading_speed(k: &f64) -> bool {
     *k == DEFAULT_READING_SPEED
-}
-
-/// What an objective's score weighs: the objective, and llama-bench's test
-/// sizes, by which mixed weighs one request (`n_prompt` + `n_gen` tokens).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Scoring {
-    pub objective: Objective,
-    pub n_prompt: u32,
-    pub n_gen: u32,
-}
-
-impl Scoring {
-    /// The objective's value (higher is better) of measured or predicted
-    /// speeds; energy needs the power too ([`Self::with_power`]): `None` here.
-    #[must_use]
-    pub fn speeds(self, tg: Option<f64>, pp: Option<f64>) -> Option<f64> {
-        self.with_power((tg, pp), None)
-    }
-
-    /// [`Self::speeds`] with the mean power (W) over the tg test: energy is
-    /// generated tokens per joule, tg over watts.
-    #[must_use]
-    pub fn with_power(self, (tg, pp): (Option<f64>, Option<f64>), watts: Option<f64>) -> Option<f64> {
-        match self.objective {
-            // Throughput's tg test counts every stream's tokens.
-            Objective::Tg | Objective::Throughput => tg,
-            Objective::Pp => pp,
-            Objective::Mixed => {
-                let t = f64::from(self.n_prompt) / pp? + f64::from(self.n_gen) / tg?;
-                (t > 0.0).then(|| 1.0 / t)
-            }
-            Objective::Energy => tg.zip(watts.filter(|w| *w > 0.0)).map(|(t, w)| t / w),
-        }
-    }
-
-    /// A trial's value: its tests' mean speeds, and its tg test's power.
-    #[must_use]
-    pub fn trial(self, r: &super::TrialResult) -> Option<f64> {
-        let speed = |pp: bool| r.test(pp).map(|x| x.avg_ts);
-        let watts = r.test(false).and_then(Power::of).map(|w| w.total());
-        self.with_power((speed(false), speed(true)), watts)
-    }
 }
 
 /// One measured setting, reduced to what the decision needs.
@@ -383,28 +310,4 @@ pub enum SearchMode {
     Grid,
     /// The two ends, then only the points that can change the answer
     Adaptive,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Each objective's score of the same speeds: tg and throughput the tg
-    /// rate, pp the pp rate, mixed one request of n_prompt + n_gen tokens,
-    /// energy tokens per joule (nothing without power).
-    #[test]
-    fn each_objective_weighs_the_speeds_its_own_way() {
-        let at = |objective| Scoring { objective, n_prompt: 512, n_gen: 128 };
-        let (tg, pp) = (Some(20.0), Some(256.0));
-        assert_eq!(at(Objective::Tg).speeds(tg, pp), Some(20.0));
-        assert_eq!(at(Objective::Throughput).speeds(tg, pp), Some(20.0));
-        assert_eq!(at(Objective::Pp).speeds(tg, pp), Some(256.0));
-        // 512 / 256 + 128 / 20 = 2 + 6.4 = 8.4 s a request.
-        let mixed = at(Objective::Mixed).speeds(tg, pp).unwrap();
-        assert!((mixed - 1.0 / 8.4).abs() < 1e-12, "{mixed}");
-        assert_eq!(at(Objective::Mixed).speeds(tg, None), None, "mixed needs both");
-        assert_eq!(at(Objective::Energy).speeds(tg, pp), None, "energy needs the power");
-        assert_eq!(at(Objective::Energy).with_power((tg, pp), Some(200.0)), Some(0.1));
-        assert_eq!(at(Objective::Energy).with_power((tg, pp), Some(0.0)), None, "no power read");
-    }
 }

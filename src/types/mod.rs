@@ -9,6 +9,7 @@ mod hardware;
 mod knobs;
 mod memory;
 mod note;
+mod objective;
 mod placement;
 mod trial;
 
@@ -17,6 +18,7 @@ pub use hardware::*;
 pub use knobs::*;
 pub use memory::*;
 pub use note::*;
+pub use objective::*;
 pub use placement::*;
 pub use trial::*;
 

@@ -191,14 +191,7 @@ fn race_against(
         let v = samples(trials, mine, pp);
         (!v.is_empty()).then(|| crate::stats::mean(&v) * super::search::RACE_SHARE)
     };
-    Some(match objective {
-        // A slower side may draw less power: not cut for speed.
-        crate::types::Objective::Energy => return None,
-        crate::types::Objective::Pp => {
-            crate::types::Race { pp_below_ts: mean(true), tg_below_ts: None, skip_rest: true }
-        }
-        _ => crate::types::Race { pp_below_ts: None, tg_below_ts: mean(false), skip_rest: true },
-    })
+    objective.race(mean)
 }
 
 /// Who the answer is paired against: what users get without ngl-tune.
@@ -430,10 +423,7 @@ fn judge(trials: &[ProfileTrial], pairs: &[(usize, usize)], scoring: Scoring, ou
         (tg.map(|r| r.ratio), tg.map(Ratio::half_width), tg.map(|r| [r.lo, r.hi]));
     (out.pp_ratio, out.pp_half_width, out.pp_interval) =
         (pp.map(|r| r.ratio), pp.map(Ratio::half_width), pp.map(|r| [r.lo, r.hi]));
-    let judged = ratio(&|t| scoring.trial(&t.result)).or(match scoring.objective {
-        crate::types::Objective::Pp => pp,
-        _ => tg,
-    });
+    let judged = ratio(&|t| scoring.trial(&t.result)).or(scoring.single_test(tg, pp));
     out.verdict = judged.map_or(Verdict::NotMeasured, Ratio::verdict);
     out.verdict
 }

@@ -32,13 +32,7 @@ fn score_with_noise(o: &PlacementOption, scoring: Scoring) -> Option<(f64, f64)>
         (Some(se), Some(ts)) if ts > 0.0 => se / ts,
         _ => 0.0,
     };
-    let r = match scoring.objective {
-        crate::types::Objective::Tg | crate::types::Objective::Energy | crate::types::Objective::Throughput => {
-            rel(o.tg_se_ts, o.tg_ts)
-        }
-        crate::types::Objective::Pp => rel(o.pp_se_ts, o.pp_ts),
-        crate::types::Objective::Mixed => rel(o.tg_se_ts, o.tg_ts).max(rel(o.pp_se_ts, o.pp_ts)),
-    };
+    let r = scoring.relative_error(rel(o.tg_se_ts, o.tg_ts), rel(o.pp_se_ts, o.pp_ts));
     Some((v, v * r))
 }
 

@@ -17,8 +17,8 @@ use crate::error::Interrupted;
 use crate::profile::store;
 use crate::profile::{Checkpoint, FitCheck, MemoryPolicy, ProfileTrial, Settings};
 use crate::progress::Progress;
+use crate::types::Decision;
 use crate::types::{CpuInfo, Race, Role, TrialResult, TrialStatus};
-use crate::types::{Decision, Objective};
 
 /// Most confirmation trials before the tuner settles for what it measured.
 pub const MAX_CONFIRMATIONS: usize = 5;
@@ -159,15 +159,8 @@ impl<'a> Search<'a> {
                 .reduce(f64::max)
                 .map(|v| v * RACE_SHARE)
         };
-        match self.settings.goal.objective {
-            Objective::Tg | Objective::Throughput => {
-                Race { pp_below_ts: None, tg_below_ts: best(false), skip_rest: true }
-            }
-            Objective::Pp => Race { pp_below_ts: best(true), tg_below_ts: None, skip_rest: true },
-            Objective::Mixed => Race { pp_below_ts: best(true), tg_below_ts: best(false), skip_rest: false },
-            // A slower setting may draw less power: nothing is cut for speed.
-            Objective::Energy => Race { pp_below_ts: None, tg_below_ts: None, skip_rest: false },
-        }
+        // Energy races nothing: a slower setting may draw less power.
+        self.settings.goal.objective.race(best).unwrap_or_default()
     }
 
     /// Whether `c` was already measured in this role (a resumed run).
@@ -359,9 +352,7 @@ impl<'a> Search<'a> {
         // Its early stop reasons from time per token being linear in ngl: a speed's
         // argument, so energy's search walks by tg (its decision then weighs the watts).
         let mut scoring = self.settings.scoring();
-        if scoring.objective == Objective::Energy {
-            scoring.objective = Objective::Tg;
-        }
+        scoring.objective = scoring.objective.by_speed();
         adaptive_points(n_max, top_first, max_trials, &mut |ngl| {
             let at = |x: &&ProfileTrial| x.is_search() && x.result.spec.placement.n_gpu_layers == ngl;
             if !self.trials.iter().any(|x| at(&x)) {
