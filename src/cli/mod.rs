@@ -96,7 +96,7 @@ pub enum OutputFormat {
 
 /// Workload options shared by `bench` and the tuner.
 #[derive(Debug, Clone, Args)]
-pub struct Workload {
+pub struct WorkloadArgs {
     /// Prompt tokens for the pp test, 0 skips it [default: 512; tune --quick: 128]
     #[arg(short = 'p', long = "n-prompt")]
     pub n_prompt: Option<u32>,
@@ -187,7 +187,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FLAGS", allow_hyphen_values = true, requires = "beside")]
     pub beside_args: Option<String>,
     #[command(flatten)]
-    pub workload: Workload,
+    pub workload: WorkloadArgs,
     /// Output format
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Md)]
     pub output: OutputFormat,
@@ -283,7 +283,7 @@ pub struct TuneArgs {
           value_parser = positive_speed)]
     pub reading_speed: f64,
     #[command(flatten, next_help_heading = "Workload")]
-    pub workload: Workload,
+    pub workload: WorkloadArgs,
     /// What to maximize
     #[arg(help_heading = "Search", long, value_enum, default_value_t = ObjectiveArg::Tg)]
     pub objective: ObjectiveArg,

@@ -240,12 +240,12 @@ pub struct Settings {
     /// The consumer's server settings the tune matched, where they were
     /// read, and what each did (`None`: profiles from before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consumer: Option<Consumer>,
+    pub consumer: Option<ConsumerRead>,
 }
 
 /// The settings of the program that will run the model, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Consumer {
+pub struct ConsumerRead {
     /// Ollama (its server's environment) or llama-server (`LLAMA_ARG_*`).
     pub program: crate::consumer::Program,
     /// Where they were read, or why nothing was.
@@ -264,7 +264,7 @@ pub struct Consumer {
     pub auto_batch: bool,
 }
 
-impl Consumer {
+impl ConsumerRead {
     /// A variable of the consumer's server as it reads it; `None` when
     /// unset there.
     #[must_use]

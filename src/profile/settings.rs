@@ -1,13 +1,13 @@
 //! What a tune's settings say beyond their fields: the consumer, the
 //! depth of each context, the streams decoded together.
 
-use super::{Caps, Consumer, Settings};
+use super::{Caps, ConsumerRead, Settings};
 
 impl Settings {
     /// The consumer's settings where Ollama is the consumer (its server's
     /// environment, found or its defaults).
     #[must_use]
-    pub fn ollama(&self) -> Option<&Consumer> {
+    pub fn ollama(&self) -> Option<&ConsumerRead> {
         self.consumer.as_ref().filter(|c| c.program == crate::consumer::Program::Ollama)
     }
 

@@ -148,7 +148,7 @@ fn consumer(a: &TuneArgs) -> Result<Box<dyn Consumer>> {
 fn apply(c: &dyn Consumer, s: &mut Settings, arch: &str, user_ctx: bool, cuda: &[(String, (u32, u32))]) {
     let applied = c.apply(&mut s.workload, arch, user_ctx, cuda);
     let env = c.env();
-    s.consumer = Some(crate::profile::Consumer {
+    s.consumer = Some(crate::profile::ConsumerRead {
         program: c.program(),
         source: env.source.clone(),
         found: env.found,

@@ -8,7 +8,7 @@ pub mod finish;
 
 use anyhow::Result;
 
-use crate::cli::{BenchArgs, ObjectiveArg, ReprofileArgs, TuneArgs, Workload};
+use crate::cli::{BenchArgs, ObjectiveArg, ReprofileArgs, TuneArgs, WorkloadArgs};
 use crate::error::bad;
 use crate::model::ModelInfo;
 
@@ -85,7 +85,7 @@ pub fn parse_size_for(flag: &str, s: &str) -> Result<u64> {
 ///
 /// # Errors
 /// `BadInput` for values llama.cpp cannot run.
-pub fn check_workload(w: &Workload, model: &ModelInfo) -> Result<u32> {
+pub fn check_workload(w: &WorkloadArgs, model: &ModelInfo) -> Result<u32> {
     if w.n_prompt == Some(0) && w.n_gen == Some(0) {
         return Err(bad(
             "-p 0 and -n 0 leave nothing to measure; give -p (prompt tokens) or -n (generated tokens) a positive value",

@@ -35,7 +35,7 @@ impl Inputs {
 }
 
 /// The models of one decision and what follows from them for any ngl.
-struct Model<'a> {
+struct Fitted<'a> {
     inp: &'a Inputs,
     tg_time: Curve,
     pp_time: Curve,
@@ -46,7 +46,7 @@ struct Model<'a> {
     first_oom: Option<u32>,
 }
 
-impl Model<'_> {
+impl Fitted<'_> {
     fn mem_at(&self, ngl: u32) -> Option<f64> {
         self.mem.extrapolate(ngl)
     }
@@ -178,7 +178,7 @@ fn measured_score(i: &Inputs, p: &Point) -> Option<f64> {
 
 /// Why this setting, in two or three lines.
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-fn reasons(m: &Model<'_>, d: &Decision, ok: &[&Point], best_offload: Option<(u32, f64)>) -> Vec<String> {
+fn reasons(m: &Fitted<'_>, d: &Decision, ok: &[&Point], best_offload: Option<(u32, f64)>) -> Vec<String> {
     let (inp, rec, full) = (m.inp, d.recommended_ngl, m.inp.full);
     let bytes = |v: Option<f64>| v.map_or("?".into(), |v| human_bytes(v.max(0.0) as u64));
     let speed = |v: Option<f64>| v.map_or("?".into(), |v| format!("{v:.2} t/s"));
@@ -221,7 +221,7 @@ fn reasons(m: &Model<'_>, d: &Decision, ok: &[&Point], best_offload: Option<(u32
 }
 
 /// Where `--max-power` binds, in words: from which ngl the GPUs draw more.
-fn power_reason(m: &Model<'_>, max: Option<u32>) -> Option<String> {
+fn power_reason(m: &Fitted<'_>, max: Option<u32>) -> Option<String> {
     let w = m.inp.max_power_w?;
     let n = (0..=max.unwrap_or(m.inp.full)).find(|n| m.over_power(*n))?;
     Some(format!("--max-power {w} W: the GPUs draw more from ngl {n} (measured, or between measured settings)"))
@@ -234,7 +234,7 @@ pub fn decide(inp: &Inputs) -> Decision {
     let (tg_time, pp_time, mem) = Point::curves(&inp.points, inp.full);
     let (watts, gpu_watts) = Point::power_curves(&inp.points, inp.full);
     let first_oom = inp.points.iter().filter(|p| p.oom).map(|p| p.ngl).min();
-    let m = Model { inp, tg_time, pp_time, mem, watts, gpu_watts, first_oom };
+    let m = Fitted { inp, tg_time, pp_time, mem, watts, gpu_watts, first_oom };
     let max_ngl_under_cap = (0..=inp.full).rev().find(|n| m.under(*n) == Some(true));
     let over_cap: Vec<u32> = inp.points.iter().map(|p| p.ngl).filter(|n| m.under(*n) == Some(false)).collect();
     let best = m.best(max_ngl_under_cap);

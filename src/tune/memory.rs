@@ -226,7 +226,10 @@ pub fn prediction_check(
 
 /// How Ollama starts llama-server's fit for this workload, where Ollama is
 /// the consumer (with its fit off: every layer, priced).
-fn ollama_ask(ollama: Option<&crate::profile::Consumer>, slots: u32) -> Option<crate::engine::predict::OllamaFitAsk> {
+fn ollama_ask(
+    ollama: Option<&crate::profile::ConsumerRead>,
+    slots: u32,
+) -> Option<crate::engine::predict::OllamaFitAsk> {
     let c = ollama?;
     let fit = crate::consumer::ollama::fit(&c.vars);
     Some(crate::engine::predict::OllamaFitAsk { slots, target_bytes: fit.target_bytes, off: !fit.on })

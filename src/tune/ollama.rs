@@ -8,7 +8,7 @@ use crate::types::Note;
 use super::start::Shared;
 
 /// Whether Ollama picks the batch itself here (no `-b`/`-ub` given, Ollama the consumer).
-fn auto_batch(ollama: Option<&crate::profile::Consumer>) -> bool {
+fn auto_batch(ollama: Option<&crate::profile::ConsumerRead>) -> bool {
     ollama.is_some_and(|c| c.auto_batch)
 }
 

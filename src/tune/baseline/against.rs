@@ -98,7 +98,7 @@ mod tests {
         let mut s = settings();
         s.workload.n_batch = 512;
         s.workload.n_ubatch = 512;
-        s.consumer = Some(crate::profile::Consumer {
+        s.consumer = Some(crate::profile::ConsumerRead {
             program: crate::consumer::Program::Ollama,
             source: "test".into(),
             found: false,

@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 
-use super::{Assessor, Hatch, HatchInputs, World};
+use super::{Assessor, Hatch, HatchInputs, HatchWorld};
 use crate::engine::predict::{PredictCase, Prediction};
 use crate::profile::{HatchKind, PlacementOption, Recommendation};
 use crate::tune::plan::{Candidate, Split};
@@ -81,7 +81,7 @@ impl Hatch for FfnSpill {
         self.chosen.iter().filter(|k| fits(**k)).map(|k| Candidate { n_cpu_ffn: *k, ..base }).collect()
     }
 
-    fn options(&self, w: &World<'_>) -> Vec<PlacementOption> {
+    fn options(&self, w: &HatchWorld<'_>) -> Vec<PlacementOption> {
         let h = w.h;
         let full = |k| h.at_full(h.n_ctx, None, k);
         match self.need {

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 
-use super::{Assessor, Hatch, HatchInputs, World};
+use super::{Assessor, Hatch, HatchInputs, HatchWorld};
 use crate::engine::predict::{PredictCase, Prediction};
 use crate::profile::{HatchKind, PlacementOption, Recommendation};
 use crate::tune::plan::{Candidate, Split};
@@ -88,7 +88,7 @@ impl Hatch for KvCache {
         self.picks.iter().map(|p| p.0).collect()
     }
 
-    fn options(&self, w: &World<'_>) -> Vec<PlacementOption> {
+    fn options(&self, w: &HatchWorld<'_>) -> Vec<PlacementOption> {
         let h = w.h;
         let mut v = Vec::new();
         for kv in TYPES {

@@ -1,7 +1,7 @@
 //! The whole-layer split the search found: the option every hatch is
 //! judged against. With several devices the split stage is this hatch.
 
-use super::{Hatch, World};
+use super::{Hatch, HatchWorld};
 use crate::profile::{HatchKind, PlacementOption};
 use crate::types::TrialStatus;
 
@@ -11,7 +11,7 @@ pub struct LayerSplit;
 
 impl Hatch for LayerSplit {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    fn options(&self, w: &World<'_>) -> Vec<PlacementOption> {
+    fn options(&self, w: &HatchWorld<'_>) -> Vec<PlacementOption> {
         let r = w.layer_split;
         let t = w.trials.iter().map(|t| &t.result).find(|t| {
             let p = &t.spec.placement;

@@ -130,7 +130,7 @@ pub trait Hatch {
     }
 
     /// Its options at one device, from what was priced and measured.
-    fn options(&self, w: &World<'_>) -> Vec<PlacementOption>;
+    fn options(&self, w: &HatchWorld<'_>) -> Vec<PlacementOption>;
 
     /// With several devices: priced, measured where it can win, and added
     /// to `found` (which is chosen again).
@@ -282,7 +282,7 @@ fn one_device(
         }
     }
     let options_of = |quality| {
-        let world = World { h, preds: &preds, trials: &search.trials, quality, layer_split };
+        let world = HatchWorld { h, preds: &preds, trials: &search.trials, quality, layer_split };
         hatches.iter().flat_map(|x| x.options(&world)).collect::<Vec<_>>()
     };
     // The quality check reads the text twice (minutes on a slow host): only
@@ -373,7 +373,7 @@ fn lossy_paired(search: &mut Search<'_>, options: &mut [PlacementOption]) -> Res
 }
 
 /// What the options at one device are made of.
-pub struct World<'a> {
+pub struct HatchWorld<'a> {
     h: &'a HatchInputs,
     preds: &'a [Prediction],
     trials: &'a [ProfileTrial],
@@ -382,7 +382,7 @@ pub struct World<'a> {
     layer_split: &'a Recommendation,
 }
 
-impl World<'_> {
+impl HatchWorld<'_> {
     fn measured(&self, c: Candidate) -> Option<&ProfileTrial> {
         self.trials.iter().rev().find(|t| t.role == Role::Hatch && c.is(&t.result.spec))
     }

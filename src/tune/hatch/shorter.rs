@@ -3,7 +3,7 @@
 //! so predicted by llama.cpp's dry run and reported, never measured or
 //! chosen.
 
-use super::{Hatch, HatchInputs, World};
+use super::{Hatch, HatchInputs, HatchWorld};
 use crate::engine::predict::{PredictCase, Prediction};
 use crate::profile::{HatchKind, PlacementOption};
 use crate::types::KvType;
@@ -38,7 +38,7 @@ impl Hatch for ShorterContext {
         self.found.iter().map(|(kv, c)| h.at_full(*c, *kv, 0)).collect()
     }
 
-    fn options(&self, w: &World<'_>) -> Vec<PlacementOption> {
+    fn options(&self, w: &HatchWorld<'_>) -> Vec<PlacementOption> {
         let h = w.h;
         self.found
             .iter()
