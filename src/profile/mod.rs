@@ -1,7 +1,11 @@
 //! The profile: everything a tuning run measured and decided, as versioned
-//! JSON (`profiles/profile.schema.json`), keyed by machine and model.
+//! JSON (`profiles/profile.schema.json`), keyed by machine and model. This
+//! file is the record (what was measured, decided and admitted); the
+//! request's settings as stored are `settings`, unfinished work the
+//! `checkpoint`, the answer `recommendation` and its gate `admitted`.
 
 pub(crate) mod admitted;
+mod checkpoint;
 mod comparison;
 mod option;
 mod recommendation;
@@ -9,10 +13,12 @@ mod set;
 mod settings;
 mod split;
 pub use admitted::{Admitted, AdmittedSet, Evidence, Gate, Refused};
+pub use checkpoint::*;
 pub use comparison::*;
 pub use option::*;
 pub use recommendation::*;
 pub use set::*;
+pub use settings::*;
 pub use split::*;
 pub mod lock;
 pub mod store;
@@ -110,169 +116,6 @@ impl ModelIdentity {
     }
 }
 
-/// A cap for one device (`--vram-budget DEV=SIZE`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceBudget {
-    pub device: String,
-    pub bytes: u64,
-}
-
-/// The caps a placement is held under, as asked: `--target-vram`,
-/// `--vram-budget` (all devices, or one by name), `--host-budget`,
-/// `--max-power`. `tune::memory` turns them into bytes on a machine
-/// (`device_caps`, `policy_for`, `host_cap`); the profile stores them as
-/// fields of its settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Caps {
-    pub target_vram: f64,
-    pub vram_budget_bytes: Option<u64>,
-    /// Per-device caps from `--vram-budget DEV=SIZE` (a device name like
-    /// RPC0 or CUDA1, or an RPC server's host:port).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub device_budgets: Vec<DeviceBudget>,
-    /// `--host-budget`: the host memory a placement may take (`None`: 90%
-    /// of the RAM free when the tune started).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_budget_bytes: Option<u64>,
-    /// `--max-power`: the GPUs' mean power (W) a setting may draw over its tg test.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_power_w: Option<f64>,
-}
-
-/// How a tune searches and measures: the grid or adaptive search, what
-/// an out-of-memory trial skips, a trial's time limit, the memory
-/// sampling and the busy-machine threshold. Plain fields of the stored
-/// settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SearchPolicy {
-    /// The grid asked for (`None`: the default grid).
-    pub grid: Option<Vec<u32>>,
-    pub quick: bool,
-    pub no_skip: bool,
-    pub trial_timeout_s: u64,
-    pub sample_interval_ms: u64,
-    /// Adaptive (the default: 0, the largest setting predicted under the
-    /// cap, interior points unless those two decide it, confirmation)
-    /// or grid (every grid value). Profiles from before the field: grid.
-    #[serde(default)]
-    pub search: crate::types::SearchMode,
-    /// A trial is contended when other processes use more than this share
-    /// of its threads (profiles from before the field: 0.1).
-    #[serde(default = "default_busy_threshold")]
-    pub busy_threshold: f64,
-}
-
-/// How llama.cpp runs the model, whatever the placement: the threads
-/// asked (`-t`; the tune may measure others), op offload, the RPC servers
-/// whose devices join this machine's, the projector loaded beside the
-/// model. Plain fields of the stored settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Backend {
-    pub n_threads: u32,
-    /// llama.cpp's op offload as asked (auto: off where every offload
-    /// device is CPU-based).
-    #[serde(default)]
-    pub op_offload: crate::types::OpOffload,
-    /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rpc: Vec<String>,
-    /// The multimodal projector every trial loads beside the model (`--mmproj`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mmproj: Option<PathBuf>,
-}
-
-/// What each trial measures, as llama-bench's test parameters: a prompt
-/// of `n_prompt` tokens and `n_gen` generated (`-p`, `-n`), each
-/// `repetitions` times (`-r`), at a depth (`-d`), after a warmup run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Measure {
-    pub n_prompt: u32,
-    pub n_gen: u32,
-    pub repetitions: u32,
-    /// Tokens in the KV cache before each test: `None` (null) is the rule,
-    /// half of each context (of one slot); a number is `--depth`. Profiles from before
-    /// the field were measured with an empty cache: 0.
-    #[serde(default = "empty_cache")]
-    pub n_depth: Option<u32>,
-    /// A warmup run before each test, as llama-bench does (`--no-warmup`: none).
-    #[serde(default = "crate::types::yes", skip_serializing_if = "crate::types::is_true")]
-    pub warmup: bool,
-}
-
-impl Measure {
-    /// Tokens the longer of the two tests adds to the KV cache past the
-    /// depth: what a context must hold beyond it.
-    #[must_use]
-    pub fn longest_test(&self) -> u32 {
-        self.n_prompt.max(self.n_gen)
-    }
-}
-
-/// The settings a tuning ran with; a re-tune reuses them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Settings {
-    /// What a placement may take: device memory, host memory, power.
-    #[serde(flatten)]
-    pub caps: Caps,
-    /// The contexts, slots, KV cache and batch, as asked and as the
-    /// consumer's server decides them.
-    #[serde(flatten)]
-    pub workload: crate::consumer::Workload,
-    /// What each trial measures: llama-bench's test sizes, repetitions,
-    /// depth and warmup.
-    #[serde(flatten)]
-    pub measure: Measure,
-    /// How llama.cpp runs the model beside the placement searched: the
-    /// threads asked, op offload, the RPC servers, the projector.
-    #[serde(flatten)]
-    pub backend: Backend,
-    /// How the placements are searched and each trial measured.
-    #[serde(flatten)]
-    pub policy: SearchPolicy,
-    /// The quality gate an option that changes the output must pass
-    /// (`--max-kl`, `--min-top1`).
-    #[serde(flatten)]
-    pub gate: crate::types::QualityGate,
-    /// What the tune serves: the objective, the reading speed, the
-    /// streams decoded together, a batch job.
-    #[serde(flatten)]
-    pub goal: crate::types::Goal,
-    /// The consumer's server settings the tune matched, where they were
-    /// read, and what each did (`None`: profiles from before the field).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consumer: Option<ConsumerRead>,
-}
-
-/// The settings of the program that will run the model, as read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConsumerRead {
-    /// Ollama (its server's environment) or llama-server (`LLAMA_ARG_*`).
-    pub program: crate::consumer::Program,
-    /// Where they were read, or why nothing was.
-    pub source: String,
-    pub found: bool,
-    /// What was read and what it made the tune measure, a phrase each.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub applied: Vec<String>,
-    /// The server's own variables as read (`OLLAMA_*` and the `LLAMA_ARG_*`
-    /// its llama-server inherits, or `LLAMA_ARG_*`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub vars: Vec<(String, String)>,
-    /// The batch is Ollama's own choice for each context (no `-b`/`-ub`
-    /// given): its rule and step-down, decided per context.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub auto_batch: bool,
-}
-
-impl ConsumerRead {
-    /// A variable of the consumer's server as it reads it; `None` when
-    /// unset there.
-    #[must_use]
-    pub fn var(&self, key: &str) -> Option<String> {
-        crate::consumer::var_in(&self.vars, key)
-    }
-}
-
 impl Profile {
     /// The Ollama server's variable: from the environment the tune read
     /// when it found one, else this process's.
@@ -283,15 +126,6 @@ impl Profile {
             _ => std::env::var(key).ok(),
         }
     }
-}
-
-#[allow(clippy::unnecessary_wraps)]
-fn empty_cache() -> Option<u32> {
-    Some(0)
-}
-
-fn default_busy_threshold() -> f64 {
-    crate::probe::cpu::DEFAULT_BUSY_THRESHOLD
 }
 
 /// How much measuring the search took, against what the full grid would have.
@@ -659,16 +493,4 @@ impl Profile {
     pub fn placement(&self, n_ctx: u32) -> Option<&ContextPlacement> {
         self.placements.iter().find(|p| p.n_ctx == n_ctx)
     }
-}
-
-/// Unfinished work, saved after every trial so an interrupt loses nothing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    pub schema_version: u32,
-    pub kind: String,
-    pub created_at: String,
-    pub model: ModelIdentity,
-    pub fingerprint: String,
-    pub settings: Settings,
-    pub trials: Vec<ProfileTrial>,
 }
