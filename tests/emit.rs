@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use ngl_tune::consumer::modelfile;
+use ngl_tune::consumer::ollama::modelfile;
 
 const FORMATS: [&str; 8] =
     ["modelfile", "llama-cpp", "llama-server-env", "docker-env", "ollama-options", "json", "md", "csv"];

@@ -124,7 +124,7 @@ fn write_extras(
     chart: Option<&std::path::Path>,
     modelfile: Option<&std::path::Path>,
 ) -> Result<()> {
-    use crate::consumer::modelfile::WriteOutcome;
+    use crate::consumer::ollama::modelfile::WriteOutcome;
     if let Some(c) = chart {
         let svg = crate::emit::chart::svg(p)?;
         crate::fsio::atomic_write(c, svg.as_bytes())?;

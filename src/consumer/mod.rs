@@ -16,7 +16,6 @@ use crate::types::{FlashAttn, Hardware, KvType, DEFAULT_N_BATCH, DEFAULT_N_UBATC
 
 pub mod args;
 pub mod llama_server;
-pub mod modelfile;
 pub mod ollama;
 
 /// Environment variables and where they were read.

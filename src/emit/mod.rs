@@ -336,8 +336,8 @@ mod tests {
         // Ollama: one slot's context and the batch size in the Modelfile,
         // the server-wide settings apart.
         let mf = render(&p, Format::Modelfile).unwrap();
-        let cmds = crate::consumer::modelfile::parse(&mf).unwrap();
-        let params = crate::consumer::modelfile::parameters(&cmds);
+        let cmds = crate::consumer::ollama::modelfile::parse(&mf).unwrap();
+        let params = crate::consumer::ollama::modelfile::parameters(&cmds);
         let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.join(","));
         assert_eq!(
             (get("num_gpu"), get("num_thread"), get("num_ctx"), get("num_batch")),
@@ -415,7 +415,7 @@ mod tests {
         let o: serde_json::Value = serde_json::from_str(&render(&p, Format::OllamaOptions).unwrap()).unwrap();
         assert!(o["options"].get("num_gpu").is_none() && o["options"]["num_thread"] == 2, "{o}");
         let old = "FROM x.gguf\nPARAMETER num_gpu 12\nPARAMETER temperature 0.2\n";
-        let new = crate::consumer::modelfile::update(old, &modelfile::params(&p)).unwrap();
+        let new = crate::consumer::ollama::modelfile::update(old, &modelfile::params(&p)).unwrap();
         assert_eq!(
             new,
             format!(

@@ -1,12 +1,12 @@
 //! An Ollama Modelfile from a profile: a fresh one, or the owned PARAMETER
 //! values of an existing one updated in place (the reader and the updater,
-//! Ollama's rules, are `consumer::modelfile`).
+//! Ollama's rules, are `consumer::ollama::modelfile`).
 
 use std::path::Path;
 
 use anyhow::Result;
 
-use crate::consumer::modelfile::WriteOutcome;
+use crate::consumer::ollama::modelfile::WriteOutcome;
 use crate::profile::Profile;
 
 /// The owned parameters and their values from a profile, in Modelfile
@@ -91,12 +91,12 @@ pub fn render(p: &Profile) -> String {
 
 /// Creates or updates a Modelfile with the profile's values, atomically,
 /// keeping the previous version as `PATH.bak` (see
-/// [`crate::consumer::modelfile::write`]).
+/// [`crate::consumer::ollama::modelfile::write`]).
 ///
 /// # Errors
-/// As [`crate::consumer::modelfile::write`].
+/// As [`crate::consumer::ollama::modelfile::write`].
 pub fn write(path: &Path, p: &Profile) -> Result<WriteOutcome> {
-    crate::consumer::modelfile::write(path, &params(p), &|| render(p))
+    crate::consumer::ollama::modelfile::write(path, &params(p), &|| render(p))
 }
 
 /// What the tuned split buys over a split by free memory (llama.cpp's

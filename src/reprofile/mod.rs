@@ -238,7 +238,7 @@ pub fn modelfiles_for(dir: &Path, model: &Path) -> Vec<PathBuf> {
             continue;
         }
         // Only Modelfiles Ollama would read; anything else in the directory is not ours to judge.
-        let Ok(cmds) = crate::consumer::modelfile::read(&f) else { continue };
+        let Ok(cmds) = crate::consumer::ollama::modelfile::read(&f) else { continue };
         let from = cmds.iter().find(|c| c.name == "model" && !c.parameter).map(|c| c.args.clone());
         let Some(from) = from else { continue };
         let p = Path::new(&from);

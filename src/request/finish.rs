@@ -112,12 +112,12 @@ fn choose_contexts(
     user_ctx: bool,
 ) -> Result<()> {
     let existing = a.files.write_modelfile.as_deref().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
-    let cmds = existing.map(crate::consumer::modelfile::read).transpose()?;
+    let cmds = existing.map(crate::consumer::ollama::modelfile::read).transpose()?;
     if user_ctx {
         return Ok(());
     }
     let from_modelfile = cmds.as_deref().zip(existing).and_then(|(cmds, p)| {
-        let params = crate::consumer::modelfile::parameters(cmds);
+        let params = crate::consumer::ollama::modelfile::parameters(cmds);
         let v = params.iter().find(|(k, _)| k == "num_ctx")?.1.last()?.trim().parse::<u32>().ok().filter(|v| *v > 0)?;
         // llama.cpp (and Ollama) cap the context at the trained one.
         let v = if info.ctx_train > 0 { v.min(u32::try_from(info.ctx_train).unwrap_or(u32::MAX)) } else { v };

@@ -65,7 +65,7 @@ pub(super) fn profile(
         wall_s: started.elapsed().as_secs_f64(),
         placements: if policy.is_some() { placements } else { Vec::new() },
         model_quality: None,
-        measured_backend: Some(super::ollama::measured_backend(
+        measured_backend: Some(crate::consumer::ollama::process::measured_backend(
             hw,
             sh.opts.caps().first().filter(|_| policy.is_some()).map(|c| c.device.as_str()),
         )),

@@ -301,9 +301,9 @@ fn check(seed: u64) {
     assert_eq!(back.flags(), flags, "seed {seed}: the flags render as they parse");
     // The Modelfile, through Ollama's parser: num_ctx a slot's, num_gpu as pinned.
     let text = answer.modelfile.join("\n");
-    let cmds = crate::consumer::modelfile::parse(&format!("FROM m.gguf\n{text}\n"))
+    let cmds = crate::consumer::ollama::modelfile::parse(&format!("FROM m.gguf\n{text}\n"))
         .unwrap_or_else(|e| panic!("seed {seed}: {text}: {e:?}"));
-    let params = crate::consumer::modelfile::parameters(&cmds);
+    let params = crate::consumer::ollama::modelfile::parameters(&cmds);
     let param = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v[0].clone());
     assert_eq!(param("num_ctx"), Some((c.ctx / c.parallel).to_string()), "seed {seed}: {text}");
     assert_eq!(param("num_gpu"), answer.ollama_num_gpu_param().map(|n| n.to_string()), "seed {seed}: {text}");

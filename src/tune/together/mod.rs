@@ -89,8 +89,9 @@ pub fn tune_together(reqs: &[TuneRequest], shares: &[f64]) -> Result<SetOutcome>
         super::memory::policy_for(&hw, &first.settings().caps, first.caps()).unwrap_or_else(MemoryPolicy::no_gpu);
     // Ollama starts a llama-server a member on an NVIDIA card, each holding
     // its CUDA context; measured through another backend the set is priced
-    // with that share a member (`tune::ollama::consumer_process_bytes`).
-    let process_bytes = super::ollama::consumer_process_bytes(&hw, first.caps().first().map(|c| c.device.as_str()));
+    // with that share a member (`consumer::ollama::process::consumer_process_bytes`).
+    let process_bytes =
+        crate::consumer::ollama::process::consumer_process_bytes(&hw, first.caps().first().map(|c| c.device.as_str()));
     #[allow(clippy::cast_precision_loss)]
     let cap_bytes = policy.cap_bytes - (process_bytes * reqs.len() as u64) as f64;
     let exe = crate::engine::child::current_exe()?;
