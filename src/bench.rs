@@ -16,7 +16,7 @@ use crate::types::{TrialResult, TrialSpec, LLAMA_CPP_REVISION};
 pub struct BenchOptions {
     pub model: PathBuf,
     /// What every trial runs but its layers and experts (RPC servers probed by the caller).
-    pub placement: crate::types::Placement,
+    pub placement: crate::placement::Placement,
     /// The settings measured: every ngl with each expert and FFN spill.
     pub grid: Grid,
     /// Depths (`-d`); every setting is measured at each.
@@ -91,12 +91,17 @@ impl BenchOptions {
     pub(crate) fn spec(&self, (ngl, n_cpu_moe, n_cpu_ffn): (u32, u32, u32), n_depth: u32) -> TrialSpec {
         TrialSpec {
             model: self.model.clone(),
-            placement: crate::types::Placement { n_gpu_layers: ngl, n_cpu_moe, n_cpu_ffn, ..self.placement.clone() },
+            placement: crate::placement::Placement {
+                n_gpu_layers: ngl,
+                n_cpu_moe,
+                n_cpu_ffn,
+                ..self.placement.clone()
+            },
             n_prompt: self.n_prompt,
             n_gen: self.n_gen,
             n_depth,
             depth_cache: None,
-            kv_base: crate::types::KvType::F16,
+            kv_base: crate::placement::KvType::F16,
             repetitions: self.repetitions,
             warmup: self.warmup,
             seed: 1234,
@@ -355,7 +360,7 @@ fn base_row(model: &ModelInfo, r: &TrialResult, ctx: (&str, &str, &str, &str)) -
         sampled_device_share: peak.map(|m| m.peak_share()),
         sampled_peak_pid_bytes: peak.and_then(|m| m.peak_pid_used),
         peak_host_rss_bytes: r.peak_host_rss(),
-        no_op_offload: u8::from(s.placement.op_offload == crate::types::OpOffload::Off),
+        no_op_offload: u8::from(s.placement.op_offload == crate::placement::OpOffload::Off),
         others_cpu_cores: r.contention.as_ref().map(|c| c.others_cores_mean),
         contended: r.contended(),
         mmproj: s.placement.mmproj.as_ref().map(|m| m.display().to_string()),

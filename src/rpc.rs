@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::error::bad;
+use crate::placement::args::parse_endpoint;
 use crate::types::{RpcDevice, RpcServer};
 
 const CMD_ALLOC_BUFFER: u8 = 0;
@@ -65,39 +66,6 @@ pub fn protocol() -> (u8, u8, u8) {
 
 fn version(v: (u8, u8, u8)) -> String {
     format!("{}.{}.{}", v.0, v.1, v.2)
-}
-
-/// Splits "host:port" as ggml-rpc does (at the first ':').
-///
-/// # Errors
-/// Not `host:port` with a port number.
-pub fn parse_endpoint(e: &str) -> Result<(String, u16)> {
-    let fix = "write it as host:port, like 192.168.1.20:50052";
-    let (host, port) = e.split_once(':').ok_or_else(|| bad(format!("--rpc '{e}' is not host:port; {fix}")))?;
-    let port: u16 = port.parse().map_err(|_| bad(format!("--rpc '{e}' has no port number; {fix}")))?;
-    if host.is_empty() || port == 0 {
-        return Err(bad(format!("--rpc '{e}' needs a host and a port; {fix}")));
-    }
-    Ok((host.to_string(), port))
-}
-
-/// Parses `--rpc host:port,host:port`.
-///
-/// # Errors
-/// An endpoint that is not `host:port`, or one named twice.
-pub fn parse_list(s: &str) -> Result<Vec<String>> {
-    let mut out: Vec<String> = Vec::new();
-    for e in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        parse_endpoint(e)?;
-        if out.iter().any(|o| o == e) {
-            return Err(bad(format!("--rpc names {e} twice; give each server once")));
-        }
-        out.push(e.to_string());
-    }
-    if out.is_empty() {
-        return Err(bad("--rpc is empty; give host:port of each llama.cpp RPC server, comma-separated"));
-    }
-    Ok(out)
 }
 
 fn call(s: &mut TcpStream, cmd: u8, input: &[u8], out_len: usize) -> std::io::Result<Vec<u8>> {
@@ -392,17 +360,6 @@ pub fn serve(host: &str, port: u16, devices: &[String], threads: u32, mem: Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoints_are_parsed_as_ggml_rpc_does() {
-        assert_eq!(parse_endpoint("10.0.0.2:50052").unwrap(), ("10.0.0.2".into(), 50052));
-        assert_eq!(parse_list("a:1, b:2").unwrap(), ["a:1", "b:2"]);
-        for bad in ["host", "host:", ":50052", "host:port", "h:0", "h:70000"] {
-            assert!(parse_endpoint(bad).is_err(), "{bad}");
-        }
-        assert!(parse_list("a:1,a:1").is_err());
-        assert!(parse_list(",").is_err());
-    }
 
     #[test]
     fn a_server_of_another_protocol_is_named_with_both_versions() {

@@ -572,7 +572,7 @@ fn a_split_goes_where_each_consumer_takes_it() {
     );
     // What llama.cpp's parser would read back: bench runs the same flags.
     let flags = line.split_once(".gguf'").or_else(|| line.split_once(".gguf")).unwrap().1;
-    let a = ngl_tune::llama_args::parse_placement(flags.trim()).unwrap();
+    let a = ngl_tune::placement::args::parse_placement(flags.trim()).unwrap();
     assert_eq!((a.rpc.len(), a.tensor_split, a.n_gpu_layers, a.main_gpu), (2, vec![9, 13, 19], 41, 0));
     let env = emit("llama-server-env");
     for want in [

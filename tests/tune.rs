@@ -903,7 +903,7 @@ fn a_projector_is_priced_counted_against_the_cap_timed_and_emitted() {
 
 /// The recommendation's llama-server environment as `emit --format env` prints it.
 fn rec_env(rec: &serde_json::Value) -> String {
-    let placement = ngl_tune::llama_args::parse_placement(rec["llama_cpp_args"].as_str().unwrap()).unwrap();
+    let placement = ngl_tune::placement::args::parse_placement(rec["llama_cpp_args"].as_str().unwrap()).unwrap();
     placement.server_env().iter().map(|(k, v)| format!("{k}={v}\n")).collect()
 }
 

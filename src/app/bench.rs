@@ -43,7 +43,8 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let results = bench::run(&opts, |r| {
         first_trial_says(&info, r)?;
         let mut notes = crate::probe::hardware(r.devices.clone()).notes;
-        if w.op_offload == crate::types::OpOffload::Auto && r.spec.placement.op_offload == crate::types::OpOffload::Off
+        if w.op_offload == crate::placement::OpOffload::Auto
+            && r.spec.placement.op_offload == crate::placement::OpOffload::Off
         {
             notes.push(crate::probe::op_offload_note(&r.devices));
         }
@@ -73,7 +74,7 @@ fn beside(a: &BenchArgs, opts: &BenchOptions) -> Result<Option<crate::engine::ho
     let Some(path) = &a.beside else { return Ok(None) };
     let info = model::inspect(path)?;
     let line = a.beside_args.as_deref().unwrap_or("");
-    let placement = crate::llama_args::parse_placement(line)
+    let placement = crate::placement::args::parse_placement(line)
         .map_err(|e| crate::error::bad(format!("--beside-args: {e}")))?
         .with_mmproj(None);
     let other = BenchOptions { model: info.path.clone(), placement, ..opts.clone() };

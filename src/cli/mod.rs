@@ -119,8 +119,8 @@ pub struct WorkloadArgs {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<u32>,
     /// Flash attention (llama-bench: -fa)
-    #[arg(long = "flash-attn", value_enum, default_value_t = crate::types::FlashAttn::Auto)]
-    pub flash_attn: crate::types::FlashAttn,
+    #[arg(long = "flash-attn", value_enum, default_value_t = crate::placement::FlashAttn::Auto)]
+    pub flash_attn: crate::placement::FlashAttn,
     /// Skip the warmup run before each test
     #[arg(long)]
     pub no_warmup: bool,
@@ -136,8 +136,8 @@ pub struct WorkloadArgs {
     ///
     /// The prompt's matrix products of layers on the CPU. Auto turns it off where the only GPU is
     /// a CPU-based Vulkan device (llvmpipe), where it cannot beat the CPU backend.
-    #[arg(long, value_enum, default_value_t = crate::types::OpOffload::Auto)]
-    pub op_offload: crate::types::OpOffload,
+    #[arg(long, value_enum, default_value_t = crate::placement::OpOffload::Auto)]
+    pub op_offload: crate::placement::OpOffload,
     #[command(flatten)]
     pub rpc: RpcArg,
     /// A multimodal projector (mmproj-*.gguf) loaded beside the model, as llama-server's --mmproj
@@ -169,8 +169,8 @@ pub struct BenchArgs {
     #[arg(short = 'd', long = "n-depth", default_value = "0")]
     pub n_depth: Vec<String>,
     /// KV cache type of both caches (llama-bench: -ctk/-ctv)
-    #[arg(long = "cache-type", value_enum, default_value_t = crate::types::KvType::F16)]
-    pub cache_type: crate::types::KvType,
+    #[arg(long = "cache-type", value_enum, default_value_t = crate::placement::KvType::F16)]
+    pub cache_type: crate::placement::KvType,
     /// Keep the tensors matching PATTERN on the CPU, llama.cpp's -ot PATTERN=CPU (repeatable)
     #[arg(long = "override-tensor", value_name = "PATTERN=CPU")]
     pub override_tensor: Vec<String>,

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{read_env_file, Applied, Consumer, Program, ServerEnv, Workload};
-use crate::llama_args::LlamaArgs;
+use crate::placement::args::LlamaArgs;
 
 /// llama-server's settings from its environment file.
 pub struct LlamaServer {
@@ -21,7 +21,7 @@ impl LlamaServer {
     /// llama.cpp would refuse.
     pub fn read(path: &Path) -> anyhow::Result<LlamaServer> {
         let env = read_env_file(path, "--server-env")?;
-        let args = crate::llama_args::from_env(&env.vars)
+        let args = crate::placement::args::from_env(&env.vars)
             .map_err(|e| crate::error::bad(format!("--server-env {}: {e}; fix that variable", path.display())))?;
         Ok(LlamaServer { env, args })
     }
@@ -84,11 +84,11 @@ impl Consumer for LlamaServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{FlashAttn, KvType, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
+    use crate::placement::{FlashAttn, KvType, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
 
     fn server(vars: &[(&str, &str)]) -> LlamaServer {
         let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect();
-        let args = crate::llama_args::from_env(&vars).unwrap();
+        let args = crate::placement::args::from_env(&vars).unwrap();
         LlamaServer { env: ServerEnv { source: "--server-env s.env".into(), found: true, vars }, args }
     }
 

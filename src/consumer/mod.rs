@@ -12,7 +12,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{FlashAttn, Hardware, KvType, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
+use crate::placement::{FlashAttn, KvType, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
+use crate::types::Hardware;
 
 pub mod args;
 pub mod llama_server;

@@ -68,7 +68,7 @@ fn server_env(p: &Profile) -> Vec<(&'static str, String)> {
 
 /// llama-server has no environment variable for `--no-op-offload`.
 fn op_offload_comment(p: &Profile) -> &'static str {
-    if p.recommendation.placement.op_offload != crate::types::OpOffload::Off {
+    if p.recommendation.placement.op_offload != crate::placement::OpOffload::Off {
         ""
     } else {
         "# also pass --no-op-offload to llama-server (it has no environment variable)\n"
@@ -296,7 +296,7 @@ fn csv(p: &Profile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::shell_quote;
+    use crate::placement::shell_quote;
 
     #[test]
     fn quoting() {
@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn every_emitted_form_reads_back_as_the_measured_settings() {
-        use crate::types::{FlashAttn, KvType};
+        use crate::placement::{FlashAttn, KvType};
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let r = p.recommendation.for_test_mut();
@@ -323,14 +323,19 @@ mod tests {
         r.render_forms();
         let measured = r.runs();
         // llama.cpp's flags, as bench --llama-args reads them.
-        assert_eq!(crate::llama_args::parse_placement(&r.llama_cpp_args).unwrap(), measured, "{}", r.llama_cpp_args);
+        assert_eq!(
+            crate::placement::args::parse_placement(&r.llama_cpp_args).unwrap(),
+            measured,
+            "{}",
+            r.llama_cpp_args
+        );
         assert!(r.llama_cpp_args.contains("-c 32768 -np 4 -b 1024 -ub 1024"), "{}", r.llama_cpp_args);
         assert!(r.llama_cpp_args.ends_with("--mmproj '/models/Gemma 3/mmproj-F16.gguf'"), "{}", r.llama_cpp_args);
         // llama-server's env file, read as systemd, docker and a shell read it.
         for f in [Format::LlamaServerEnv, Format::DockerEnv] {
             let text = render(&p, f).unwrap();
             let vars = crate::consumer::parse_env_file(&text).unwrap();
-            let back = crate::llama_args::from_env(&vars).unwrap().over(crate::types::Placement::default());
+            let back = crate::placement::args::from_env(&vars).unwrap().over(crate::placement::Placement::default());
             assert_eq!(back, measured, "{text}");
         }
         // Ollama: one slot's context and the batch size in the Modelfile,
@@ -363,7 +368,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
         let mut p = crate::profile::store::read_profile(&path).unwrap();
         let option = |split: Vec<u32>, tg: f64| SplitOption {
-            placement: crate::types::Placement::default().with_layers(19, 2, None),
+            placement: crate::placement::Placement::default().with_layers(19, 2, None),
             tensor_split: split,
             measured: true,
             tg_ts: Some(tg),

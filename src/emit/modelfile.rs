@@ -60,7 +60,7 @@ pub fn render(p: &Profile) -> String {
     } else if !r.placement.tensor_split.is_empty() {
         s.push_str(&format!(
             "# llama.cpp splits the layers {} (-ts); Ollama takes no proportions per model, only num_gpu: it runs a model on the one GPU that holds it, else llama.cpp's split by free memory{}\n",
-            crate::types::split_list(&r.placement.tensor_split),
+            crate::placement::split_list(&r.placement.tensor_split),
             split_gain(p)
         ));
     }
@@ -75,7 +75,7 @@ pub fn render(p: &Profile) -> String {
             "# llama.cpp is faster with -ngl {n} and the FFN weights of {k} layers on the CPU (-ot); Ollama has no tensor overrides per model, so num_gpu is the best whole-layer split.\n# To run the faster one under Ollama, server-wide (every model the server runs gets it): LLAMA_ARG_OVERRIDE_TENSOR='{o}' in the Ollama server's environment (its llama-server inherits it) and PARAMETER num_gpu {n} here\n",
             n = r.placement.n_gpu_layers,
             k = r.placement.n_cpu_ffn,
-            o = crate::types::cpu_ffn_override(r.placement.n_cpu_ffn)
+            o = crate::placement::cpu_ffn_override(r.placement.n_cpu_ffn)
         ));
     }
     if let Some(line) = r.unset_num_gpu_line() {

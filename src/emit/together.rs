@@ -111,7 +111,7 @@ fn ids(members: &[SetMember]) -> Vec<String> {
 /// `-m MODEL FLAGS`: a member's llama-server command line.
 #[must_use]
 pub fn command(m: &SetMember) -> String {
-    format!("-m {} {}", crate::types::shell_quote(&m.model.path.to_string_lossy()), m.llama_cpp_args())
+    format!("-m {} {}", crate::placement::shell_quote(&m.model.path.to_string_lossy()), m.llama_cpp_args())
 }
 
 /// A llama-swap config: each member's llama-server command, and one group
@@ -145,7 +145,7 @@ mod tests {
         SetMember {
             model,
             weight: 0.5,
-            placement: crate::types::Placement::default().with_layers(ngl, 2, Some(4096)),
+            placement: crate::placement::Placement::default().with_layers(ngl, 2, Some(4096)),
             n_layer_full: full,
             tg_ts: Some(10.0),
             device_bytes: Some(bytes),

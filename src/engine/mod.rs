@@ -15,7 +15,9 @@ pub mod runner;
 pub mod worker;
 
 #[cfg(test)]
-use crate::types::{Placement, Race, TrialSpec};
+use crate::placement::Placement;
+#[cfg(test)]
+use crate::types::{Race, TrialSpec};
 
 extern "C" {
     fn ngl_tune_math_threads() -> std::ffi::c_int;
@@ -41,7 +43,7 @@ pub(crate) fn test_spec() -> TrialSpec {
         n_gen: 16,
         n_depth: 0,
         depth_cache: None,
-        kv_base: crate::types::KvType::F16,
+        kv_base: crate::placement::KvType::F16,
         repetitions: 3,
         warmup: true,
         seed: 1,

@@ -42,8 +42,8 @@ impl ModelParams {
     /// Everything a placement puts somewhere: layers, the split, and the
     /// tensors kept on the CPU (experts of `--n-cpu-moe`, dense FFN
     /// weights, `-ot` patterns).
-    pub(crate) fn of(p: &crate::types::Placement) -> Self {
-        let patterns = (0..p.n_cpu_moe).map(crate::types::cpu_moe_pattern).chain(p.cpu_patterns());
+    pub(crate) fn of(p: &crate::placement::Placement) -> Self {
+        let patterns = (0..p.n_cpu_moe).map(crate::placement::cpu_moe_pattern).chain(p.cpu_patterns());
         let patterns: Vec<CString> = patterns.map(|p| CString::new(p).unwrap_or_default()).collect();
         let pointers = patterns.iter().map(|p| p.as_ptr()).collect();
         #[allow(clippy::cast_precision_loss)]

@@ -23,7 +23,8 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{KvType, Quality};
+use crate::placement::KvType;
+use crate::types::Quality;
 
 /// The fixed prompts the reference continues (prose and code: different
 /// token statistics).

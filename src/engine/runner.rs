@@ -307,7 +307,7 @@ pub fn worker_main() -> Result<()> {
 fn local_rpc_servers(rpc: &[String]) -> Vec<u32> {
     let ports: Vec<u16> = rpc
         .iter()
-        .filter_map(|e| crate::rpc::parse_endpoint(e).ok())
+        .filter_map(|e| crate::placement::args::parse_endpoint(e).ok())
         .filter(|(host, _)| host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback()))
         .map(|(_, port)| port)
         .collect();

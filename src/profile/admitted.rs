@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::{ProfileTrial, Recommendation};
 use crate::engine::predict::Prediction;
 use crate::model::human_bytes;
-use crate::types::{Placement, TrialStatus};
+use crate::placement::Placement;
+use crate::types::TrialStatus;
 
 /// Why an answer is admitted.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -119,7 +120,7 @@ fn same(a: &Placement, b: &Placement) -> bool {
 
 /// A dry run of that placement ([`Prediction::prices_placement`]; no
 /// dry run prices fit's CPU tensors).
-fn prices(p: &Prediction, placement: &Placement, own_kv: crate::types::KvType) -> bool {
+fn prices(p: &Prediction, placement: &Placement, own_kv: crate::placement::KvType) -> bool {
     p.error.is_none() && placement.cpu_overrides.is_empty() && p.prices_placement(placement, own_kv)
 }
 
@@ -133,7 +134,7 @@ impl Gate<'_> {
     ///
     /// # Errors
     /// The refusal, holding `rec` and why.
-    pub fn admit(&self, rec: Recommendation, own_kv: crate::types::KvType) -> Result<Admitted, Box<Refused>> {
+    pub fn admit(&self, rec: Recommendation, own_kv: crate::placement::KvType) -> Result<Admitted, Box<Refused>> {
         let refuse = |rec, why: String| Err(Box::new(Refused { recommendation: rec, why }));
         let p = rec.placement.clone();
         let ran: Vec<&ProfileTrial> = self.trials.iter().filter(|t| same(&t.result.spec.placement, &p)).collect();
@@ -243,7 +244,7 @@ impl AdmittedSet {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::types::KvType;
+    use crate::placement::KvType;
 
     const MIB: f64 = 1024.0 * 1024.0;
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::Placement;
+use crate::placement::Placement;
 
 /// The recommendation against llama.cpp's default at one context: the
 /// placement llama.cpp's fit chooses without flags (1 GiB free per device),

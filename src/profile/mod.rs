@@ -28,9 +28,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelInfo;
+use crate::placement::{KvType, Placement};
 use crate::types::Hardware;
 use crate::types::TrialResult;
-use crate::types::{Decision, KvType, Placement, Point, Quality};
+use crate::types::{Decision, Point, Quality};
 
 /// The profile's schema version. 2: per-context placements, KV cache types,
 /// FFN overrides; 3: the typed placement (flattened into each trial's spec)

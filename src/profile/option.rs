@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{Placement, Quality};
+use crate::placement::Placement;
+use crate::types::Quality;
 
 /// One way to run the model at a context, in the order the guide ranks
 /// them: a quantized KV cache, a shorter context, FFN weights on the CPU,
@@ -168,7 +169,7 @@ pub(super) fn stored_placement(
 ) -> Result<Placement, serde_json::Error> {
     // Every placement written whole has its batch size; older records never did.
     let whole = fields.contains_key("n_batch");
-    let base = if whole { None } else { crate::llama_args::parse_placement(flags).ok() };
+    let base = if whole { None } else { crate::placement::args::parse_placement(flags).ok() };
     let mut merged = placement_fields(&base.unwrap_or_default());
     merged.extend(fields);
     serde_json::from_value(serde_json::Value::Object(merged))
@@ -177,7 +178,7 @@ pub(super) fn stored_placement(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::KvType;
+    use crate::placement::KvType;
 
     fn option(placement: Placement) -> PlacementOption {
         PlacementOption {

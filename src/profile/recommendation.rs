@@ -92,7 +92,7 @@ impl Recommendation {
     /// answer runs with main device 0 and the projector on the GPU), then
     /// the paste-ready forms rendered again from it.
     pub fn set_placement(&mut self, p: &Placement) {
-        let op_on = p.op_offload != crate::types::OpOffload::Off;
+        let op_on = p.op_offload != crate::placement::OpOffload::Off;
         self.placement =
             Placement { n_ctx: p.n_ctx.or(self.placement.n_ctx), main_gpu: 0, mmproj_offload: true, ..p.clone() }
                 .with_op_offload(op_on);
@@ -254,7 +254,7 @@ pub struct ReadingHatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{KvType, SplitMode};
+    use crate::placement::{KvType, SplitMode};
 
     #[test]
     fn a_placement_written_into_a_recommendation_reads_back_the_same_and_renders_its_forms() {
@@ -317,7 +317,11 @@ mod tests {
         let r: Recommendation = serde_json::from_value(old).unwrap();
         let p = &r.placement;
         assert_eq!((p.n_gpu_layers, p.n_threads, r.n_ctx(), p.kv_type), (12, 4, 8192, KvType::Q8_0));
-        assert_eq!((p.op_offload, p.n_batch, p.n_ubatch), (crate::types::OpOffload::Off, 2048, 512), "older defaults");
+        assert_eq!(
+            (p.op_offload, p.n_batch, p.n_ubatch),
+            (crate::placement::OpOffload::Off, 2048, 512),
+            "older defaults"
+        );
         assert_eq!((p.tensor_split.as_slice(), p.rpc.len()), ([8, 4].as_slice(), 1));
         assert!(r.runs().flags().contains("--no-op-offload"), "{}", r.runs().flags());
         let out = serde_json::to_value(&r).unwrap();
@@ -327,7 +331,7 @@ mod tests {
             serde_json::from_value(serde_json::json!({"n_gpu_layers": 1, "n_threads": 1, "n_ctx": 512, "measured": false,
                 "op_offload": true, "tg_ts": null, "pp_ts": null, "mem_bytes": null, "modelfile": [], "llama_cpp_args": ""}))
             .unwrap();
-        assert_eq!(on.placement.op_offload, crate::types::OpOffload::On);
+        assert_eq!(on.placement.op_offload, crate::placement::OpOffload::On);
         assert!(serde_json::to_value(&on).unwrap().get("op_offload").is_none(), "on: not written");
     }
 }

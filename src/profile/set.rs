@@ -50,7 +50,7 @@ pub struct SetMember {
     /// Its share of requests (`--weights`, normalized; equal by default).
     pub weight: f64,
     /// Its layers, threads, context, KV cache and batch, as it ran.
-    pub placement: crate::types::Placement,
+    pub placement: crate::placement::Placement,
     pub n_layer_full: u32,
     /// Its generation speed at that placement, measured with the others resident.
     pub tg_ts: Option<f64>,
@@ -172,9 +172,9 @@ mod tests {
             "architecture": "llama", "n_layer": 30, "n_layer_full": 31, "quantization": "Q4_0", "n_params": 1, "n_expert": 0
         }))
         .unwrap();
-        let p = crate::types::Placement { n_batch: 1024, n_ubatch: 1024, ..crate::types::Placement::default() }
+        let p = crate::placement::Placement { n_batch: 1024, n_ubatch: 1024, ..crate::placement::Placement::default() }
             .with_layers(20, 4, Some(8192))
-            .with_kv(crate::types::KvType::Q8_0);
+            .with_kv(crate::placement::KvType::Q8_0);
         let m = SetMember {
             model,
             weight: 0.5,

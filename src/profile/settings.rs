@@ -71,7 +71,7 @@ pub struct Backend {
     /// llama.cpp's op offload as asked (auto: off where every offload
     /// device is CPU-based).
     #[serde(default)]
-    pub op_offload: crate::types::OpOffload,
+    pub op_offload: crate::placement::OpOffload,
     /// llama.cpp RPC servers whose devices join this machine's (`--rpc`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rpc: Vec<String>,
@@ -295,12 +295,15 @@ mod tests {
         );
         assert!(out["objective"] == "tg" && out.get("reading_speed").is_none() && out.get("job").is_none(), "{out}");
         assert!(out.get("max_kl").is_none() && out.get("min_top1").is_none(), "the defaults: not written");
-        assert_eq!((s.workload.n_ctx, s.workload.n_parallel, s.workload.kv_type), (4096, 1, crate::types::KvType::F16));
+        assert_eq!(
+            (s.workload.n_ctx, s.workload.n_parallel, s.workload.kv_type),
+            (4096, 1, crate::placement::KvType::F16)
+        );
         assert!(out.get("contexts").is_none() && out.get("n_parallel").is_none(), "defaults: not written");
         assert_eq!(out["n_ubatch"], 512);
         assert_eq!(
             (s.backend.n_threads, s.backend.op_offload, s.backend.rpc.len(), &s.backend.mmproj),
-            (2, crate::types::OpOffload::default(), 0, &None),
+            (2, crate::placement::OpOffload::default(), 0, &None),
             "profiles from before op offload, RPC and the projector"
         );
         assert!(out["n_threads"] == 2 && out.get("rpc").is_none() && out.get("mmproj").is_none(), "{out}");

@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{KvType, Placement, Quality, SplitMode};
+use crate::placement::{KvType, Placement, SplitMode};
+use crate::types::Quality;
 
 /// One split: priced by the dry run, measured where it could win. Its
 /// placement is what its trial ran (or the dry run priced); its layers per
@@ -63,7 +64,7 @@ struct StoredSplitOption {
     tensor_split: Vec<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     order: Vec<u32>,
-    #[serde(default, skip_serializing_if = "crate::types::is_layer")]
+    #[serde(default, skip_serializing_if = "crate::placement::is_layer")]
     split_mode: SplitMode,
     predicted_bytes: Vec<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -126,7 +127,7 @@ impl From<StoredSplitOption> for SplitOption {
             kv_type: s.kv_type,
             n_cpu_ffn: s.n_cpu_ffn,
             split_mode: s.split_mode,
-            ..crate::llama_args::parse_placement(&s.llama_cpp_args).unwrap_or_default()
+            ..crate::placement::args::parse_placement(&s.llama_cpp_args).unwrap_or_default()
         });
         SplitOption {
             label: s.label,

@@ -170,7 +170,7 @@ fn placement_cell(spec: &crate::types::TrialSpec) -> String {
         c += &format!(" (FFN of {} on CPU)", spec.placement.n_cpu_ffn);
     }
     if !spec.placement.tensor_split.is_empty() {
-        c += &format!(" (-ts {})", crate::types::split_list(&spec.placement.tensor_split));
+        c += &format!(" (-ts {})", crate::placement::split_list(&spec.placement.tensor_split));
     }
     c
 }
@@ -233,7 +233,7 @@ pub fn progress_line(done: usize, total: usize, r: &TrialResult, elapsed: std::t
         let _ = write!(setting, " (FFN of {} layers on the CPU)", s.placement.n_cpu_ffn);
     }
     if !s.placement.tensor_split.is_empty() {
-        let _ = write!(setting, " -ts {}", crate::types::split_list(&s.placement.tensor_split));
+        let _ = write!(setting, " -ts {}", crate::placement::split_list(&s.placement.tensor_split));
     }
     let mut what: Vec<String> = r.tests.iter().map(|t| format!("{} {:.2} t/s", t.name(), t.avg_ts)).collect();
     if let Some(i) = &r.image {

@@ -34,7 +34,7 @@ fn split_words(ngl: u32, ts: &[u32], order: &[u32], names: &[&str]) -> String {
     if ts.is_empty() {
         return format!("ngl {ngl}");
     }
-    let mut w = format!("ngl {ngl}, -ts {}", crate::types::split_list(ts));
+    let mut w = format!("ngl {ngl}, -ts {}", crate::placement::split_list(ts));
     if !order.is_empty() {
         let listed: Vec<&str> = order.iter().map(|d| names.get(*d as usize).copied().unwrap_or("?")).collect();
         w += &format!(" (--device {})", listed.join(","));

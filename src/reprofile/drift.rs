@@ -57,7 +57,7 @@ pub struct Drift {
 
 /// What identifies a measured placement across profiles: layers, threads,
 /// context, KV cache type, FFN and expert overrides, layers per device.
-type Key = (u32, u32, Option<u32>, crate::types::KvType, u32, u32, Vec<u32>);
+type Key = (u32, u32, Option<u32>, crate::placement::KvType, u32, u32, Vec<u32>);
 
 pub(super) fn key(t: &ProfileTrial) -> Key {
     let s = &t.result.spec;
@@ -85,7 +85,7 @@ fn placement_words(s: &crate::types::TrialSpec) -> String {
         v.push(format!("experts of {} layers on CPU", s.placement.n_cpu_moe));
     }
     if !s.placement.tensor_split.is_empty() {
-        v.push(format!("-ts {}", crate::types::split_list(&s.placement.tensor_split)));
+        v.push(format!("-ts {}", crate::placement::split_list(&s.placement.tensor_split)));
     }
     v.join(", ")
 }

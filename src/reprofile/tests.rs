@@ -79,15 +79,15 @@ fn a_slower_setting_is_a_regression_unless_it_was_cut_short() {
 
 #[test]
 fn drift_is_judged_per_context_and_placement_kind() {
+    use crate::placement::KvType;
     use crate::profile::{ContextPlacement, HatchKind};
-    use crate::types::KvType;
     let mut old = example();
     // The same ngl and threads at a second context, once with an f16 and once with a q8_0 KV cache.
     let mut at_32k = old.trials[1].clone();
     at_32k.result.spec.placement.n_ctx = Some(32768);
     let mut q8 = at_32k.clone();
     q8.role = crate::types::Role::Hatch;
-    q8.result.spec.placement.kv_type = crate::types::KvType::Q8_0;
+    q8.result.spec.placement.kv_type = crate::placement::KvType::Q8_0;
     old.trials.extend([at_32k, q8]);
     old.settings.workload.contexts = vec![4096, 32768];
     let place = |p: &Profile, n_ctx: u32, kv| {

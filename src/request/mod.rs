@@ -14,7 +14,7 @@ use crate::model::ModelInfo;
 
 /// `--rpc`'s servers (none when not given).
 pub fn rpc_list(s: Option<&str>) -> Result<Vec<String>> {
-    s.map_or_else(|| Ok(Vec::new()), crate::rpc::parse_list)
+    s.map_or_else(|| Ok(Vec::new()), crate::placement::args::parse_list)
 }
 
 /// Parses `--vram-budget`: one size for every device, and/or `DEV=SIZE` per device.
@@ -144,7 +144,7 @@ pub fn tune_settings(
             contexts: contexts.unwrap_or_default(),
             ctx_rule: None,
             n_parallel: 1,
-            kv_type: crate::types::KvType::F16,
+            kv_type: crate::placement::KvType::F16,
             flash_attn: w.flash_attn,
             n_batch: w.batch_size,
             n_ubatch: w.ubatch_size,
@@ -255,10 +255,10 @@ pub fn parse_contexts(list: &str, info: &ModelInfo) -> Result<Vec<u32>> {
 
 /// Bench's placement: the options, with `--llama-args` laid over them;
 /// the ngl and `--n-cpu-moe` lists (one value each when the line sets it).
-pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types::Placement, crate::bench::Grid)> {
+pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::placement::Placement, crate::bench::Grid)> {
     let llama = match &a.llama_args {
-        Some(line) => crate::llama_args::parse(line).map_err(|e| bad(format!("--llama-args: {e}")))?,
-        None => crate::llama_args::LlamaArgs::default(),
+        Some(line) => crate::placement::args::parse(line).map_err(|e| bad(format!("--llama-args: {e}")))?,
+        None => crate::placement::args::LlamaArgs::default(),
     };
     let mut w = a.workload.clone();
     w.threads = llama.threads.or(w.threads);
@@ -281,13 +281,13 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::types:
         Some(n) => vec![n],
         None => crate::ngl::parse_all(&a.n_cpu_moe, "--n-cpu-moe")?,
     };
-    let base = crate::types::Placement {
+    let base = crate::placement::Placement {
         n_batch: w.batch_size,
         n_ubatch: w.ubatch_size,
         flash_attn: w.flash_attn,
         kv_type: a.cache_type,
         op_offload: w.op_offload,
-        ..crate::types::Placement::default()
+        ..crate::placement::Placement::default()
     }
     .with_layers(0, threads, w.ctx_size)
     .with_split(&[], &rpc_list(w.rpc.servers.as_deref())?)
@@ -339,7 +339,7 @@ pub fn check_depth(s: &crate::profile::Settings) -> Result<()> {
 ///
 /// # Errors
 /// `BadInput` for a list that does not parse, or a depth the context cannot hold.
-pub fn bench_depths(a: &BenchArgs, p: &crate::types::Placement) -> Result<Vec<u32>> {
+pub fn bench_depths(a: &BenchArgs, p: &crate::placement::Placement) -> Result<Vec<u32>> {
     let depths = crate::ngl::parse_all(&a.n_depth, "-d")?;
     let w = &a.workload;
     let tests = w.n_prompt.unwrap_or(512).max(w.n_gen.unwrap_or(128));
@@ -486,7 +486,7 @@ mod tests {
         ]);
         let (p, grid) = bench_placement(&a, &info).unwrap();
         assert_eq!((grid.ngl, grid.n_cpu_moe, grid.n_cpu_ffn), (vec![2], vec![0], vec![2]));
-        assert_eq!((p.n_threads, p.n_ctx, p.n_ubatch, p.kv_type), (3, Some(512), 256, crate::types::KvType::Q8_0));
+        assert_eq!((p.n_threads, p.n_ctx, p.n_ubatch, p.kv_type), (3, Some(512), 256, crate::placement::KvType::Q8_0));
         assert_eq!((p.n_cpu_ffn, p.cpu_overrides), (2, vec!["output\\.weight".to_string()]));
         says(
             bench_placement(&bench_args(&["ngl-tune", "bench", "m.gguf", "--llama-args", "--mlock"]), &info),

@@ -187,7 +187,7 @@ fn admit(
     gate: &crate::profile::Gate<'_>,
     answer: crate::profile::Recommendation,
     layer_split: &crate::profile::Recommendation,
-    own_kv: crate::types::KvType,
+    own_kv: crate::placement::KvType,
 ) -> Result<(crate::profile::Admitted, Option<Note>)> {
     let refused = match gate.admit(answer, own_kv) {
         Ok(a) => return Ok((a, None)),
@@ -390,8 +390,9 @@ fn hatches(
     // Quality does not depend on where the layers run: score at the fastest measured split.
     let ngl = layer_split.placement.n_gpu_layers;
     let bound = (quality::speeds_at(&search.trials, ngl), quality::bound_s(&search.trials));
-    let mut assess =
-        |kv: crate::types::KvType| quality::kv_quality(&sh.runner, info, kv, ngl, (s, at.depth), sh.op_offload, bound);
+    let mut assess = |kv: crate::placement::KvType| {
+        quality::kv_quality(&sh.runner, info, kv, ngl, (s, at.depth), sh.op_offload, bound)
+    };
     let mut found = hatch::run(Topology::One { h: &h, layer_split }, search, &mut assess)?;
     let failed = search.take_unpriced();
     found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(at.n_ctx)));
@@ -468,9 +469,9 @@ mod tests {
         let q = crate::types::Quality { wall_s: 35.0, ..crate::types::Quality::passing() };
         let option = |kind| crate::profile::PlacementOption {
             kind,
-            placement: crate::types::Placement::default()
+            placement: crate::placement::Placement::default()
                 .with_layers(9, 4, Some(4096))
-                .with_kv(crate::types::KvType::Q8_0),
+                .with_kv(crate::placement::KvType::Q8_0),
             measured: kind == crate::profile::HatchKind::KvCache,
             tg_ts: None,
             pp_ts: None,
@@ -492,8 +493,8 @@ mod tests {
     /// neither admitted, the tune fails rather than emit either.
     #[test]
     fn an_answer_the_gate_refuses_gives_way_to_the_whole_layer_split() {
+        use crate::placement::{KvType, Placement};
         use crate::profile::admitted::tests::trial;
-        use crate::types::{KvType, Placement};
         let mib = 1024.0 * 1024.0;
         let mut hatch = crate::tune::worlds::recommendation();
         hatch.set_placement(&Placement::default().with_layers(19, 2, Some(32768)).with_kv(KvType::Q8_0));

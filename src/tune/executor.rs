@@ -63,7 +63,7 @@ pub fn spec_of(base: &TrialSpec, devices: &[String], c: Candidate, race: Option<
     }
     if c.upstream {
         spec.baseline = true;
-        spec.placement.op_offload = crate::types::OpOffload::On;
+        spec.placement.op_offload = crate::placement::OpOffload::On;
     }
     if c.stock {
         spec.placement = spec.placement.with_server_defaults();

@@ -38,7 +38,7 @@ pub(super) fn batch_here(sh: &Shared<'_>, at: &mut ContextRun) -> Option<Note> {
     };
     let cuda = sh.hw.llama_devices.iter().find(|d| d.is_offload_target() && d.name.starts_with("CUDA"));
     let cuda_without_fa =
-        cuda.filter(|_| s.workload.flash_attn == crate::types::FlashAttn::Off).map(|d| d.memory_total);
+        cuda.filter(|_| s.workload.flash_attn == crate::placement::FlashAttn::Off).map(|d| d.memory_total);
     let b = crate::consumer::ollama::batch_for(at.n_ctx, predicted, free, cuda_without_fa);
     (at.n_batch, at.n_ubatch) = (b, b);
     let why = if b < rule && cuda_without_fa.is_none() {
@@ -131,7 +131,7 @@ mod tests {
         let mut search = crate::tune::worlds::search(&s, &mut world, f64::from(2000u32 << 20))
             .with_pricer(Box::new(crate::tune::pricer::fake::Curves::cases(price)));
         let mut rec = crate::tune::worlds::recommendation();
-        rec.set_placement(&crate::types::Placement::default().with_layers(ngl, 2, Some(32768)));
+        rec.set_placement(&crate::placement::Placement::default().with_layers(ngl, 2, Some(32768)));
         let note = priced_for_consumer((&nvidia(device, backend), Some(device)), &mut search, &mut rec);
         (note, rec)
     }

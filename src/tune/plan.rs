@@ -3,8 +3,9 @@
 
 use anyhow::Result;
 
+use crate::placement::{KvType, Split};
 use crate::profile::Settings;
-use crate::types::{CpuInfo, Decision, KvType};
+use crate::types::{CpuInfo, Decision};
 
 /// The context one stage works on: its size, the depth its tests run at
 /// and the batch it runs with (Ollama's batch steps down per context).
@@ -33,12 +34,12 @@ impl ContextRun {
     pub fn workload(
         &self,
         (w, backend): (&crate::consumer::Workload, &crate::profile::Backend),
-    ) -> crate::types::Placement {
-        crate::types::Placement {
+    ) -> crate::placement::Placement {
+        crate::placement::Placement {
             n_batch: self.n_batch,
             n_ubatch: self.n_ubatch,
             flash_attn: w.flash_attn,
-            ..crate::types::Placement::default()
+            ..crate::placement::Placement::default()
         }
         .with_parallel(w.n_parallel)
         .with_mmproj(backend.mmproj.as_deref())
@@ -80,7 +81,7 @@ pub struct Candidate {
     /// Layers per offload device (`-ts`); empty: llama.cpp's default split.
     pub split: Split,
     /// The tensors llama.cpp's fit keeps on the CPU (its default placement's `-ot`).
-    pub spill: crate::types::FitSpill,
+    pub spill: crate::placement::FitSpill,
     /// The context it runs at; 0: the workload's.
     pub ctx: u32,
     /// llama-server's own batch sizes, flash attention and one sequence
@@ -94,133 +95,11 @@ pub struct Candidate {
     pub mmproj_cpu: bool,
 }
 
-/// Layers per offload device, in llama.cpp's device order (at most 16, as
-/// llama.cpp's devices and RPC servers), and the order the devices take
-/// layers in (`--device`: the first holds the first offloaded layers, the
-/// last one with layers the output layer); kept inline so a candidate
-/// stays a plain value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Split {
-    n: u8,
-    layers: [u16; 16],
-    /// Device indices (llama.cpp's order) in the order they take layers;
-    /// all zero: llama.cpp's order.
-    order: [u8; 16],
-    /// Its split mode, as an index into [`MODES`] (0: layer, llama.cpp's default).
-    mode: u8,
-}
-
-/// The split modes a [`Split`] can be in, llama.cpp's default first.
-const MODES: [crate::types::SplitMode; 4] = [
-    crate::types::SplitMode::Layer,
-    crate::types::SplitMode::None,
-    crate::types::SplitMode::Row,
-    crate::types::SplitMode::Tensor,
-];
-
-impl Split {
-    /// Layers per device in llama.cpp's order, the devices in that order.
-    ///
-    /// # Panics
-    /// Over 16 devices or 65535 layers on one (llama.cpp allows neither).
-    #[must_use]
-    pub fn new(layers: &[u32]) -> Split {
-        assert!(layers.len() <= 16, "llama.cpp takes at most 16 devices");
-        let mut s = Split { n: u8::try_from(layers.len()).unwrap_or(16), layers: [0; 16], order: [0; 16], mode: 0 };
-        for (i, l) in layers.iter().enumerate() {
-            s.layers[i] = u16::try_from(*l).expect("layers per device fit in u16");
-        }
-        s
-    }
-
-    /// Layers per device in llama.cpp's order, the devices taking layers
-    /// in `order` (indices into llama.cpp's order; llama.cpp's own order
-    /// is kept as no order).
-    ///
-    /// # Panics
-    /// As [`Split::new`], or when `order` is not a permutation of the devices.
-    #[must_use]
-    pub fn ordered(layers: &[u32], order: &[usize]) -> Split {
-        let mut s = Split::new(layers);
-        let mut seen = order.to_vec();
-        seen.sort_unstable();
-        assert!(seen == (0..layers.len()).collect::<Vec<_>>(), "an order names every device once");
-        if order.iter().enumerate().any(|(i, d)| i != *d) {
-            for (i, d) in order.iter().enumerate() {
-                s.order[i] = u8::try_from(*d).unwrap_or(0);
-            }
-        }
-        s
-    }
-
-    /// The same split in another split mode (`-sm row`, `-sm tensor`).
-    #[must_use]
-    pub fn with_mode(mut self, mode: crate::types::SplitMode) -> Split {
-        self.mode = u8::try_from(MODES.iter().position(|m| *m == mode).unwrap_or(0)).unwrap_or(0);
-        self
-    }
-
-    /// Its split mode (`-sm`).
-    #[must_use]
-    pub fn mode(&self) -> crate::types::SplitMode {
-        MODES.get(usize::from(self.mode)).copied().unwrap_or_default()
-    }
-
-    /// Layers per device, in llama.cpp's order.
-    #[must_use]
-    pub fn layers(&self) -> Vec<u32> {
-        self.layers[..usize::from(self.n)].iter().map(|l| u32::from(*l)).collect()
-    }
-
-    /// Whether the devices take layers in llama.cpp's order.
-    #[must_use]
-    pub fn in_llama_order(&self) -> bool {
-        self.order.iter().all(|d| *d == 0)
-    }
-
-    /// The device indices (llama.cpp's order) in the order they take layers.
-    #[must_use]
-    pub fn order(&self) -> Vec<usize> {
-        let n = usize::from(self.n);
-        if self.in_llama_order() {
-            (0..n).collect()
-        } else {
-            self.order[..n].iter().map(|d| usize::from(*d)).collect()
-        }
-    }
-
-    /// Layers per device in the order they take them (llama.cpp's `-ts`
-    /// beside `--device`).
-    #[must_use]
-    pub fn listed(&self) -> Vec<u32> {
-        let l = self.layers();
-        self.order().into_iter().map(|d| l[d]).collect()
-    }
-
-    /// The `--device` list: `names` (llama.cpp's order) in this order;
-    /// empty in llama.cpp's order.
-    #[must_use]
-    pub fn device_names(&self, names: &[String]) -> Vec<String> {
-        if self.in_llama_order() {
-            return Vec::new();
-        }
-        self.order().into_iter().map(|d| names.get(d).cloned().unwrap_or_default()).collect()
-    }
-
-    /// The device that runs the output layer: the last, in this order,
-    /// that holds layers (llama.cpp offloads the output first).
-    #[must_use]
-    pub fn output_device(&self) -> Option<usize> {
-        let l = self.layers();
-        self.order().into_iter().rev().find(|d| l[*d] > 0)
-    }
-}
-
 /// What a placement runs as a candidate: its layers, threads, experts and
 /// FFN weights on the CPU, and its KV cache type; its split, context and
 /// workload are the caller's (one device, the search's context).
-impl From<&crate::types::Placement> for Candidate {
-    fn from(p: &crate::types::Placement) -> Candidate {
+impl From<&crate::placement::Placement> for Candidate {
+    fn from(p: &crate::placement::Placement) -> Candidate {
         Candidate {
             n_cpu_moe: p.n_cpu_moe,
             n_cpu_ffn: p.n_cpu_ffn,
@@ -241,7 +120,7 @@ impl Candidate {
             kv: None,
             threads,
             split: Split::default(),
-            spill: crate::types::FitSpill::default(),
+            spill: crate::placement::FitSpill::default(),
             ctx: 0,
             stock: false,
             upstream: false,
@@ -271,7 +150,7 @@ impl Candidate {
             && spec.baseline == self.upstream
             && spec.placement.mmproj_offload != self.mmproj_cpu
             && (!self.stock || {
-                let stock = crate::types::Placement::default().with_server_defaults();
+                let stock = crate::placement::Placement::default().with_server_defaults();
                 let p = &spec.placement;
                 (p.n_batch, p.n_ubatch, p.n_parallel, p.kv_unified)
                     == (stock.n_batch, stock.n_ubatch, stock.n_parallel, stock.kv_unified)
@@ -410,7 +289,7 @@ mod tests {
     /// its candidate's; the split and context are left to the caller.
     #[test]
     fn a_placement_is_its_candidate() {
-        let p = crate::types::Placement { n_cpu_moe: 3, n_cpu_ffn: 2, ..crate::types::Placement::default() }
+        let p = crate::placement::Placement { n_cpu_moe: 3, n_cpu_ffn: 2, ..crate::placement::Placement::default() }
             .with_layers(20, 6, Some(8192))
             .with_kv(KvType::Q8_0);
         let c = Candidate::from(&p);

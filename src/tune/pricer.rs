@@ -11,12 +11,13 @@
 
 use anyhow::Result;
 
-use super::plan::{ContextRun, Split};
+use super::plan::ContextRun;
 use crate::engine::predict::{predict_in_child, LlamaFitSplit, PredictCase, PredictSpec, Prediction, SplitCase};
 use crate::engine::runner::Runner;
 use crate::model::ModelInfo;
+use crate::placement::KvType;
+use crate::placement::Split;
 use crate::profile::Settings;
-use crate::types::KvType;
 
 /// Prices placements at one context with llama.cpp's dry run.
 pub trait Pricer {

@@ -6,7 +6,7 @@
 //! caps from a tenth of the model to more than all of it. Whatever the
 //! world, the answer the paths hand the gate is admitted as it is (no path
 //! forgot a cap), every form written from it reads back to it at the
-//! user's context and slots (llama.cpp's flags through `llama_args`, the
+//! user's context and slots (llama.cpp's flags through `placement::args`, the
 //! Modelfile through Ollama's parser), and no trial over the cap ran but
 //! a baseline's. A failure names its seed.
 
@@ -18,10 +18,11 @@ use rand::{Rng, SeedableRng};
 
 use super::{admit, gate_of};
 use crate::engine::predict::{LlamaFit, PredictCase, PredictedBuffer, Prediction};
+use crate::placement::KvType;
 use crate::tune::executor::fake::{Outcome, World};
 use crate::tune::hatch::{self, HatchInputs, Topology};
 use crate::tune::plan::{default_grid, Candidate, ContextRun, Plan};
-use crate::types::{KvType, Objective, Quality, Role};
+use crate::types::{Objective, Quality, Role};
 
 const MIB: u64 = 1 << 20;
 
@@ -292,7 +293,7 @@ fn check(seed: u64) {
     assert_eq!((run.n_ctx, run.n_parallel), (Some(c.ctx), c.parallel), "seed {seed}: {run:?}");
     // llama.cpp's flags read back to the placement.
     let flags = answer.llama_cpp_args.clone();
-    let back = crate::llama_args::parse_placement(&flags).unwrap_or_else(|e| panic!("seed {seed}: {flags}: {e}"));
+    let back = crate::placement::args::parse_placement(&flags).unwrap_or_else(|e| panic!("seed {seed}: {flags}: {e}"));
     assert_eq!(
         (back.n_gpu_layers, back.n_ctx, back.n_parallel, back.kv_type, back.n_threads),
         (run.n_gpu_layers, run.n_ctx, run.n_parallel, run.kv_type, run.n_threads),

@@ -5,8 +5,8 @@
 use crate::engine::quality::{kl_in_child, KlConfig, KlSpec};
 use crate::engine::runner::Runner;
 use crate::model::ModelInfo;
+use crate::placement::KvType;
 use crate::profile::Settings;
-use crate::types::KvType;
 use crate::types::Quality;
 
 /// Tokens the reference generates from each fixed prompt.

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::engine::quality::{KlConfig, KlSpec};
 use crate::model::human_bytes;
+use crate::placement::KvType;
 use crate::profile::Profile;
-use crate::types::KvType;
 use crate::types::{Quality, QualityGate};
 
 /// One model's line of the ranking.
@@ -51,7 +51,7 @@ pub fn qualities(
         model: p.model.path.clone(),
         kv_type: KvType::F16,
         n_gpu_layers: p.recommendation.ollama_layers(),
-        op_offload: p.recommendation.placement.op_offload != crate::types::OpOffload::Off,
+        op_offload: p.recommendation.placement.op_offload != crate::placement::OpOffload::Off,
     };
     let others: Vec<usize> = (0..profiles.len()).filter(|i| *i != r).collect();
     let spec = KlSpec {

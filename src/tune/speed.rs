@@ -22,7 +22,7 @@
 //! first. A device slower than the CPU gets layers only where the layer
 //! count is fixed (`--ngl`) and the faster ones cannot hold them.
 
-use super::plan::Split;
+use crate::placement::Split;
 use crate::types::Scoring;
 
 /// One device's change to the time per token against the CPU (negative:

@@ -51,7 +51,7 @@ pub(super) fn start(opts: &TuneRequest) -> Result<(Shared<'_>, Checkpointing, Ve
     let mut notes: Vec<Note> = hw.notes.iter().map(Note::hardware).collect();
     let checkpoint = resume(opts, &identity, &hw, &mut notes);
     let op_offload = s.backend.op_offload.resolve(probe::only_software_offload(&hw.llama_devices));
-    if !op_offload && s.backend.op_offload == crate::types::OpOffload::Auto {
+    if !op_offload && s.backend.op_offload == crate::placement::OpOffload::Auto {
         notes.push(Note::op_offload(probe::op_offload_note(&hw.llama_devices)));
     }
     // NGL_TUNE_NO_DEPTH_CACHE: every trial fills its own cache (the benchmark's other side).

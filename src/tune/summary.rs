@@ -181,7 +181,7 @@ pub fn recommendation(
         img_ms: rec.and_then(|t| t.result.image.as_ref()).map(crate::types::ImageTest::avg_ms),
         ..Recommendation::default()
     };
-    let p = crate::types::Placement {
+    let p = crate::placement::Placement {
         n_cpu_moe: moe,
         kv_type: s.workload.kv_type,
         ..at.workload((&s.workload, &s.backend))

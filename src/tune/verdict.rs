@@ -68,13 +68,14 @@ pub fn job(c: &ContextPlacement, job: crate::types::Job, streams: u32) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::placement::KvType;
     use crate::profile::{HatchKind, Recommendation};
-    use crate::types::{KvType, Quality};
+    use crate::types::Quality;
 
     fn option(kind: HatchKind, tg: Option<f64>, measured: bool) -> PlacementOption {
         PlacementOption {
             kind,
-            placement: crate::types::Placement::default()
+            placement: crate::placement::Placement::default()
                 .with_layers(33, 4, Some(if kind == HatchKind::ShorterContext { 2048 } else { 8192 }))
                 .with_kv(if kind == HatchKind::KvCache { KvType::Q8_0 } else { KvType::F16 }),
             measured,

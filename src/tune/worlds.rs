@@ -90,7 +90,7 @@ pub fn settings() -> crate::profile::Settings {
 /// A whole-layer recommendation: ngl 7 of a 32768-token context, 2 threads, measured.
 #[must_use]
 pub fn recommendation() -> crate::profile::Recommendation {
-    let placement = crate::types::Placement::default().with_layers(7, 2, Some(32768));
+    let placement = crate::placement::Placement::default().with_layers(7, 2, Some(32768));
     crate::profile::Recommendation {
         modelfile: crate::consumer::ollama::modelfile_lines(&placement),
         llama_cpp_args: placement.flags(),

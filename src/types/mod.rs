@@ -6,21 +6,19 @@
 
 mod decision;
 mod hardware;
-mod knobs;
 mod memory;
 mod note;
 mod objective;
-mod placement;
 mod trial;
 
 pub use decision::*;
 pub use hardware::*;
-pub use knobs::*;
 pub use memory::*;
 pub use note::*;
 pub use objective::*;
-pub use placement::*;
 pub use trial::*;
+
+pub(crate) use crate::placement::{is_f16, is_one, is_true, is_zero, one, yes};
 
 /// The llama.cpp this binary is built from. llama-cpp-sys-2 vendors one
 /// llama.cpp revision per release (its build reports build 0, commit
@@ -28,39 +26,6 @@ pub use trial::*;
 pub const LLAMA_CPP_REVISION: &str = "llama-cpp-sys-2 0.1.160";
 
 #[allow(clippy::trivially_copy_pass_by_ref)]
-pub(crate) fn is_f16(k: &KvType) -> bool {
-    *k == KvType::F16
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-pub(crate) fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
 pub(crate) fn is_zero_f64(x: &f64) -> bool {
     *x == 0.0
-}
-
-pub(crate) fn yes() -> bool {
-    true
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-pub(crate) fn is_true(b: &bool) -> bool {
-    *b
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-pub(crate) fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-pub(crate) fn one() -> u32 {
-    1
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-pub(crate) fn is_one(n: &u32) -> bool {
-    *n == 1
 }

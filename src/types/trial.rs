@@ -4,9 +4,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    merge_by_name, BufferLine, Contention, FlashAttn, KvType, LlamaDevice, MemoryStats, OpOffload, Placement, Source,
-};
+use super::{merge_by_name, BufferLine, Contention, LlamaDevice, MemoryStats, Source};
+use crate::placement::{FlashAttn, KvType, OpOffload, Placement};
 
 /// What one trial measures. Serialized to the worker on its stdin.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -31,7 +30,7 @@ pub struct TrialSpec {
     /// The KV type the tune's f16 candidates run with: f16, or the one the
     /// consumer's server forces on every model (then `placement.kv_type`).
     #[serde(default, skip_serializing_if = "super::is_f16")]
-    pub kv_base: super::KvType,
+    pub kv_base: crate::placement::KvType,
     pub repetitions: u32,
     pub warmup: bool,
     pub seed: u64,

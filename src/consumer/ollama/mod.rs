@@ -10,7 +10,7 @@ use super::{parse_env_file, read_env_file, var_in, ServerEnv};
 
 pub mod modelfile;
 pub mod process;
-use crate::types::{FlashAttn, KvType, Placement, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
+use crate::placement::{FlashAttn, KvType, Placement, DEFAULT_N_BATCH, DEFAULT_N_UBATCH};
 
 impl ServerEnv {
     fn number(&self, key: &str) -> Option<u64> {

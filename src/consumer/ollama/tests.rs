@@ -165,8 +165,8 @@ fn ollamas_slots_multiply_each_context_and_its_batch_rule_holds_found_or_not() {
         n_parallel: 1,
         kv_type: KvType::F16,
         flash_attn: FlashAttn::Auto,
-        n_batch: crate::types::DEFAULT_N_BATCH,
-        n_ubatch: crate::types::DEFAULT_N_UBATCH,
+        n_batch: crate::placement::DEFAULT_N_BATCH,
+        n_ubatch: crate::placement::DEFAULT_N_UBATCH,
     };
     let vars = vec![("OLLAMA_NUM_PARALLEL".to_string(), "2".to_string()), ("PATH".into(), "/bin".into())];
     let found = Ollama { env: ServerEnv { source: "test".into(), found: true, vars } };

@@ -134,7 +134,8 @@ fn fit_with(spec: &PredictSpec, (margin, pad): (u64, &[u64]), ask: FitAsk, extra
     // What it chose, priced by the same dry run as every trial.
     let cpu_overrides = r.overrides.iter().filter(|o| o.buffer_type == "CPU").map(|o| o.pattern.clone()).collect();
     let all = u32::try_from(r.n_gpu_layers).unwrap_or(u32::MAX);
-    let chosen = crate::types::Placement { n_gpu_layers: all, cpu_overrides, ..crate::types::Placement::default() };
+    let chosen =
+        crate::placement::Placement { n_gpu_layers: all, cpu_overrides, ..crate::placement::Placement::default() };
     let p = predict_placement(spec, &chosen, (r.n_ctx, None), extra);
     LlamaFit {
         margin_bytes: margin,
@@ -163,17 +164,17 @@ extern "C" fn collect(user: *mut c_void, buft: *const c_char, is_host: c_int, mo
 fn predict_one(
     spec: &PredictSpec,
     case: PredictCase,
-    (split, devices, split_mode): (&[u32], &[String], crate::types::SplitMode),
+    (split, devices, split_mode): (&[u32], &[String], crate::placement::SplitMode),
     extra: &[PredictedBuffer],
 ) -> Prediction {
-    let placement = crate::types::Placement {
+    let placement = crate::placement::Placement {
         n_gpu_layers: case.ngl,
         n_cpu_ffn: case.n_cpu_ffn,
         n_cpu_moe: case.n_cpu_moe,
         tensor_split: split.to_vec(),
         devices: devices.to_vec(),
         split_mode,
-        ..crate::types::Placement::default()
+        ..crate::placement::Placement::default()
     };
     predict_placement(spec, &placement, (case.n_ctx, case.kv_type), extra)
 }
@@ -182,8 +183,8 @@ fn predict_one(
 /// the spec's own).
 fn predict_placement(
     spec: &PredictSpec,
-    placement: &crate::types::Placement,
-    (n_ctx, kv): (u32, Option<crate::types::KvType>),
+    placement: &crate::placement::Placement,
+    (n_ctx, kv): (u32, Option<crate::placement::KvType>),
     extra: &[PredictedBuffer],
 ) -> Prediction {
     let kv = kv.unwrap_or(spec.kv_type);
@@ -252,7 +253,7 @@ fn last_line(log: &str) -> String {
 /// # Errors
 /// When stdin does not hold a spec.
 pub fn predict_main() -> Result<()> {
-    use crate::types::SplitMode::Layer;
+    use crate::placement::SplitMode::Layer;
     use std::io::Read;
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
@@ -288,15 +289,15 @@ pub fn predict_main() -> Result<()> {
     // its own batch sizes, 1 GiB free.
     let server = FitAsk { n_ctx: 0, min_ctx: DEFAULT_FIT_MIN_CTX, slots: 4, unified: true };
     let stock = PredictSpec {
-        n_batch: crate::types::DEFAULT_N_BATCH,
-        n_ubatch: crate::types::DEFAULT_N_UBATCH,
-        flash_attn: crate::types::FlashAttn::Auto,
+        n_batch: crate::placement::DEFAULT_N_BATCH,
+        n_ubatch: crate::placement::DEFAULT_N_UBATCH,
+        flash_attn: crate::placement::FlashAttn::Auto,
         op_offload: true,
         ..spec.clone()
     };
     // llama-server with --mmproj adds the projector's estimate to each
     // device's fit target (on the first GPU, --mmproj-offload being its default).
-    let pad = |on_gpu: bool, fa: crate::types::FlashAttn| {
+    let pad = |on_gpu: bool, fa: crate::placement::FlashAttn| {
         spec.mmproj.as_deref().map(|m| server_projector_pad(m, on_gpu, fa)).unwrap_or_default()
     };
     let default_fit = spec
@@ -328,7 +329,7 @@ pub fn predict_main() -> Result<()> {
 
 /// What llama-server adds to each device's fit target for the projector
 /// (by ggml's device index; all zero where mtmd cannot price it).
-fn server_projector_pad(path: &Path, use_gpu: bool, flash_attn: crate::types::FlashAttn) -> Vec<u64> {
+fn server_projector_pad(path: &Path, use_gpu: bool, flash_attn: crate::placement::FlashAttn) -> Vec<u64> {
     // SAFETY: plain query of the device count.
     let n = unsafe { llama_cpp_sys_2::llama_max_devices() };
     let mut pad = vec![0u64; n];
@@ -357,7 +358,7 @@ fn offload_free() -> Vec<u64> {
 
 /// llama-server with its fit off: every layer on the devices, priced.
 fn every_layer(spec: &PredictSpec, extra: &[PredictedBuffer]) -> LlamaFit {
-    let all = crate::types::Placement { n_gpu_layers: u32::MAX, ..crate::types::Placement::default() };
+    let all = crate::placement::Placement { n_gpu_layers: u32::MAX, ..crate::placement::Placement::default() };
     let p = predict_placement(spec, &all, (spec.n_ctx, None), extra);
     LlamaFit {
         n_gpu_layers: Some(-1),
@@ -375,7 +376,7 @@ extern "C" fn collect_mmproj(user: *mut c_void, buft: *const c_char, is_host: c_
 /// first GPU, warmed up for the largest image): its weights (the sum of its
 /// tensors, from the file) on the device that holds them, the rest of
 /// what mtmd reports there and elsewhere as encoder buffers.
-fn predict_projector(path: &Path, flash_attn: crate::types::FlashAttn) -> ProjectorPrediction {
+fn predict_projector(path: &Path, flash_attn: crate::placement::FlashAttn) -> ProjectorPrediction {
     let mut buffers: Vec<PredictedBuffer> = Vec::new();
     let c = CString::new(path.to_string_lossy().as_bytes()).unwrap_or_default();
     // SAFETY: a valid C string; the callback only touches `buffers`, which outlives the call.

@@ -74,7 +74,7 @@ impl Prediction {
     /// Whether this prediction is for placement `p`, `kv_base` being the
     /// cache type a whole-layer prediction names (the tune's own).
     #[must_use]
-    pub fn prices_placement(&self, p: &crate::types::Placement, kv_base: crate::types::KvType) -> bool {
+    pub fn prices_placement(&self, p: &crate::placement::Placement, kv_base: crate::placement::KvType) -> bool {
         let c = self.case.unwrap_or(PredictCase::layers(self.n_gpu_layers, p.n_ctx.unwrap_or(0)));
         c.ngl == p.n_gpu_layers
             && Some(c.n_ctx) == p.n_ctx.or(Some(0))
@@ -97,7 +97,7 @@ pub struct PredictCase {
     /// The KV cache type of both caches; `None`: the tune's own
     /// ([`PredictSpec::kv_type`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv_type: Option<crate::types::KvType>,
+    pub kv_type: Option<crate::placement::KvType>,
     #[serde(default)]
     pub n_cpu_ffn: u32,
     #[serde(default)]
@@ -120,7 +120,7 @@ pub struct PredictSpec {
     pub n_ctx: u32,
     pub n_batch: u32,
     pub n_ubatch: u32,
-    pub flash_attn: crate::types::FlashAttn,
+    pub flash_attn: crate::placement::FlashAttn,
     /// Offload host tensor operations to the device (llama.cpp's default).
     #[serde(default = "crate::types::yes")]
     pub op_offload: bool,
@@ -155,7 +155,7 @@ pub struct PredictSpec {
     /// The tune's own KV cache type, of every case that names none: f16,
     /// `--cache-type`, or the one the consumer's server forces on every model.
     #[serde(default, skip_serializing_if = "crate::types::is_f16")]
-    pub kv_type: crate::types::KvType,
+    pub kv_type: crate::placement::KvType,
     /// A multimodal projector loaded beside the model (`--mmproj`): priced
     /// once and added to every prediction on the device it loads on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -172,7 +172,7 @@ pub struct SplitCase {
     pub devices: Vec<String>,
     /// `-sm` (llama.cpp's default: layer).
     #[serde(default)]
-    pub mode: crate::types::SplitMode,
+    pub mode: crate::placement::SplitMode,
     /// The FFN layers kept on the CPU (`-ot`, the first K).
     #[serde(default)]
     pub n_cpu_ffn: u32,

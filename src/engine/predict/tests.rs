@@ -21,8 +21,8 @@ fn a_whole_layer_prediction_prices_the_trial_at_the_tunes_own_kv_type_not_only_f
     spec.placement = spec.placement.with_layers(4, 2, Some(256));
     assert!(whole_layers(4).prices(&spec));
     // A server forcing q8_0: its trials run q8_0, and the tune's dry run priced q8_0.
-    spec.kv_base = crate::types::KvType::Q8_0;
-    spec.placement = spec.placement.with_kv(crate::types::KvType::Q8_0);
+    spec.kv_base = crate::placement::KvType::Q8_0;
+    spec.placement = spec.placement.with_kv(crate::placement::KvType::Q8_0);
     assert!(whole_layers(4).prices(&spec));
     assert!(!whole_layers(3).prices(&spec));
     // A case naming f16 is not that trial; one naming q8_0 is.
@@ -30,6 +30,6 @@ fn a_whole_layer_prediction_prices_the_trial_at_the_tunes_own_kv_type_not_only_f
         let c = PredictCase { kv_type: Some(kv), ..PredictCase::layers(4, 256) };
         Prediction { case: Some(c), ..whole_layers(4) }
     };
-    assert!(!case(crate::types::KvType::F16).prices(&spec));
-    assert!(case(crate::types::KvType::Q8_0).prices(&spec));
+    assert!(!case(crate::placement::KvType::F16).prices(&spec));
+    assert!(case(crate::placement::KvType::Q8_0).prices(&spec));
 }

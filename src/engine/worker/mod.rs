@@ -184,7 +184,7 @@ impl Session {
         // Auto becomes what was used: off where every offload device runs on the CPU.
         let on = spec.placement.op_offload.resolve(crate::probe::only_software_offload(&result.devices));
         let mut spec = spec.clone();
-        spec.placement.op_offload = crate::types::OpOffload::from(on);
+        spec.placement.op_offload = crate::placement::OpOffload::from(on);
         result.spec = spec.clone();
         let spec = &spec;
         let init_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -476,7 +476,7 @@ fn open_context<'m>(
         .with_n_threads(threads)
         .with_n_threads_batch(threads)
         .with_flash_attention_policy(llama_cpp_sys_2::llama_flash_attn_type::from(p.flash_attn.value()))
-        .with_op_offload(p.op_offload != crate::types::OpOffload::Off)
+        .with_op_offload(p.op_offload != crate::placement::OpOffload::Off)
         .with_type_k(kv_cache_type(p.kv_type))
         .with_type_v(kv_cache_type(p.kv_type));
     let ctx = model.new_context(backend, cparams);
@@ -556,18 +556,18 @@ fn fill_depth(
 }
 
 /// llama-cpp-2's name for a KV cache type.
-pub(crate) fn kv_cache_type(k: crate::types::KvType) -> llama_cpp_2::context::params::KvCacheType {
+pub(crate) fn kv_cache_type(k: crate::placement::KvType) -> llama_cpp_2::context::params::KvCacheType {
     use llama_cpp_2::context::params::KvCacheType;
     match k {
-        crate::types::KvType::F16 => KvCacheType::F16,
-        crate::types::KvType::Q8_0 => KvCacheType::Q8_0,
-        crate::types::KvType::Q4_0 => KvCacheType::Q4_0,
-        crate::types::KvType::Bf16 => KvCacheType::BF16,
-        crate::types::KvType::F32 => KvCacheType::F32,
-        crate::types::KvType::Q4_1 => KvCacheType::Q4_1,
-        crate::types::KvType::Q5_0 => KvCacheType::Q5_0,
-        crate::types::KvType::Q5_1 => KvCacheType::Q5_1,
-        crate::types::KvType::Iq4Nl => KvCacheType::IQ4_NL,
+        crate::placement::KvType::F16 => KvCacheType::F16,
+        crate::placement::KvType::Q8_0 => KvCacheType::Q8_0,
+        crate::placement::KvType::Q4_0 => KvCacheType::Q4_0,
+        crate::placement::KvType::Bf16 => KvCacheType::BF16,
+        crate::placement::KvType::F32 => KvCacheType::F32,
+        crate::placement::KvType::Q4_1 => KvCacheType::Q4_1,
+        crate::placement::KvType::Q5_0 => KvCacheType::Q5_0,
+        crate::placement::KvType::Q5_1 => KvCacheType::Q5_1,
+        crate::placement::KvType::Iq4Nl => KvCacheType::IQ4_NL,
     }
 }
 

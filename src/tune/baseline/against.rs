@@ -199,7 +199,7 @@ mod tests {
         let mut search = crate::tune::worlds::search(&s, &mut world, 1e12);
         let fit = LlamaFit { n_gpu_layers: Some(5), n_ctx: Some(s.workload.n_ctx), ..LlamaFit::none(1 << 30) };
         let mut rec = recommendation();
-        rec.placement = rec.placement.clone().with_layers(31, 2, Some(32768)).with_kv(crate::types::KvType::Q8_0);
+        rec.placement = rec.placement.clone().with_layers(31, 2, Some(32768)).with_kv(crate::placement::KvType::Q8_0);
         rec.ollama_num_gpu = Some(7);
         rec.render_forms();
         assert!(rec.modelfile.iter().any(|l| l == "PARAMETER num_gpu 7"), "{:?}", rec.modelfile);

@@ -15,8 +15,9 @@ use anyhow::Result;
 use super::plan::{Candidate, ContextRun};
 use super::search::Search;
 use crate::engine::predict::LlamaFit;
+use crate::placement::{KvType, Placement};
 use crate::profile::{DefaultComparison, ProfileTrial, Recommendation, Settings, Verdict};
-use crate::types::{KvType, Placement, Role, Scoring, TrialStatus};
+use crate::types::{Role, Scoring, TrialStatus};
 
 /// Alternated pairs (A, B) measured: each side loads and runs its
 /// repetitions this many times. Three pairs is the fewest whose t interval
@@ -114,14 +115,14 @@ pub fn default_candidate(
     let ctx = fit.n_ctx.unwrap_or(at.n_ctx);
     // Every stream it serves at once (at most its 4 slots) decodes at the
     // depth, all in its one unified cache.
-    let needs = (at.depth + s.measure.longest_test()) * s.goal.streams().min(crate::types::SERVER_SLOTS);
+    let needs = (at.depth + s.measure.longest_test()) * s.goal.streams().min(crate::placement::SERVER_SLOTS);
     if ctx < needs {
         return Err(format!(
             "without flags llama.cpp would run a {ctx}-token context here: too small for the workload ({needs} tokens), not compared"
         ));
     }
     let pairs = fit.override_pairs();
-    let spill = crate::types::FitSpill::of(&pairs).ok_or_else(|| {
+    let spill = crate::placement::FitSpill::of(&pairs).ok_or_else(|| {
         let moved: Vec<String> = pairs.iter().map(|(p, b)| format!("{p}={b}")).collect();
         format!("llama.cpp's fit moves tensors as one trial here cannot ({}): not compared", moved.join(","))
     })?;
@@ -440,7 +441,7 @@ fn cut_short<'t>(trials: impl Iterator<Item = &'t ProfileTrial>) -> (usize, usiz
 fn fit_candidate(here: Option<&LlamaFit>, threads: u32, full: u32) -> Option<Candidate> {
     let fit = here.filter(|f| f.error.is_none())?;
     let ngl = fit.n_gpu_layers?;
-    let spill = crate::types::FitSpill::of(&fit.override_pairs())?;
+    let spill = crate::placement::FitSpill::of(&fit.override_pairs())?;
     Some(Candidate { spill, ..Candidate::layers(fit_ngl(ngl, full), threads) })
 }
 

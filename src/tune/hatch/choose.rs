@@ -8,7 +8,7 @@ use crate::types::{QualityGate, Scoring};
 /// The note of a measured quantized cache whose quality was not checked
 /// because it would not be chosen even if it passed (not among `checked`):
 /// what it measured against the recommendation, and why no check ran.
-pub(super) fn unchecked(options: &mut [PlacementOption], scoring: Scoring, checked: &[crate::types::KvType]) {
+pub(super) fn unchecked(options: &mut [PlacementOption], scoring: Scoring, checked: &[crate::placement::KvType]) {
     let best = options.iter().find(|o| o.recommended).and_then(|o| score_with_noise(o, scoring)).map(|x| x.0);
     for o in options
         .iter_mut()

@@ -8,8 +8,9 @@ use anyhow::Result;
 
 use super::{Assessor, Hatch, HatchInputs, HatchWorld};
 use crate::engine::predict::{PredictCase, Prediction};
+use crate::placement::Split;
 use crate::profile::{HatchKind, PlacementOption, Recommendation};
-use crate::tune::plan::{Candidate, Split};
+use crate::tune::plan::Candidate;
 use crate::tune::search::Search;
 use crate::tune::speed::SpeedModel;
 use crate::tune::split::{self, SplitFound, SplitInputs};

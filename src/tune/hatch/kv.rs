@@ -7,11 +7,13 @@ use anyhow::Result;
 
 use super::{Assessor, Hatch, HatchInputs, HatchWorld};
 use crate::engine::predict::{PredictCase, Prediction};
+use crate::placement::KvType;
+use crate::placement::Split;
 use crate::profile::{HatchKind, PlacementOption, Recommendation};
-use crate::tune::plan::{Candidate, Split};
+use crate::tune::plan::Candidate;
 use crate::tune::search::Search;
 use crate::tune::split::{self, Labelled, SplitFound, SplitInputs};
-use crate::types::{KvType, Role, TrialStatus};
+use crate::types::{Role, TrialStatus};
 
 /// The KV cache hatch. With one device, each quantized type at the most
 /// layers it lets on under the cap (full offload where it fits), wherever

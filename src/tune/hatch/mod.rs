@@ -22,9 +22,10 @@ use super::search::Search;
 use super::split::{SplitFound, SplitInputs};
 use crate::engine::predict::{PredictCase, Prediction};
 use crate::model::human_bytes;
+use crate::placement::KvType;
 use crate::profile::{HatchKind, PlacementOption, ProfileTrial, Recommendation};
 use crate::types::Quality;
-use crate::types::{KvType, Role, TrialStatus};
+use crate::types::{Role, TrialStatus};
 
 mod choose;
 pub mod ffn;
@@ -59,7 +60,7 @@ pub struct HatchInputs {
     /// does not fit at full offload).
     pub grid: Vec<u32>,
     /// The workload every trial runs ([`crate::tune::plan::ContextRun::workload`]).
-    pub workload: crate::types::Placement,
+    pub workload: crate::placement::Placement,
 }
 
 impl HatchInputs {
@@ -73,9 +74,9 @@ impl HatchInputs {
 
     /// What llama.cpp runs for a priced case (the servers only when layers are offloaded).
     #[must_use]
-    pub fn placement(&self, case: PredictCase) -> crate::types::Placement {
+    pub fn placement(&self, case: PredictCase) -> crate::placement::Placement {
         let rpc = if case.ngl > 0 { self.rpc.as_slice() } else { &[] };
-        crate::types::Placement { n_cpu_ffn: case.n_cpu_ffn, ..self.workload.clone() }
+        crate::placement::Placement { n_cpu_ffn: case.n_cpu_ffn, ..self.workload.clone() }
             .with_layers(case.ngl, self.threads, Some(case.n_ctx))
             .with_kv(case.kv_type.unwrap_or(self.kv))
             .with_op_offload(self.op_offload)

@@ -5,8 +5,8 @@
 
 use super::{Hatch, HatchInputs, HatchWorld};
 use crate::engine::predict::{PredictCase, Prediction};
+use crate::placement::KvType;
 use crate::profile::{HatchKind, PlacementOption};
-use crate::types::KvType;
 
 /// Contexts are rounded down to a multiple of this.
 const CTX_STEP: u32 = 256;

@@ -7,9 +7,9 @@ use crate::tune::pricer::fake::Curves;
 fn option(kind: HatchKind, kv: KvType, tg: f64, fits: bool, kl: Option<f64>) -> PlacementOption {
     PlacementOption {
         kind,
-        placement: crate::types::Placement {
+        placement: crate::placement::Placement {
             n_cpu_ffn: u32::from(kind == HatchKind::FfnSpill) * 4,
-            ..crate::types::Placement::default()
+            ..crate::placement::Placement::default()
         }
         .with_layers(19, 4, Some(32768))
         .with_kv(kv),
@@ -276,7 +276,7 @@ fn inputs(cap: f64) -> HatchInputs {
         op_offload: true,
         rpc: Vec::new(),
         grid: vec![0, 5, 10, 11],
-        workload: crate::types::Placement::default(),
+        workload: crate::placement::Placement::default(),
     }
 }
 
@@ -544,18 +544,18 @@ mod several {
         let (found, measured) = with_kv_hatch(0.002);
         assert_eq!(measured.last(), Some(&vec![6, 15]), "{measured:?}");
         let best = &found.options[found.best.unwrap()];
-        assert_eq!((best.tensor_split.clone(), best.placement.kv_type), (vec![6, 15], crate::types::KvType::Q8_0));
+        assert_eq!((best.tensor_split.clone(), best.placement.kv_type), (vec![6, 15], crate::placement::KvType::Q8_0));
         // 20 + 6 - 7.5 = 18.5 ms a token, as predicted, against 23 for the f16 split.
         let (p, m) = (best.predicted_tg_ts.unwrap(), best.tg_ts.unwrap());
         assert!((p / m - 1.0).abs() < 0.01 && (m - 1000.0 / 18.5).abs() < 0.5, "{p} {m}");
         assert!(best.fits && best.llama_cpp_args().contains("-ctk q8_0 -ctv q8_0 -fa on"), "{}", best.llama_cpp_args());
         let devs = caps(&[105_000_000, 150_000_000]);
         let r = recommendation(&crate::tune::worlds::recommendation(), best, &devs, &[]);
-        assert_eq!(r.placement.kv_type, crate::types::KvType::Q8_0);
+        assert_eq!(r.placement.kv_type, crate::placement::KvType::Q8_0);
         // A cache whose quality fails the gate is measured, not recommended.
         let (found, _) = with_kv_hatch(0.5);
         let best = &found.options[found.best.unwrap()];
-        assert_eq!((best.tensor_split.clone(), best.placement.kv_type), (vec![9, 12], crate::types::KvType::F16));
+        assert_eq!((best.tensor_split.clone(), best.placement.kv_type), (vec![9, 12], crate::placement::KvType::F16));
         let q8 = found.options.iter().find(|o| o.placement.kv_type.is_quantized()).unwrap();
         assert!(q8.measured && q8.note.contains("KL"), "{}", q8.note);
     }

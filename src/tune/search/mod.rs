@@ -71,7 +71,7 @@ pub struct Search<'a> {
     /// a candidate whose dry run needs more is recorded, never run.
     pub host_cap: Option<(u64, String)>,
     /// KV cache types whose cache at depth a trial or a prefill has filled.
-    filled: Vec<crate::types::KvType>,
+    filled: Vec<crate::placement::KvType>,
     pub progress: Progress,
     checkpoint: Option<Checkpointing>,
 }

@@ -8,9 +8,9 @@ use anyhow::Result;
 
 use super::Search;
 use crate::engine::predict::{LlamaFitSplit, PredictCase, Prediction};
-use crate::tune::plan::Split;
+use crate::placement::KvType;
+use crate::placement::Split;
 use crate::tune::pricer::Pricer;
-use crate::types::KvType;
 
 impl<'a> Search<'a> {
     /// The search with llama.cpp's dry run (or, in tests, a fake one).

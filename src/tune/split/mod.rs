@@ -31,12 +31,14 @@
 use anyhow::Result;
 
 use super::memory::DeviceCap;
-use super::plan::{Candidate, Split};
+use super::plan::Candidate;
 use super::search::Search;
 use super::speed::{Link, Measured, SpeedModel};
 use crate::engine::predict::Prediction;
+use crate::placement::KvType;
+use crate::placement::Split;
 use crate::profile::{DeviceShare, Recommendation, Settings, SplitOption, SplitReport};
-use crate::types::{KvType, LlamaDevice, Role, TrialStatus};
+use crate::types::{LlamaDevice, Role, TrialStatus};
 
 mod candidates;
 mod capacity;
@@ -74,7 +76,7 @@ pub struct SplitInputs<'a> {
     /// What each device's link adds to a token ([`links`]); zero for a local device.
     pub links: Vec<Link>,
     /// The workload every trial runs ([`crate::tune::plan::ContextRun::workload`]).
-    pub workload: crate::types::Placement,
+    pub workload: crate::placement::Placement,
 }
 
 /// Each device's link, from its RPC server's round trip and bandwidth (its
@@ -139,8 +141,8 @@ fn split_placement(
     (kv, cpu_ffn): (KvType, u32),
     threads: u32,
     inp: &SplitInputs<'_>,
-) -> crate::types::Placement {
-    crate::types::Placement { n_cpu_ffn: cpu_ffn, ..inp.workload.clone() }
+) -> crate::placement::Placement {
+    crate::placement::Placement { n_cpu_ffn: cpu_ffn, ..inp.workload.clone() }
         .with_layers(ngl, threads, Some(inp.n_ctx))
         .with_op_offload(inp.op_offload)
         .with_kv(kv)

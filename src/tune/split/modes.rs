@@ -19,7 +19,7 @@ use super::*;
 /// # Errors
 /// What the executor returns (an interrupt).
 pub fn split_modes(search: &mut Search<'_>, inp: &SplitInputs<'_>, found: &mut SplitFound) -> Result<()> {
-    use crate::types::SplitMode;
+    use crate::placement::SplitMode;
     let devs = inp.devs;
     let Some(best) = found.best.map(|i| found.options[i].clone()) else { return Ok(()) };
     let layers = &best.tensor_split;

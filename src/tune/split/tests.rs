@@ -111,7 +111,7 @@ fn the_fastest_split_under_every_cap_is_recommended() {
     let s = crate::tune::worlds::settings();
     let o = |tg: f64, fits: bool, measured: bool| SplitOption {
         label: "x".into(),
-        placement: crate::types::Placement::default().with_layers(41, 4, None),
+        placement: crate::placement::Placement::default().with_layers(41, 4, None),
         tensor_split: vec![20, 21],
         predicted_bytes: vec![1, 1],
         measured,
@@ -139,13 +139,13 @@ fn the_fastest_split_under_every_cap_is_recommended() {
 /// 20 MB at full offload, 8 MB at partial. `extra_d1` is what the dry
 /// run adds on D1 beyond that line (a cost the two probes missed).
 fn split_prediction(split: &[u32], extra_d1: u64) -> Prediction {
-    split_prediction_kv(split, extra_d1, crate::types::KvType::F16, 0)
+    split_prediction_kv(split, extra_d1, crate::placement::KvType::F16, 0)
 }
 
 /// As [`split_prediction`], a layer 8 MB with a q8_0 KV cache (its
 /// cache half the size), the FFN (6 MB of a layer) of the first
 /// `cpu_ffn` layers on the CPU (they are on the first device with layers).
-fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::types::KvType, cpu_ffn: u32) -> Prediction {
+fn split_prediction_kv(split: &[u32], extra_d1: u64, kv: crate::placement::KvType, cpu_ffn: u32) -> Prediction {
     let mb = 1_000_000u64;
     let per = if kv.is_quantized() { 8 } else { 10 };
     let first = usize::from(split[0] == 0);
@@ -192,7 +192,7 @@ fn inputs<'a>(devs: &'a [DeviceCap], rpc: &'a [String]) -> SplitInputs<'a> {
         is_moe: false,
         layer_bytes: 10e6,
         links: vec![Link::default(); devs.len()],
-        workload: crate::types::Placement::default(),
+        workload: crate::placement::Placement::default(),
     }
 }
 
@@ -204,12 +204,12 @@ struct SplitWorld {
     /// What `-sm tensor` adds to a token (ms; negative: saves).
     tensor_ms: f64,
     /// The workload's own KV cache type (a server may force q8_0).
-    kv_base: crate::types::KvType,
+    kv_base: crate::placement::KvType,
 }
 
 impl SplitWorld {
     fn new(extra_d1: u64, tensor_ms: f64) -> SplitWorld {
-        SplitWorld { extra_d1, measured: Vec::new(), tensor_ms, kv_base: crate::types::KvType::F16 }
+        SplitWorld { extra_d1, measured: Vec::new(), tensor_ms, kv_base: crate::placement::KvType::F16 }
     }
 
     /// The trials' workload: the test spec at the world's own KV type.
@@ -242,7 +242,7 @@ impl crate::tune::executor::TrialExecutor for SplitWorld {
         }
         // 20 ms a token on the CPU; a layer on D0 adds 1 ms (slower
         // than the CPU), a layer on D1 saves 0.5 ms.
-        let tensor = if c.split.mode() == crate::types::SplitMode::Tensor { self.tensor_ms } else { 0.0 };
+        let tensor = if c.split.mode() == crate::placement::SplitMode::Tensor { self.tensor_ms } else { 0.0 };
         // A layer whose FFN (0.6 of its work) runs on the CPU gives that share back.
         let gain = [1.0, -0.5];
         let first = usize::from(split[0] == 0);
@@ -257,11 +257,11 @@ impl crate::tune::executor::TrialExecutor for SplitWorld {
 }
 
 fn split_world(extra_d1: u64) -> (SplitFound, Vec<Vec<u32>>) {
-    split_world_running(extra_d1, crate::types::Placement::default())
+    split_world_running(extra_d1, crate::placement::Placement::default())
 }
 
 /// As [`split_world`], every trial running `workload` (batch sizes, slots).
-fn split_world_running(extra_d1: u64, workload: crate::types::Placement) -> (SplitFound, Vec<Vec<u32>>) {
+fn split_world_running(extra_d1: u64, workload: crate::placement::Placement) -> (SplitFound, Vec<Vec<u32>>) {
     let s = crate::tune::worlds::settings();
     let mut world = SplitWorld::new(extra_d1, 0.0);
     let pricer =
@@ -277,7 +277,8 @@ fn split_world_running(extra_d1: u64, workload: crate::types::Placement) -> (Spl
 
 #[test]
 fn every_split_options_flags_say_the_workload_its_trials_ran() {
-    let workload = crate::types::Placement { n_batch: 1024, n_ubatch: 1024, ..crate::types::Placement::default() };
+    let workload =
+        crate::placement::Placement { n_batch: 1024, n_ubatch: 1024, ..crate::placement::Placement::default() };
     let (found, _) = split_world_running(0, workload);
     assert!(found.options.len() > 2, "{:?}", found.options);
     for o in &found.options {
@@ -315,7 +316,7 @@ fn the_split_stage_prices_trims_and_measures_only_what_fits_every_cap() {
 fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_back_as_lossy() {
     // Ollama's server with OLLAMA_KV_CACHE_TYPE=q8_0: every trial runs q8_0, the tune's own type.
     let mut s = crate::tune::worlds::settings();
-    s.workload.kv_type = crate::types::KvType::Q8_0;
+    s.workload.kv_type = crate::placement::KvType::Q8_0;
     let mut world = SplitWorld { kv_base: s.workload.kv_type, ..SplitWorld::new(0, 0.0) };
     let pricer = Curves::splits(|x: &[Split], _, _| x.iter().map(|s| split_prediction(&s.layers(), 0)).collect());
     let mut search = crate::tune::worlds::search(&s, &mut world, 255e6).with_pricer(Box::new(pricer));
@@ -323,7 +324,11 @@ fn where_the_server_forces_a_q8_0_cache_every_split_says_it_and_none_is_held_bac
     let devs = caps(&[105 * mb, 150 * mb]);
     let found = split_stage(&mut search, &inputs(&devs, &[])).unwrap();
     drop(search);
-    assert!(found.options.iter().all(|o| o.placement.kv_type == crate::types::KvType::Q8_0), "{:#?}", found.options);
+    assert!(
+        found.options.iter().all(|o| o.placement.kv_type == crate::placement::KvType::Q8_0),
+        "{:#?}",
+        found.options
+    );
     let best = &found.options[found.best.expect("a split is recommended: the own type is not a lossy hatch")];
     assert_eq!(best.tensor_split, [0, 13], "as at f16: {:#?}", found.options);
     assert!(best.llama_cpp_args().contains("-ctk q8_0 -ctv q8_0"), "{}", best.llama_cpp_args());
@@ -409,7 +414,7 @@ fn a_split_in_another_order_is_run_and_emitted_with_its_device_list() {
         o.llama_cpp_args()
     );
     assert_eq!(split_of(&o), split);
-    let back = crate::llama_args::parse_placement(&o.llama_cpp_args()).unwrap();
+    let back = crate::placement::args::parse_placement(&o.llama_cpp_args()).unwrap();
     assert_eq!((back.devices, back.tensor_split), (vec!["D1".to_string(), "D0".to_string()], vec![13, 1]));
     let c = Candidate { split, ..Candidate::layers(14, 2) };
     let names = ["D0".to_string(), "D1".to_string()];
@@ -442,10 +447,11 @@ fn a_recommended_option_is_paired_as_it_is_recommended_whatever_its_split() {
     let base = crate::tune::worlds::recommendation();
     for split in [Split::default(), Split::new(&[6, 8])] {
         let mut o = option_of("x", &split, vec![0, 0], None, &s, &inp);
-        (o.placement.n_gpu_layers, o.placement.kv_type, o.placement.n_cpu_ffn) = (14, crate::types::KvType::Q8_0, 3);
+        (o.placement.n_gpu_layers, o.placement.kv_type, o.placement.n_cpu_ffn) =
+            (14, crate::placement::KvType::Q8_0, 3);
         let spec = crate::tune::executor::spec_of(&crate::engine::test_spec(), &names, candidate_of(&o, 2), None);
         let p = &spec.placement;
-        assert_eq!((p.n_gpu_layers, p.kv_type, p.n_cpu_ffn), (14, crate::types::KvType::Q8_0, 3), "{split:?}");
+        assert_eq!((p.n_gpu_layers, p.kv_type, p.n_cpu_ffn), (14, crate::placement::KvType::Q8_0, 3), "{split:?}");
         let r = recommendation(&base, &o, &devs, &[]);
         assert_eq!(
             (r.placement.n_gpu_layers, r.placement.kv_type, r.placement.n_cpu_ffn),
@@ -459,10 +465,10 @@ fn a_recommended_option_is_paired_as_it_is_recommended_whatever_its_split() {
 pub(crate) type Then<'t> = dyn FnOnce(&mut Search<'_>, &SplitInputs<'_>, &mut SplitFound) + 't;
 
 /// How the fixed world's dry run prices splits (by KV type and FFN layers on the CPU).
-type PriceFn = fn(&[Split], crate::types::KvType, u32) -> Vec<Prediction>;
+type PriceFn = fn(&[Split], crate::placement::KvType, u32) -> Vec<Prediction>;
 
 /// The layer split's price in the fixed world.
-fn world_price(x: &[Split], kv: crate::types::KvType, k: u32) -> Vec<Prediction> {
+fn world_price(x: &[Split], kv: crate::placement::KvType, k: u32) -> Vec<Prediction> {
     x.iter().map(|s| split_prediction_kv(&s.layers(), 0, kv, k)).collect()
 }
 
@@ -511,13 +517,13 @@ fn fixed_world_priced(
 
 /// Row refused by the dry run, tensor priced on llama.cpp's meta device
 /// (200 MiB), the layer split as in the fixed world.
-fn modes_dry_run(x: &[Split], kv: crate::types::KvType, k: u32) -> Vec<Prediction> {
-    if x.iter().all(|s| s.mode() == crate::types::SplitMode::Layer) {
+fn modes_dry_run(x: &[Split], kv: crate::placement::KvType, k: u32) -> Vec<Prediction> {
+    if x.iter().all(|s| s.mode() == crate::placement::SplitMode::Layer) {
         return world_price(x, kv, k);
     }
     let mut p = split_prediction(&x[0].layers(), 0);
     match x[0].mode() {
-        crate::types::SplitMode::Row => {
+        crate::placement::SplitMode::Row => {
             p.error = Some("dry-run model load failed: device D0 does not support split buffers".into());
         }
         _ => {
@@ -536,7 +542,7 @@ fn modes_dry_run(x: &[Split], kv: crate::types::KvType, k: u32) -> Vec<Predictio
 
 #[test]
 fn split_modes_row_and_tensor_are_priced_measured_where_llama_cpp_can_and_chosen_on_speed() {
-    use crate::types::SplitMode;
+    use crate::placement::SplitMode;
     // Tensor 2 ms a token slower than the layer split [9, 12]: measured, not recommended.
     let (found, measured) = fixed_world_priced(
         2.0,

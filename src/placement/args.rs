@@ -4,7 +4,10 @@
 //! (common/arg.cpp): `-ot` is a comma-separated list of `PATTERN=BUFFER`,
 //! `-fa` takes on/off/auto, `-ctk`/`-ctv` a ggml type name.
 
-use crate::types::{cpu_ffn_layers, FlashAttn, KvType, OpOffload, Placement, SplitMode};
+use anyhow::Result;
+
+use crate::error::bad;
+use crate::placement::{cpu_ffn_layers, FlashAttn, KvType, OpOffload, Placement, SplitMode};
 
 /// What a llama.cpp command line sets, of the flags ngl-tune emits: each
 /// `None` (or empty) leaves the setting to whatever it is laid [`over`](LlamaArgs::over).
@@ -262,7 +265,7 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
                 }
             }
             "--rpc" => {
-                a.rpc = Some(crate::rpc::parse_list(value()?).map_err(|e| e.to_string())?);
+                a.rpc = Some(crate::placement::args::parse_list(value()?).map_err(|e| e.to_string())?);
             }
             // common/arg.cpp's parse_device_list: names split at ','; "none" offloads nothing.
             "-dev" | "--device" => a.devices = Some(device_list(flag, value()?)?),
@@ -292,15 +295,59 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
     Ok(a)
 }
 
+/// Splits "host:port" as ggml-rpc does (at the first ':').
+///
+/// # Errors
+/// Not `host:port` with a port number.
+pub fn parse_endpoint(e: &str) -> Result<(String, u16)> {
+    let fix = "write it as host:port, like 192.168.1.20:50052";
+    let (host, port) = e.split_once(':').ok_or_else(|| bad(format!("--rpc '{e}' is not host:port; {fix}")))?;
+    let port: u16 = port.parse().map_err(|_| bad(format!("--rpc '{e}' has no port number; {fix}")))?;
+    if host.is_empty() || port == 0 {
+        return Err(bad(format!("--rpc '{e}' needs a host and a port; {fix}")));
+    }
+    Ok((host.to_string(), port))
+}
+
+/// Parses `--rpc host:port,host:port`.
+///
+/// # Errors
+/// An endpoint that is not `host:port`, or one named twice.
+pub fn parse_list(s: &str) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for e in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        parse_endpoint(e)?;
+        if out.iter().any(|o| o == e) {
+            return Err(bad(format!("--rpc names {e} twice; give each server once")));
+        }
+        out.push(e.to_string());
+    }
+    if out.is_empty() {
+        return Err(bad("--rpc is empty; give host:port of each llama.cpp RPC server, comma-separated"));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn endpoints_are_parsed_as_ggml_rpc_does() {
+        assert_eq!(parse_endpoint("10.0.0.2:50052").unwrap(), ("10.0.0.2".into(), 50052));
+        assert_eq!(parse_list("a:1, b:2").unwrap(), ["a:1", "b:2"]);
+        for bad in ["host", "host:", ":50052", "host:port", "h:0", "h:70000"] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
+        assert!(parse_list("a:1,a:1").is_err());
+        assert!(parse_list(",").is_err());
+    }
+
+    #[test]
     fn reads_what_ngl_tune_emits() {
         let line = format!(
             "-ngl 19 -t 2 -c 32768 -ctk q8_0 -ctv q8_0 -fa on -ot '{}' --no-op-offload",
-            crate::types::cpu_ffn_override(3)
+            crate::placement::cpu_ffn_override(3)
         );
         let p = parse_placement(&line).unwrap();
         assert_eq!((p.n_gpu_layers, p.n_threads, p.n_ctx), (19, 2, Some(32768)));

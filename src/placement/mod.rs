@@ -3,12 +3,17 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::knobs::*;
+pub mod args;
+mod knobs;
+mod split;
+
+pub use knobs::*;
+pub use split::Split;
 
 /// Where each part of a model runs and with which llama.cpp settings: what
 /// a trial runs and what is emitted. It renders llama.cpp's own forms
 /// (flags, llama-server's `LLAMA_ARG_*` environment), which
-/// `llama_args::parse` and `llama_args::from_env` read back; a consumer's
+/// `args::parse` and `args::from_env` read back; a consumer's
 /// forms are its room's (`consumer::ollama::modelfile_lines`,
 /// `consumer::ollama::server_settings`).
 /// Field names are llama-bench's, and the trial spec's JSON (it is flattened there).
@@ -29,7 +34,7 @@ pub struct Placement {
     #[serde(default)]
     pub flash_attn: FlashAttn,
     /// KV cache type of both caches (`-ctk`/`-ctv`).
-    #[serde(default, skip_serializing_if = "super::is_f16")]
+    #[serde(default, skip_serializing_if = "is_f16")]
     pub kv_type: KvType,
     /// Layers (from the first) whose expert tensors stay on the CPU, as
     /// llama.cpp's `--n-cpu-moe`; 0 for dense models.
@@ -38,7 +43,7 @@ pub struct Placement {
     /// Layers (from the first) whose dense FFN weights (`ffn_up`, `ffn_gate`,
     /// `ffn_down`) stay on the CPU while the layer, its attention and its
     /// KV cache are offloaded: llama.cpp's `-ot` with a CPU buffer type.
-    #[serde(default, skip_serializing_if = "super::is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub n_cpu_ffn: u32,
     /// More tensors kept in the CPU buffer type: regular expressions of
     /// llama.cpp's `-ot PATTERN=CPU` (bench's `--override-tensor`).
@@ -74,17 +79,17 @@ pub struct Placement {
     pub tensor_split: Vec<u32>,
     /// The device that holds the output and intermediate results in split
     /// mode layer (`-mg`); llama.cpp's default 0.
-    #[serde(default, skip_serializing_if = "super::is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub main_gpu: u32,
     /// Parallel sequences (llama-server's slots, `-np`): `n_ctx` is the
     /// whole context, each slot gets `n_ctx / n_parallel` (as llama-server
     /// splits it, and as Ollama starts it: `-c num_ctx x P -np P`).
-    #[serde(default = "super::one", skip_serializing_if = "super::is_one")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub n_parallel: u32,
     /// One KV cache shared by the slots (`-kvu`): each sequence may use the
     /// whole context. llama-server's own when the slot count is its auto
     /// (4 slots, unified); off for a given `-np`, as Ollama starts it.
-    #[serde(default, skip_serializing_if = "super::is_false")]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub kv_unified: bool,
     /// A multimodal projector (llama-server's `--mmproj`), loaded beside
     /// the model on the first GPU, as llama-server loads it.
@@ -93,7 +98,7 @@ pub struct Placement {
     /// Whether the projector loads on the GPU (llama.cpp's default); false
     /// is `--no-mmproj-offload`, as Ollama starts it where the GPU has too
     /// little free memory for it.
-    #[serde(default = "super::yes", skip_serializing_if = "super::is_true")]
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub mmproj_offload: bool,
 }
 
@@ -381,4 +386,37 @@ impl Placement {
         }
         v
     }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_f16(k: &KvType) -> bool {
+    *k == KvType::F16
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_true(b: &bool) -> bool {
+    *b
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+pub(crate) fn one() -> u32 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_one(n: &u32) -> bool {
+    *n == 1
 }
