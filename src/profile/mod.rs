@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelInfo;
-use crate::placement::{KvType, Placement};
+use crate::placement::Placement;
 use crate::types::Hardware;
 use crate::types::TrialResult;
 use crate::types::{Decision, Point, Quality};

@@ -73,19 +73,6 @@ impl Recommendation {
         self.placement.n_ctx.unwrap_or(0)
     }
 
-    /// This answer's placement with its layers moved: `ngl` layers on
-    /// `threads`, the KV cache `kv`, the FFN weights of the first `n_cpu_ffn`
-    /// layers on the CPU and no experts there; its context and workload kept.
-    /// What a hatch or a split that replaces the answer starts from.
-    #[must_use]
-    pub fn moved_to(&self, ngl: u32, threads: u32, (kv_type, n_cpu_ffn): (KvType, u32)) -> Placement {
-        Placement { n_cpu_moe: 0, n_cpu_ffn, kv_type, ..self.placement.clone() }.with_layers(
-            ngl,
-            threads,
-            self.placement.n_ctx,
-        )
-    }
-
     /// The one place a recommendation's placement is written: `p` (its
     /// context kept where `p` leaves it to llama.cpp; op offload as the
     /// trials resolved it; `-mg` and `--no-mmproj-offload` not held: an

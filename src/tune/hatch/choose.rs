@@ -118,8 +118,8 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
         return layer_split.clone();
     };
     let mut r = layer_split.clone();
-    let moved = &o.placement;
-    let p = r.moved_to(moved.n_gpu_layers, threads, (moved.kv_type, moved.n_cpu_ffn));
+    // The option's whole placement, as its trial ran: the answer is what was measured.
+    let p = o.placement.clone().with_layers(o.placement.n_gpu_layers, threads, o.placement.n_ctx);
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]

@@ -74,11 +74,9 @@ pub fn recommendation(base: &Recommendation, o: &SplitOption, devs: &[DeviceCap]
     let split = split_of(o);
     // Every layer on the CPU needs no server.
     let servers = if o.placement.n_gpu_layers == 0 { &[] } else { rpc };
-    let p = r
-        .moved_to(o.placement.n_gpu_layers, r.placement.n_threads, (o.placement.kv_type, o.placement.n_cpu_ffn))
-        .with_split(&split.listed(), servers)
-        .with_devices(&split.device_names(&names(devs)))
-        .with_split_mode(split.mode());
+    // The split's whole placement, as its trial ran (its layers per device,
+    // their order, its mode, cache and spill), without servers where no layer needs one.
+    let p = o.placement.clone().with_split(&split.listed(), servers);
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]
