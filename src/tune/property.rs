@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::{admit, gate_of};
-use crate::engine::predict::{LlamaFit, PredictCase, PredictedBuffer, Prediction};
+use crate::engine::predict::{LlamaFit, PredictCase, Prediction};
 use crate::placement::KvType;
 use crate::tune::executor::fake::{Outcome, World};
 use crate::tune::hatch::{self, HatchInputs, Topology};
@@ -75,22 +75,7 @@ impl Model {
         let ctx = if c.n_ctx == 0 { user_ctx } else { c.n_ctx };
         let all = self.bytes(c.ngl, c.kv_type, c.n_cpu_ffn, ctx);
         let weights = self.bytes(c.ngl, c.kv_type, c.n_cpu_ffn, 0);
-        Prediction {
-            devices: Vec::new(),
-            n_gpu_layers: c.ngl,
-            device_bytes: all,
-            device_model_bytes: weights,
-            buffers: vec![PredictedBuffer {
-                buffer_type: "Vulkan0".into(),
-                is_host: false,
-                model: weights,
-                context: all - weights,
-                compute: 0,
-            }],
-            error: None,
-            case: Some(*c),
-            split: vec![],
-        }
+        Prediction::on_one_device(*c, all, weights)
     }
 }
 

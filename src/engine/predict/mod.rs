@@ -63,6 +63,29 @@ impl Prediction {
 }
 
 impl Prediction {
+    /// A fake world's price of `case` on one Vulkan device: `all` bytes,
+    /// `weights` of them the model's, the rest its context.
+    #[cfg(test)]
+    #[must_use]
+    pub(crate) fn on_one_device(case: PredictCase, all: u64, weights: u64) -> Prediction {
+        Prediction {
+            devices: Vec::new(),
+            n_gpu_layers: case.ngl,
+            device_bytes: all,
+            device_model_bytes: weights,
+            buffers: vec![PredictedBuffer {
+                buffer_type: "Vulkan0".into(),
+                is_host: false,
+                model: weights,
+                context: all - weights,
+                compute: 0,
+            }],
+            error: None,
+            case: Some(case),
+            split: vec![],
+        }
+    }
+
     /// Whether this prediction is for the placement `spec` measures (a
     /// whole-layer prediction: at the spec's context with the tune's own
     /// KV cache type, `spec.kv_base`).

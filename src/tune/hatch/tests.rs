@@ -175,22 +175,7 @@ fn predictor(cases: &[PredictCase]) -> Vec<Prediction> {
             let cand = Candidate { n_cpu_ffn: c.n_cpu_ffn, kv: c.kv_type, ..Candidate::layers(c.ngl, 2) };
             let all = bytes_at(cand, c.n_ctx);
             let weights = bytes_at(Candidate { kv: None, ..cand }, 0);
-            Prediction {
-                devices: Vec::new(),
-                n_gpu_layers: c.ngl,
-                device_bytes: all,
-                device_model_bytes: weights,
-                buffers: vec![crate::engine::predict::PredictedBuffer {
-                    buffer_type: "Vulkan0".into(),
-                    is_host: false,
-                    model: weights,
-                    context: all - weights,
-                    compute: 0,
-                }],
-                error: None,
-                case: Some(*c),
-                split: vec![],
-            }
+            Prediction::on_one_device(*c, all, weights)
         })
         .collect()
 }

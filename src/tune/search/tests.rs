@@ -371,7 +371,7 @@ fn expert_offload_wins_when_every_layer_on_the_gpu_with_experts_on_the_cpu_is_fa
 /// the reason says why.
 #[test]
 fn an_expert_setting_over_the_cap_by_its_dry_run_never_runs() {
-    use crate::engine::predict::{PredictCase, PredictedBuffer};
+    use crate::engine::predict::PredictCase;
     let s = settings(None, "grid", false);
     let mut p = plan(5, vec![0, 5], true, 5);
     p.is_moe = true;
@@ -395,22 +395,7 @@ fn an_expert_setting_over_the_cap_by_its_dry_run_never_runs() {
             .iter()
             .map(|c| {
                 let b = mem(c.ngl, c.n_cpu_moe) << 20;
-                Prediction {
-                    n_gpu_layers: c.ngl,
-                    device_bytes: b,
-                    device_model_bytes: b,
-                    buffers: vec![PredictedBuffer {
-                        buffer_type: "Vulkan0".into(),
-                        is_host: false,
-                        model: b,
-                        context: 0,
-                        compute: 0,
-                    }],
-                    error: None,
-                    case: Some(*c),
-                    split: vec![],
-                    devices: Vec::new(),
-                }
+                Prediction::on_one_device(*c, b, b)
             })
             .collect()
     };
