@@ -88,7 +88,7 @@ fn tune_context(
     notes.extend(hatches.notes.iter().cloned());
     let split = if several { Some(split(sh, &plan, &mut search)?) } else { None };
     notes.extend(split.iter().flat_map(|f| f.notes.iter().cloned()));
-    let mut recommendation = with_rpc(hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads), s, info);
+    let mut recommendation = with_rpc(hatch::recommend(&layer_split, &hatches.options), s, info);
     let priced = prediction.as_ref().filter(|pr| pr.error.is_none() && !several && !plan.no_gpu);
     let (default, ollama) = baseline::against::baselines(&mut search, &mut recommendation, priced, plan.full)?;
     notes.extend(for_consumer(sh, several, &mut search, &mut recommendation));

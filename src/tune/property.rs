@@ -255,7 +255,7 @@ fn tune(seed: u64, c: &Case, s: &crate::profile::Settings) -> Tuned {
         move |_k: KvType| Ok(Some(Quality { kl_mean: kl, top1_agree: 0.98, tokens: 256, ..Quality::passing() }));
     let hatches = hatch::run(Topology::One { h: &h, layer_split: &layer_split }, &mut search, &mut assess)
         .unwrap_or_else(|e| panic!("seed {seed}: the hatches failed: {e:#}"));
-    let mut rec = hatch::recommend(&layer_split, &hatches.options, s.backend.n_threads);
+    let mut rec = hatch::recommend(&layer_split, &hatches.options);
     let fits = (fit(c, c.default_ctx, Some(c.default_ngl)), fit(c, c.ctx, None));
     crate::tune::baseline::against::llama_default(&mut search, &mut rec, (Some(&fits.0), Some(&fits.1)), full)
         .unwrap_or_else(|e| panic!("seed {seed}: the default's pairing failed: {e:#}"));

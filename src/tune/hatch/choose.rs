@@ -110,16 +110,14 @@ pub(super) fn hatch_note(o: &PlacementOption) -> Option<crate::types::Note> {
 
 /// The recommendation at one context: the layer split's, or the chosen
 /// hatch's flags (llama.cpp takes each; Ollama takes a quantized KV cache
-/// as server settings and has no tensor overrides).
-/// `threads` is what the hatch trials ran with.
+/// as server settings and has no tensor overrides). The chosen option's
+/// placement is the answer whole, as its trials ran (threads included).
 #[must_use]
-pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], threads: u32) -> Recommendation {
+pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption]) -> Recommendation {
     let Some(o) = options.iter().find(|o| o.recommended && o.kind != HatchKind::LayerSplit) else {
         return layer_split.clone();
     };
     let mut r = layer_split.clone();
-    // The option's whole placement, as its trial ran: the answer is what was measured.
-    let p = o.placement.clone().with_layers(o.placement.n_gpu_layers, threads, o.placement.n_ctx);
     r.tg_ts = o.tg_ts;
     r.pp_ts = o.pp_ts;
     #[allow(clippy::cast_precision_loss)]
@@ -131,6 +129,6 @@ pub fn recommend(layer_split: &Recommendation, options: &[PlacementOption], thre
     // its own cache), and has no tensor overrides: its num_gpu is the
     // whole-layer split, which fits with the cache the server runs.
     r.ollama_num_gpu = Some(layer_split.ollama_layers());
-    r.set_placement(&p);
+    r.set_placement(&o.placement);
     r
 }

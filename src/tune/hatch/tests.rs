@@ -59,7 +59,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
     assert_eq!(picked(&v), [HatchKind::KvCache], "a shorter context is another workload: never picked");
     assert!(notes[0].to_string().contains("q8_0 KV cache"), "{notes:?}");
     assert!(v[3].note.contains("-92% tg"), "{}", v[3].note);
-    let r = recommend(&Recommendation { ..layer_split() }, &v, 2);
+    let r = recommend(&Recommendation { ..layer_split() }, &v);
     assert_eq!((r.placement.n_gpu_layers, r.placement.kv_type), (19, KvType::Q8_0));
     assert!(r.llama_cpp_args.ends_with("-ctk q8_0 -ctv q8_0 -fa on"), "{}", r.llama_cpp_args);
     assert_eq!(r.ollama_server_env, ["OLLAMA_KV_CACHE_TYPE=q8_0", "OLLAMA_FLASH_ATTENTION=1"]);
@@ -85,7 +85,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
         choose(&mut v, s.scoring(), &s.gate);
         assert_eq!(picked(&v), [HatchKind::FfnSpill], "{kl:?}");
         assert!(v[0].note.contains("max-kl") || v[0].note.contains("blind"), "{}", v[0].note);
-        let r = recommend(&layer_split(), &v, 2);
+        let r = recommend(&layer_split(), &v);
         assert_eq!(r.ollama_num_gpu, Some(7), "Ollama gets the whole-layer split");
         // Every form is rendered from the fields: the Modelfile's layers are Ollama's, the flags the spill's.
         assert!(r.modelfile.contains(&"PARAMETER num_gpu 7".to_string()), "{:?}", r.modelfile);
@@ -100,7 +100,7 @@ fn the_fastest_measured_option_under_the_cap_and_the_quality_limit_is_recommende
     ];
     choose(&mut v, s.scoring(), &s.gate);
     assert_eq!(picked(&v), [HatchKind::LayerSplit]);
-    assert_eq!(recommend(&layer_split(), &v, 2), layer_split());
+    assert_eq!(recommend(&layer_split(), &v), layer_split());
 }
 
 #[test]
