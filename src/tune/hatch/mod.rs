@@ -312,7 +312,7 @@ fn one_device(
     let quality = checked.iter().filter_map(|(kv, q)| q.clone().map(|q| (*kv, q))).collect();
     let mut options = options_of(quality);
     let mut notes = choose(&mut options, search.settings().scoring(), &search.settings().gate);
-    if let Some(note) = lossy_paired(search, &mut options)? {
+    if let Some(note) = paired_choice(search, &mut options)? {
         notes = note.into_iter().collect();
     }
     if gap > 0 {
@@ -327,50 +327,86 @@ fn one_device(
     Ok(Hatches { fits_fully, kv_bytes, options, notes })
 }
 
-/// A quantized cache chosen over the best lossless option under the cap
-/// is paired with it ([`crate::tune::baseline::pair`]: counterbalanced, a
-/// load a trial, the t interval on the log ratios) and kept only where it
-/// is faster beyond that interval; otherwise the lossless option is the
-/// answer. The spread of repetitions inside one load, which `choose`
-/// reads, is not the noise between loads. `Some(notes)` where the choice
-/// changed: the hatch notes of the new choice.
+/// How close (as a share of the recommendation's score) a lossless
+/// runner-up's one trial must come for the two to be paired: within it,
+/// one load each cannot tell them apart on a noisy host (loads 10-20%
+/// apart in a CPU quota), and a placement a pair of loads would find
+/// faster must not lose on one.
+pub const CLOSE_SHARE: f64 = 0.85;
+
+/// The chosen option checked against its closest rival by
+/// [`crate::tune::baseline::pair`] (counterbalanced, a load a trial, the
+/// t interval on the log ratios): the spread of repetitions inside one
+/// load, which `choose` reads, is not the noise between loads.
+/// - A quantized cache is paired with the best lossless option under the
+///   cap and kept only where it is faster beyond that interval; otherwise
+///   the lossless option is the answer.
+/// - A lossless answer is paired with the best lossless option of
+///   another kind (whole layers against the FFN spill, say) whose one
+///   trial came within [`CLOSE_SHARE`] of it, and that option becomes the
+///   answer where it is faster beyond the interval. Two of one kind (the
+///   spill of K and K + 1 layers) are not paired: the one that keeps
+///   more on the device is the faster by construction, and a pair costs
+///   six loads.
+///
+/// `Some(notes)` where the choice changed: the hatch notes of the new choice.
 ///
 /// # Errors
 /// What the executor returns (an interrupt).
-fn lossy_paired(search: &mut Search<'_>, options: &mut [PlacementOption]) -> Result<Option<Vec<crate::types::Note>>> {
-    let Some(li) = options.iter().position(|o| o.recommended && choose::lossy(o)) else { return Ok(None) };
+fn paired_choice(search: &mut Search<'_>, options: &mut [PlacementOption]) -> Result<Option<Vec<crate::types::Note>>> {
+    let Some(ri) = options.iter().position(|o| o.recommended) else { return Ok(None) };
     let scoring = search.settings().scoring();
-    let lossless = options
+    let score = |o: &PlacementOption| scoring.speeds(o.tg_ts, o.pp_ts);
+    let lossy = choose::lossy(&options[ri]);
+    let best = score(&options[ri]).unwrap_or(0.0);
+    let rival = options
         .iter()
         .enumerate()
-        .filter(|(_, o)| o.measured && o.fits && o.kind != HatchKind::ShorterContext && !choose::lossy(o))
-        .filter_map(|(i, o)| Some((i, scoring.speeds(o.tg_ts, o.pp_ts)?)))
+        .filter(|(i, o)| *i != ri && o.measured && o.fits && o.kind != HatchKind::ShorterContext && !choose::lossy(o))
+        .filter(|(_, o)| lossy || o.kind != options[ri].kind)
+        .filter_map(|(i, o)| Some((i, score(o)?)))
+        .filter(|(_, v)| lossy || *v >= CLOSE_SHARE * best)
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|x| x.0);
-    // Nothing lossless fits: the quantized cache is the only way under the cap.
-    let Some(bi) = lossless else { return Ok(None) };
+    // Nothing lossless fits (the quantized cache is the only way under
+    // the cap), or no lossless rival came close.
+    let Some(bi) = rival else { return Ok(None) };
     let (at, own) = (search.at(), search.settings().workload.kv_type);
     // Each side as its hatch trial ran it (the workload's own cache type as the search names it).
     let side = |o: &PlacementOption| {
         let c = Candidate::from(&o.placement);
         Candidate { ctx: o.placement.n_ctx.unwrap_or(at.n_ctx), kv: c.kv.filter(|k| *k != own), ..c }
     };
-    let (lossy, plain) = (side(&options[li]), side(&options[bi]));
+    // The challenger is "mine": the cache against the lossless option, the rival against the answer.
+    let (ci, di) = if lossy { (ri, bi) } else { (bi, ri) };
     let mut out = crate::profile::DefaultComparison::unmeasured(at.depth);
-    crate::tune::baseline::pair(search, lossy, plain, &mut out)?;
+    crate::tune::baseline::pair(search, side(&options[ci]), side(&options[di]), &mut out)?;
     let ratio = crate::report::placement::ratios(&out).join(", ");
-    let against = options[bi].describe();
-    let said = format!("paired with the best lossless option ({against}): {ratio}, {}", out.verdict.word());
-    if out.verdict == crate::profile::Verdict::Faster {
-        let o = &mut options[li];
-        o.note = if o.note.is_empty() { said } else { format!("{}; {said}", o.note) };
+    let against = options[di].describe();
+    let which = if lossy { "the best lossless option" } else { "the recommendation, whose one trial it came close to" };
+    let said = format!("paired with {which} ({against}): {ratio}, {}", out.verdict.word());
+    let won = out.verdict == crate::profile::Verdict::Faster;
+    let why = if lossy { ": a lossy cache only when it pays" } else { ": the recommendation stays" };
+    let o = &mut options[ci];
+    o.note = match (won, o.note.is_empty()) {
+        (true, true) => said,
+        (true, false) => format!("{}; {said}", o.note),
+        (false, _) => format!("{said}{why}"),
+    };
+    // The cache stays only where it won; the rival becomes the answer only where it won.
+    let answer = if won { ci } else { di };
+    if answer == ri {
         return Ok(None);
     }
-    options[li].recommended = false;
-    options[li].note = format!("{said}: a lossy cache only when it pays");
-    options[bi].recommended = true;
-    options[bi].note = String::new();
-    Ok(Some(choose::hatch_note(&options[bi]).into_iter().collect()))
+    options[ri].recommended = false;
+    options[answer].recommended = true;
+    // The cache's own note says why it lost; the old answer's says it lost paired.
+    if lossy {
+        options[answer].note = String::new();
+    } else {
+        options[ri].note = "its one trial was ahead, the paired trials were not: see the recommendation".into();
+    }
+    Ok(Some(choose::hatch_note(&options[answer]).into_iter().collect()))
 }
 
 /// What the options at one device are made of.

@@ -621,3 +621,53 @@ fn a_lossy_cache_is_chosen_by_the_paired_statistic_not_by_one_loads_spread() {
     let q8 = measured.iter().filter(|c| c.ngl == 11 && c.kv == Some(KvType::Q8_0)).count();
     assert_eq!(q8, 6, "its hatch trial and five paired (not decided after three): {measured:?}");
 }
+
+/// Whole layers (ngl 6) and the FFN spill measured once each: the spill's
+/// one load was slow and came in 5% behind; paired, it is 20% faster in
+/// every load, so it becomes the answer (the rig's dense24 long miss:
+/// one trial each decided between two lossless placements 13% apart).
+#[test]
+fn a_lossless_option_close_behind_on_one_trial_is_paired_and_wins_where_faster() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static SPILLS: AtomicUsize = AtomicUsize::new(0);
+    fn tg(c: Candidate, _depth: u32) -> f64 {
+        match (c.ngl, c.kv, c.n_cpu_ffn) {
+            (11, None, k) if k > 0 => {
+                let first = SPILLS.fetch_add(1, Ordering::Relaxed) < 2;
+                if first {
+                    9.5
+                } else {
+                    12.0
+                }
+            }
+            (11, _, _) => 9.0,
+            _ => 10.0,
+        }
+    }
+    // Full offload takes 4377 bytes at 32k, 60 fewer a spilled layer: K = 3 and 4 fit 4250.
+    let (h, measured) = hatch_world_at(4250.0, 6, 0, tg);
+    assert_eq!(picked(&h.options), [HatchKind::FfnSpill], "{:#?}", h.options);
+    let spill = h.options.iter().find(|o| o.recommended).unwrap();
+    assert!(spill.note.contains("paired with the recommendation") && spill.note.contains("faster"), "{}", spill.note);
+    let whole = h.options.iter().find(|o| o.kind == HatchKind::LayerSplit).unwrap();
+    assert!(whole.note.contains("paired trials were not"), "{}", whole.note);
+    let paired_whole = measured.iter().filter(|c| c.ngl == 6).count();
+    assert_eq!(paired_whole, 3, "three pairs, the same ratio in each: {measured:?}");
+}
+
+/// A lossless rival far behind the answer on its one trial (the FFN
+/// spill at 13.6 t/s, whole layers at 4.8) is not paired.
+#[test]
+fn a_lossless_option_far_behind_is_not_paired() {
+    fn tg(c: Candidate, _depth: u32) -> f64 {
+        match (c.ngl, c.kv, c.n_cpu_ffn) {
+            (11, None, _) => 13.6,
+            (11, _, _) => 5.0,
+            (n, _, _) => 3.0 + 0.3 * f64::from(n),
+        }
+    }
+    let (h, measured) = hatch_world_at(4250.0, 6, 0, tg);
+    assert_eq!(picked(&h.options), [HatchKind::FfnSpill], "{:#?}", h.options);
+    assert!(h.options.iter().all(|o| !o.note.contains("paired")), "{:#?}", h.options);
+    assert!(measured.iter().all(|c| c.ngl != 6), "the layer split is not measured again: {measured:?}");
+}
