@@ -27,12 +27,16 @@ fn sys_crate_dir() -> PathBuf {
 
 fn main() {
     println!("cargo:rerun-if-changed=shim/predict.cpp");
+    println!("cargo:rerun-if-changed=shim/spec.cpp");
     println!("cargo:rerun-if-changed=build.rs");
     let sys = sys_crate_dir().join("llama.cpp");
     cc::Build::new()
         .cpp(true)
         .std("c++17")
         .file("shim/predict.cpp")
+        .file("shim/spec.cpp")
+        // common/: llama.cpp's speculative loop, sampler and server parameters (shim/spec.cpp).
+        .include(sys.join("common"))
         .include(sys.join("src"))
         .include(sys.join("include"))
         .include(sys.join("ggml/include"))

@@ -280,3 +280,38 @@ fn a_recurrent_model_runs_at_depth_as_llama_bench_restores_it() {
         "{v}"
     );
 }
+
+/// The model as its own draft, greedily: the target accepts every drafted
+/// token (both compute the same next token on the same text), so each
+/// verifying batch yields the draft's 3 and its own, and both runs
+/// generate the same tokens. Speeds are reported paired, not judged.
+#[test]
+fn a_model_drafting_for_itself_is_accepted_whole_and_paired() {
+    let _heavy = heavy();
+    let m = real_model();
+    let m = m.to_str().unwrap();
+    let o = run(&["bench", m, "--draft", m, "-ngl", "0", "-d", "64", "-n", "12", "-r", "2", "-t", "2", "-o", "json"]);
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert!(r["acceptance"].as_f64().unwrap() > 0.9, "{r}");
+    assert!(r["tokens_per_verify"].as_f64().unwrap() > 3.5, "{r}");
+    assert_eq!(r["same_prefix"], 12, "{r}");
+    assert_eq!(r["run"]["spec_ns"].as_array().unwrap().len(), 2, "{r}");
+    let [m, lo, hi] = [0, 1, 2].map(|i| r["ratio"][i].as_f64().unwrap());
+    assert!(lo <= m && m <= hi && lo > 0.0, "{r}");
+    assert!(r["tg_ts"].as_f64().unwrap() > 0.0 && r["tg_draft_ts"].as_f64().unwrap() > 0.0, "{r}");
+}
+
+#[test]
+fn a_draft_that_does_not_suit_the_model_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = synth(dir.path(), 2);
+    let m = real_model();
+    let o = run(&["bench", m.to_str().unwrap(), "--draft", other.to_str().unwrap(), "-n", "4", "-r", "1"]);
+    assert_bad_input(&o, "vocabulary does not match");
+    assert_bad_input(&run(&["bench", m.to_str().unwrap(), "--draft-ngl", "3"]), "give it with --draft MODEL");
+    assert_bad_input(&run(&["bench", m.to_str().unwrap(), "--draft", "/nonexistent.gguf"]), "no such file");
+    let line = run(&["bench", m.to_str().unwrap(), "--llama-args", "-md d.gguf --spec-type draft-mtp"]);
+    assert_bad_input(&line, "draft-simple");
+}

@@ -20,6 +20,9 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     crate::rpc::probe_all(&placement.rpc)?;
     let w = &a.workload;
     let depths = crate::request::bench_depths(a, &placement)?;
+    if placement.draft.is_some() {
+        return super::draft::cmd_bench_draft(a, &info, &placement, &grid.ngl, &depths);
+    }
     let opts = BenchOptions {
         model: a.model.clone(),
         placement,

@@ -3,6 +3,7 @@
 //! printing what `report` renders.
 
 mod bench;
+mod draft;
 mod emit;
 mod history;
 mod hw;
@@ -36,6 +37,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Trial => crate::engine::runner::worker_main().map(|()| exit::OK),
         Command::Hold => crate::engine::worker::hold_main().map(|()| exit::OK),
         Command::Predict => crate::engine::predict::predict_main().map(|()| exit::OK),
+        Command::Spec => crate::engine::spec::spec_main().map(|()| exit::OK),
         Command::Kl => crate::engine::quality::kl_main().map(|()| exit::OK),
         Command::Devices { rpc } => {
             let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;

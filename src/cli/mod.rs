@@ -67,6 +67,9 @@ pub enum Command {
     /// Internal: predict device memory by llama.cpp's dry run (spec as JSON on stdin)
     #[command(name = "__predict", hide = true)]
     Predict,
+    /// Internal: generate with and without a draft model (spec as JSON on stdin)
+    #[command(name = "__spec", hide = true)]
+    Spec,
     #[command(name = "__kl", hide = true)]
     Kl,
     /// Internal: print llama.cpp's devices as JSON
@@ -187,12 +190,33 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FLAGS", allow_hyphen_values = true, requires = "beside")]
     pub beside_args: Option<String>,
     #[command(flatten)]
+    pub draft: DraftArgs,
+    #[command(flatten)]
     pub workload: WorkloadArgs,
     /// Output format
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Md)]
     pub output: OutputFormat,
     #[command(flatten)]
     pub talk: Verbosity,
+}
+
+/// Speculative decoding: a draft model loaded beside the model, as llama-server loads one.
+#[derive(Debug, Clone, Args)]
+pub struct DraftArgs {
+    /// A draft model (llama.cpp's -md, run as --spec-type draft-simple): generation is measured
+    /// with and without it at each depth, greedily on natural text, paired within one load
+    #[arg(help_heading = "Speculative decoding", long, value_name = "MODEL")]
+    pub draft: Option<PathBuf>,
+    /// The draft's layers on the device (llama.cpp's -ngld) [default: every layer]
+    #[arg(help_heading = "Speculative decoding", long = "draft-ngl", value_name = "N")]
+    pub draft_ngl: Option<u32>,
+    /// The most tokens one draft proposes (llama.cpp's --spec-draft-n-max) [default: 3]
+    #[arg(help_heading = "Speculative decoding", long = "draft-max", value_name = "N")]
+    pub draft_max: Option<u32>,
+    /// The text drafted on: its first --n-depth tokens fill the context before generating
+    /// [default: the quality check's natural text, Debian's fortunes]
+    #[arg(help_heading = "Speculative decoding", long = "prompt-file", value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -12,6 +12,7 @@ pub mod placement;
 pub mod predict;
 pub mod quality;
 pub mod runner;
+pub mod spec;
 pub mod worker;
 
 #[cfg(test)]

@@ -40,11 +40,18 @@ pub struct LlamaArgs {
     pub mmproj: Option<std::path::PathBuf>,
     /// `--mmproj-offload` / `--no-mmproj-offload`.
     pub mmproj_offload: Option<bool>,
+    /// `-md`: a draft model (with `--spec-type draft-simple`).
+    pub draft_model: Option<std::path::PathBuf>,
+    /// `-ngld`: the draft's layers on the device (`auto` and `all`: every one, `Some(None)`).
+    pub draft_ngl: Option<Option<u32>>,
+    /// `--spec-draft-n-max`.
+    pub draft_n_max: Option<u32>,
+    /// `-ctkd` / `-ctvd`.
+    pub draft_kv: Option<KvType>,
 }
 
 /// The flags this reads.
-pub const KNOWN: &str =
-    "-ngl, -t, -c, -np, -kvu, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj, --no-mmproj-offload";
+pub const KNOWN: &str = "-ngl, -t, -c, -np, -kvu, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj, --no-mmproj-offload, -md, --spec-type draft-simple, -ngld, --spec-draft-n-max, -ctkd, -ctvd";
 
 impl LlamaArgs {
     /// `base` with what this command line sets laid over it. An `-ot`
@@ -79,6 +86,14 @@ impl LlamaArgs {
         p.mmproj_offload = self.mmproj_offload.unwrap_or(p.mmproj_offload);
         if let Some(v) = self.tensor_split {
             p.tensor_split = v;
+        }
+        if let Some(m) = self.draft_model {
+            p.draft = Some(crate::placement::Draft::of(m));
+        }
+        if let Some(d) = p.draft.as_mut() {
+            d.n_gpu_layers = self.draft_ngl.unwrap_or(d.n_gpu_layers);
+            set(&mut d.n_max, self.draft_n_max);
+            d.kv_type = self.draft_kv.unwrap_or(d.kv_type);
         }
         if let Some(patterns) = self.cpu_overrides {
             p.n_cpu_ffn = 0;
@@ -126,7 +141,7 @@ pub fn parse(line: &str) -> Result<LlamaArgs, String> {
 
 /// llama-server's environment variables (`common/arg.cpp`'s `set_env`) for
 /// the flags ngl-tune emits.
-const ENV_FLAGS: [(&str, &str); 19] = [
+const ENV_FLAGS: [(&str, &str); 25] = [
     ("LLAMA_ARG_N_GPU_LAYERS", "-ngl"),
     ("LLAMA_ARG_THREADS", "-t"),
     ("LLAMA_ARG_CTX_SIZE", "-c"),
@@ -146,6 +161,12 @@ const ENV_FLAGS: [(&str, &str); 19] = [
     ("LLAMA_ARG_MAIN_GPU", "-mg"),
     ("LLAMA_ARG_MMPROJ", "--mmproj"),
     ("LLAMA_ARG_MMPROJ_OFFLOAD", "--mmproj-offload"),
+    ("LLAMA_ARG_SPEC_DRAFT_MODEL", "-md"),
+    ("LLAMA_ARG_SPEC_TYPE", "--spec-type"),
+    ("LLAMA_ARG_N_GPU_LAYERS_DRAFT", "-ngld"),
+    ("LLAMA_ARG_SPEC_DRAFT_N_MAX", "--spec-draft-n-max"),
+    ("LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", "-ctkd"),
+    ("LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", "-ctvd"),
 ];
 
 /// What llama-server's `LLAMA_ARG_*` variables set, of the ones ngl-tune
@@ -227,7 +248,7 @@ fn toggle(a: &mut LlamaArgs, flag: &str, it: &mut std::slice::Iter<'_, String>) 
 
 fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
     let mut a = LlamaArgs::default();
-    let (mut k, mut v) = (None, None);
+    let (mut k, mut v, mut dk, mut dv) = (None, None, None, None);
     let mut it = words.iter();
     while let Some(flag) = it.next() {
         if toggle(&mut a, flag, &mut it) {
@@ -283,6 +304,7 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
             "-mg" | "--main-gpu" => a.main_gpu = Some(number(flag, value()?)?),
             "-mm" | "--mmproj" => a.mmproj = Some(std::path::PathBuf::from(value()?)),
             "--mmproj-offload" => a.mmproj_offload = Some(switch(&mut it)),
+            other if draft_word(&mut a, (&mut dk, &mut dv), other, &mut value)? => {}
             other => return Err(format!("'{other}' is not a flag ngl-tune bench runs; it runs {KNOWN}")),
         }
     }
@@ -292,7 +314,63 @@ fn parse_words(words: &[String]) -> Result<LlamaArgs, String> {
         }
         (k, v) => a.kv_type = k.or(v),
     }
+    draft_done(&mut a, dk, dv)?;
     Ok(a)
+}
+
+/// A draft model's flag (llama.cpp's speculative ones ngl-tune emits):
+/// true where `flag` was one. `-ctkd` and `-ctvd` are kept apart until the end ([`draft_done`]).
+fn draft_word<'w>(
+    a: &mut LlamaArgs,
+    (dk, dv): (&mut Option<KvType>, &mut Option<KvType>),
+    flag: &str,
+    value: &mut dyn FnMut() -> Result<&'w String, String>,
+) -> Result<bool, String> {
+    match flag {
+        "-md" | "--spec-draft-model" | "--model-draft" => {
+            a.draft_model = Some(std::path::PathBuf::from(value()?));
+        }
+        // common/arg.cpp: a number, or auto (-1) and all (-2), both every layer for a draft.
+        "-ngld" | "--spec-draft-ngl" | "--gpu-layers-draft" | "--n-gpu-layers-draft" => {
+            a.draft_ngl = Some(match value()?.as_str() {
+                "auto" | "all" | "-1" | "-2" => None,
+                v => Some(number(flag, v)?),
+            });
+        }
+        "--spec-draft-n-max" => a.draft_n_max = Some(number(flag, value()?)?),
+        "-ctkd" | "--spec-draft-type-k" | "--cache-type-k-draft" => *dk = Some(kv(flag, value()?)?),
+        "-ctvd" | "--spec-draft-type-v" | "--cache-type-v-draft" => *dv = Some(kv(flag, value()?)?),
+        "--spec-type" => {
+            let v = value()?;
+            if v != crate::placement::SPEC_TYPE {
+                return Err(format!(
+                    "{flag} {v}: ngl-tune measures a draft model as {} (MTP, EAGLE3 and n-gram types are not measured)",
+                    crate::placement::SPEC_TYPE
+                ));
+            }
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// The draft's cache types (one for both) and a draft setting without `-md`.
+fn draft_done(a: &mut LlamaArgs, dk: Option<KvType>, dv: Option<KvType>) -> Result<(), String> {
+    match (dk, dv) {
+        (Some(k), Some(v)) if k != v => {
+            return Err(format!(
+                "-ctkd {} -ctvd {}: ngl-tune measures one type for both draft caches",
+                k.as_str(),
+                v.as_str()
+            ))
+        }
+        (k, v) => a.draft_kv = k.or(v),
+    }
+    let draft_set = a.draft_ngl.is_some() || a.draft_n_max.is_some() || a.draft_kv.is_some();
+    if draft_set && a.draft_model.is_none() {
+        return Err("-ngld, --spec-draft-n-max, -ctkd and -ctvd set a draft model's placement: give it with -md".into());
+    }
+    Ok(())
 }
 
 /// Splits "host:port" as ggml-rpc does (at the first ':').
@@ -415,8 +493,14 @@ mod tests {
                 Just("/models/My Model's/mmproj.gguf".to_string()),
             ]),
             proptest::bool::ANY,
+            proptest::option::of((
+                prop_oneof![Just("draft-Q4_0.gguf".to_string()), Just("/models/a draft's/d.gguf".to_string())],
+                proptest::option::of(0u32..99),
+                1u32..16,
+                prop_oneof![Just(KvType::F16), Just(KvType::Q8_0)],
+            )),
         )
-            .prop_map(|(a, b, c, (np, devices, kvu), mm, on_gpu)| Placement {
+            .prop_map(|(a, b, c, (np, devices, kvu), mm, on_gpu, draft)| Placement {
                 n_gpu_layers: a.0,
                 n_threads: a.1,
                 n_ctx: a.2,
@@ -437,7 +521,31 @@ mod tests {
                 kv_unified: kvu,
                 mmproj_offload: on_gpu || mm.is_none(),
                 mmproj: mm.map(std::path::PathBuf::from),
+                draft: draft.map(|(m, n_gpu_layers, n_max, kv_type)| crate::placement::Draft {
+                    model: m.into(),
+                    n_gpu_layers,
+                    n_max,
+                    kv_type,
+                }),
             })
+    }
+
+    #[test]
+    fn a_draft_reads_back_from_its_flags_and_its_variables() {
+        let draft =
+            crate::placement::Draft { n_gpu_layers: Some(0), n_max: 8, ..crate::placement::Draft::of("d.gguf".into()) };
+        let p = Placement { draft: Some(draft), ..Placement::default() };
+        assert!(
+            p.flags().ends_with("-md d.gguf --spec-type draft-simple -ngld 0 --spec-draft-n-max 8"),
+            "{}",
+            p.flags()
+        );
+        let env: Vec<(String, String)> = p.server_env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert!(env.contains(&("LLAMA_ARG_SPEC_TYPE".into(), "draft-simple".into())), "{env:?}");
+        assert_eq!(from_env(&env).unwrap().over(Placement::default()), p);
+        // llama.cpp's auto and all are every layer, as no -ngld.
+        let all = parse_placement("-ngl 9 -md d.gguf --spec-type draft-simple -ngld all").unwrap();
+        assert_eq!(all.draft.unwrap().n_gpu_layers, None);
     }
 
     proptest::proptest! {
@@ -461,6 +569,9 @@ mod tests {
             ("-fa maybe", "on, off or auto"),
             ("--mlock", "not a flag"),
             ("-ts 0.5,0.5", "whole layers"),
+            ("-ngld 3", "give it with -md"),
+            ("-md d.gguf --spec-type draft-mtp", "draft-simple"),
+            ("-md d.gguf -ctkd q8_0 -ctvd f16", "both draft caches"),
             ("-sm graph", "none, layer, row or tensor"),
             ("--device none", "-ngl 0"),
             ("--device Vulkan0,", "device names"),

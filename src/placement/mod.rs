@@ -4,9 +4,11 @@
 use serde::{Deserialize, Serialize};
 
 pub mod args;
+mod draft;
 mod knobs;
 mod split;
 
+pub use draft::{Draft, DEFAULT_N_MAX as DRAFT_N_MAX, SPEC_TYPE};
 pub use knobs::*;
 pub use split::Split;
 
@@ -100,6 +102,10 @@ pub struct Placement {
     /// little free memory for it.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub mmproj_offload: bool,
+    /// A draft model for speculative decoding, loaded beside the model as
+    /// llama-server loads it (`-md`, `--spec-type draft-simple`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<Draft>,
 }
 
 fn op_on() -> OpOffload {
@@ -165,6 +171,7 @@ impl Default for Placement {
             kv_unified: false,
             mmproj: None,
             mmproj_offload: true,
+            draft: None,
         }
     }
 }
@@ -320,6 +327,9 @@ impl Placement {
                 f.push("--no-mmproj-offload".into());
             }
         }
+        if let Some(d) = &self.draft {
+            f.push(d.flags());
+        }
         f.join(" ")
     }
 
@@ -383,6 +393,9 @@ impl Placement {
             if !self.mmproj_offload {
                 v.push(("LLAMA_ARG_MMPROJ_OFFLOAD", "false".into()));
             }
+        }
+        if let Some(d) = &self.draft {
+            v.extend(d.server_env());
         }
         v
     }

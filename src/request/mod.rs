@@ -294,6 +294,7 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::placem
     .with_mmproj(w.mmproj.as_deref());
     let mut p = llama.over(base);
     p.mmproj = p.mmproj.as_deref().map(check_projector).transpose()?;
+    p.draft = draft_of(&a.draft, p.draft.take())?;
     // --override-tensor's patterns come first, then the line's.
     cpu_overrides.append(&mut p.cpu_overrides);
     p.cpu_overrides = cpu_overrides;
@@ -305,6 +306,37 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::placem
         return Err(bad(format!("--n-cpu-ffn {k}: the model has {layers} layers; give {layers} or less")));
     }
     Ok((p, crate::bench::Grid { ngl, n_cpu_moe, n_cpu_ffn }))
+}
+
+/// The draft `--draft` names (or the line's `-md`), with `--draft-ngl`
+/// and `--draft-max` laid over it; the file must exist.
+///
+/// # Errors
+/// `BadInput` for a draft option without a draft, or a draft file that is not there.
+fn draft_of(
+    a: &crate::cli::DraftArgs,
+    line: Option<crate::placement::Draft>,
+) -> Result<Option<crate::placement::Draft>> {
+    let Some(mut d) = a.draft.clone().map(crate::placement::Draft::of).or(line) else {
+        if a.draft_ngl.is_some() || a.draft_max.is_some() || a.prompt_file.is_some() {
+            return Err(bad(
+                "--draft-ngl, --draft-max and --prompt-file measure a draft model: give it with --draft MODEL",
+            ));
+        }
+        return Ok(None);
+    };
+    if !d.model.is_file() {
+        return Err(bad(format!("--draft {}: no such file; give the draft model's GGUF file", d.model.display())));
+    }
+    if let Some(f) = a.prompt_file.as_deref().filter(|f| !f.is_file()) {
+        return Err(bad(format!("--prompt-file {}: no such file; give a text file", f.display())));
+    }
+    d.n_gpu_layers = a.draft_ngl.or(d.n_gpu_layers);
+    d.n_max = a.draft_max.unwrap_or(d.n_max);
+    if d.n_max == 0 {
+        return Err(bad("--draft-max 0 drafts nothing; give 1 or more (llama.cpp's default is 3)"));
+    }
+    Ok(Some(d))
 }
 
 /// A `--depth` every context (each parallel slot of it) can hold with room
