@@ -204,7 +204,8 @@ int fail(ngl_tune_spec_result * r, int code, const std::string & why) {
 extern "C" {
 
 // Loads the target at placement `p` with context `c` and the draft `d`
-// beside it, and generates over `text`: 0 on success; 3 where a model or
+// beside it (none where `d` is null: the plain runs alone, each
+// repetition one), and generates over `text`: 0 on success; 3 where a model or
 // context cannot be loaded (llama.cpp's log says why), 4 where the draft
 // does not suit the target, 5 where decoding fails, 6 where the text or
 // the context is shorter than the depth and the tokens to generate.
@@ -224,14 +225,16 @@ int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const n
     params.cache_type_k                    = (ggml_type) c->type_kv;
     params.cache_type_v                    = (ggml_type) c->type_kv;
     params.sampling.temp                   = 0.0f;  // greedy: both sides generate the same tokens
-    params.speculative.types               = { COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE };
-    params.speculative.draft.mparams.path  = d->path;
-    params.speculative.draft.n_gpu_layers  = d->n_gpu_layers;
-    params.speculative.draft.n_max         = d->n_max;
-    params.speculative.draft.cache_type_k  = (ggml_type) d->type_kv;
-    params.speculative.draft.cache_type_v  = (ggml_type) d->type_kv;
-    params.speculative.draft.cpuparams.n_threads       = c->n_threads;
-    params.speculative.draft.cpuparams_batch.n_threads = c->n_threads;
+    if (d != nullptr) {
+        params.speculative.types               = { COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE };
+        params.speculative.draft.mparams.path  = d->path;
+        params.speculative.draft.n_gpu_layers  = d->n_gpu_layers;
+        params.speculative.draft.n_max         = d->n_max;
+        params.speculative.draft.cache_type_k  = (ggml_type) d->type_kv;
+        params.speculative.draft.cache_type_v  = (ggml_type) d->type_kv;
+        params.speculative.draft.cpuparams.n_threads       = c->n_threads;
+        params.speculative.draft.cpuparams_batch.n_threads = c->n_threads;
+    }
     const auto limits = common_speculative_get_output_limits(params.n_batch, params.n_parallel,
                                                              common_speculative_n_max(&params.speculative));
     params.n_outputs_max         = limits.total;
@@ -246,23 +249,28 @@ int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const n
     if (ctx == nullptr) {
         return fail(r, 3, "llama.cpp could not create the target's context");
     }
-    common_params   params_dft = common_base_params_to_speculative(params);
-    auto            spec_init  = common_speculative_init_from_params(params_dft, model.get(), ctx);
-    llama_context * ctx_dft    = spec_init ? spec_init->context() : nullptr;
-    if (ctx_dft == nullptr) {
-        return fail(r, 3, "llama.cpp could not load the draft model or its context");
-    }
-    if (!common_speculative_are_compatible(model.get(), spec_init->model())) {
-        return fail(r, 4, "the draft's vocabulary does not match the target's (llama.cpp's check)");
-    }
-    if (common_context_can_seq_rm(ctx) == COMMON_CONTEXT_SEQ_RM_TYPE_FULL) {
-        return fail(r, 4, "the target's memory cannot drop a rejected draft (recurrent): not measured");
-    }
-    params.speculative.draft.ctx_tgt = ctx;
-    params.speculative.draft.ctx_dft = ctx_dft;
-    common_speculative_ptr spec(common_speculative_init(params.speculative, 1));
-    if (!spec) {
-        return fail(r, 4, "llama.cpp started no speculative decoding for this draft");
+    common_speculative_init_result_ptr spec_init;
+    llama_context *                    ctx_dft = nullptr;
+    common_speculative_ptr             spec;
+    if (d != nullptr) {
+        common_params params_dft = common_base_params_to_speculative(params);
+        spec_init                = common_speculative_init_from_params(params_dft, model.get(), ctx);
+        ctx_dft                  = spec_init ? spec_init->context() : nullptr;
+        if (ctx_dft == nullptr) {
+            return fail(r, 3, "llama.cpp could not load the draft model or its context");
+        }
+        if (!common_speculative_are_compatible(model.get(), spec_init->model())) {
+            return fail(r, 4, "the draft's vocabulary does not match the target's (llama.cpp's check)");
+        }
+        if (common_context_can_seq_rm(ctx) == COMMON_CONTEXT_SEQ_RM_TYPE_FULL) {
+            return fail(r, 4, "the target's memory cannot drop a rejected draft (recurrent): not measured");
+        }
+        params.speculative.draft.ctx_tgt = ctx;
+        params.speculative.draft.ctx_dft = ctx_dft;
+        spec.reset(common_speculative_init(params.speculative, 1));
+        if (!spec) {
+            return fail(r, 4, "llama.cpp started no speculative decoding for this draft");
+        }
     }
     breakdown(ctx, 0, cb, user);
     breakdown(ctx_dft, 1, cb, user);
@@ -284,8 +292,8 @@ int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const n
     std::vector<llama_token> plain, drafted;
     for (uint32_t i = 0; i < n_reps && i < NGL_TUNE_SPEC_MAX_REPS; i++) {
         const bool plain_first = __builtin_popcount(i) % 2 == 0;
-        for (int side = 0; side < 2; side++) {
-            const bool is_plain = (side == 0) == plain_first;
+        for (int side = 0; side < (spec ? 2 : 1); side++) {
+            const bool is_plain = !spec || (side == 0) == plain_first;
             trim(ctx, (int) n_depth);
             trim(ctx_dft, (int) n_depth);
             const auto t0 = clock_type::now();
@@ -301,7 +309,9 @@ int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const n
         while (k < plain.size() && k < drafted.size() && plain[k] == drafted[k]) {
             k++;
         }
-        r->same_prefix = std::min(r->same_prefix, k);
+        if (spec) {
+            r->same_prefix = std::min(r->same_prefix, k);
+        }
         r->n_reps = i + 1;
     }
     r->n_drafted  = counts.drafted;

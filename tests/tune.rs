@@ -967,3 +967,55 @@ fn a_host_cap_below_what_every_placement_needs_is_exit_2_and_writes_no_profile()
         assert_eq!(files(&store), 0, "no profile, checkpoint or history written");
     }
 }
+
+/// `--draft` with the model as its own draft, on the CPU: the draft stage
+/// prices and measures each draft placement beside the answer in a load of
+/// its own, greedy generation accepts every drafted token (the draft
+/// computes what the target does), and the profile keeps it all, valid by
+/// the schema. Whether speculation pays is the machine's to say, not the
+/// test's.
+#[test]
+fn a_draft_is_tried_beside_the_answer_and_reported() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = real_model();
+    let store = dir.path().join("store");
+    let args = [m.to_str().unwrap(), "-c", "512", "-p", "8", "-n", "8", "-r", "1", "-t", "2"];
+    let o = run(&[&args[..], &["--draft", m.to_str().unwrap(), "--profiles", store.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("speculative decoding at 512 context with gemma-3-270m-q4_k_m.gguf"), "{out}");
+    let p = only_profile(&store);
+    assert_eq!(p["settings"]["draft"]["model"], m.to_str().unwrap());
+    let d = &p["placements"][0]["draft"];
+    let options = d["options"].as_array().unwrap();
+    assert_eq!(options.len(), 1, "no device here: the draft on the CPU alone: {d}");
+    for o in options {
+        assert_eq!(o["loads"], 1, "{o}");
+        assert!(o["acceptance"].as_f64().unwrap() > 0.9, "{o}");
+        assert!(o["ratio"].as_array().unwrap().len() == 3, "{o}");
+    }
+    let said = d["summary"].as_str().unwrap();
+    let rec = &p["recommendation"];
+    match options.iter().find(|o| o["chosen"] == true) {
+        Some(c) => {
+            assert!(said.starts_with("speculation pays"), "{said}");
+            assert_eq!(rec["draft"], c["placement"]["draft"], "{rec}");
+        }
+        None => {
+            assert!(said.contains("does not pay"), "{said}");
+            assert!(rec.get("draft").is_none(), "{rec}");
+        }
+    }
+}
+
+#[test]
+fn a_draft_of_another_vocabulary_is_exit_2_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = synth(dir.path(), 2);
+    let store = dir.path().join("store");
+    let m = real_model();
+    let o = run(&[m.to_str().unwrap(), "--draft", other.to_str().unwrap(), "--profiles", store.to_str().unwrap()]);
+    assert_bad_input(&o, "vocabulary does not match");
+    assert!(profiles_in(&store).is_empty());
+}

@@ -203,11 +203,13 @@ pub struct BenchArgs {
 /// Speculative decoding: a draft model loaded beside the model, as llama-server loads one.
 #[derive(Debug, Clone, Args)]
 pub struct DraftArgs {
-    /// A draft model (llama.cpp's -md, run as --spec-type draft-simple): generation is measured
-    /// with and without it at each depth, greedily on natural text, paired within one load
+    /// A draft model (llama.cpp's -md, run as --spec-type draft-simple). bench: generation is
+    /// measured with and without it at each depth, greedily on natural text, paired within one
+    /// load; tune: tried beside the answer (on the CPU, on the device, and the target's layers the
+    /// cap trades for it) and kept where faster beyond the noise
     #[arg(help_heading = "Speculative decoding", long, value_name = "MODEL")]
     pub draft: Option<PathBuf>,
-    /// The draft's layers on the device (llama.cpp's -ngld) [default: every layer]
+    /// The draft's layers on the device (llama.cpp's -ngld) [default: bench every layer; tune: tried]
     #[arg(help_heading = "Speculative decoding", long = "draft-ngl", value_name = "N")]
     pub draft_ngl: Option<u32>,
     /// The most tokens one draft proposes (llama.cpp's --spec-draft-n-max) [default: 3]
@@ -308,6 +310,8 @@ pub struct TuneArgs {
     pub reading_speed: f64,
     #[command(flatten, next_help_heading = "Workload")]
     pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// What to maximize
     #[arg(help_heading = "Search", long, value_enum, default_value_t = ObjectiveArg::Tg)]
     pub objective: ObjectiveArg,

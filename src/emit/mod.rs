@@ -388,6 +388,7 @@ mod tests {
             split: Some(report),
             reading: None,
             job: None,
+            draft: None,
         });
         let r = p.recommendation.for_test_mut();
         (r.placement.n_gpu_layers, r.placement.tensor_split, r.tg_ts) = (19, vec![4, 15], Some(30.0));

@@ -68,8 +68,9 @@ extern "C" {
 }
 
 /// What a speculative run measures: the model at `placement` (its draft
-/// among it), `n_gen` tokens at `n_depth`, `repetitions` times each side,
-/// over `text` (the quality check's natural text where `None`).
+/// among it; without one, the plain runs alone), `n_gen` tokens at
+/// `n_depth`, `repetitions` times each side, over `text_file` (the
+/// quality check's natural text where `None`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpecAsk {
     pub model: PathBuf,
@@ -178,7 +179,7 @@ pub fn spec_main() -> Result<()> {
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
     let ask: SpecAsk = serde_json::from_str(&input).context("__spec expects a SpecAsk as JSON on stdin")?;
-    let draft = ask.placement.draft.clone().context("__spec needs a placement with a draft")?;
+    let draft = ask.placement.draft.clone();
     let text = match &ask.text_file {
         Some(f) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
         None => crate::engine::quality::natural_text().context(
@@ -189,32 +190,36 @@ pub fn spec_main() -> Result<()> {
     crate::engine::logs::quiet();
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
     crate::engine::placement::add_rpc_servers(&ask.placement.rpc)?;
-    let (target, dft) = (
-        CString::new(ask.model.to_string_lossy().as_bytes())?,
-        CString::new(draft.model.to_string_lossy().as_bytes())?,
-    );
-    // SAFETY: two valid C strings; the shim reads the vocabularies only.
-    match unsafe { ngl_tune_spec_compatible(target.as_ptr(), dft.as_ptr()) } {
-        1 => {}
-        0 => {
-            return Err(crate::error::bad(format!(
-                "--draft {}: its vocabulary does not match {}'s (llama.cpp's check: the same tokenizer, special tokens and token texts); give a draft of the same model family",
-                draft.model.display(),
-                ask.model.display()
-            )))
-        }
-        _ => anyhow::bail!("llama.cpp cannot read the draft {}", draft.model.display()),
+    if let Some(d) = &draft {
+        compatible(&ask.model, &d.model)?;
     }
     if ask.check_only {
         println!("null");
         return Ok(());
     }
-    let run = run_shim(&ask, &draft, &text)?;
+    let run = run_shim(&ask, draft.as_ref(), &text)?;
     println!("{}", serde_json::to_string(&run)?);
     Ok(())
 }
 
-fn run_shim(ask: &SpecAsk, draft: &Draft, text: &str) -> Result<SpecRun> {
+/// `BadInput` where llama.cpp would not draft for `model` with `draft`.
+fn compatible(model: &std::path::Path, draft: &std::path::Path) -> Result<()> {
+    let (target, dft) =
+        (CString::new(model.to_string_lossy().as_bytes())?, CString::new(draft.to_string_lossy().as_bytes())?);
+    // SAFETY: two valid C strings; the shim reads the vocabularies only.
+    match unsafe { ngl_tune_spec_compatible(target.as_ptr(), dft.as_ptr()) } {
+        1 => Ok(()),
+        0 => Err(crate::error::bad(format!(
+            "--draft {}: its vocabulary does not match {}'s (llama.cpp's check: the same tokenizer, special tokens and token texts); give a draft of the same model family",
+            draft.display(),
+            model.display()
+        ))),
+        _ => anyhow::bail!("llama.cpp cannot read the draft {}", draft.display()),
+    }
+}
+
+/// The shim's run of `ask`: with `draft`, or the plain runs alone.
+fn run_shim(ask: &SpecAsk, draft: Option<&Draft>, text: &str) -> Result<SpecRun> {
     let p = &ask.placement;
     let params = crate::engine::placement::ModelParams::of(p);
     let raw = params.raw();
@@ -227,13 +232,14 @@ fn run_shim(ask: &SpecAsk, draft: &Draft, text: &str) -> Result<SpecRun> {
         op_offload: i32::from(p.op_offload != crate::placement::OpOffload::Off),
         type_kv: p.kv_type.ggml_type(),
     };
-    let draft_path = CString::new(draft.model.to_string_lossy().as_bytes())?;
-    let raw_draft = RawDraft {
+    let draft_path = CString::new(draft.map(|d| d.model.to_string_lossy().into_owned()).unwrap_or_default())?;
+    let raw_draft = draft.map(|d| RawDraft {
         path: draft_path.as_ptr(),
-        n_gpu_layers: draft.n_gpu_layers.map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX)),
-        n_max: i32::try_from(draft.n_max).unwrap_or(i32::MAX),
-        type_kv: draft.kv_type.ggml_type(),
-    };
+        n_gpu_layers: d.n_gpu_layers.map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX)),
+        n_max: i32::try_from(d.n_max).unwrap_or(i32::MAX),
+        type_kv: d.kv_type.ggml_type(),
+    });
+    let draft_ptr = raw_draft.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
     let model = CString::new(ask.model.to_string_lossy().as_bytes())?;
     let text = CString::new(text.replace('\0', " "))?;
     let mut buffers: Vec<SpecBuffer> = Vec::new();
@@ -246,7 +252,7 @@ fn run_shim(ask: &SpecAsk, draft: &Draft, text: &str) -> Result<SpecRun> {
             model.as_ptr(),
             &raw const raw,
             &raw const ctx,
-            &raw const raw_draft,
+            draft_ptr,
             text.as_ptr(),
             ask.n_depth,
             ask.n_gen,

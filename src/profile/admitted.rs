@@ -21,6 +21,10 @@ pub enum Evidence {
     /// over a cap: their count and the most device memory they took (the
     /// policy's currency).
     Measured { trials: usize, mem_bytes: Option<f64> },
+    /// A placement with a draft: the loads of the draft stage that
+    /// measured it with its draft, and what both contexts held on the
+    /// devices by llama.cpp's accounting.
+    MeasuredWithDraft { loads: u32, device_bytes: u64 },
     /// llama.cpp's dry run of this placement plus what this context's
     /// trials held beyond their prices, under the cap.
     Priced { bytes: u64, unaccounted: u64 },
@@ -102,6 +106,9 @@ pub struct Gate<'a> {
     pub host_bytes: Option<u64>,
     /// `--max-power`: the GPUs' mean power a setting may draw.
     pub max_power_w: Option<f64>,
+    /// The draft stage's options (`tune --draft`): the only evidence for
+    /// a placement with a draft, which no trial without one measured.
+    pub drafts: &'a [super::DraftOption],
 }
 
 /// The same placement for memory and for what it runs: where each part
@@ -116,6 +123,7 @@ fn same(a: &Placement, b: &Placement) -> bool {
         && a.n_ctx == b.n_ctx
         && a.n_parallel.max(1) == b.n_parallel.max(1)
         && a.tensor_split.iter().sum::<u32>() == b.tensor_split.iter().sum::<u32>()
+        && a.draft == b.draft
 }
 
 /// A dry run of that placement ([`Prediction::prices_placement`]; no
@@ -137,6 +145,9 @@ impl Gate<'_> {
     pub fn admit(&self, rec: Recommendation, own_kv: crate::placement::KvType) -> Result<Admitted, Box<Refused>> {
         let refuse = |rec, why: String| Err(Box::new(Refused { recommendation: rec, why }));
         let p = rec.placement.clone();
+        if p.draft.is_some() {
+            return self.admit_draft(rec);
+        }
         let ran: Vec<&ProfileTrial> = self.trials.iter().filter(|t| same(&t.result.spec.placement, &p)).collect();
         let priced = self.predicted.iter().find(|x| prices(x, &p, own_kv));
         if let (Some(cap), Some(pr)) = (self.host_bytes, priced) {
@@ -181,6 +192,42 @@ impl Gate<'_> {
             }
             None => refuse(rec, "neither measured nor priced at this context".into()),
         }
+    }
+}
+
+impl Gate<'_> {
+    /// A placement with a draft, by the draft stage's loads of exactly it:
+    /// both contexts' device bytes (llama.cpp's accounting) plus what
+    /// trials held beyond it under the device cap, its dry-run host part
+    /// under the host cap; never under `--max-power` (no load of it read
+    /// the GPUs' power).
+    fn admit_draft(&self, rec: Recommendation) -> Result<Admitted, Box<Refused>> {
+        let refuse = |rec, why: String| Err(Box::new(Refused { recommendation: rec, why }));
+        let ran = self.drafts.iter().find(|o| o.placement == rec.placement && o.loads > 0);
+        let (Some(o), Some(device)) = (ran, ran.and_then(|o| o.device_bytes)) else {
+            return refuse(rec, "not measured with its draft".into());
+        };
+        if self.max_power_w.is_some() {
+            return refuse(rec, "a draft's power is not measured, so it cannot be held under --max-power".into());
+        }
+        if let (Some(cap), Some(host)) = (self.host_bytes, o.predicted_host_bytes) {
+            if host > cap {
+                let (need, cap) = (human_bytes(host), human_bytes(cap));
+                return refuse(
+                    rec,
+                    format!("with its draft its host part needs {need} by the dry run, over the host cap of {cap}"),
+                );
+            }
+        }
+        #[allow(clippy::cast_precision_loss)]
+        if let Some(cap) = self.cap_bytes.filter(|c| (device + self.unaccounted) as f64 > *c) {
+            return refuse(
+                rec,
+                format!("measured with its draft {}", over((device + self.unaccounted) as f64, Some(cap))),
+            );
+        }
+        let loads = o.loads;
+        Ok(Admitted { recommendation: rec, evidence: Evidence::MeasuredWithDraft { loads, device_bytes: device } })
     }
 }
 
@@ -280,6 +327,7 @@ pub(crate) mod tests {
             unaccounted: 10 << 20,
             host_bytes: None,
             max_power_w: None,
+            drafts: &[],
         }
     }
 
@@ -402,5 +450,48 @@ pub(crate) mod tests {
         let mut alone = ok;
         alone[0].beside.clear();
         assert!(AdmittedSet::admit(&set, &alone, cap).unwrap_err().contains("never measured with the others resident"));
+    }
+
+    /// A placement with a draft is admitted by the draft stage's load of
+    /// exactly it (both contexts plus the driver's share under the cap),
+    /// never by trials of its target alone; over the cap or under
+    /// `--max-power` it is refused.
+    #[test]
+    fn a_draft_is_admitted_by_its_own_load_only() {
+        let plain = answer(20, KvType::F16);
+        let mut with = plain.clone();
+        with.set_placement(&Placement {
+            draft: Some(crate::placement::Draft::of("d.gguf".into())),
+            ..plain.placement.clone()
+        });
+        let ran = [trial(&plain.placement, 60.0 * MIB, false)];
+        let refused = gate(&ran, &[]).admit(with.clone(), KvType::F16).unwrap_err();
+        assert_eq!(refused.why, "not measured with its draft");
+        let load = |mib: u64| crate::profile::DraftOption {
+            label: "every draft layer on the device".into(),
+            placement: with.placement.clone(),
+            predicted_device_bytes: None,
+            predicted_host_bytes: None,
+            fits: true,
+            loads: 1,
+            device_bytes: Some(mib << 20),
+            tg_ts: None,
+            plain_tg_ts: None,
+            ratio: None,
+            verdict: None,
+            acceptance: None,
+            tokens_per_verify: None,
+            chosen: true,
+            note: String::new(),
+        };
+        let under = [load(85)];
+        let a = Gate { drafts: &under, ..gate(&ran, &[]) }.admit(with.clone(), KvType::F16).unwrap();
+        assert_eq!(*a.evidence(), Evidence::MeasuredWithDraft { loads: 1, device_bytes: 85 << 20 });
+        // 95 MiB and the driver's 10 are over 100.
+        let over = [load(95)];
+        let why = Gate { drafts: &over, ..gate(&ran, &[]) }.admit(with.clone(), KvType::F16).unwrap_err().why;
+        assert!(why.starts_with("measured with its draft at 105.00 MiB, over the cap"), "{why}");
+        let power = Gate { drafts: &under, max_power_w: Some(300.0), ..gate(&ran, &[]) };
+        assert!(power.admit(with, KvType::F16).unwrap_err().why.contains("--max-power"));
     }
 }

@@ -7,6 +7,7 @@
 pub(crate) mod admitted;
 mod checkpoint;
 mod comparison;
+mod draft;
 mod option;
 mod recommendation;
 mod set;
@@ -15,6 +16,7 @@ mod split;
 pub use admitted::{Admitted, AdmittedSet, Evidence, Gate, Refused};
 pub use checkpoint::*;
 pub use comparison::*;
+pub use draft::{DraftOption, DraftReport};
 pub use option::*;
 pub use recommendation::*;
 pub use set::*;
@@ -319,6 +321,9 @@ pub struct ContextPlacement {
     /// The hours of `--job` at this answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobVerdict>,
+    /// `--draft`: speculative decoding tried beside the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftReport>,
 }
 
 /// One offload device's cap and its share of a placement.

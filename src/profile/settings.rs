@@ -78,6 +78,24 @@ pub struct Backend {
     /// The multimodal projector every trial loads beside the model (`--mmproj`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<PathBuf>,
+    /// `--draft`: a draft model tried beside the answer (speculative decoding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftRequest>,
+}
+
+/// A draft model the tune tries beside its answer: its file, its layers
+/// on the device where given (`--draft-ngl`; else on the CPU, on the
+/// device, and the split the cap allows are tried), the draft length
+/// (`--draft-max`) and the text drafted on (`--prompt-file`; else the
+/// quality check's natural text).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftRequest {
+    pub model: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_gpu_layers: Option<u32>,
+    pub n_max: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_file: Option<PathBuf>,
 }
 
 /// What each trial measures, as llama-bench's test parameters: a prompt

@@ -204,7 +204,38 @@ pub fn placement_lines(p: &Profile) -> String {
         if let Some(j) = &c.job {
             let _ = writeln!(s, "{}", job_line(c.n_ctx, j));
         }
+        if let Some(d) = &c.draft {
+            s.push_str(&draft_lines(c.n_ctx, d));
+        }
     }
+    s
+}
+
+/// `--draft` at one context: each draft placement, what it was priced or
+/// measured at against the answer without it, and whether speculation pays.
+#[must_use]
+pub fn draft_lines(n_ctx: u32, d: &crate::profile::DraftReport) -> String {
+    let name = d.draft.file_name().map_or_else(|| d.draft.to_string_lossy(), |n| n.to_string_lossy());
+    let mut s = format!(
+        "speculative decoding at {n_ctx} context with {name} ({} tokens greedy at depth {}, natural text):\n",
+        d.n_gen, d.n_depth
+    );
+    for o in &d.options {
+        let mem = o.device_bytes.or(o.predicted_device_bytes).map_or_else(|| "-".into(), human_bytes);
+        let measured = match (o.tg_ts, o.plain_tg_ts, o.ratio) {
+            (Some(t), Some(p), Some([m, lo, hi])) => {
+                let acc = o
+                    .acceptance
+                    .map_or_else(String::new, |a| format!(", {:.0}% of drafted tokens accepted", a * 100.0));
+                format!("tg {t:.2} against {p:.2} without, x{m:.2} [{lo:.2}, {hi:.2}]{acc}")
+            }
+            _ => "not measured".into(),
+        };
+        let mark = if o.chosen { " (the answer)" } else { "" };
+        let note = if o.note.is_empty() { String::new() } else { format!("; {}", o.note) };
+        let _ = writeln!(s, "  {}{mark}: {measured}; {mem} on the devices with the target{note}", o.label);
+    }
+    let _ = writeln!(s, "  {}", d.summary);
     s
 }
 

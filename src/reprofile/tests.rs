@@ -107,6 +107,7 @@ fn drift_is_judged_per_context_and_placement_kind() {
             split: None,
             reading: None,
             job: None,
+            draft: None,
         }
     };
     old.placements = vec![place(&old, 4096, KvType::F16), place(&old, 32768, KvType::F16)];

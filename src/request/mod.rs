@@ -161,6 +161,12 @@ pub fn tune_settings(
             op_offload: w.op_offload,
             rpc: rpc.to_vec(),
             mmproj: w.mmproj.as_deref().map(check_projector).transpose()?,
+            draft: draft_of(&a.draft, None)?.map(|d| crate::profile::DraftRequest {
+                model: d.model,
+                n_gpu_layers: a.draft.draft_ngl,
+                n_max: d.n_max,
+                prompt_file: a.draft.prompt_file.clone(),
+            }),
         },
         policy: crate::profile::SearchPolicy {
             grid: if a.ngl.is_empty() { None } else { Some(crate::ngl::parse_all(&a.ngl, "--ngl")?) },

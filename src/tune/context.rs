@@ -10,7 +10,7 @@ use super::hatch::{self, Topology};
 use super::plan::{self, ContextRun, Plan};
 use super::search::{self, Checkpointing, Search};
 use super::start::Shared;
-use super::{baseline, memory, ollama, pricer, quality, split, summary, verdict};
+use super::{baseline, draft, memory, ollama, pricer, quality, split, summary, verdict};
 use crate::model::ModelInfo;
 use crate::profile::{Confidence, MemoryPolicy, Settings};
 use crate::progress::Progress;
@@ -99,6 +99,7 @@ fn tune_context(
     let gate = gate_of((&trials, &predicted), (policy.filter(|_| !plan.no_gpu).map(|p| p.cap_bytes), host_cap), s);
     let (recommendation, refused) = admit(&gate, recommendation, &with_rpc(layer_split, s, info), s.workload.kv_type)?;
     notes.extend(refused.into_iter().chain(summary::noise_note(&trials)));
+    let (recommendation, draft) = with_draft(sh, at, &gate, recommendation, &mut notes)?;
     if let Some(pr) = prediction.as_mut() {
         summary::finish_prediction(pr, &trials, info.n_layer_full);
     }
@@ -119,6 +120,7 @@ fn tune_context(
         split,
         reading: None,
         job: None,
+        draft,
     };
     verdict::judge(&mut placement, &s.goal, &s.gate);
     let (search, no_gpu) = (search_report, plan.no_gpu);
@@ -172,7 +174,15 @@ fn gate_of<'a>(
     s: &Settings,
 ) -> crate::profile::Gate<'a> {
     let unaccounted = search::unaccounted(trials);
-    crate::profile::Gate { trials, predicted, cap_bytes, unaccounted, host_bytes, max_power_w: s.caps.max_power_w }
+    crate::profile::Gate {
+        trials,
+        predicted,
+        cap_bytes,
+        unaccounted,
+        host_bytes,
+        max_power_w: s.caps.max_power_w,
+        drafts: &[],
+    }
 }
 
 /// The answer through the gate ([`crate::profile::Gate::admit`]): where it
@@ -211,6 +221,84 @@ fn admit(
             again.recommendation.flags(),
             again.why
         )),
+    }
+}
+
+/// `--draft`: the draft stage beside the admitted answer ([`draft::run`])
+/// and, where a draft placement pays, the answer with it, admitted by the
+/// loads that measured it ([`crate::profile::Gate`]'s draft evidence).
+/// Tried for generation speed (`--objective tg`) on one device's whole
+/// layers, hatches included; otherwise a note says why not.
+///
+/// # Errors
+/// An interrupt.
+fn with_draft(
+    sh: &Shared<'_>,
+    at: ContextRun,
+    gate: &crate::profile::Gate<'_>,
+    answer: crate::profile::Admitted,
+    notes: &mut Vec<Note>,
+) -> Result<(crate::profile::Admitted, Option<crate::profile::DraftReport>)> {
+    let s = sh.opts.settings();
+    let Some(request) = &s.backend.draft else { return Ok((answer, None)) };
+    let p = &answer.placement;
+    let why_not = if s.goal.objective != crate::types::Objective::Tg {
+        Some(format!("--objective {}: a draft speeds up generation alone", s.goal.objective.as_str()))
+    } else if s.caps.max_power_w.is_some() {
+        Some("--max-power: a draft's power is not measured".into())
+    } else if !p.tensor_split.is_empty() || !p.cpu_overrides.is_empty() || p.n_parallel > 1 {
+        Some("the answer splits over devices, keeps fit's tensors on the CPU or runs several slots".into())
+    } else {
+        None
+    };
+    if let Some(why) = why_not {
+        notes.push(Note::search(format!("draft not tried: {why}")).at(at.n_ctx));
+        return Ok((answer, None));
+    }
+    let draft_info = crate::model::inspect(&request.model)?;
+    #[allow(clippy::cast_precision_loss)]
+    let cap = gate.cap_bytes.map(|c| c - gate.unaccounted as f64);
+    let inputs = draft::DraftInputs {
+        model: &sh.opts.info().path,
+        request,
+        answer: p,
+        cap,
+        host_cap: gate.host_bytes,
+        n_depth: at.depth,
+        n_gen: s.measure.n_gen,
+        repetitions: s.measure.repetitions,
+        draft_full: draft_info.n_layer_full,
+    };
+    let mut world = draft::ChildWorld {
+        runner: &sh.runner,
+        target: pricer::workload_spec(sh.opts.info(), s, at, sh.op_offload),
+        draft: (request.model.clone(), draft_info.n_layer_full),
+        timeout: std::time::Duration::from_secs(s.policy.trial_timeout_s),
+    };
+    let report = draft::run(&inputs, &mut world)?;
+    notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
+    let Some(chosen) = report.chosen() else { return Ok((answer, Some(report))) };
+    let mut r = answer.clone().into_inner();
+    r.set_placement(&chosen.placement);
+    (r.tg_ts, r.pp_ts, r.measured) = (chosen.tg_ts, None, true);
+    #[allow(clippy::cast_precision_loss)]
+    let mem = chosen.device_bytes.map(|b| b as f64);
+    r.mem_bytes = mem;
+    let with_drafts = crate::profile::Gate { drafts: &report.options, ..*gate };
+    match with_drafts.admit(r, s.workload.kv_type) {
+        Ok(a) => {
+            notes.push(Note::consumer(
+                "Ollama runs a Modelfile DRAFT as draft-mtp or draft-dflash (llm/llama_server.go), never as draft-simple: the Ollama lines carry no draft, llama.cpp's and llama-server's do".to_string(),
+            ));
+            Ok((a, Some(report)))
+        }
+        Err(refused) => {
+            notes.push(
+                Note::search(format!("the draft was refused by the gate ({}): the answer has none", refused.why))
+                    .at(at.n_ctx),
+            );
+            Ok((answer, Some(report)))
+        }
     }
 }
 
@@ -507,6 +595,7 @@ mod tests {
             unaccounted: 0,
             host_bytes: None,
             max_power_w: None,
+            drafts: &[],
         };
         let (a, note) = admit(&gate, hatch.clone(), &split, KvType::F16).unwrap();
         assert_eq!(a.placement.n_gpu_layers, 7, "the whole-layer split");

@@ -63,7 +63,12 @@ pub(super) fn profile(
         search: primary.search,
         notes: notes.clone(),
         wall_s: started.elapsed().as_secs_f64(),
-        placements: if policy.is_some() { placements } else { Vec::new() },
+        // Without a device there is nothing to place, but a draft tried beside the answer.
+        placements: if policy.is_some() || placements.iter().any(|c| c.draft.is_some()) {
+            placements
+        } else {
+            Vec::new()
+        },
         model_quality: None,
         measured_backend: Some(crate::consumer::ollama::process::measured_backend(
             hw,

@@ -9,6 +9,7 @@
 pub mod baseline;
 pub mod choose;
 mod context;
+pub mod draft;
 pub mod executor;
 mod finish;
 pub mod hatch;

@@ -34,6 +34,9 @@ impl Machine {
         let rpc_servers = crate::rpc::probe_all(&backend.rpc)?;
         let exe = crate::engine::child::current_exe()?;
         let devices = crate::engine::child::check_loadable(&exe, info, &backend.rpc, backend.mmproj.as_deref())?;
+        if let Some(d) = &backend.draft {
+            check_draft(info, d)?;
+        }
         let caps = memory::device_caps(&devices, caps)?;
         let mut hw = crate::probe::hardware(devices);
         hw.rpc_servers = rpc_servers;
@@ -53,6 +56,27 @@ impl Machine {
     pub fn hw(&self) -> &Hardware {
         &self.hw
     }
+}
+
+/// `--draft`: llama.cpp would draft for the model with it (its vocabulary
+/// check, in a child that reads both vocabularies), and the text drafted on can be read.
+///
+/// # Errors
+/// `BadInput` for a draft that does not suit the model.
+fn check_draft(info: &ModelInfo, d: &crate::profile::DraftRequest) -> Result<()> {
+    let placement = crate::placement::Placement {
+        draft: Some(crate::placement::Draft::of(d.model.clone())),
+        ..crate::placement::Placement::default()
+    };
+    crate::engine::spec::check(&crate::engine::spec::SpecAsk {
+        model: info.path.clone(),
+        placement,
+        n_depth: 0,
+        n_gen: 1,
+        repetitions: 1,
+        text_file: d.prompt_file.clone(),
+        check_only: true,
+    })
 }
 
 /// How a tune talks and whether it continues a checkpoint.

@@ -135,6 +135,7 @@ mod tests {
             split: None,
             reading: None,
             job: None,
+            draft: None,
         }
     }
 

@@ -1,0 +1,377 @@
+//! Speculative decoding as a placement (`tune --draft MODEL`): the admitted
+//! answer's target with the draft beside it, as llama-server loads one.
+//! Tried: the draft on the CPU (`-ngld 0`), every draft layer on the
+//! device, and where the cap leaves room for the target or the whole draft
+//! but not both, the most draft layers that fit beside the target's (the
+//! split that keeps every target layer). Each is priced first (target and
+//! draft by llama.cpp's dry run, together, as fit's extra-model path adds
+//! them), and one under every cap is measured in one load: the answer's
+//! generation without the draft and with it, greedily at the tune's depth
+//! on natural text, alternated by repetition, and judged by the paired
+//! t interval every other "faster" claim uses. The best faster beyond it
+//! becomes the answer (through the gate, by the loads that measured it);
+//! where none is, the report says speculation does not pay here.
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::engine::spec::{SpecAsk, SpecRun};
+use crate::model::human_bytes;
+use crate::placement::{Draft, Placement};
+use crate::profile::{DraftOption, DraftReport, DraftRequest, Verdict};
+use crate::tune::baseline::Ratio;
+
+/// Repetitions (pairs) one load runs at least: a t interval needs a few.
+pub const MIN_PAIRS: u32 = 5;
+
+/// Bytes (device, host) of a placement by llama.cpp's dry run.
+pub type Price = Option<(u64, u64)>;
+
+/// What the stage reads from the machine (a seam: fake worlds in tests).
+pub trait DraftWorld {
+    /// The target at `p` (its draft aside), by the dry run.
+    fn price_target(&mut self, p: &Placement) -> Price;
+    /// The draft with each of `ngld` layers on the device (`None`: every one), its context `n_ctx`.
+    fn price_draft(&mut self, ngld: &[Option<u32>], n_ctx: u32) -> Vec<Price>;
+    /// One load of `ask`.
+    ///
+    /// # Errors
+    /// An interrupt; a run that fails is an `Err` the stage reports.
+    fn measure(&mut self, ask: &SpecAsk) -> Result<SpecRun>;
+}
+
+/// What the stage works from.
+pub struct DraftInputs<'a> {
+    pub model: &'a Path,
+    pub request: &'a DraftRequest,
+    /// The admitted answer, without a draft.
+    pub answer: &'a Placement,
+    /// The device cap (bytes) less what trials held beyond llama.cpp's accounting.
+    pub cap: Option<f64>,
+    pub host_cap: Option<u64>,
+    pub n_depth: u32,
+    pub n_gen: u32,
+    pub repetitions: u32,
+    /// The draft's layers and its output (`-ngld` for every one).
+    pub draft_full: u32,
+}
+
+impl DraftInputs<'_> {
+    fn with(&self, ngld: Option<u32>) -> Placement {
+        let draft = Draft { n_gpu_layers: ngld, n_max: self.request.n_max, ..Draft::of(self.request.model.clone()) };
+        Placement { draft: Some(draft), ..self.answer.clone() }
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn fits(&self, (device, host): (u64, u64)) -> bool {
+        self.cap.is_none_or(|c| device as f64 <= c) && self.host_cap.is_none_or(|h| host <= h)
+    }
+}
+
+/// The draft stage: options priced, those under the caps measured, the
+/// best faster beyond the noise marked chosen.
+///
+/// # Errors
+/// What the world's measurement returns as fatal (an interrupt).
+pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftReport> {
+    let mut options = priced(inp, world);
+    for o in options.iter_mut().filter(|o| o.fits) {
+        measure(inp, world, o)?;
+    }
+    let best = options
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.fits && o.verdict == Some(Verdict::Faster))
+        .max_by(|a, b| a.1.ratio.map_or(0.0, |r| r[0]).total_cmp(&b.1.ratio.map_or(0.0, |r| r[0])))
+        .map(|x| x.0);
+    if let Some(i) = best {
+        options[i].chosen = true;
+    }
+    let summary = summary(&options, inp);
+    Ok(DraftReport { draft: inp.request.model.clone(), n_gen: inp.n_gen, n_depth: inp.n_depth, options, summary })
+}
+
+/// The options, each priced with the target: `--draft-ngl` alone where
+/// given; else on the CPU, every layer on the device, and where that is
+/// over the cap, the most draft layers that fit beside the target
+/// (without an offload device, the CPU alone).
+fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Vec<DraftOption> {
+    let target = world.price_target(inp.answer);
+    let n_ctx = inp.answer.n_ctx.unwrap_or(0);
+    let asked: Vec<Option<u32>> = match inp.request.n_gpu_layers {
+        Some(n) => vec![Some(n)],
+        None => (0..inp.draft_full).map(Some).chain(std::iter::once(None)).collect(),
+    };
+    let prices = world.price_draft(&asked, n_ctx);
+    let both = |p: Price| Some((target?.0 + p?.0, target?.1 + p?.1));
+    let option = |label: String, ngld: Option<u32>, price: Price| {
+        let p = both(price);
+        DraftOption {
+            label,
+            placement: inp.with(ngld),
+            predicted_device_bytes: p.map(|x| x.0),
+            predicted_host_bytes: p.map(|x| x.1),
+            fits: p.is_some_and(|x| inp.fits(x)),
+            loads: 0,
+            device_bytes: None,
+            tg_ts: None,
+            plain_tg_ts: None,
+            ratio: None,
+            verdict: None,
+            acceptance: None,
+            tokens_per_verify: None,
+            chosen: false,
+            note: String::new(),
+        }
+    };
+    if let Some(n) = inp.request.n_gpu_layers {
+        return vec![option(format!("{n} draft layers on the device (--draft-ngl)"), Some(n), prices[0])];
+    }
+    let price_of = |k: usize| prices.get(k).copied().flatten();
+    let cpu = option("the draft on the CPU (-ngld 0)".into(), Some(0), price_of(0));
+    // No offload device (no cap): the CPU is the only place for it.
+    if inp.cap.is_none() {
+        return vec![cpu];
+    }
+    let mut v = vec![cpu, option("every draft layer on the device".into(), None, price_of(prices.len() - 1))];
+    // The cap holds the target and part of the draft: its most layers that fit.
+    if !v[1].fits && v[0].fits {
+        let most = (1..inp.draft_full as usize).rev().find(|k| both(price_of(*k)).is_some_and(|x| inp.fits(x)));
+        match most {
+            Some(k) => {
+                let n = u32::try_from(k).unwrap_or(0);
+                let label = format!("{n} of the draft's {} layers on the device, the most that fit", inp.draft_full);
+                v.push(option(label, Some(n), price_of(k)));
+            }
+            // llama.cpp offloads the output layer first: the least on the device is -ngld 1.
+            None => {
+                let one = both(price_of(1)).map_or_else(|| "not priced".into(), |x| human_bytes(x.0));
+                v[1].note =
+                    format!("no part of the draft fits beside the target either (-ngld 1, its output layer: {one})");
+            }
+        }
+    }
+    for o in v.iter_mut().filter(|o| !o.fits) {
+        let also = std::mem::take(&mut o.note);
+        o.note = match (o.predicted_device_bytes, inp.cap) {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            (Some(b), Some(c)) => format!(
+                "over the cap with the target: {} by llama.cpp's dry run, against {}",
+                human_bytes(b),
+                human_bytes(c.max(0.0) as u64)
+            ),
+            (Some(_), None) => "over the host cap by llama.cpp's dry run".into(),
+            (None, _) => "not priced: llama.cpp's dry run gave no answer".into(),
+        };
+        if !also.is_empty() {
+            o.note = format!("{}; {also}", o.note);
+        }
+    }
+    v
+}
+
+/// One load of `o`: the answer's generation without the draft and with
+/// it, alternated by repetition, judged by the paired interval.
+fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOption) -> Result<()> {
+    let ask = SpecAsk {
+        model: inp.model.to_path_buf(),
+        placement: o.placement.clone(),
+        n_depth: inp.n_depth,
+        n_gen: inp.n_gen,
+        repetitions: inp.repetitions.max(MIN_PAIRS),
+        text_file: inp.request.prompt_file.clone(),
+        check_only: false,
+    };
+    let run = match world.measure(&ask) {
+        Ok(r) => r,
+        Err(e) if e.chain().any(|c| c.downcast_ref::<crate::error::Interrupted>().is_some()) => return Err(e),
+        Err(e) => {
+            o.note = format!("not measured: {e:#}");
+            return Ok(());
+        }
+    };
+    o.loads = 1;
+    let device = run.device_bytes(false) + run.device_bytes(true);
+    o.device_bytes = Some(device);
+    #[allow(clippy::cast_precision_loss)]
+    if inp.cap.is_some_and(|c| device as f64 > c) {
+        o.fits = false;
+        o.note = format!("measured over the cap: {} on the devices by llama.cpp's accounting", human_bytes(device));
+    }
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| crate::stats::mean(&v));
+    (o.tg_ts, o.plain_tg_ts) = (mean(run.speeds(true)), mean(run.speeds(false)));
+    let ratio = Ratio::paired(&run.pairs());
+    o.ratio = ratio.map(|r| [r.ratio, r.lo, r.hi]);
+    o.verdict = Some(ratio.map_or(Verdict::NotMeasured, Ratio::verdict));
+    (o.acceptance, o.tokens_per_verify) = (run.acceptance(), run.tokens_per_round());
+    if run.same_prefix == 0 {
+        o.note = "with the draft the first token differed from the answer's own (greedy both): not chosen".into();
+        o.verdict = Some(Verdict::NotDecided);
+    }
+    Ok(())
+}
+
+/// Whether speculation pays here, in words.
+fn summary(options: &[DraftOption], inp: &DraftInputs<'_>) -> String {
+    let at = format!("at depth {}", inp.n_depth);
+    let ratio = |o: &DraftOption| o.ratio.map_or_else(String::new, |[m, lo, hi]| format!("x{m:.2} [{lo:.2}, {hi:.2}]"));
+    if let Some(o) = options.iter().find(|o| o.chosen) {
+        return format!("speculation pays {at}: {}, tg {}, the answer", o.label, ratio(o));
+    }
+    let measured: Vec<String> =
+        options.iter().filter(|o| o.loads > 0).map(|o| format!("{} {}", o.label, ratio(o))).collect();
+    if measured.is_empty() {
+        return format!("speculation not measured {at}: no draft placement fits under the caps beside the answer");
+    }
+    format!("speculation does not pay {at} beyond the noise: {}; the answer has no draft", measured.join(", "))
+}
+
+/// The real world: llama.cpp's dry run in a child (the target's and the
+/// draft's specs), and each load a child of its own (`__spec`), started
+/// once the runner's kept trial worker has ended.
+pub struct ChildWorld<'r> {
+    pub runner: &'r crate::engine::runner::Runner,
+    /// The target's dry run at this context (the tune's workload spec).
+    pub target: crate::engine::predict::PredictSpec,
+    /// The draft's file and layers with its output (`-ngld` for every one).
+    pub draft: (std::path::PathBuf, u32),
+    pub timeout: std::time::Duration,
+}
+
+impl DraftWorld for ChildWorld<'_> {
+    fn price_target(&mut self, p: &Placement) -> Price {
+        let case = crate::engine::predict::PredictCase {
+            ngl: p.n_gpu_layers,
+            n_ctx: p.n_ctx.unwrap_or(self.target.n_ctx),
+            kv_type: Some(p.kv_type),
+            n_cpu_ffn: p.n_cpu_ffn,
+            n_cpu_moe: p.n_cpu_moe,
+        };
+        let spec = crate::engine::predict::PredictSpec { cases: vec![case], ..self.target.clone() };
+        let out = crate::engine::predict::predict_in_child(self.runner, &spec).ok()?;
+        out.cases.first().filter(|c| c.error.is_none()).map(|c| (c.device_bytes, c.host_bytes()))
+    }
+
+    fn price_draft(&mut self, ngld: &[Option<u32>], n_ctx: u32) -> Vec<Price> {
+        let (model, full) = self.draft.clone();
+        let spec = crate::engine::predict::PredictSpec {
+            model,
+            ngl: ngld.iter().map(|n| n.unwrap_or(full)).collect(),
+            n_ctx,
+            kv_type: crate::placement::KvType::F16,
+            mmproj: None,
+            cases: Vec::new(),
+            ..self.target.clone()
+        };
+        match crate::engine::predict::predict_in_child(self.runner, &spec) {
+            Ok(out) => {
+                out.predictions.iter().map(|p| p.error.is_none().then(|| (p.device_bytes, p.host_bytes()))).collect()
+            }
+            Err(_) => vec![None; ngld.len()],
+        }
+    }
+
+    fn measure(&mut self, ask: &SpecAsk) -> Result<SpecRun> {
+        self.runner.release();
+        crate::engine::spec::measure(ask, self.timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::spec::SpecBuffer;
+
+    /// A target of 100 device bytes at the answer, a draft of 4 layers and
+    /// its output at 10 bytes each on the device (the rest on the host);
+    /// generation takes `ns(ngld)` a repetition with the draft, 1 s without.
+    struct Fake {
+        ns: fn(Option<u32>) -> u64,
+        loads: Vec<Option<u32>>,
+    }
+
+    impl DraftWorld for Fake {
+        fn price_target(&mut self, _p: &Placement) -> Price {
+            Some((100, 50))
+        }
+        fn price_draft(&mut self, ngld: &[Option<u32>], _n_ctx: u32) -> Vec<Price> {
+            ngld.iter().map(|n| Some((10 * u64::from(n.unwrap_or(5)), 10 * u64::from(5 - n.unwrap_or(5))))).collect()
+        }
+        fn measure(&mut self, ask: &SpecAsk) -> Result<SpecRun> {
+            let ngld = ask.placement.draft.as_ref().and_then(|d| d.n_gpu_layers);
+            self.loads.push(ngld);
+            let n = ask.repetitions as usize;
+            let bytes = |draft: bool, b: u64| SpecBuffer {
+                draft,
+                buffer: "Vulkan0".into(),
+                host: false,
+                model: b,
+                context: 0,
+                compute: 0,
+            };
+            Ok(SpecRun {
+                plain_ns: vec![1_000_000_000; n],
+                spec_ns: (0..n).map(|i| (self.ns)(ngld) + i as u64).collect(),
+                n_gen: 32,
+                n_depth: 64,
+                n_drafted: 90,
+                n_accepted: 60,
+                n_rounds: 30,
+                same_prefix: 32,
+                buffers: vec![bytes(false, 100), bytes(true, 10 * u64::from(ngld.unwrap_or(5)))],
+            })
+        }
+    }
+
+    fn stage(cap: f64, ns: fn(Option<u32>) -> u64) -> (DraftReport, Vec<Option<u32>>) {
+        let request = DraftRequest { model: "d.gguf".into(), n_gpu_layers: None, n_max: 3, prompt_file: None };
+        let answer = Placement { n_ctx: Some(2048), ..Placement::default() }.with_layers(20, 2, Some(2048));
+        let inp = DraftInputs {
+            model: Path::new("m.gguf"),
+            request: &request,
+            answer: &answer,
+            cap: Some(cap),
+            host_cap: None,
+            n_depth: 1024,
+            n_gen: 32,
+            repetitions: 3,
+            draft_full: 5,
+        };
+        let mut world = Fake { ns, loads: Vec::new() };
+        (run(&inp, &mut world).unwrap(), world.loads)
+    }
+
+    fn chosen(r: &DraftReport) -> Option<Option<u32>> {
+        r.chosen().map(|o| o.placement.draft.as_ref().unwrap().n_gpu_layers)
+    }
+
+    #[test]
+    fn the_draft_on_the_device_is_the_answer_where_it_fits_and_pays() {
+        let (r, loads) = stage(200.0, |n| if n.is_none() { 500_000_000 } else { 1_250_000_000 });
+        assert_eq!(loads, [Some(0), None], "both measured, each in one load of {MIN_PAIRS} pairs");
+        assert_eq!(chosen(&r), Some(None), "{r:#?}");
+        assert!(r.summary.starts_with("speculation pays at depth 1024"), "{}", r.summary);
+        let o = r.chosen().unwrap();
+        assert_eq!((o.device_bytes, o.predicted_device_bytes), (Some(150), Some(150)));
+        assert!(o.ratio.unwrap()[1] > 1.0 && o.acceptance == Some(60.0 / 90.0), "{o:?}");
+    }
+
+    #[test]
+    fn where_the_cap_holds_the_target_and_part_of_the_draft_the_most_draft_layers_that_fit_are_tried() {
+        // 100 + 10 k <= 125: two of the draft's layers; every layer (150) is over.
+        let (r, loads) = stage(125.0, |n| if n == Some(2) { 800_000_000 } else { 1_250_000_000 });
+        assert_eq!(loads, [Some(0), Some(2)], "{r:#?}");
+        let all = r.options.iter().find(|o| o.placement.draft.as_ref().unwrap().n_gpu_layers.is_none()).unwrap();
+        assert!(!all.fits && all.loads == 0 && all.note.starts_with("over the cap with the target"), "{all:?}");
+        assert_eq!(chosen(&r), Some(Some(2)));
+    }
+
+    #[test]
+    fn a_draft_that_slows_generation_is_not_the_answer_and_the_report_says_so() {
+        let (r, _) = stage(200.0, |_| 1_250_000_000);
+        assert_eq!(chosen(&r), None);
+        assert!(r.summary.contains("does not pay") && r.summary.contains("no draft"), "{}", r.summary);
+        assert!(r.options.iter().all(|o| o.verdict == Some(Verdict::Slower)), "{r:#?}");
+    }
+}
