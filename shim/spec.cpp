@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -104,10 +105,19 @@ bool read_text(llama_context * ctx, common_speculative * spec, const std::vector
     return true;
 }
 
-void trim(llama_context * ctx, int from) {
-    if (ctx != nullptr) {
-        llama_memory_seq_rm(llama_get_memory(ctx), 0, from, -1);
+// Drops what follows `from` (a rejected draft, a repetition's tokens);
+// false where the memory cannot.
+bool trim(llama_context * ctx, int from) {
+    return ctx == nullptr || llama_memory_seq_rm(llama_get_memory(ctx), 0, from, -1);
+}
+
+// Bit count of `i`: pairs in the Thue-Morse order run the plain side first where even.
+int ones(uint32_t i) {
+    int n = 0;
+    for (; i != 0; i &= i - 1) {
+        n++;
     }
+    return n;
 }
 
 // n_gen tokens one at a time after `last` at position `pos`.
@@ -149,9 +159,12 @@ bool gen_spec(common_params & params, llama_context * ctx, llama_context * ctx_d
     while ((int) out.size() < n_gen) {
         const int n_draft_max = std::max(0, std::min((int) llama_n_ctx(ctx) - pos - 2, n_gen - (int) out.size() - 1));
         draft.clear();
-        common_speculative_get_draft_params(spec, 0) = { true, n_draft_max, pos, last, &prompt, &draft };
+        // No room left: no draft (llama.cpp caps a draft only by a limit above 0).
+        common_speculative_get_draft_params(spec, 0) = { n_draft_max > 0, n_draft_max, pos, last, &prompt, &draft };
         common_speculative_draft(spec);
-        trim(ctx_dft, pos);
+        if (!trim(ctx_dft, pos)) {
+            return false;
+        }
         batch.clear();
         batch.add(last, pos, 0, true);
         for (size_t i = 0; i < draft.size(); i++) {
@@ -176,8 +189,9 @@ bool gen_spec(common_params & params, llama_context * ctx, llama_context * ctx_d
             out.push_back(id);
         }
         pos += (int) ids.size();
-        trim(ctx, pos);
-        trim(ctx_dft, pos);
+        if (!trim(ctx, pos) || !trim(ctx_dft, pos)) {
+            return false;
+        }
     }
     out.resize(n_gen);
     return true;
@@ -209,10 +223,9 @@ extern "C" {
 // context cannot be loaded (llama.cpp's log says why), 4 where the draft
 // does not suit the target, 5 where decoding fails, 6 where the text or
 // the context is shorter than the depth and the tokens to generate.
-int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const ngl_tune_spec_context * c,
-                        const ngl_tune_spec_draft * d, const char * text, uint32_t n_depth, uint32_t n_gen,
-                        uint32_t n_reps, ngl_tune_spec_mem_cb cb, void * user, ngl_tune_spec_result * r) {
-    memset(r, 0, sizeof(*r));
+static int spec_bench(const char * path, const ngl_tune_placement * p, const ngl_tune_spec_context * c,
+                      const ngl_tune_spec_draft * d, const char * text, uint32_t n_depth, uint32_t n_gen,
+                      uint32_t n_reps, ngl_tune_spec_mem_cb cb, void * user, ngl_tune_spec_result * r) {
     common_params params;
     params.n_ctx                           = (int32_t) c->n_ctx;
     params.n_parallel                      = 1;
@@ -262,8 +275,10 @@ int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const n
         if (!common_speculative_are_compatible(model.get(), spec_init->model())) {
             return fail(r, 4, "the draft's vocabulary does not match the target's (llama.cpp's check)");
         }
-        if (common_context_can_seq_rm(ctx) == COMMON_CONTEXT_SEQ_RM_TYPE_FULL) {
-            return fail(r, 4, "the target's memory cannot drop a rejected draft (recurrent): not measured");
+        // A rejected draft is dropped from both caches position by position.
+        if (common_context_can_seq_rm(ctx) != COMMON_CONTEXT_SEQ_RM_TYPE_PART ||
+            common_context_can_seq_rm(ctx_dft) != COMMON_CONTEXT_SEQ_RM_TYPE_PART) {
+            return fail(r, 4, "the target's or the draft's memory cannot drop a rejected draft (recurrent): not measured");
         }
         params.speculative.draft.ctx_tgt = ctx;
         params.speculative.draft.ctx_dft = ctx_dft;
@@ -291,11 +306,12 @@ int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const n
     spec_counts counts;
     std::vector<llama_token> plain, drafted;
     for (uint32_t i = 0; i < n_reps && i < NGL_TUNE_SPEC_MAX_REPS; i++) {
-        const bool plain_first = __builtin_popcount(i) % 2 == 0;
+        const bool plain_first = ones(i) % 2 == 0;
         for (int side = 0; side < (spec ? 2 : 1); side++) {
             const bool is_plain = !spec || (side == 0) == plain_first;
-            trim(ctx, (int) n_depth);
-            trim(ctx_dft, (int) n_depth);
+            if (!trim(ctx, (int) n_depth) || !trim(ctx_dft, (int) n_depth)) {
+                return fail(r, 5, "the cache could not be trimmed back to the depth");
+            }
             const auto t0 = clock_type::now();
             bool ok = is_plain ? gen_plain(params, ctx, model.get(), last, (int) n_depth, (int) n_gen, plain)
                                : gen_spec(params, ctx, ctx_dft, spec.get(), model.get(), toks, last, (int) n_gen, drafted,
@@ -318,6 +334,19 @@ int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const n
     r->n_accepted = counts.accepted;
     r->n_rounds   = counts.rounds;
     return 0;
+}
+
+// llama.cpp's speculative code throws where a draft does not suit (its
+// constructors): an exception must not unwind into Rust.
+int ngl_tune_spec_bench(const char * path, const ngl_tune_placement * p, const ngl_tune_spec_context * c,
+                        const ngl_tune_spec_draft * d, const char * text, uint32_t n_depth, uint32_t n_gen,
+                        uint32_t n_reps, ngl_tune_spec_mem_cb cb, void * user, ngl_tune_spec_result * r) {
+    memset(r, 0, sizeof(*r));
+    try {
+        return spec_bench(path, p, c, d, text, n_depth, n_gen, n_reps, cb, user, r);
+    } catch (const std::exception & e) {
+        return fail(r, 4, std::string("llama.cpp refused the draft: ") + e.what());
+    }
 }
 
 }  // extern "C"

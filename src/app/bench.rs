@@ -21,6 +21,7 @@ pub(super) fn cmd_bench(a: &BenchArgs) -> Result<i32> {
     let w = &a.workload;
     let depths = crate::request::bench_depths(a, &placement)?;
     if placement.draft.is_some() {
+        crate::request::bench_draft_alone(a, &placement, &grid)?;
         return super::draft::cmd_bench_draft(a, &info, &placement, &grid.ngl, &depths);
     }
     let opts = BenchOptions {

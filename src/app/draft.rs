@@ -89,8 +89,12 @@ pub(super) fn cmd_bench_draft(
             if !a.talk.quiet {
                 eprintln!("bench: -ngl {ngl} at depth {depth}, {}", draft.describe());
             }
-            let run = crate::engine::spec::measure(&ask, Duration::from_secs(w.trial_timeout))?;
-            rows.push(row(info, &ask, run));
+            match crate::engine::spec::measure(&ask, Duration::from_secs(w.trial_timeout)) {
+                Ok(run) => rows.push(row(info, &ask, run)),
+                // An interrupt or bad input ends the run; a failed load (out of memory) is said and skipped.
+                Err(e) if failed_load(&e) => eprintln!("warning: -ngl {ngl} at depth {depth}: {e:#}"),
+                Err(e) => return Err(e),
+            }
         }
     }
     let text = match a.output {
@@ -103,12 +107,22 @@ pub(super) fn cmd_bench_draft(
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()?;
+    if rows.is_empty() {
+        return Ok(exit::FAILURE);
+    }
     if rows.iter().any(|r| r.same_prefix == 0) {
         eprintln!(
             "warning: with the draft the target's first generated token differed from its own without it (greedy both): the draft changed the output"
         );
     }
     Ok(exit::OK)
+}
+
+/// A load that failed on its own (not an interrupt, not the user's input).
+fn failed_load(e: &anyhow::Error) -> bool {
+    !e.chain().any(|c| {
+        c.downcast_ref::<crate::error::Interrupted>().is_some() || c.downcast_ref::<crate::error::BadInput>().is_some()
+    })
 }
 
 fn row(info: &ModelInfo, ask: &SpecAsk, run: SpecRun) -> Row {

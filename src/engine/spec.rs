@@ -265,6 +265,12 @@ fn run_shim(ask: &SpecAsk, draft: Option<&Draft>, text: &str) -> Result<SpecRun>
     if rc != 0 {
         // SAFETY: the shim writes a NUL-terminated message into the buffer.
         let why = unsafe { CStr::from_ptr(out.error.as_ptr()) }.to_string_lossy().into_owned();
+        if rc == 6 {
+            return Err(crate::error::bad(format!(
+                "{why} ({} + {} tokens); give a longer --prompt-file, or a smaller depth or -n",
+                ask.n_depth, ask.n_gen
+            )));
+        }
         anyhow::bail!("{why}");
     }
     let n = usize::try_from(out.n_reps).unwrap_or(0).min(MAX_REPS);

@@ -48,6 +48,8 @@ pub struct LlamaArgs {
     pub draft_n_max: Option<u32>,
     /// `-ctkd` / `-ctvd`.
     pub draft_kv: Option<KvType>,
+    /// `--spec-type` (draft-simple, the one ngl-tune measures).
+    pub spec_type: Option<String>,
 }
 
 /// The flags this reads.
@@ -348,6 +350,7 @@ fn draft_word<'w>(
                     crate::placement::SPEC_TYPE
                 ));
             }
+            a.spec_type = Some(v.clone());
         }
         _ => return Ok(false),
     }
@@ -366,11 +369,18 @@ fn draft_done(a: &mut LlamaArgs, dk: Option<KvType>, dv: Option<KvType>) -> Resu
         }
         (k, v) => a.draft_kv = k.or(v),
     }
-    let draft_set = a.draft_ngl.is_some() || a.draft_n_max.is_some() || a.draft_kv.is_some();
-    if draft_set && a.draft_model.is_none() {
-        return Err("-ngld, --spec-draft-n-max, -ctkd and -ctvd set a draft model's placement: give it with -md".into());
+    let draft_set = a.draft_ngl.is_some() || a.draft_n_max.is_some() || a.draft_kv.is_some() || a.spec_type.is_some();
+    match (&a.draft_model, &a.spec_type) {
+        (None, _) if draft_set => Err(
+            "-ngld, --spec-draft-n-max, -ctkd, -ctvd and --spec-type set a draft model's placement: give it with -md".into(),
+        ),
+        // common/arg.cpp infers a type from the draft's file only for MTP and DFlash drafts.
+        (Some(m), None) => Err(format!(
+            "-md {}: llama.cpp starts no speculation from -md alone (it infers a type only for MTP and DFlash drafts); add --spec-type draft-simple",
+            m.display()
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Splits "host:port" as ggml-rpc does (at the first ':').
@@ -570,8 +580,10 @@ mod tests {
             ("--mlock", "not a flag"),
             ("-ts 0.5,0.5", "whole layers"),
             ("-ngld 3", "give it with -md"),
+            ("--spec-type draft-simple", "give it with -md"),
+            ("-md d.gguf -ngld 2", "add --spec-type draft-simple"),
             ("-md d.gguf --spec-type draft-mtp", "draft-simple"),
-            ("-md d.gguf -ctkd q8_0 -ctvd f16", "both draft caches"),
+            ("-md d.gguf --spec-type draft-simple -ctkd q8_0 -ctvd f16", "both draft caches"),
             ("-sm graph", "none, layer, row or tensor"),
             ("--device none", "-ngl 0"),
             ("--device Vulkan0,", "device names"),

@@ -203,9 +203,11 @@ impl Gate<'_> {
     /// the GPUs' power).
     fn admit_draft(&self, rec: Recommendation) -> Result<Admitted, Box<Refused>> {
         let refuse = |rec, why: String| Err(Box::new(Refused { recommendation: rec, why }));
-        let ran = self.drafts.iter().find(|o| o.placement == rec.placement && o.loads > 0);
+        // Measured and under the caps by its price too (the price counts
+        // what the load did not hold, a projector's share say).
+        let ran = self.drafts.iter().find(|o| o.placement == rec.placement && o.loads > 0 && o.fits);
         let (Some(o), Some(device)) = (ran, ran.and_then(|o| o.device_bytes)) else {
-            return refuse(rec, "not measured with its draft".into());
+            return refuse(rec, "not measured with its draft under the caps".into());
         };
         if self.max_power_w.is_some() {
             return refuse(rec, "a draft's power is not measured, so it cannot be held under --max-power".into());
@@ -219,12 +221,10 @@ impl Gate<'_> {
                 );
             }
         }
+        let most = device.max(o.predicted_device_bytes.unwrap_or(0)) + self.unaccounted;
         #[allow(clippy::cast_precision_loss)]
-        if let Some(cap) = self.cap_bytes.filter(|c| (device + self.unaccounted) as f64 > *c) {
-            return refuse(
-                rec,
-                format!("measured with its draft {}", over((device + self.unaccounted) as f64, Some(cap))),
-            );
+        if let Some(cap) = self.cap_bytes.filter(|c| most as f64 > *c) {
+            return refuse(rec, format!("measured with its draft {}", over(most as f64, Some(cap))));
         }
         let loads = o.loads;
         Ok(Admitted { recommendation: rec, evidence: Evidence::MeasuredWithDraft { loads, device_bytes: device } })
@@ -466,7 +466,7 @@ pub(crate) mod tests {
         });
         let ran = [trial(&plain.placement, 60.0 * MIB, false)];
         let refused = gate(&ran, &[]).admit(with.clone(), KvType::F16).unwrap_err();
-        assert_eq!(refused.why, "not measured with its draft");
+        assert_eq!(refused.why, "not measured with its draft under the caps");
         let load = |mib: u64| crate::profile::DraftOption {
             label: "every draft layer on the device".into(),
             placement: with.placement.clone(),

@@ -314,6 +314,32 @@ pub fn bench_placement(a: &BenchArgs, info: &ModelInfo) -> Result<(crate::placem
     Ok((p, crate::bench::Grid { ngl, n_cpu_moe, n_cpu_ffn }))
 }
 
+/// `bench --draft` measures one placement's layers with its draft: the
+/// options it does not run beside one are refused, not ignored.
+///
+/// # Errors
+/// `BadInput` naming the option.
+pub fn bench_draft_alone(a: &BenchArgs, p: &crate::placement::Placement, grid: &crate::bench::Grid) -> Result<()> {
+    let refused = if grid.n_cpu_moe != [0] || grid.n_cpu_ffn != [0] {
+        Some("--n-cpu-moe and --n-cpu-ffn lists")
+    } else if a.beside.is_some() {
+        Some("--beside")
+    } else if p.mmproj.is_some() {
+        Some("--mmproj")
+    } else if !p.devices.is_empty() || !p.tensor_split.is_empty() || p.split_mode != crate::placement::SplitMode::Layer
+    {
+        Some("--device, -ts and -sm")
+    } else if p.n_parallel > 1 {
+        Some("-np")
+    } else {
+        None
+    };
+    match refused {
+        Some(what) => Err(bad(format!("{what} with --draft: bench --draft measures the model's -ngl list with its draft beside it (one slot); drop them"))),
+        None => Ok(()),
+    }
+}
+
 /// The draft `--draft` names (or the line's `-md`), with `--draft-ngl`
 /// and `--draft-max` laid over it; the file must exist.
 ///

@@ -246,8 +246,13 @@ fn with_draft(
         Some(format!("--objective {}: a draft speeds up generation alone", s.goal.objective.as_str()))
     } else if s.caps.max_power_w.is_some() {
         Some("--max-power: a draft's power is not measured".into())
-    } else if !p.tensor_split.is_empty() || !p.cpu_overrides.is_empty() || p.n_parallel > 1 {
-        Some("the answer splits over devices, keeps fit's tensors on the CPU or runs several slots".into())
+    } else if !p.tensor_split.is_empty() || !p.devices.is_empty() || !p.cpu_overrides.is_empty() || p.n_parallel > 1 {
+        Some(
+            "the answer splits over devices, names its devices, keeps fit's tensors on the CPU or runs several slots"
+                .into(),
+        )
+    } else if p.mmproj.is_some() {
+        Some("--mmproj: the speculative load does not load the projector, so it could not be held under the cap".into())
     } else {
         None
     };
@@ -275,9 +280,11 @@ fn with_draft(
         draft: (request.model.clone(), draft_info.n_layer_full),
         timeout: std::time::Duration::from_secs(s.policy.trial_timeout_s),
     };
-    let report = draft::run(&inputs, &mut world)?;
-    notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
-    let Some(chosen) = report.chosen() else { return Ok((answer, Some(report))) };
+    let mut report = draft::run(&inputs, &mut world)?;
+    let Some(chosen) = report.chosen() else {
+        notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
+        return Ok((answer, Some(report)));
+    };
     let mut r = answer.clone().into_inner();
     r.set_placement(&chosen.placement);
     (r.tg_ts, r.pp_ts, r.measured) = (chosen.tg_ts, None, true);
@@ -287,16 +294,19 @@ fn with_draft(
     let with_drafts = crate::profile::Gate { drafts: &report.options, ..*gate };
     match with_drafts.admit(r, s.workload.kv_type) {
         Ok(a) => {
+            notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
             notes.push(Note::consumer(
                 "Ollama runs a Modelfile DRAFT as draft-mtp or draft-dflash (llm/llama_server.go), never as draft-simple: the Ollama lines carry no draft, llama.cpp's and llama-server's do".to_string(),
             ));
             Ok((a, Some(report)))
         }
         Err(refused) => {
-            notes.push(
-                Note::search(format!("the draft was refused by the gate ({}): the answer has none", refused.why))
-                    .at(at.n_ctx),
-            );
+            let why = format!("the draft was refused by the gate ({}): the answer has none", refused.why);
+            for o in &mut report.options {
+                o.chosen = false;
+            }
+            report.summary = why.clone();
+            notes.push(Note::search(why).at(at.n_ctx));
             Ok((answer, Some(report)))
         }
     }

@@ -25,15 +25,25 @@ use crate::tune::baseline::Ratio;
 /// Repetitions (pairs) one load runs at least: a t interval needs a few.
 pub const MIN_PAIRS: u32 = 5;
 
+/// The fewest tokens of text read before generating (a draft drafts on what the context holds).
+pub const MIN_PROMPT: u32 = 64;
+
 /// Bytes (device, host) of a placement by llama.cpp's dry run.
 pub type Price = Option<(u64, u64)>;
 
 /// What the stage reads from the machine (a seam: fake worlds in tests).
 pub trait DraftWorld {
     /// The target at `p` (its draft aside), by the dry run.
-    fn price_target(&mut self, p: &Placement) -> Price;
-    /// The draft with each of `ngld` layers on the device (`None`: every one), its context `n_ctx`.
-    fn price_draft(&mut self, ngld: &[Option<u32>], n_ctx: u32) -> Vec<Price>;
+    ///
+    /// # Errors
+    /// An interrupt; a dry run that fails is `Ok(None)`.
+    fn price_target(&mut self, p: &Placement) -> Result<Price>;
+    /// The draft with each of `ngld` layers on the device (`None`: every
+    /// one), its context `n_ctx`: one price each.
+    ///
+    /// # Errors
+    /// An interrupt; a dry run that fails prices nothing.
+    fn price_draft(&mut self, ngld: &[Option<u32>], n_ctx: u32) -> Result<Vec<Price>>;
     /// One load of `ask`.
     ///
     /// # Errors
@@ -75,7 +85,7 @@ impl DraftInputs<'_> {
 /// # Errors
 /// What the world's measurement returns as fatal (an interrupt).
 pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftReport> {
-    let mut options = priced(inp, world);
+    let mut options = priced(inp, world)?;
     for o in options.iter_mut().filter(|o| o.fits) {
         measure(inp, world, o)?;
     }
@@ -96,14 +106,15 @@ pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftRep
 /// given; else on the CPU, every layer on the device, and where that is
 /// over the cap, the most draft layers that fit beside the target
 /// (without an offload device, the CPU alone).
-fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Vec<DraftOption> {
-    let target = world.price_target(inp.answer);
+fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<DraftOption>> {
+    let target = world.price_target(inp.answer)?;
     let n_ctx = inp.answer.n_ctx.unwrap_or(0);
     let asked: Vec<Option<u32>> = match inp.request.n_gpu_layers {
         Some(n) => vec![Some(n)],
         None => (0..inp.draft_full).map(Some).chain(std::iter::once(None)).collect(),
     };
-    let prices = world.price_draft(&asked, n_ctx);
+    let prices = world.price_draft(&asked, n_ctx)?;
+    let price_of = |k: usize| prices.get(k).copied().flatten();
     let both = |p: Price| Some((target?.0 + p?.0, target?.1 + p?.1));
     let option = |label: String, ngld: Option<u32>, price: Price| {
         let p = both(price);
@@ -125,18 +136,15 @@ fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Vec<DraftOption>
             note: String::new(),
         }
     };
-    if let Some(n) = inp.request.n_gpu_layers {
-        return vec![option(format!("{n} draft layers on the device (--draft-ngl)"), Some(n), prices[0])];
-    }
-    let price_of = |k: usize| prices.get(k).copied().flatten();
     let cpu = option("the draft on the CPU (-ngld 0)".into(), Some(0), price_of(0));
-    // No offload device (no cap): the CPU is the only place for it.
-    if inp.cap.is_none() {
-        return vec![cpu];
-    }
-    let mut v = vec![cpu, option("every draft layer on the device".into(), None, price_of(prices.len() - 1))];
+    let mut v = match inp.request.n_gpu_layers {
+        Some(n) => vec![option(format!("{n} draft layers on the device (--draft-ngl)"), Some(n), price_of(0))],
+        // No offload device (no cap): the CPU is the only place for it.
+        None if inp.cap.is_none() => vec![cpu],
+        None => vec![cpu, option("every draft layer on the device".into(), None, price_of(asked.len() - 1))],
+    };
     // The cap holds the target and part of the draft: its most layers that fit.
-    if !v[1].fits && v[0].fits {
+    if v.len() == 2 && !v[1].fits && v[0].fits {
         let most = (1..inp.draft_full as usize).rev().find(|k| both(price_of(*k)).is_some_and(|x| inp.fits(x)));
         match most {
             Some(k) => {
@@ -168,7 +176,7 @@ fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Vec<DraftOption>
             o.note = format!("{}; {also}", o.note);
         }
     }
-    v
+    Ok(v)
 }
 
 /// One load of `o`: the answer's generation without the draft and with
@@ -177,7 +185,7 @@ fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOptio
     let ask = SpecAsk {
         model: inp.model.to_path_buf(),
         placement: o.placement.clone(),
-        n_depth: inp.n_depth,
+        n_depth: inp.n_depth.max(MIN_PROMPT),
         n_gen: inp.n_gen,
         repetitions: inp.repetitions.max(MIN_PAIRS),
         text_file: inp.request.prompt_file.clone(),
@@ -185,7 +193,7 @@ fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOptio
     };
     let run = match world.measure(&ask) {
         Ok(r) => r,
-        Err(e) if e.chain().any(|c| c.downcast_ref::<crate::error::Interrupted>().is_some()) => return Err(e),
+        Err(e) if interrupted(&e) => return Err(e),
         Err(e) => {
             o.note = format!("not measured: {e:#}");
             return Ok(());
@@ -212,15 +220,22 @@ fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOptio
     Ok(())
 }
 
+fn interrupted(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<crate::error::Interrupted>().is_some())
+}
+
 /// Whether speculation pays here, in words.
 fn summary(options: &[DraftOption], inp: &DraftInputs<'_>) -> String {
-    let at = format!("at depth {}", inp.n_depth);
+    let at = format!("at depth {}", inp.n_depth.max(MIN_PROMPT));
     let ratio = |o: &DraftOption| o.ratio.map_or_else(String::new, |[m, lo, hi]| format!("x{m:.2} [{lo:.2}, {hi:.2}]"));
     if let Some(o) = options.iter().find(|o| o.chosen) {
         return format!("speculation pays {at}: {}, tg {}, the answer", o.label, ratio(o));
     }
     let measured: Vec<String> =
         options.iter().filter(|o| o.loads > 0).map(|o| format!("{} {}", o.label, ratio(o))).collect();
+    if measured.is_empty() && options.iter().any(|o| o.fits) {
+        return format!("speculation not measured {at}: the loads of the draft placements under the caps failed (their lines say why)");
+    }
     if measured.is_empty() {
         return format!("speculation not measured {at}: no draft placement fits under the caps beside the answer");
     }
@@ -240,7 +255,7 @@ pub struct ChildWorld<'r> {
 }
 
 impl DraftWorld for ChildWorld<'_> {
-    fn price_target(&mut self, p: &Placement) -> Price {
+    fn price_target(&mut self, p: &Placement) -> Result<Price> {
         let case = crate::engine::predict::PredictCase {
             ngl: p.n_gpu_layers,
             n_ctx: p.n_ctx.unwrap_or(self.target.n_ctx),
@@ -249,26 +264,34 @@ impl DraftWorld for ChildWorld<'_> {
             n_cpu_moe: p.n_cpu_moe,
         };
         let spec = crate::engine::predict::PredictSpec { cases: vec![case], ..self.target.clone() };
-        let out = crate::engine::predict::predict_in_child(self.runner, &spec).ok()?;
-        out.cases.first().filter(|c| c.error.is_none()).map(|c| (c.device_bytes, c.host_bytes()))
+        let out = match crate::engine::predict::predict_in_child(self.runner, &spec) {
+            Ok(out) => out,
+            Err(e) if interrupted(&e) => return Err(e),
+            Err(_) => return Ok(None),
+        };
+        Ok(out.cases.first().filter(|c| c.error.is_none()).map(|c| (c.device_bytes, c.host_bytes())))
     }
 
-    fn price_draft(&mut self, ngld: &[Option<u32>], n_ctx: u32) -> Vec<Price> {
+    fn price_draft(&mut self, ngld: &[Option<u32>], n_ctx: u32) -> Result<Vec<Price>> {
         let (model, full) = self.draft.clone();
         let spec = crate::engine::predict::PredictSpec {
             model,
             ngl: ngld.iter().map(|n| n.unwrap_or(full)).collect(),
-            n_ctx,
+            // The draft's context is the target's whole context.
+            n_ctx: if n_ctx > 0 { n_ctx } else { self.target.n_ctx },
             kv_type: crate::placement::KvType::F16,
             mmproj: None,
             cases: Vec::new(),
             ..self.target.clone()
         };
         match crate::engine::predict::predict_in_child(self.runner, &spec) {
-            Ok(out) => {
-                out.predictions.iter().map(|p| p.error.is_none().then(|| (p.device_bytes, p.host_bytes()))).collect()
-            }
-            Err(_) => vec![None; ngld.len()],
+            Ok(out) => Ok(out
+                .predictions
+                .iter()
+                .map(|p| p.error.is_none().then(|| (p.device_bytes, p.host_bytes())))
+                .collect()),
+            Err(e) if interrupted(&e) => Err(e),
+            Err(_) => Ok(vec![None; ngld.len()]),
         }
     }
 
@@ -292,11 +315,14 @@ mod tests {
     }
 
     impl DraftWorld for Fake {
-        fn price_target(&mut self, _p: &Placement) -> Price {
-            Some((100, 50))
+        fn price_target(&mut self, _p: &Placement) -> Result<Price> {
+            Ok(Some((100, 50)))
         }
-        fn price_draft(&mut self, ngld: &[Option<u32>], _n_ctx: u32) -> Vec<Price> {
-            ngld.iter().map(|n| Some((10 * u64::from(n.unwrap_or(5)), 10 * u64::from(5 - n.unwrap_or(5))))).collect()
+        fn price_draft(&mut self, ngld: &[Option<u32>], _n_ctx: u32) -> Result<Vec<Price>> {
+            Ok(ngld
+                .iter()
+                .map(|n| Some((10 * u64::from(n.unwrap_or(5)), 10 * u64::from(5 - n.unwrap_or(5)))))
+                .collect())
         }
         fn measure(&mut self, ask: &SpecAsk) -> Result<SpecRun> {
             let ngld = ask.placement.draft.as_ref().and_then(|d| d.n_gpu_layers);
