@@ -468,21 +468,11 @@ pub(crate) mod tests {
         let refused = gate(&ran, &[]).admit(with.clone(), KvType::F16).unwrap_err();
         assert_eq!(refused.why, "not measured with its draft under the caps");
         let load = |mib: u64| crate::profile::DraftOption {
-            label: "every draft layer on the device".into(),
-            placement: with.placement.clone(),
-            predicted_device_bytes: None,
-            predicted_host_bytes: None,
             fits: true,
             loads: 1,
             device_bytes: Some(mib << 20),
-            tg_ts: None,
-            plain_tg_ts: None,
-            ratio: None,
-            verdict: None,
-            acceptance: None,
-            tokens_per_verify: None,
             chosen: true,
-            note: String::new(),
+            ..crate::profile::DraftOption::unmeasured("every draft layer on the device".into(), with.placement.clone())
         };
         let under = [load(85)];
         let a = Gate { drafts: &under, ..gate(&ran, &[]) }.admit(with.clone(), KvType::F16).unwrap();

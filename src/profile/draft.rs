@@ -52,6 +52,30 @@ pub struct DraftOption {
     pub note: String,
 }
 
+impl DraftOption {
+    /// `placement` named `label`, neither priced nor measured yet.
+    #[must_use]
+    pub fn unmeasured(label: String, placement: Placement) -> DraftOption {
+        DraftOption {
+            label,
+            placement,
+            predicted_device_bytes: None,
+            predicted_host_bytes: None,
+            fits: false,
+            loads: 0,
+            device_bytes: None,
+            tg_ts: None,
+            plain_tg_ts: None,
+            ratio: None,
+            verdict: None,
+            acceptance: None,
+            tokens_per_verify: None,
+            chosen: false,
+            note: String::new(),
+        }
+    }
+}
+
 #[allow(clippy::trivially_copy_pass_by_ref)]
 fn is_zero(n: &u32) -> bool {
     *n == 0

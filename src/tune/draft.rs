@@ -119,21 +119,10 @@ fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<Draft
     let option = |label: String, ngld: Option<u32>, price: Price| {
         let p = both(price);
         DraftOption {
-            label,
-            placement: inp.with(ngld),
             predicted_device_bytes: p.map(|x| x.0),
             predicted_host_bytes: p.map(|x| x.1),
             fits: p.is_some_and(|x| inp.fits(x)),
-            loads: 0,
-            device_bytes: None,
-            tg_ts: None,
-            plain_tg_ts: None,
-            ratio: None,
-            verdict: None,
-            acceptance: None,
-            tokens_per_verify: None,
-            chosen: false,
-            note: String::new(),
+            ..DraftOption::unmeasured(label, inp.with(ngld))
         }
     };
     let cpu = option("the draft on the CPU (-ngld 0)".into(), Some(0), price_of(0));
