@@ -53,12 +53,24 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
         .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
+/// Whether `err` (or what it wraps) is the user's bad input.
+#[must_use]
+pub fn is_bad_input(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.downcast_ref::<BadInput>().is_some())
+}
+
+/// Whether `err` (or what it wraps) is an interrupt.
+#[must_use]
+pub fn is_interrupted(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.downcast_ref::<Interrupted>().is_some())
+}
+
 /// The exit code an error maps to.
 #[must_use]
 pub fn exit_code(err: &anyhow::Error) -> i32 {
-    if err.chain().any(|e| e.downcast_ref::<BadInput>().is_some()) {
+    if is_bad_input(err) {
         exit::BAD_INPUT
-    } else if err.chain().any(|e| e.downcast_ref::<Interrupted>().is_some()) {
+    } else if is_interrupted(err) {
         exit::INTERRUPTED
     } else {
         exit::FAILURE

@@ -11,14 +11,10 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::cli::{BenchArgs, OutputFormat};
-use crate::engine::spec::{SpecAsk, SpecRun};
+use crate::engine::spec::{SpecAsk, SpecRun, MIN_PROMPT};
 use crate::error::exit;
 use crate::model::{human_bytes, ModelInfo};
 use crate::placement::Placement;
-
-/// The fewest tokens of text read before generating: a draft drafts on
-/// what the context holds, and at depth 0 it would hold nothing to go on.
-const MIN_PROMPT: u32 = 64;
 
 /// One measured setting: where the layers ran, at which depth, and what it measured.
 #[derive(Debug, Serialize)]
@@ -120,9 +116,7 @@ pub(super) fn cmd_bench_draft(
 
 /// A load that failed on its own (not an interrupt, not the user's input).
 fn failed_load(e: &anyhow::Error) -> bool {
-    !e.chain().any(|c| {
-        c.downcast_ref::<crate::error::Interrupted>().is_some() || c.downcast_ref::<crate::error::BadInput>().is_some()
-    })
+    !crate::error::is_interrupted(e) && !crate::error::is_bad_input(e)
 }
 
 fn row(info: &ModelInfo, ask: &SpecAsk, run: SpecRun) -> Row {

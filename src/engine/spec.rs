@@ -16,6 +16,10 @@ use crate::placement::{Draft, Placement};
 
 const MAX_REPS: usize = 32;
 
+/// The fewest tokens of text read before generating: a draft drafts on
+/// what the context holds, and at depth 0 it would hold nothing to go on.
+pub const MIN_PROMPT: u32 = 64;
+
 #[repr(C)]
 struct RawContext {
     n_ctx: u32,

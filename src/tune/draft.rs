@@ -16,7 +16,8 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use crate::engine::spec::{SpecAsk, SpecRun};
+use crate::engine::spec::{SpecAsk, SpecRun, MIN_PROMPT};
+use crate::error::is_interrupted as interrupted;
 use crate::model::human_bytes;
 use crate::placement::{Draft, Placement};
 use crate::profile::{DraftOption, DraftReport, DraftRequest, Verdict};
@@ -24,9 +25,6 @@ use crate::tune::baseline::Ratio;
 
 /// Repetitions (pairs) one load runs at least: a t interval needs a few.
 pub const MIN_PAIRS: u32 = 5;
-
-/// The fewest tokens of text read before generating (a draft drafts on what the context holds).
-pub const MIN_PROMPT: u32 = 64;
 
 /// Bytes (device, host) of a placement by llama.cpp's dry run.
 pub type Price = Option<(u64, u64)>;
@@ -207,10 +205,6 @@ fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOptio
         o.verdict = Some(Verdict::NotDecided);
     }
     Ok(())
-}
-
-fn interrupted(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<crate::error::Interrupted>().is_some())
 }
 
 /// Whether speculation pays here, in words.
