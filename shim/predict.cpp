@@ -186,6 +186,7 @@ typedef struct ngl_tune_placement {
     uint32_t             n_cpu_patterns;
     const char * const * devices;
     uint32_t             n_devices;
+    int32_t              load_mtp;  // load the MTP (NextN) blocks, as --spec-type draft-mtp does
 } ngl_tune_placement;
 
 }  // extern "C"
@@ -212,6 +213,7 @@ bool make_params(const ngl_tune_placement * p, std::vector<llama_model_tensor_bu
         mp.devices = devs.data();
     }
     mp.n_gpu_layers       = p->n_gpu_layers;
+    mp.load_mtp           = p->load_mtp != 0;
     mp.split_mode         = (llama_split_mode) p->split_mode;
     mp.main_gpu           = p->main_gpu;
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
@@ -293,6 +295,33 @@ int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n
         ggml_backend_buffer_type_t buft = kv.first;
         cb(user, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0, kv.second.model,
            kv.second.context, kv.second.compute);
+    }
+    if (p->load_mtp != 0) {
+        // The MTP context llama-server creates beside the model's for
+        // draft-mtp (common_speculative_init_from_params), priced as
+        // common_fit_params prices its extra model: the context follows
+        // the model's whole n_ctx, one output a sequence, f16 cache (the
+        // draft's -ctkd/-ctvd default), and its weights are the model's
+        // own (shares_model), so only its cache and compute buffers add.
+        llama_context_params mcp  = cp;
+        mcp.ctx_type              = LLAMA_CONTEXT_TYPE_MTP;
+        mcp.n_rs_seq              = 0;
+        mcp.n_outputs_max         = 1;
+        mcp.n_outputs_max_per_seq = 1;
+        mcp.type_k                = GGML_TYPE_F16;
+        mcp.type_v                = GGML_TYPE_F16;
+        llama_context * mtp       = llama_init_from_model(model, mcp);
+        if (mtp == nullptr) {
+            llama_free(ctx);
+            llama_model_free(model);
+            return 2;
+        }
+        for (const auto & kv : llama_get_memory_breakdown(mtp)) {
+            ggml_backend_buffer_type_t buft = kv.first;
+            cb(user, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0, 0, kv.second.context,
+               kv.second.compute);
+        }
+        llama_free(mtp);
     }
     llama_free(ctx);
     llama_model_free(model);

@@ -50,7 +50,7 @@ typedef struct {
 
 // The draft as llama-server's flags set it.
 typedef struct {
-    const char * path;        // -md
+    const char * path;        // -md; null: the model's own MTP heads (--spec-type draft-mtp)
     int32_t      n_gpu_layers;  // -ngld (-1: auto, every layer)
     int32_t      n_max;       // --spec-draft-n-max
     int32_t      type_kv;     // -ctkd / -ctvd
@@ -197,14 +197,14 @@ bool gen_spec(common_params & params, llama_context * ctx, llama_context * ctx_d
     return true;
 }
 
-void breakdown(llama_context * ctx, int which, ngl_tune_spec_mem_cb cb, void * user) {
+void breakdown(llama_context * ctx, int which, ngl_tune_spec_mem_cb cb, void * user, bool shared_weights) {
     if (ctx == nullptr || cb == nullptr) {
         return;
     }
     for (const auto & kv : llama_get_memory_breakdown(ctx)) {
         ggml_backend_buffer_type_t buft = kv.first;
-        cb(user, which, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0, kv.second.model,
-           kv.second.context, kv.second.compute);
+        cb(user, which, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0,
+           shared_weights ? 0 : kv.second.model, kv.second.context, kv.second.compute);
     }
 }
 
@@ -238,9 +238,12 @@ static int spec_bench(const char * path, const ngl_tune_placement * p, const ngl
     params.cache_type_k                    = (ggml_type) c->type_kv;
     params.cache_type_v                    = (ggml_type) c->type_kv;
     params.sampling.temp                   = 0.0f;  // greedy: both sides generate the same tokens
+    const bool mtp = d != nullptr && d->path == nullptr;
     if (d != nullptr) {
-        params.speculative.types               = { COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE };
-        params.speculative.draft.mparams.path  = d->path;
+        params.speculative.types = { mtp ? COMMON_SPECULATIVE_TYPE_DRAFT_MTP : COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE };
+        if (!mtp) {
+            params.speculative.draft.mparams.path = d->path;
+        }
         params.speculative.draft.n_gpu_layers  = d->n_gpu_layers;
         params.speculative.draft.n_max         = d->n_max;
         params.speculative.draft.cache_type_k  = (ggml_type) d->type_kv;
@@ -270,9 +273,10 @@ static int spec_bench(const char * path, const ngl_tune_placement * p, const ngl
         spec_init                = common_speculative_init_from_params(params_dft, model.get(), ctx);
         ctx_dft                  = spec_init ? spec_init->context() : nullptr;
         if (ctx_dft == nullptr) {
-            return fail(r, 3, "llama.cpp could not load the draft model or its context");
+            return fail(r, 3, mtp ? "llama.cpp could not create the MTP context (the model has no MTP blocks?)"
+                                  : "llama.cpp could not load the draft model or its context");
         }
-        if (!common_speculative_are_compatible(model.get(), spec_init->model())) {
+        if (!mtp && !common_speculative_are_compatible(model.get(), spec_init->model())) {
             return fail(r, 4, "the draft's vocabulary does not match the target's (llama.cpp's check)");
         }
         // A rejected draft is dropped from both caches position by position.
@@ -287,8 +291,9 @@ static int spec_bench(const char * path, const ngl_tune_placement * p, const ngl
             return fail(r, 4, "llama.cpp started no speculative decoding for this draft");
         }
     }
-    breakdown(ctx, 0, cb, user);
-    breakdown(ctx_dft, 1, cb, user);
+    breakdown(ctx, 0, cb, user, false);
+    // The MTP context runs on the model's own weights: its cache and compute alone add.
+    breakdown(ctx_dft, 1, cb, user, mtp);
 
     std::vector<llama_token> toks = common_tokenize(ctx, text, true, false);
     if (toks.size() < (size_t) n_depth + 1 || n_depth + n_gen + 2 > llama_n_ctx(ctx)) {
@@ -311,6 +316,10 @@ static int spec_bench(const char * path, const ngl_tune_placement * p, const ngl
             const bool is_plain = !spec || (side == 0) == plain_first;
             if (!trim(ctx, (int) n_depth) || !trim(ctx_dft, (int) n_depth)) {
                 return fail(r, 5, "the cache could not be trimmed back to the depth");
+            }
+            if (mtp) {
+                // The plain side runs as the model without MTP: no NextN rows out of the target.
+                llama_set_embeddings_nextn(ctx, !is_plain, false);
             }
             const auto t0 = clock_type::now();
             bool ok = is_plain ? gen_plain(params, ctx, model.get(), last, (int) n_depth, (int) n_gen, plain)

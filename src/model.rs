@@ -24,8 +24,18 @@ pub struct ModelInfo {
     pub gguf_version: u32,
     pub name: Option<String>,
     pub architecture: String,
-    /// Repeating (transformer) layers: `<arch>.block_count`.
+    /// Repeating (transformer) layers: `<arch>.block_count`, MTP blocks
+    /// included (llama.cpp counts them in `-ngl`: the output first, then
+    /// the MTP blocks, then the trunk from the top).
     pub n_layer: u32,
+    /// Multi-token-prediction (NextN) blocks, the last of `block_count`
+    /// (`<arch>.nextn_predict_layers`): llama.cpp loads them only for
+    /// `--spec-type draft-mtp`; otherwise they take a slot of `-ngl` and no memory.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_layer_nextn: u32,
+    /// Their tensor bytes (not in `layer_bytes`, whose slots for them are 0).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub nextn_bytes: u64,
     /// ngl value that offloads everything: repeating layers plus the output layer.
     pub n_layer_full: u32,
     pub n_params: u64,
@@ -53,7 +63,23 @@ pub struct ModelInfo {
     pub sha256_16m: String,
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 impl ModelInfo {
+    /// Whether the model carries MTP heads llama.cpp can draft with.
+    #[must_use]
+    pub fn has_mtp(&self) -> bool {
+        self.n_layer_nextn > 0
+    }
+
     /// The output layer's work in repeating layers: its weights over a
     /// layer's mean (the embeddings where they are tied, as llama.cpp then
     /// runs them as the output). 1 when the file says nothing.
@@ -171,7 +197,10 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
     let n_layer =
         u32::try_from(n_layer).map_err(|_| bad(format!("{shown} claims {n_layer} layers; the file is corrupt")))?;
 
-    let t = TensorBytes::of(g, n_layer);
+    let n_layer_nextn = u32::try_from(key("nextn_predict_layers").unwrap_or(0)).unwrap_or(0).min(n_layer - 1);
+    let mut t = TensorBytes::of(g, n_layer);
+    // The MTP blocks load only for draft-mtp: their slots weigh nothing otherwise.
+    let nextn_bytes: u64 = t.layers[(n_layer - n_layer_nextn) as usize..].iter_mut().map(std::mem::take).sum();
     // With tied embeddings the output layer reuses token_embd; this
     // llama.cpp keeps that tensor in host memory (its log: "token_embd.weight
     // (and 1 others) cannot be used with preferred buffer type ..., using CPU
@@ -194,6 +223,8 @@ fn from_gguf(path: &Path, g: &Gguf) -> Result<ModelInfo> {
         gguf_version: g.version,
         name: g.get_str("general.name").map(str::to_string),
         n_layer,
+        n_layer_nextn,
+        nextn_bytes,
         n_layer_full: n_layer + 1,
         n_params: t.n_params,
         quantization,
@@ -241,7 +272,7 @@ impl TensorBytes {
             *b.by_type.entry(gguf::type_name(t.ggml_type).to_string()).or_default() += bytes;
             if let Some(rest) = t.name.strip_prefix("blk.") {
                 let idx = rest.split('.').next().and_then(|s| s.parse::<usize>().ok());
-                // blk.N beyond block_count (e.g. NextN/MTP heads) are not offloaded by ngl.
+                // blk.N beyond block_count: not a layer llama.cpp places.
                 if let Some(slot) = idx.and_then(|i| b.layers.get_mut(i)) {
                     *slot += bytes;
                 }

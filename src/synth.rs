@@ -30,6 +30,11 @@ pub struct SynthSpec {
     /// A recurrent model (llama.cpp's `mamba`: selective state-space layers,
     /// no attention, no KV cache) instead of a transformer.
     pub mamba: bool,
+    /// Multi-token-prediction (NextN) blocks after the `n_layer` trunk
+    /// blocks: a `glm4moe` model (GLM-4.5's MTP layout: the last blocks
+    /// of `block_count`, each a whole MoE block plus `nextn.*`), which
+    /// llama.cpp loads only for `--spec-type draft-mtp`.
+    pub n_nextn: u32,
 }
 
 impl Default for SynthSpec {
@@ -48,6 +53,7 @@ impl Default for SynthSpec {
             n_vocab: N_VOCAB,
             tied: false,
             mamba: false,
+            n_nextn: 0,
         }
     }
 }
@@ -100,6 +106,13 @@ impl SynthSpec {
     #[must_use]
     pub fn with_mamba(mut self, mamba: bool) -> Self {
         self.mamba = mamba;
+        self
+    }
+
+    /// `n` MTP blocks after the trunk (a `glm4moe` model with experts; see [`SynthSpec::n_nextn`]).
+    #[must_use]
+    pub fn with_nextn(mut self, n: u32) -> Self {
+        self.n_nextn = n;
         self
     }
 
@@ -203,7 +216,7 @@ fn hparams(w: &mut Writer, spec: &SynthSpec, arch: &str) {
     w.kv("general.file_type", Value::U32(if spec.q8_0 { 7 } else { 0 }));
     w.kv(&format!("{arch}.context_length"), Value::U32(spec.ctx_train));
     w.kv(&format!("{arch}.embedding_length"), Value::U32(e as u32));
-    w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer));
+    w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer + spec.n_nextn));
     // Mamba has neither an FFN nor attention heads (its converter writes 0s).
     let (ff_kv, h_kv, hkv_kv) = if spec.mamba { (0, 0, 0) } else { (ff, h, hkv) };
     w.kv(&format!("{arch}.feed_forward_length"), Value::U32(ff_kv as u32));
@@ -225,6 +238,12 @@ fn hparams(w: &mut Writer, spec: &SynthSpec, arch: &str) {
         w.kv(&format!("{arch}.attention.key_length"), Value::U32(head_dim as u32));
         w.kv(&format!("{arch}.attention.value_length"), Value::U32(head_dim as u32));
     }
+    if spec.n_nextn > 0 {
+        // glm4moe: one shared expert (its MTP graph runs it), no dense lead.
+        w.kv(&format!("{arch}.expert_shared_count"), Value::U32(1));
+        w.kv(&format!("{arch}.leading_dense_block_count"), Value::U32(0));
+        w.kv(&format!("{arch}.nextn_predict_layers"), Value::U32(spec.n_nextn));
+    }
 }
 
 /// Writes a model described by `spec` to `path` (F32 weights).
@@ -236,6 +255,8 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     let moe = spec.n_expert > 1 && !spec.mamba;
     let arch = if spec.mamba {
         "mamba"
+    } else if moe && spec.n_nextn > 0 {
+        "glm4moe"
     } else if moe {
         "qwen3moe"
     } else {
@@ -265,7 +286,8 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
         rand_tensor(&mut w, "output.weight", &[e, spec.n_vocab]);
     }
     let kv_dim = head_dim * hkv;
-    for i in 0..spec.n_layer {
+    let glm = spec.n_nextn > 0 && moe;
+    for i in 0..spec.n_layer + if glm { spec.n_nextn } else { 0 } {
         let p = format!("blk.{i}");
         if spec.mamba {
             mamba_layer(&mut w, &mut rand_tensor, &p, e);
@@ -276,7 +298,19 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
         rand_tensor(&mut w, &format!("{p}.attn_k.weight"), &[e, kv_dim]);
         rand_tensor(&mut w, &format!("{p}.attn_v.weight"), &[e, kv_dim]);
         rand_tensor(&mut w, &format!("{p}.attn_output.weight"), &[head_dim * h, e]);
-        ones(&mut w, &format!("{p}.ffn_norm.weight"), e);
+        // glm4moe names its pre-FFN norm post_attention_norm (LLM_TENSOR_ATTN_POST_NORM).
+        ones(&mut w, &format!("{p}.{}.weight", if glm { "post_attention_norm" } else { "ffn_norm" }), e);
+        if glm {
+            filled(&mut w, &format!("{p}.exp_probs_b.bias"), u64::from(spec.n_expert), 0.0);
+            rand_tensor(&mut w, &format!("{p}.ffn_gate_shexp.weight"), &[e, ff]);
+            rand_tensor(&mut w, &format!("{p}.ffn_up_shexp.weight"), &[e, ff]);
+            rand_tensor(&mut w, &format!("{p}.ffn_down_shexp.weight"), &[ff, e]);
+        }
+        if glm && i >= spec.n_layer {
+            rand_tensor(&mut w, &format!("{p}.nextn.eh_proj.weight"), &[2 * e, e]);
+            ones(&mut w, &format!("{p}.nextn.enorm.weight"), e);
+            ones(&mut w, &format!("{p}.nextn.hnorm.weight"), e);
+        }
         if moe {
             ones(&mut w, &format!("{p}.attn_q_norm.weight"), head_dim);
             ones(&mut w, &format!("{p}.attn_k_norm.weight"), head_dim);

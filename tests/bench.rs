@@ -303,6 +303,46 @@ fn a_model_drafting_for_itself_is_accepted_whole_and_paired() {
     assert!(r["tg_ts"].as_f64().unwrap() > 0.0 && r["tg_draft_ts"].as_f64().unwrap() > 0.0, "{r}");
 }
 
+/// A model's own MTP heads (`--mtp`): drafted with through llama.cpp's
+/// draft-mtp loop in one load, paired with the model without them; the
+/// heads' random weights draft tokens the target rarely takes, which is
+/// not the test's to judge. A model without heads is exit 2.
+#[test]
+fn mtp_heads_draft_in_one_load_and_a_model_without_them_is_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth_mtp(dir.path());
+    let m = m.to_str().unwrap();
+    let o = run(&["bench", m, "--mtp", "-ngl", "0", "-d", "64", "-n", "8", "-r", "2", "-t", "2", "-o", "json"]);
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!(r["draft"], "MTP heads", "{r}");
+    assert!(r["run"]["n_rounds"].as_u64().unwrap() > 0 && r["run"]["n_drafted"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["same_prefix"], 8, "greedy both ways: the same tokens, {r}");
+    let [m_, lo, hi] = [0, 1, 2].map(|i| r["ratio"][i].as_f64().unwrap());
+    assert!(lo <= m_ && m_ <= hi && lo > 0.0, "{r}");
+    // The line's form reads back the same run.
+    let line = run(&[
+        "bench",
+        m,
+        "--llama-args",
+        "-ngl 0 --spec-type draft-mtp",
+        "-n",
+        "4",
+        "-d",
+        "64",
+        "-r",
+        "1",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(json_rows(&line)[0]["draft"], "MTP heads");
+    let plain = synth(dir.path(), 2);
+    assert_bad_input(&run(&["bench", plain.to_str().unwrap(), "--mtp", "-n", "4", "-r", "1"]), "has no MTP heads");
+    assert_bad_input(&run(&["bench", m, "--mtp", "--draft-ngl", "1"]), "drop --draft-ngl");
+    assert_bad_input(&run(&["bench", m, "--mtp", "--draft", m]), "one draft at a time");
+}
+
 #[test]
 fn a_draft_that_does_not_suit_the_model_exits_2() {
     let dir = tempfile::tempdir().unwrap();

@@ -258,6 +258,56 @@ fn a_default_over_the_users_cap_is_never_the_answer() {
     assert_ne!(r["llama_default"], true, "{r}");
 }
 
+/// A model with MTP heads on a served device, every layer on it (`--ngl
+/// 6`): the heads at the answer priced as llama.cpp's fit prices its extra
+/// model (the MTP block loaded where -ngl puts it, the MTP context beside
+/// the model's) against the answer's own price without them. Under a cap
+/// between the two they are not run, and the target layers they would
+/// cost are priced; under a cap that holds both, one load measures them,
+/// and the dry run's price is within a few percent of what llama.cpp
+/// allocated, never under it.
+#[test]
+fn mtp_heads_are_priced_with_and_without_them_and_never_run_over_the_cap() {
+    let _heavy = heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth_mtp(dir.path());
+    let server = Server::start();
+    // At 1024 context every layer is 50.5 MiB without the heads, 67.8 MiB with them (the dry run).
+    for cap_mib in [60u64, 80] {
+        let store = dir.path().join(format!("store-{cap_mib}"));
+        let budget = format!("RPC0={cap_mib}MiB");
+        let workload: Vec<&str> =
+            "--ngl 6 -c 1024 --depth 64 -p 16 -n 8 -r 2 -t 1 -q --json".split_whitespace().collect();
+        let head = [m.to_str().unwrap(), "--rpc", &server.endpoint, "--vram-budget", &budget];
+        let o = run(&[&head[..], &workload, &["--profiles", store.to_str().unwrap()]].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+        let ngl = p["recommendation"]["n_gpu_layers"].as_u64().unwrap();
+        let d = &p["placements"][0]["draft"];
+        let options = d["options"].as_array().unwrap();
+        let first = &options[0];
+        assert_eq!(first["placement"]["n_gpu_layers"].as_u64(), Some(ngl), "{d}");
+        let priced = first["predicted_device_bytes"].as_u64().unwrap();
+        assert!(first["note"].as_str().unwrap().contains("the answer without them"), "{d}");
+        let cap = cap_mib * MIB;
+        if cap_mib == 60 {
+            assert_eq!(ngl, 6, "{}", p["recommendation"]);
+            assert!(priced > cap && first["fits"] == false && first.get("loads").is_none(), "{d}");
+            let fewer = &options[1];
+            assert_eq!(fewer["placement"]["n_gpu_layers"].as_u64(), Some(5), "the MTP block takes a layer's room: {d}");
+            assert!(fewer["predicted_device_bytes"].as_u64().unwrap() <= cap && fewer.get("loads").is_none(), "{d}");
+        } else {
+            assert_eq!(first["loads"], 1, "{d}");
+            let took = first["device_bytes"].as_u64().unwrap();
+            assert!(took <= cap && took <= priced && took * 11 >= priced * 10, "took {took}, priced {priced}: {d}");
+        }
+        let chosen = options.iter().any(|o| o["chosen"] == true);
+        let lines = p["recommendation"]["modelfile"].to_string();
+        assert_eq!(lines.contains("draft_num_predict 3"), chosen, "{lines}");
+    }
+}
+
 /// A MoE model on a card just too small for llama.cpp's default: its fit
 /// (1 GiB margin, `-c 0`) keeps the last offloaded layers' experts on the
 /// CPU. The paired default runs exactly those overrides at fit's context,

@@ -1009,6 +1009,53 @@ fn a_draft_is_tried_beside_the_answer_and_reported() {
     }
 }
 
+/// A model with MTP heads: the tune tries drafting with them without
+/// being asked (one load at the answer, llama.cpp's draft-mtp loop), and
+/// the Ollama lines say whether to load them: `draft_num_predict` N where
+/// they became the answer, else 0 (num_gpu is priced without them).
+/// Which it is is the machine's to say, not the test's. `--mtp` on a
+/// model without heads is exit 2 and writes nothing.
+#[test]
+fn mtp_heads_are_tried_unasked_and_the_ollama_lines_say_whether_to_load_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synth_mtp(dir.path());
+    let store = dir.path().join("store");
+    let args = [m.to_str().unwrap(), "-c", "512", "-p", "8", "-n", "8", "-r", "1", "-t", "2", "--json", "-q"];
+    let o = run(&[&args[..], &["--profiles", store.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    assert_eq!(p["model"]["n_layer_nextn"], 1, "{}", p["model"]);
+    let d = &p["placements"][0]["draft"];
+    assert_eq!(d["mtp"], true, "{d}");
+    let options = d["options"].as_array().unwrap();
+    assert_eq!(options.len(), 1, "no device: the heads at the answer alone: {d}");
+    assert_eq!(options[0]["loads"], 1, "{d}");
+    assert_eq!(options[0]["placement"]["draft"], serde_json::json!({}), "the model's own heads, no file: {d}");
+    let rec = &p["recommendation"];
+    let lines: Vec<&str> = rec["modelfile"].as_array().unwrap().iter().filter_map(|l| l.as_str()).collect();
+    let modelfile = dir.path().join("Modelfile");
+    let stored = profiles_in(&store);
+    let w = run(&["emit", stored[0].to_str().unwrap(), "--write-modelfile", modelfile.to_str().unwrap()]);
+    assert!(w.status.success(), "{}", stderr(&w));
+    let written = std::fs::read_to_string(&modelfile).unwrap();
+    if options[0]["chosen"] == true {
+        assert!(rec["llama_cpp_args"].as_str().unwrap().contains("--spec-type draft-mtp"), "{rec}");
+        assert!(lines.contains(&"PARAMETER draft_num_predict 3"), "{lines:?}");
+        assert!(written.contains("PARAMETER draft_num_predict 3"), "{written}");
+    } else {
+        assert!(rec.get("draft").is_none(), "{rec}");
+        assert!(
+            written.contains("PARAMETER draft_num_predict 0"),
+            "num_gpu priced without the heads keeps them off: {written}"
+        );
+    }
+    let plain = synth(dir.path(), 2);
+    let no = run(&[plain.to_str().unwrap(), "--mtp", "--profiles", store.to_str().unwrap()]);
+    assert_bad_input(&no, "has no MTP heads");
+    assert_eq!(profiles_in(&store).len(), 1, "nothing more written");
+}
+
 #[test]
 fn a_draft_of_another_vocabulary_is_exit_2_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -16,6 +16,9 @@ use crate::error::exit;
 use crate::model::{human_bytes, ModelInfo};
 use crate::placement::Placement;
 
+/// The draft column's word for the model's own MTP heads.
+const MTP_HEADS: &str = "MTP heads";
+
 /// One measured setting: where the layers ran, at which depth, and what it measured.
 #[derive(Debug, Serialize)]
 struct Row {
@@ -50,6 +53,13 @@ pub(super) fn cmd_bench_draft(
     depths: &[u32],
 ) -> Result<i32> {
     let Some(draft) = placement.draft.clone() else { return Ok(exit::FAILURE) };
+    if draft.is_mtp() && !info.has_mtp() {
+        return Err(crate::error::bad(format!(
+            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent); drop --mtp (or --spec-type draft-mtp), or give a draft model with --draft",
+            info.path.display(),
+            info.architecture
+        )));
+    }
     let w = &a.workload;
     let n_gen = w.n_gen.unwrap_or(128).max(1);
     let mut rows = Vec::new();
@@ -125,7 +135,11 @@ fn row(info: &ModelInfo, ask: &SpecAsk, run: SpecRun) -> Row {
     let ratio = crate::tune::baseline::Ratio::paired(&run.pairs()).map(|r| [r.ratio, r.lo, r.hi]);
     Row {
         model: info.file_name.clone(),
-        draft: draft.and_then(|d| d.model.file_name()).map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        draft: match draft.map(|d| d.model.as_ref()) {
+            Some(Some(m)) => m.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            Some(None) => MTP_HEADS.into(),
+            None => String::new(),
+        },
         n_gpu_layers: ask.placement.n_gpu_layers,
         draft_gpu_layers: draft.and_then(|d| d.n_gpu_layers),
         draft_n_max: draft.map_or(0, |d| d.n_max),
@@ -168,7 +182,12 @@ fn table(rows: &[Row], csv: bool) -> String {
                 r.model.clone(),
                 r.draft.clone(),
                 r.n_gpu_layers.to_string(),
-                r.draft_gpu_layers.map_or_else(|| "all".to_string(), |n| n.to_string()),
+                // MTP heads are the model's own blocks: -ngl places them.
+                if r.draft == MTP_HEADS {
+                    "-".to_string()
+                } else {
+                    r.draft_gpu_layers.map_or_else(|| "all".to_string(), |n| n.to_string())
+                },
                 r.draft_n_max.to_string(),
                 r.n_depth.to_string(),
                 format!("{:.2}", r.tg_ts),

@@ -209,6 +209,11 @@ pub struct DraftArgs {
     /// cap trades for it) and kept where faster beyond the noise
     #[arg(help_heading = "Speculative decoding", long, value_name = "MODEL")]
     pub draft: Option<PathBuf>,
+    /// Draft with the model's own multi-token-prediction heads (llama.cpp's --spec-type draft-mtp;
+    /// Ollama's PARAMETER draft_num_predict), measured as --draft is. tune tries them on a model
+    /// that has them whether given or not
+    #[arg(help_heading = "Speculative decoding", long)]
+    pub mtp: bool,
     /// The draft's layers on the device (llama.cpp's -ngld) [default: bench every layer; tune: tried]
     #[arg(help_heading = "Speculative decoding", long = "draft-ngl", value_name = "N")]
     pub draft_ngl: Option<u32>,
@@ -449,6 +454,9 @@ pub struct SynthArgs {
     /// A recurrent model (llama.cpp's mamba: state-space layers, no KV cache)
     #[arg(long)]
     pub mamba: bool,
+    /// Multi-token-prediction blocks after the trunk (a glm4moe model; --experts 4 unless given)
+    #[arg(long, default_value_t = 0)]
+    pub mtp: u32,
     #[arg(long, default_value_t = 128)]
     pub n_embd: u64,
     #[arg(long, default_value_t = 256)]

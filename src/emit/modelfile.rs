@@ -9,6 +9,9 @@ use anyhow::Result;
 use crate::consumer::ollama::modelfile::WriteOutcome;
 use crate::profile::Profile;
 
+/// Why a model with MTP heads gets `draft_num_predict 0`.
+pub const MTP_OFF: &str = "# the model has MTP heads; the placement here was measured and priced without them, so draft_num_predict 0 keeps Ollama from loading them (the tune's report says whether they pay)";
+
 /// The owned parameters and their values from a profile, in Modelfile
 /// order; `None`: the parameter is left unset (num_gpu where llama.cpp's
 /// default placement is recommended), and an existing line of it removed.
@@ -25,7 +28,21 @@ pub fn params(p: &Profile) -> Vec<(&'static str, Option<u32>)> {
     if let NumBatch::Num(b) = num_batch(&placement) {
         v.push(("num_batch", Some(b)));
     }
+    if let Some(n) = draft_num_predict(p) {
+        v.push(("draft_num_predict", Some(n)));
+    }
     v
+}
+
+/// `draft_num_predict` for a model with MTP heads (owned only then): the
+/// answer's draft length where it drafts with them, else 0, which keeps
+/// Ollama from loading them (`appendDraftArgs` passes nothing at 0), so
+/// `num_gpu`, priced without them, holds whatever the Modelfile said
+/// before. `None` for a model without heads: a user's own line is theirs.
+#[must_use]
+pub fn draft_num_predict(p: &Profile) -> Option<u32> {
+    let with = crate::consumer::ollama::draft_num_predict(&p.recommendation.ollama_placement());
+    (p.model.has_mtp() || with.is_some()).then_some(with.unwrap_or(0))
 }
 
 /// A complete Modelfile for the profile's model.
@@ -80,6 +97,9 @@ pub fn render(p: &Profile) -> String {
     }
     if let Some(line) = r.unset_num_gpu_line() {
         s.push_str(&format!("{line}\n"));
+    }
+    if draft_num_predict(p) == Some(0) {
+        s.push_str(&format!("{MTP_OFF}\n"));
     }
     for (k, v) in params(p) {
         if let Some(v) = v {

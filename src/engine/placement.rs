@@ -1,7 +1,8 @@
 //! A trial's placement as llama.cpp's model parameters, built in one place
 //! (the shim's `make_params`) for the trial's load and the dry run alike:
 //! whole layers (`-ngl`), the devices and their order (`--device`),
-//! layers per device (`-ts`, `-sm`, `-mg`), tensors kept on the CPU (`-ot PATTERN=CPU`, `--n-cpu-moe`).
+//! layers per device (`-ts`, `-sm`, `-mg`), tensors kept on the CPU (`-ot PATTERN=CPU`, `--n-cpu-moe`),
+//! and whether the MTP blocks load (`--spec-type draft-mtp`).
 //! Also registers llama.cpp RPC servers' devices, as `--rpc` does.
 
 use std::ffi::{c_char, c_int, CString};
@@ -19,6 +20,8 @@ pub(crate) struct RawPlacement {
     n_cpu_patterns: u32,
     devices: *const *const c_char,
     n_devices: u32,
+    /// Load the MTP (NextN) blocks, as llama.cpp does for `--spec-type draft-mtp`.
+    load_mtp: i32,
 }
 
 extern "C" {
@@ -36,6 +39,7 @@ pub(crate) struct ModelParams {
     pointers: Vec<*const c_char>,
     devices: Vec<CString>,
     device_pointers: Vec<*const c_char>,
+    load_mtp: bool,
 }
 
 impl ModelParams {
@@ -59,6 +63,7 @@ impl ModelParams {
             pointers,
             devices,
             device_pointers,
+            load_mtp: p.draft.as_ref().is_some_and(crate::placement::Draft::is_mtp),
         }
     }
 
@@ -76,6 +81,7 @@ impl ModelParams {
             n_cpu_patterns: u32::try_from(self.pointers.len()).unwrap_or(0),
             devices: self.device_pointers.as_ptr(),
             n_devices: u32::try_from(self.device_pointers.len()).unwrap_or(0),
+            load_mtp: i32::from(self.load_mtp),
         }
     }
 

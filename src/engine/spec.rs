@@ -33,6 +33,7 @@ struct RawContext {
 
 #[repr(C)]
 struct RawDraft {
+    /// The draft model; null for the model's own MTP heads (draft-mtp).
     path: *const c_char,
     n_gpu_layers: i32,
     n_max: i32,
@@ -194,16 +195,35 @@ pub fn spec_main() -> Result<()> {
     crate::engine::logs::quiet();
     let _backend = llama_cpp_2::llama_backend::LlamaBackend::init()?;
     crate::engine::placement::add_rpc_servers(&ask.placement.rpc)?;
-    if let Some(d) = &draft {
-        compatible(&ask.model, &d.model)?;
+    if let Some(m) = draft.as_ref().and_then(|d| d.model.as_ref()) {
+        compatible(&ask.model, m)?;
     }
     if ask.check_only {
         println!("null");
         return Ok(());
     }
-    let run = run_shim(&ask, draft.as_ref(), &text)?;
+    let run = run_shim(&ask, draft.as_ref(), head(&text, ask.n_depth + ask.n_gen))?;
     println!("{}", serde_json::to_string(&run)?);
     Ok(())
+}
+
+/// Bytes of text read for each token the run needs: far more than any
+/// tokenizer packs into one, so the head holds the tokens wherever the
+/// whole text does.
+const BYTES_PER_TOKEN: usize = 64;
+
+/// The part of `text` the run can read: tokenizing all of Debian's
+/// fortunes (megabytes) with a small vocabulary takes longer than the run.
+fn head(text: &str, tokens: u32) -> &str {
+    let n = (tokens as usize + 64).saturating_mul(BYTES_PER_TOKEN);
+    if text.len() <= n {
+        return text;
+    }
+    let mut end = n;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// `BadInput` where llama.cpp would not draft for `model` with `draft`.
@@ -236,9 +256,11 @@ fn run_shim(ask: &SpecAsk, draft: Option<&Draft>, text: &str) -> Result<SpecRun>
         op_offload: i32::from(p.op_offload != crate::placement::OpOffload::Off),
         type_kv: p.kv_type.ggml_type(),
     };
-    let draft_path = CString::new(draft.map(|d| d.model.to_string_lossy().into_owned()).unwrap_or_default())?;
+    let draft_path = draft.and_then(|d| d.model.as_ref()).map(|m| CString::new(m.to_string_lossy().as_bytes()));
+    let draft_path = draft_path.transpose()?;
     let raw_draft = draft.map(|d| RawDraft {
-        path: draft_path.as_ptr(),
+        // Null: the model's own MTP heads.
+        path: draft_path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
         n_gpu_layers: d.n_gpu_layers.map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX)),
         n_max: i32::try_from(d.n_max).unwrap_or(i32::MAX),
         type_kv: d.kv_type.ggml_type(),

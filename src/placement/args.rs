@@ -48,12 +48,12 @@ pub struct LlamaArgs {
     pub draft_n_max: Option<u32>,
     /// `-ctkd` / `-ctvd`.
     pub draft_kv: Option<KvType>,
-    /// `--spec-type` (draft-simple, the one ngl-tune measures).
+    /// `--spec-type`: draft-simple (with `-md`) or draft-mtp (the model's own heads), the two ngl-tune measures.
     pub spec_type: Option<String>,
 }
 
 /// The flags this reads.
-pub const KNOWN: &str = "-ngl, -t, -c, -np, -kvu, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj, --no-mmproj-offload, -md, --spec-type draft-simple, -ngld, --spec-draft-n-max, -ctkd, -ctvd";
+pub const KNOWN: &str = "-ngl, -t, -c, -np, -kvu, -b, -ub, -ctk, -ctv, -fa, -ot, --n-cpu-moe, --no-op-offload, --rpc, --device, -sm, -ts, -mg, --mmproj, --no-mmproj-offload, -md, --spec-type draft-simple, --spec-type draft-mtp, -ngld, --spec-draft-n-max, -ctkd, -ctvd";
 
 impl LlamaArgs {
     /// `base` with what this command line sets laid over it. An `-ot`
@@ -91,6 +91,8 @@ impl LlamaArgs {
         }
         if let Some(m) = self.draft_model {
             p.draft = Some(crate::placement::Draft::of(m));
+        } else if self.spec_type.as_deref() == Some(crate::placement::MTP_TYPE) {
+            p.draft = Some(crate::placement::Draft::mtp(crate::placement::DRAFT_N_MAX));
         }
         if let Some(d) = p.draft.as_mut() {
             d.n_gpu_layers = self.draft_ngl.unwrap_or(d.n_gpu_layers);
@@ -344,10 +346,11 @@ fn draft_word<'w>(
         "-ctvd" | "--spec-draft-type-v" | "--cache-type-v-draft" => *dv = Some(kv(flag, value()?)?),
         "--spec-type" => {
             let v = value()?;
-            if v != crate::placement::SPEC_TYPE {
+            if v != crate::placement::SPEC_TYPE && v != crate::placement::MTP_TYPE {
                 return Err(format!(
-                    "{flag} {v}: ngl-tune measures a draft model as {} (MTP, EAGLE3 and n-gram types are not measured)",
-                    crate::placement::SPEC_TYPE
+                    "{flag} {v}: ngl-tune measures a draft model as {} and a model's own MTP heads as {} (EAGLE3, DFlash and n-gram types are not measured)",
+                    crate::placement::SPEC_TYPE,
+                    crate::placement::MTP_TYPE
                 ));
             }
             a.spec_type = Some(v.clone());
@@ -370,9 +373,18 @@ fn draft_done(a: &mut LlamaArgs, dk: Option<KvType>, dv: Option<KvType>) -> Resu
         (k, v) => a.draft_kv = k.or(v),
     }
     let draft_set = a.draft_ngl.is_some() || a.draft_n_max.is_some() || a.draft_kv.is_some() || a.spec_type.is_some();
+    let mtp = a.spec_type.as_deref() == Some(crate::placement::MTP_TYPE);
     match (&a.draft_model, &a.spec_type) {
-        (None, _) if draft_set => Err(
-            "-ngld, --spec-draft-n-max, -ctkd, -ctvd and --spec-type set a draft model's placement: give it with -md".into(),
+        (Some(m), _) if mtp => Err(format!(
+            "-md {} --spec-type draft-mtp: an MTP-only draft file is not measured; use --spec-type draft-simple for a draft model, or drop -md for the model's own MTP heads",
+            m.display()
+        )),
+        // common_base_params_to_speculative applies -ngld to a draft model only.
+        (None, _) if mtp && a.draft_ngl.is_some() => {
+            Err("-ngld with --spec-type draft-mtp: the MTP heads are the model's own blocks, placed by -ngl; drop -ngld".into())
+        }
+        (None, _) if draft_set && !mtp => Err(
+            "-ngld, --spec-draft-n-max, -ctkd, -ctvd and --spec-type set a draft model's placement: give it with -md (or --spec-type draft-mtp for the model's own MTP heads)".into(),
         ),
         // common/arg.cpp infers a type from the draft's file only for MTP and DFlash drafts.
         (Some(m), None) => Err(format!(
@@ -504,7 +516,12 @@ mod tests {
             ]),
             proptest::bool::ANY,
             proptest::option::of((
-                prop_oneof![Just("draft-Q4_0.gguf".to_string()), Just("/models/a draft's/d.gguf".to_string())],
+                // None: the model's own MTP heads.
+                prop_oneof![
+                    Just(None),
+                    Just(Some("draft-Q4_0.gguf".to_string())),
+                    Just(Some("/models/a draft's/d.gguf".to_string()))
+                ],
                 proptest::option::of(0u32..99),
                 1u32..16,
                 prop_oneof![Just(KvType::F16), Just(KvType::Q8_0)],
@@ -532,8 +549,8 @@ mod tests {
                 mmproj_offload: on_gpu || mm.is_none(),
                 mmproj: mm.map(std::path::PathBuf::from),
                 draft: draft.map(|(m, n_gpu_layers, n_max, kv_type)| crate::placement::Draft {
-                    model: m.into(),
-                    n_gpu_layers,
+                    n_gpu_layers: n_gpu_layers.filter(|_| m.is_some()),
+                    model: m.map(std::path::PathBuf::from),
                     n_max,
                     kv_type,
                 }),
@@ -556,6 +573,18 @@ mod tests {
         // llama.cpp's auto and all are every layer, as no -ngld.
         let all = parse_placement("-ngl 9 -md d.gguf --spec-type draft-simple -ngld all").unwrap();
         assert_eq!(all.draft.unwrap().n_gpu_layers, None);
+    }
+
+    #[test]
+    fn mtp_heads_read_back_from_their_flags_and_their_variables() {
+        let p = Placement { draft: Some(crate::placement::Draft::mtp(2)), ..Placement::default() };
+        assert!(p.flags().ends_with("--spec-type draft-mtp --spec-draft-n-max 2"), "{}", p.flags());
+        assert!(!p.flags().contains("-md"), "{}", p.flags());
+        let env: Vec<(String, String)> = p.server_env().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert!(env.contains(&("LLAMA_ARG_SPEC_TYPE".into(), "draft-mtp".into())), "{env:?}");
+        assert!(!env.iter().any(|(k, _)| k == "LLAMA_ARG_SPEC_DRAFT_MODEL"), "{env:?}");
+        assert_eq!(from_env(&env).unwrap().over(Placement::default()), p);
+        assert_eq!(parse_placement(&p.flags()).unwrap(), p);
     }
 
     proptest::proptest! {
@@ -582,7 +611,9 @@ mod tests {
             ("-ngld 3", "give it with -md"),
             ("--spec-type draft-simple", "give it with -md"),
             ("-md d.gguf -ngld 2", "add --spec-type draft-simple"),
-            ("-md d.gguf --spec-type draft-mtp", "draft-simple"),
+            ("-md d.gguf --spec-type draft-mtp", "MTP-only draft file"),
+            ("--spec-type draft-mtp -ngld 2", "drop -ngld"),
+            ("--spec-type draft-eagle3", "not measured"),
             ("-md d.gguf --spec-type draft-simple -ctkd q8_0 -ctvd f16", "both draft caches"),
             ("-sm graph", "none, layer, row or tensor"),
             ("--device none", "-ngl 0"),

@@ -8,7 +8,7 @@ mod draft;
 mod knobs;
 mod split;
 
-pub use draft::{Draft, DEFAULT_N_MAX as DRAFT_N_MAX, SPEC_TYPE};
+pub use draft::{Draft, DEFAULT_N_MAX as DRAFT_N_MAX, MTP_TYPE, SPEC_TYPE};
 pub use knobs::*;
 pub use split::Split;
 

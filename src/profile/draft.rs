@@ -1,7 +1,8 @@
 //! Speculative decoding in a profile: what `tune --draft` tried beside the
 //! answer (the draft on the CPU, on the device, and where the cap binds
 //! the target's layers given up for it), what each measured against the
-//! answer without a draft, and which became the answer.
+//! answer without a draft, and which became the answer. Or, for a model
+//! with MTP heads, the same for drafting with them.
 
 use std::path::PathBuf;
 
@@ -84,8 +85,11 @@ fn is_zero(n: &u32) -> bool {
 /// The draft stage at one context.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DraftReport {
-    /// The draft model's file.
+    /// The draft model's file (the model's own where `mtp`).
     pub draft: PathBuf,
+    /// The model's own MTP heads (`--spec-type draft-mtp`), not a draft model.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mtp: bool,
     /// The tokens generated a repetition, at this depth.
     pub n_gen: u32,
     pub n_depth: u32,

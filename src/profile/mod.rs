@@ -80,10 +80,18 @@ pub struct ModelIdentity {
     /// Context the model was trained for (0: unknown, profiles from before the field).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ctx_train: u64,
+    /// MTP (NextN) blocks, the last of `n_layer` (0: none, or a profile from before the field).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub n_layer_nextn: u32,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)]
 fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero_u32(v: &u32) -> bool {
     *v == 0
 }
 
@@ -109,7 +117,14 @@ impl ModelIdentity {
             n_params: m.n_params,
             n_expert: m.n_expert,
             ctx_train: m.ctx_train,
+            n_layer_nextn: m.n_layer_nextn,
         }
+    }
+
+    /// Whether the model carries MTP heads (`--spec-type draft-mtp`).
+    #[must_use]
+    pub fn has_mtp(&self) -> bool {
+        self.n_layer_nextn > 0
     }
 
     /// Short id used in file names.

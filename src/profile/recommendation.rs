@@ -166,11 +166,13 @@ impl Recommendation {
     }
 
     /// The whole-layer placement Ollama can express: [`Self::ollama_layers`],
-    /// no tensor overrides, no RPC devices.
+    /// no tensor overrides, no RPC devices, and the model's own MTP heads
+    /// where the answer drafts with them (a draft model Ollama cannot run).
     #[must_use]
     pub fn ollama_placement(&self) -> Placement {
         let p = &self.placement;
-        Placement { n_batch: p.n_batch, n_ubatch: p.n_ubatch, n_parallel: p.n_parallel, ..Placement::default() }
+        let draft = p.draft.clone().filter(crate::placement::Draft::is_mtp);
+        Placement { n_batch: p.n_batch, n_ubatch: p.n_ubatch, n_parallel: p.n_parallel, draft, ..Placement::default() }
             .with_layers(self.ollama_layers(), p.n_threads, p.n_ctx)
     }
 }

@@ -87,15 +87,39 @@ pub struct Backend {
 /// on the device where given (`--draft-ngl`; else on the CPU, on the
 /// device, and the split the cap allows are tried), the draft length
 /// (`--draft-max`) and the text drafted on (`--prompt-file`; else the
-/// quality check's natural text).
+/// quality check's natural text). Without a model file: the model's own
+/// MTP heads (`--mtp`, and what a tune of a model with them tries).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DraftRequest {
-    pub model: PathBuf,
+    /// The draft model's file; `None`: the model's own MTP heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_gpu_layers: Option<u32>,
     pub n_max: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_file: Option<PathBuf>,
+}
+
+impl DraftRequest {
+    /// The model's own MTP heads at llama.cpp's draft length.
+    #[must_use]
+    pub fn mtp() -> DraftRequest {
+        DraftRequest { model: None, n_gpu_layers: None, n_max: crate::placement::DRAFT_N_MAX, prompt_file: None }
+    }
+
+    /// The draft these ask for, at `ngld` layers on the device.
+    #[must_use]
+    pub fn draft(&self, ngld: Option<u32>) -> crate::placement::Draft {
+        match &self.model {
+            Some(m) => crate::placement::Draft {
+                n_gpu_layers: ngld,
+                n_max: self.n_max,
+                ..crate::placement::Draft::of(m.clone())
+            },
+            None => crate::placement::Draft::mtp(self.n_max),
+        }
+    }
 }
 
 /// What each trial measures, as llama-bench's test parameters: a prompt

@@ -418,6 +418,9 @@ fn paste_lines(p: &Profile, path: &Path) -> String {
     for l in &rec.modelfile {
         let _ = writeln!(s, "  {l}");
     }
+    if crate::emit::modelfile::draft_num_predict(p) == Some(0) {
+        let _ = writeln!(s, "  {}\n  PARAMETER draft_num_predict 0", crate::emit::modelfile::MTP_OFF);
+    }
     if let Some(n) = crate::emit::ollama_ctx_note(p, &|k| p.ollama_var(k)) {
         let _ = writeln!(s, "  note: {n}");
     }
@@ -437,9 +440,10 @@ fn paste_lines(p: &Profile, path: &Path) -> String {
 #[must_use]
 pub fn render_inspect(m: &crate::model::ModelInfo) -> String {
     let mut s = String::new();
-    let per_layer = if m.layer_bytes.is_empty() { 0 } else { m.total_layer_bytes() / m.layer_bytes.len() as u64 };
-    let (min, max) =
-        (m.layer_bytes.iter().min().copied().unwrap_or(0), m.layer_bytes.iter().max().copied().unwrap_or(0));
+    // The trunk's layers (the MTP blocks' slots hold nothing unless they load).
+    let trunk = &m.layer_bytes[..m.layer_bytes.len().saturating_sub(m.n_layer_nextn as usize)];
+    let per_layer = if trunk.is_empty() { 0 } else { trunk.iter().sum::<u64>() / trunk.len() as u64 };
+    let (min, max) = (trunk.iter().min().copied().unwrap_or(0), trunk.iter().max().copied().unwrap_or(0));
     let types: Vec<String> = m.bytes_by_type.iter().map(|(t, b)| format!("{t} {}", human_bytes(*b))).collect();
     s += &format!("model          {}\n", m.path.display());
     if let Some(n) = &m.name {
@@ -472,6 +476,14 @@ pub fn render_inspect(m: &crate::model::ModelInfo) -> String {
         );
     } else {
         s += "experts        none (dense)\n";
+    }
+    if m.has_mtp() {
+        s += &format!(
+            "MTP heads      {} block(s), {}, the last of the {} layers: loaded only for --spec-type draft-mtp (Ollama: draft_num_predict), else a slot of -ngl that holds nothing\n",
+            m.n_layer_nextn,
+            human_bytes(m.nextn_bytes),
+            m.n_layer
+        );
     }
     s += &format!("context        {} tokens trained\n", m.ctx_train);
     s += &format!(

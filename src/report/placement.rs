@@ -216,12 +216,20 @@ pub fn placement_lines(p: &Profile) -> String {
 #[must_use]
 pub fn draft_lines(n_ctx: u32, d: &crate::profile::DraftReport) -> String {
     let name = d.draft.file_name().map_or_else(|| d.draft.to_string_lossy(), |n| n.to_string_lossy());
+    let name = if d.mtp { "the model's own MTP heads (--spec-type draft-mtp)".to_string() } else { name.into_owned() };
     let mut s = format!(
         "speculative decoding at {n_ctx} context with {name} ({} tokens greedy at depth {}, natural text):\n",
         d.n_gen, d.n_depth
     );
     for o in &d.options {
-        let mem = o.device_bytes.or(o.predicted_device_bytes).map_or_else(|| "-".into(), human_bytes);
+        let mem = match (o.device_bytes, o.predicted_device_bytes) {
+            (Some(m), Some(p)) => {
+                format!("{} measured, {} priced ({})", human_bytes(m), human_bytes(p), error_pct(p, m))
+            }
+            (Some(m), None) => format!("{} measured", human_bytes(m)),
+            (None, Some(p)) => format!("{} priced", human_bytes(p)),
+            (None, None) => "-".into(),
+        };
         let measured = match (o.tg_ts, o.plain_tg_ts, o.ratio) {
             (Some(t), Some(p), Some([m, lo, hi])) => {
                 let acc = o
@@ -237,6 +245,12 @@ pub fn draft_lines(n_ctx: u32, d: &crate::profile::DraftReport) -> String {
     }
     let _ = writeln!(s, "  {}", d.summary);
     s
+}
+
+/// A price's error against the measured bytes (not 0), as the prediction lines give it.
+#[allow(clippy::cast_precision_loss)]
+fn error_pct(priced: u64, measured: u64) -> String {
+    format!("error {:+.1}%", (priced as f64 - measured as f64) / measured as f64 * 100.0)
 }
 
 /// The hours of `--job` at one context's answer.

@@ -335,7 +335,7 @@ pub fn bench_draft_alone(a: &BenchArgs, p: &crate::placement::Placement, grid: &
         None
     };
     match refused {
-        Some(what) => Err(bad(format!("{what} with --draft: bench --draft measures the model's -ngl list with its draft beside it (one slot); drop them"))),
+        Some(what) => Err(bad(format!("{what} with a draft: bench --draft (or --mtp) measures the model's -ngl list with its draft beside it (one slot); drop them"))),
         None => Ok(()),
     }
 }
@@ -349,19 +349,32 @@ fn draft_of(
     a: &crate::cli::DraftArgs,
     line: Option<crate::placement::Draft>,
 ) -> Result<Option<crate::placement::Draft>> {
-    let Some(mut d) = a.draft.clone().map(crate::placement::Draft::of).or(line) else {
+    if let (Some(d), true) = (&a.draft, a.mtp) {
+        return Err(bad(format!(
+            "--draft {} and --mtp: one draft at a time; give --draft for a draft model or --mtp for the model's own MTP heads",
+            d.display()
+        )));
+    }
+    let asked = a.draft.clone().map(crate::placement::Draft::of);
+    let mtp = a.mtp.then(|| crate::placement::Draft::mtp(crate::placement::DRAFT_N_MAX));
+    let Some(mut d) = asked.or(mtp).or(line) else {
         if a.draft_ngl.is_some() || a.draft_max.is_some() || a.prompt_file.is_some() {
             return Err(bad(
-                "--draft-ngl, --draft-max and --prompt-file measure a draft model: give it with --draft MODEL",
+                "--draft-ngl, --draft-max and --prompt-file measure a draft: give it with --draft MODEL (or --mtp for the model's own MTP heads)",
             ));
         }
         return Ok(None);
     };
-    if !d.model.is_file() {
-        return Err(bad(format!("--draft {}: no such file; give the draft model's GGUF file", d.model.display())));
+    if let Some(m) = d.model.as_ref().filter(|m| !m.is_file()) {
+        return Err(bad(format!("--draft {}: no such file; give the draft model's GGUF file", m.display())));
     }
     if let Some(f) = a.prompt_file.as_deref().filter(|f| !f.is_file()) {
         return Err(bad(format!("--prompt-file {}: no such file; give a text file", f.display())));
+    }
+    if d.is_mtp() && a.draft_ngl.is_some() {
+        return Err(bad(
+            "--draft-ngl with MTP heads: they are the model's own blocks, placed by -ngl; drop --draft-ngl",
+        ));
     }
     d.n_gpu_layers = a.draft_ngl.or(d.n_gpu_layers);
     d.n_max = a.draft_max.unwrap_or(d.n_max);

@@ -240,27 +240,24 @@ fn with_draft(
     notes: &mut Vec<Note>,
 ) -> Result<(crate::profile::Admitted, Option<crate::profile::DraftReport>)> {
     let s = sh.opts.settings();
-    let Some(request) = &s.backend.draft else { return Ok((answer, None)) };
-    let p = &answer.placement;
-    let why_not = if s.goal.objective != crate::types::Objective::Tg {
-        Some(format!("--objective {}: a draft speeds up generation alone", s.goal.objective.as_str()))
-    } else if s.caps.max_power_w.is_some() {
-        Some("--max-power: a draft's power is not measured".into())
-    } else if !p.tensor_split.is_empty() || !p.devices.is_empty() || !p.cpu_overrides.is_empty() || p.n_parallel > 1 {
-        Some(
-            "the answer splits over devices, names its devices, keeps fit's tensors on the CPU or runs several slots"
-                .into(),
-        )
-    } else if p.mmproj.is_some() {
-        Some("--mmproj: the speculative load does not load the projector, so it could not be held under the cap".into())
-    } else {
-        None
+    // A model with MTP heads: drafting with them is tried whether asked or not.
+    let mtp = crate::profile::DraftRequest::mtp();
+    let request = match &s.backend.draft {
+        Some(r) => r,
+        None if sh.opts.info().has_mtp() => &mtp,
+        None => return Ok((answer, None)),
     };
-    if let Some(why) = why_not {
-        notes.push(Note::search(format!("draft not tried: {why}")).at(at.n_ctx));
+    let what = if request.model.is_some() { "draft" } else { "MTP heads" };
+    let p = &answer.placement;
+    if let Some(why) = not_tried(s, p) {
+        notes.push(Note::search(format!("{what} not tried: {why}")).at(at.n_ctx));
         return Ok((answer, None));
     }
-    let draft_info = crate::model::inspect(&request.model)?;
+    let draft = match &request.model {
+        Some(m) => Some((m.clone(), crate::model::inspect(m)?.n_layer_full)),
+        None => None,
+    };
+    let draft_full = draft.as_ref().map_or(0, |d| d.1);
     #[allow(clippy::cast_precision_loss)]
     let cap = gate.cap_bytes.map(|c| c - gate.unaccounted as f64);
     let inputs = draft::DraftInputs {
@@ -272,12 +269,12 @@ fn with_draft(
         n_depth: at.depth,
         n_gen: s.measure.n_gen,
         repetitions: s.measure.repetitions,
-        draft_full: draft_info.n_layer_full,
+        draft_full,
     };
     let mut world = draft::ChildWorld {
         runner: &sh.runner,
         target: pricer::workload_spec(sh.opts.info(), s, at, sh.op_offload),
-        draft: (request.model.clone(), draft_info.n_layer_full),
+        draft,
         timeout: std::time::Duration::from_secs(s.policy.trial_timeout_s),
     };
     let mut report = draft::run(&inputs, &mut world)?;
@@ -295,9 +292,11 @@ fn with_draft(
     match with_drafts.admit(r, s.workload.kv_type) {
         Ok(a) => {
             notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
-            notes.push(Note::consumer(
-                "Ollama runs a Modelfile DRAFT as draft-mtp or draft-dflash (llm/llama_server.go), never as draft-simple: the Ollama lines carry no draft, llama.cpp's and llama-server's do".to_string(),
-            ));
+            if request.model.is_some() {
+                notes.push(Note::consumer(
+                    "Ollama runs a Modelfile DRAFT as draft-mtp or draft-dflash (llm/llama_server.go), never as draft-simple: the Ollama lines carry no draft, llama.cpp's and llama-server's do".to_string(),
+                ));
+            }
             Ok((a, Some(report)))
         }
         Err(refused) => {
@@ -309,6 +308,24 @@ fn with_draft(
             notes.push(Note::search(why).at(at.n_ctx));
             Ok((answer, Some(report)))
         }
+    }
+}
+
+/// Why the draft stage does not run beside `p`, if it does not.
+fn not_tried(s: &crate::profile::Settings, p: &crate::placement::Placement) -> Option<String> {
+    if s.goal.objective != crate::types::Objective::Tg {
+        Some(format!("--objective {}: a draft speeds up generation alone", s.goal.objective.as_str()))
+    } else if s.caps.max_power_w.is_some() {
+        Some("--max-power: a draft's power is not measured".into())
+    } else if !p.tensor_split.is_empty() || !p.devices.is_empty() || !p.cpu_overrides.is_empty() || p.n_parallel > 1 {
+        Some(
+            "the answer splits over devices, names its devices, keeps fit's tensors on the CPU or runs several slots"
+                .into(),
+        )
+    } else if p.mmproj.is_some() {
+        Some("--mmproj: the speculative load does not load the projector, so it could not be held under the cap".into())
+    } else {
+        None
     }
 }
 

@@ -19,7 +19,7 @@ use anyhow::Result;
 use crate::engine::spec::{SpecAsk, SpecRun, MIN_PROMPT};
 use crate::error::is_interrupted as interrupted;
 use crate::model::human_bytes;
-use crate::placement::{Draft, Placement};
+use crate::placement::Placement;
 use crate::profile::{DraftOption, DraftReport, DraftRequest, Verdict};
 use crate::tune::baseline::Ratio;
 
@@ -67,8 +67,7 @@ pub struct DraftInputs<'a> {
 
 impl DraftInputs<'_> {
     fn with(&self, ngld: Option<u32>) -> Placement {
-        let draft = Draft { n_gpu_layers: ngld, n_max: self.request.n_max, ..Draft::of(self.request.model.clone()) };
-        Placement { draft: Some(draft), ..self.answer.clone() }
+        Placement { draft: Some(self.request.draft(ngld)), ..self.answer.clone() }
     }
 
     #[allow(clippy::cast_precision_loss)]
@@ -83,8 +82,9 @@ impl DraftInputs<'_> {
 /// # Errors
 /// What the world's measurement returns as fatal (an interrupt).
 pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftReport> {
-    let mut options = priced(inp, world)?;
-    for o in options.iter_mut().filter(|o| o.fits) {
+    let mut options = if inp.request.model.is_some() { priced(inp, world)? } else { mtp_priced(inp, world)? };
+    // Paired against the answer: only options that keep the answer's own target.
+    for o in options.iter_mut().filter(|o| o.fits && own_target(o, inp)) {
         measure(inp, world, o)?;
     }
     let best = options
@@ -97,7 +97,61 @@ pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftRep
         options[i].chosen = true;
     }
     let summary = summary(&options, inp);
-    Ok(DraftReport { draft: inp.request.model.clone(), n_gen: inp.n_gen, n_depth: inp.n_depth, options, summary })
+    Ok(DraftReport {
+        draft: inp.request.model.clone().unwrap_or_else(|| inp.model.to_path_buf()),
+        mtp: inp.request.model.is_none(),
+        n_gen: inp.n_gen,
+        n_depth: inp.n_depth,
+        options,
+        summary,
+    })
+}
+
+/// The model's own MTP heads at the answer's layers, priced with them on
+/// (the MTP blocks loaded where `-ngl` puts them, after the output layer,
+/// and the MTP context beside the model's), and where that is over the
+/// caps, the most layers that fit with them: priced, not measured (its
+/// target is not the answer's, so no pair would compare like with like),
+/// to show what MTP costs in target layers.
+fn mtp_priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<DraftOption>> {
+    let without = world.price_target(inp.answer)?;
+    let priced_at = |p: Placement, label: String, price: Price| DraftOption {
+        predicted_device_bytes: price.map(|x| x.0),
+        predicted_host_bytes: price.map(|x| x.1),
+        fits: price.is_some_and(|x| inp.fits(x)),
+        ..DraftOption::unmeasured(label, p)
+    };
+    let at = inp.with(None);
+    let ngl = at.n_gpu_layers;
+    let price = world.price_target(&at)?;
+    let mut o = priced_at(at, format!("the model's MTP heads at the answer's -ngl {ngl}"), price);
+    let plain = without.map_or_else(|| "not priced".into(), |w| human_bytes(w.0));
+    o.note = format!("the answer without them: {plain} on the devices by llama.cpp's dry run");
+    if o.fits || inp.cap.is_none() || price.is_none() {
+        return Ok(over_cap_notes(vec![o], inp));
+    }
+    // The device bytes grow with -ngl: the most layers whose price fits.
+    let (mut lo, mut hi, mut most) = (0u32, ngl, None);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let p = Placement { n_gpu_layers: mid, ..inp.with(None) };
+        let price = world.price_target(&p)?;
+        if price.is_some_and(|x| inp.fits(x)) {
+            most = Some((mid, price));
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    let mut v = vec![o];
+    if let Some((k, price)) = most {
+        let label =
+            format!("the model's MTP heads at -ngl {k}, the most layers that fit with them ({} fewer)", ngl - k);
+        let mut fewer = priced_at(Placement { n_gpu_layers: k, ..inp.with(None) }, label, price);
+        fewer.note = "priced, not measured: MTP would have to win back the target layers it costs".into();
+        v.push(fewer);
+    }
+    Ok(over_cap_notes(v, inp))
 }
 
 /// The options, each priced with the target: `--draft-ngl` alone where
@@ -147,6 +201,11 @@ fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<Draft
             }
         }
     }
+    Ok(over_cap_notes(v, inp))
+}
+
+/// Says why each option over the caps is.
+fn over_cap_notes(mut v: Vec<DraftOption>, inp: &DraftInputs<'_>) -> Vec<DraftOption> {
     for o in v.iter_mut().filter(|o| !o.fits) {
         let also = std::mem::take(&mut o.note);
         o.note = match (o.predicted_device_bytes, inp.cap) {
@@ -163,7 +222,7 @@ fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<Draft
             o.note = format!("{}; {also}", o.note);
         }
     }
-    Ok(v)
+    v
 }
 
 /// One load of `o`: the answer's generation without the draft and with
@@ -207,22 +266,34 @@ fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOptio
     Ok(())
 }
 
+/// Whether `o` keeps the answer's own target (only its draft added).
+fn own_target(o: &DraftOption, inp: &DraftInputs<'_>) -> bool {
+    Placement { draft: None, ..o.placement.clone() } == *inp.answer
+}
+
 /// Whether speculation pays here, in words.
 fn summary(options: &[DraftOption], inp: &DraftInputs<'_>) -> String {
-    let at = format!("at depth {}", inp.n_depth.max(MIN_PROMPT));
+    let with = if inp.request.model.is_none() { " with the model's MTP heads" } else { "" };
+    let at = format!("{with} at depth {}", inp.n_depth.max(MIN_PROMPT));
     let ratio = |o: &DraftOption| o.ratio.map_or_else(String::new, |[m, lo, hi]| format!("x{m:.2} [{lo:.2}, {hi:.2}]"));
     if let Some(o) = options.iter().find(|o| o.chosen) {
-        return format!("speculation pays {at}: {}, tg {}, the answer", o.label, ratio(o));
+        return format!("speculation pays{at}: {} is the answer, tg {}", o.label, ratio(o));
     }
     let measured: Vec<String> =
         options.iter().filter(|o| o.loads > 0).map(|o| format!("{} {}", o.label, ratio(o))).collect();
-    if measured.is_empty() && options.iter().any(|o| o.fits) {
-        return format!("speculation not measured {at}: the loads of the draft placements under the caps failed (their lines say why)");
+    if measured.is_empty() && options.iter().any(|o| o.fits && own_target(o, inp)) {
+        return format!("speculation not measured{at}: the loads of the draft placements under the caps failed (their lines say why)");
+    }
+    if let Some(o) = options.iter().find(|o| measured.is_empty() && o.fits) {
+        return format!(
+            "speculation not measured{at}: beside the answer it is over the caps; {} (priced), and the answer has no draft",
+            o.label
+        );
     }
     if measured.is_empty() {
-        return format!("speculation not measured {at}: no draft placement fits under the caps beside the answer");
+        return format!("speculation not measured{at}: no draft placement beside the answer fits under the caps");
     }
-    format!("speculation does not pay {at} beyond the noise: {}; the answer has no draft", measured.join(", "))
+    format!("speculation does not pay{at} beyond the noise: {}; the answer has no draft", measured.join(", "))
 }
 
 /// The real world: llama.cpp's dry run in a child (the target's and the
@@ -232,8 +303,9 @@ pub struct ChildWorld<'r> {
     pub runner: &'r crate::engine::runner::Runner,
     /// The target's dry run at this context (the tune's workload spec).
     pub target: crate::engine::predict::PredictSpec,
-    /// The draft's file and layers with its output (`-ngld` for every one).
-    pub draft: (std::path::PathBuf, u32),
+    /// The draft's file and layers with its output (`-ngld` for every one);
+    /// `None` for the model's own MTP heads.
+    pub draft: Option<(std::path::PathBuf, u32)>,
     pub timeout: std::time::Duration,
 }
 
@@ -246,7 +318,8 @@ impl DraftWorld for ChildWorld<'_> {
             n_cpu_ffn: p.n_cpu_ffn,
             n_cpu_moe: p.n_cpu_moe,
         };
-        let spec = crate::engine::predict::PredictSpec { cases: vec![case], ..self.target.clone() };
+        let mtp = p.draft.as_ref().is_some_and(crate::placement::Draft::is_mtp);
+        let spec = crate::engine::predict::PredictSpec { cases: vec![case], mtp, ..self.target.clone() };
         let out = match crate::engine::predict::predict_in_child(self.runner, &spec) {
             Ok(out) => out,
             Err(e) if interrupted(&e) => return Err(e),
@@ -256,7 +329,7 @@ impl DraftWorld for ChildWorld<'_> {
     }
 
     fn price_draft(&mut self, ngld: &[Option<u32>], n_ctx: u32) -> Result<Vec<Price>> {
-        let (model, full) = self.draft.clone();
+        let Some((model, full)) = self.draft.clone() else { return Ok(vec![None; ngld.len()]) };
         let spec = crate::engine::predict::PredictSpec {
             model,
             ngl: ngld.iter().map(|n| n.unwrap_or(full)).collect(),
@@ -298,8 +371,11 @@ mod tests {
     }
 
     impl DraftWorld for Fake {
-        fn price_target(&mut self, _p: &Placement) -> Result<Price> {
-            Ok(Some((100, 50)))
+        /// 100 device bytes at the answer (20 layers), 4 a layer; MTP adds 30.
+        fn price_target(&mut self, p: &Placement) -> Result<Price> {
+            let mtp = p.draft.as_ref().is_some_and(crate::placement::Draft::is_mtp);
+            let layers = 4 * u64::from(p.n_gpu_layers);
+            Ok(Some((20 + layers + if mtp { 30 } else { 0 }, 50)))
         }
         fn price_draft(&mut self, ngld: &[Option<u32>], _n_ctx: u32) -> Result<Vec<Price>> {
             Ok(ngld
@@ -334,11 +410,15 @@ mod tests {
     }
 
     fn stage(cap: f64, ns: fn(Option<u32>) -> u64) -> (DraftReport, Vec<Option<u32>>) {
-        let request = DraftRequest { model: "d.gguf".into(), n_gpu_layers: None, n_max: 3, prompt_file: None };
+        let request = DraftRequest { model: Some("d.gguf".into()), n_gpu_layers: None, n_max: 3, prompt_file: None };
+        staged(&request, cap, ns)
+    }
+
+    fn staged(request: &DraftRequest, cap: f64, ns: fn(Option<u32>) -> u64) -> (DraftReport, Vec<Option<u32>>) {
         let answer = Placement { n_ctx: Some(2048), ..Placement::default() }.with_layers(20, 2, Some(2048));
         let inp = DraftInputs {
             model: Path::new("m.gguf"),
-            request: &request,
+            request,
             answer: &answer,
             cap: Some(cap),
             host_cap: None,
@@ -374,6 +454,33 @@ mod tests {
         let all = r.options.iter().find(|o| o.placement.draft.as_ref().unwrap().n_gpu_layers.is_none()).unwrap();
         assert!(!all.fits && all.loads == 0 && all.note.starts_with("over the cap with the target"), "{all:?}");
         assert_eq!(chosen(&r), Some(Some(2)));
+    }
+
+    #[test]
+    fn mtp_heads_are_priced_with_and_without_them_and_where_they_fit_measured_at_the_answer() {
+        // 100 bytes without MTP, 130 with by the dry run (150 by the load): under a cap of 160 both fit.
+        let (r, loads) = staged(&DraftRequest::mtp(), 160.0, |_| 500_000_000);
+        assert!(r.mtp && r.draft == Path::new("m.gguf"), "{r:#?}");
+        assert_eq!(loads, [None], "one option, at the answer, measured once");
+        let o = r.chosen().expect("twice as fast beyond the noise");
+        assert!(o.placement.draft.as_ref().unwrap().is_mtp() && o.placement.n_gpu_layers == 20, "{o:?}");
+        assert_eq!(o.predicted_device_bytes, Some(130));
+        assert!(o.note.starts_with("the answer without them: 0.00 MiB"), "{}", o.note);
+        assert!(r.summary.starts_with("speculation pays with the model's MTP heads"), "{}", r.summary);
+    }
+
+    #[test]
+    fn where_mtp_heads_do_not_fit_at_the_answer_the_layers_they_cost_are_priced_not_measured() {
+        // 130 > 120: with MTP, 20 + 4 k + 30 <= 120 holds to k = 17, three layers fewer.
+        let (r, loads) = staged(&DraftRequest::mtp(), 120.0, |_| 500_000_000);
+        assert!(loads.is_empty(), "nothing paired against the answer: {r:#?}");
+        assert_eq!(r.options.len(), 2, "{r:#?}");
+        assert!(!r.options[0].fits && r.options[0].note.starts_with("over the cap with the target"), "{r:#?}");
+        let fewer = &r.options[1];
+        assert!(fewer.fits && fewer.loads == 0 && fewer.placement.n_gpu_layers == 17, "{fewer:?}");
+        assert!(fewer.label.contains("(3 fewer)") && fewer.note.contains("not measured"), "{fewer:?}");
+        assert_eq!(r.chosen(), None);
+        assert!(r.summary.contains("not measured"), "{}", r.summary);
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload:
         ollama_fit: None,
         kv_type: s.workload.kv_type,
         mmproj: s.backend.mmproj.clone(),
+        mtp: false,
     }
 }
 

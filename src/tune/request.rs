@@ -59,15 +59,21 @@ impl Machine {
 }
 
 /// `--draft`: llama.cpp would draft for the model with it (its vocabulary
-/// check, in a child that reads both vocabularies), and the text drafted on can be read.
+/// check, in a child that reads both vocabularies), and the text drafted
+/// on can be read. `--mtp`: the model has MTP heads.
 ///
 /// # Errors
 /// `BadInput` for a draft that does not suit the model.
 fn check_draft(info: &ModelInfo, d: &crate::profile::DraftRequest) -> Result<()> {
-    let placement = crate::placement::Placement {
-        draft: Some(crate::placement::Draft::of(d.model.clone())),
-        ..crate::placement::Placement::default()
-    };
+    if d.model.is_none() && !info.has_mtp() {
+        return Err(crate::error::bad(format!(
+            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent); drop --mtp, or give a draft model with --draft",
+            info.path.display(),
+            info.architecture
+        )));
+    }
+    let placement =
+        crate::placement::Placement { draft: Some(d.draft(None)), ..crate::placement::Placement::default() };
     crate::engine::spec::check(&crate::engine::spec::SpecAsk {
         model: info.path.clone(),
         placement,

@@ -15,6 +15,15 @@ pub fn synth(dir: &Path, n_layer: u32) -> PathBuf {
     p
 }
 
+/// A 4-layer MoE model with one MTP block after its trunk (a glm4moe, as
+/// GLM-4.5 lays its NextN block out), random weights.
+pub fn synth_mtp(dir: &Path) -> PathBuf {
+    let p = dir.join("synth-mtp.gguf");
+    let spec = SynthSpec::default().with_n_layer(4).with_dims(256, 512, 4).with_kv_heads(2).with_experts(4, 2);
+    write_model(&p, &spec.with_vocab(4096, false).with_nextn(1)).expect("write synthetic MTP model");
+    p
+}
+
 /// The real test model, fetched by scripts/fetch-model (scripts/test runs it first).
 pub fn real_model() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor/models/gemma-3-270m-q4_k_m.gguf");

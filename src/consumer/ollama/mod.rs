@@ -440,7 +440,21 @@ pub fn modelfile_lines(p: &Placement) -> Vec<String> {
             p.n_batch, p.n_ubatch
         )),
     }
+    if let Some(n) = draft_num_predict(p) {
+        v.push(format!("PARAMETER draft_num_predict {n}"));
+    }
     v
+}
+
+/// Ollama's `draft_num_predict` for a placement that drafts with the
+/// model's own MTP heads: Ollama then starts llama-server with
+/// `--spec-type draft-mtp --spec-draft-n-max N` (llm/llama_server.go,
+/// `appendDraftArgs`; server/routes.go leaves it 0, MTP off, unless a
+/// Modelfile or request sets it). A draft model Ollama runs only as
+/// draft-mtp or draft-dflash, never as draft-simple: `None`.
+#[must_use]
+pub fn draft_num_predict(p: &Placement) -> Option<u32> {
+    p.draft.as_ref().filter(|d| d.is_mtp()).map(|d| d.n_max)
 }
 
 /// The Ollama server settings a placement needs: they live in the

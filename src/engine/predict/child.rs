@@ -174,6 +174,7 @@ fn predict_one(
         tensor_split: split.to_vec(),
         devices: devices.to_vec(),
         split_mode,
+        draft: spec.mtp.then(|| crate::placement::Draft::mtp(crate::placement::DRAFT_N_MAX)),
         ..crate::placement::Placement::default()
     };
     predict_placement(spec, &placement, (case.n_ctx, case.kv_type), extra)

@@ -183,6 +183,12 @@ pub struct PredictSpec {
     /// once and added to every prediction on the device it loads on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<PathBuf>,
+    /// Price every layer list and case with the model's MTP heads on
+    /// (`--spec-type draft-mtp`): the MTP blocks loaded, and the MTP
+    /// context beside the model's, as common_fit_params's extra model
+    /// that shares the model's weights.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mtp: bool,
 }
 
 /// One split to price: everything that places it, in one value.

@@ -1,6 +1,7 @@
 //! Ollama Modelfiles, read as Ollama reads them, and an in-place update that
 //! changes only the PARAMETER values ngl-tune owns (num_gpu, num_thread,
-//! num_ctx, num_batch) and keeps every other byte. What the values are is
+//! num_ctx, num_batch, and draft_num_predict for a model with MTP heads)
+//! and keeps every other byte. What the values are is
 //! the profile's (`emit::modelfile`).
 //!
 //! The reader follows Ollama's own parser (`parser/parser.go`, `ParseFile`)
