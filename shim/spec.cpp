@@ -321,6 +321,18 @@ static int spec_bench(const char * path, const ngl_tune_placement * p, const ngl
                 // The plain side runs as the model without MTP: no NextN rows out of the target.
                 llama_set_embeddings_nextn(ctx, !is_plain, false);
             }
+            if (!is_plain) {
+                // The speculator keeps state from its last batch (MTP: the
+                // target's hidden row it drafts from next): read the depth's
+                // last tokens again, untimed, so each repetition drafts from
+                // the depth as the first did.
+                const int back = (int) std::min<uint32_t>(8, n_depth);
+                const std::vector<llama_token> tail(toks.end() - back, toks.end());
+                if (!trim(ctx, (int) n_depth - back) || !trim(ctx_dft, (int) n_depth - back) ||
+                    !read_text(ctx, spec.get(), tail, (int) n_depth - back)) {
+                    return fail(r, 5, "reading the depth's last tokens again failed");
+                }
+            }
             const auto t0 = clock_type::now();
             bool ok = is_plain ? gen_plain(params, ctx, model.get(), last, (int) n_depth, (int) n_gen, plain)
                                : gen_spec(params, ctx, ctx_dft, spec.get(), model.get(), toks, last, (int) n_gen, drafted,

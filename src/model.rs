@@ -74,10 +74,18 @@ fn is_zero_u64(n: &u64) -> bool {
 }
 
 impl ModelInfo {
-    /// Whether the model carries MTP heads llama.cpp can draft with.
+    /// Whether the model carries MTP heads llama.cpp can draft with: its
+    /// NextN blocks and their weights (a file whose converter dropped them
+    /// keeps the key; llama.cpp then loads the trunk alone).
     #[must_use]
     pub fn has_mtp(&self) -> bool {
-        self.n_layer_nextn > 0
+        self.n_layer_nextn > 0 && self.nextn_bytes > 0
+    }
+
+    /// The trunk's layers: `n_layer` less the MTP blocks.
+    #[must_use]
+    pub fn n_layer_trunk(&self) -> u32 {
+        self.n_layer - self.n_layer_nextn
     }
 
     /// The output layer's work in repeating layers: its weights over a
@@ -90,7 +98,7 @@ impl ModelInfo {
         if layers == 0 || self.layer_bytes.is_empty() {
             return 1.0;
         }
-        let mean = layers as f64 / self.layer_bytes.len() as f64;
+        let mean = layers as f64 / f64::from(self.n_layer_trunk().max(1));
         let out = if self.output_tied { self.token_embd_bytes + self.output_bytes } else { self.output_bytes };
         (out as f64 / mean).max(1.0)
     }

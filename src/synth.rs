@@ -216,7 +216,8 @@ fn hparams(w: &mut Writer, spec: &SynthSpec, arch: &str) {
     w.kv("general.file_type", Value::U32(if spec.q8_0 { 7 } else { 0 }));
     w.kv(&format!("{arch}.context_length"), Value::U32(spec.ctx_train));
     w.kv(&format!("{arch}.embedding_length"), Value::U32(e as u32));
-    w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer + spec.n_nextn));
+    let nextn = if arch == "glm4moe" { spec.n_nextn } else { 0 };
+    w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer + nextn));
     // Mamba has neither an FFN nor attention heads (its converter writes 0s).
     let (ff_kv, h_kv, hkv_kv) = if spec.mamba { (0, 0, 0) } else { (ff, h, hkv) };
     w.kv(&format!("{arch}.feed_forward_length"), Value::U32(ff_kv as u32));
@@ -238,7 +239,7 @@ fn hparams(w: &mut Writer, spec: &SynthSpec, arch: &str) {
         w.kv(&format!("{arch}.attention.key_length"), Value::U32(head_dim as u32));
         w.kv(&format!("{arch}.attention.value_length"), Value::U32(head_dim as u32));
     }
-    if spec.n_nextn > 0 {
+    if nextn > 0 {
         // glm4moe: one shared expert (its MTP graph runs it), no dense lead.
         w.kv(&format!("{arch}.expert_shared_count"), Value::U32(1));
         w.kv(&format!("{arch}.leading_dense_block_count"), Value::U32(0));

@@ -24,6 +24,8 @@ const MTP_HEADS: &str = "MTP heads";
 struct Row {
     model: String,
     draft: String,
+    /// The model's own MTP heads, not a draft model.
+    mtp: bool,
     n_gpu_layers: u32,
     /// `-ngld`; `None`: llama.cpp's auto, every layer.
     draft_gpu_layers: Option<u32>,
@@ -140,6 +142,7 @@ fn row(info: &ModelInfo, ask: &SpecAsk, run: SpecRun) -> Row {
             Some(None) => MTP_HEADS.into(),
             None => String::new(),
         },
+        mtp: draft.is_some_and(crate::placement::Draft::is_mtp),
         n_gpu_layers: ask.placement.n_gpu_layers,
         draft_gpu_layers: draft.and_then(|d| d.n_gpu_layers),
         draft_n_max: draft.map_or(0, |d| d.n_max),
@@ -183,7 +186,7 @@ fn table(rows: &[Row], csv: bool) -> String {
                 r.draft.clone(),
                 r.n_gpu_layers.to_string(),
                 // MTP heads are the model's own blocks: -ngl places them.
-                if r.draft == MTP_HEADS {
+                if r.mtp {
                     "-".to_string()
                 } else {
                     r.draft_gpu_layers.map_or_else(|| "all".to_string(), |n| n.to_string())

@@ -114,6 +114,9 @@ pub struct OllamaOptions {
     /// Where the measured batch sizes are one Ollama can pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_batch: Option<u32>,
+    /// For a model with MTP heads: the draft length where the answer drafts with them, else 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_num_predict: Option<u32>,
 }
 
 /// Renders `p` in format `f`.
@@ -152,6 +155,7 @@ pub fn render(p: &Profile, f: Format) -> Result<String> {
                 num_thread: r.placement.n_threads,
                 num_ctx: crate::consumer::ollama::num_ctx(&pl).unwrap_or(r.n_ctx()),
                 num_batch,
+                draft_num_predict: modelfile::draft_num_predict(p),
             };
             serde_json::to_string_pretty(&serde_json::json!({ "options": o }))? + "\n"
         }

@@ -383,6 +383,10 @@ fn draft_done(a: &mut LlamaArgs, dk: Option<KvType>, dv: Option<KvType>) -> Resu
         (None, _) if mtp && a.draft_ngl.is_some() => {
             Err("-ngld with --spec-type draft-mtp: the MTP heads are the model's own blocks, placed by -ngl; drop -ngld".into())
         }
+        // The dry run prices the MTP context's cache as llama.cpp's default.
+        (None, _) if mtp && a.draft_kv.is_some_and(|k| k != KvType::F16) => Err(
+            "-ctkd/-ctvd with --spec-type draft-mtp: ngl-tune prices the MTP context's cache at llama.cpp's default, f16; drop them".into(),
+        ),
         (None, _) if draft_set && !mtp => Err(
             "-ngld, --spec-draft-n-max, -ctkd, -ctvd and --spec-type set a draft model's placement: give it with -md (or --spec-type draft-mtp for the model's own MTP heads)".into(),
         ),
@@ -550,9 +554,9 @@ mod tests {
                 mmproj: mm.map(std::path::PathBuf::from),
                 draft: draft.map(|(m, n_gpu_layers, n_max, kv_type)| crate::placement::Draft {
                     n_gpu_layers: n_gpu_layers.filter(|_| m.is_some()),
+                    kv_type: if m.is_some() { kv_type } else { KvType::F16 },
                     model: m.map(std::path::PathBuf::from),
                     n_max,
-                    kv_type,
                 }),
             })
     }
@@ -613,6 +617,7 @@ mod tests {
             ("-md d.gguf -ngld 2", "add --spec-type draft-simple"),
             ("-md d.gguf --spec-type draft-mtp", "MTP-only draft file"),
             ("--spec-type draft-mtp -ngld 2", "drop -ngld"),
+            ("--spec-type draft-mtp -ctkd q8_0 -ctvd q8_0", "f16"),
             ("--spec-type draft-eagle3", "not measured"),
             ("-md d.gguf --spec-type draft-simple -ctkd q8_0 -ctvd f16", "both draft caches"),
             ("-sm graph", "none, layer, row or tensor"),

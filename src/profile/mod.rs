@@ -80,7 +80,7 @@ pub struct ModelIdentity {
     /// Context the model was trained for (0: unknown, profiles from before the field).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ctx_train: u64,
-    /// MTP (NextN) blocks, the last of `n_layer` (0: none, or a profile from before the field).
+    /// MTP (NextN) blocks with their weights, the last of `n_layer` (0: none, or a profile from before the field).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub n_layer_nextn: u32,
 }
@@ -117,7 +117,7 @@ impl ModelIdentity {
             n_params: m.n_params,
             n_expert: m.n_expert,
             ctx_train: m.ctx_train,
-            n_layer_nextn: m.n_layer_nextn,
+            n_layer_nextn: if m.has_mtp() { m.n_layer_nextn } else { 0 },
         }
     }
 

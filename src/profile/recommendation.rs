@@ -167,11 +167,15 @@ impl Recommendation {
 
     /// The whole-layer placement Ollama can express: [`Self::ollama_layers`],
     /// no tensor overrides, no RPC devices, and the model's own MTP heads
-    /// where the answer drafts with them (a draft model Ollama cannot run).
+    /// where the answer drafts with them and Ollama runs exactly its layers
+    /// (a `num_gpu` of other layers, or none, was never priced with them;
+    /// a draft model Ollama cannot run).
     #[must_use]
     pub fn ollama_placement(&self) -> Placement {
         let p = &self.placement;
-        let draft = p.draft.clone().filter(crate::placement::Draft::is_mtp);
+        let whole = p.n_cpu_moe == 0 && p.n_cpu_ffn == 0 && p.cpu_overrides.is_empty() && p.rpc.is_empty();
+        let same = whole && self.ollama_num_gpu_param() == Some(p.n_gpu_layers);
+        let draft = p.draft.clone().filter(|d| d.is_mtp() && same);
         Placement { n_batch: p.n_batch, n_ubatch: p.n_ubatch, n_parallel: p.n_parallel, draft, ..Placement::default() }
             .with_layers(self.ollama_layers(), p.n_threads, p.n_ctx)
     }
@@ -290,6 +294,33 @@ mod tests {
         // A Modelfile comment is a comment to Ollama's parser: the parameters read back the same.
         let text = r.modelfile.join("\n");
         assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("PARAMETER ")), "{text}");
+    }
+
+    /// An answer drafting with the model's MTP heads tells Ollama to load
+    /// them only where Ollama runs exactly its layers: a whole-layer split
+    /// Ollama runs instead (of an expert spill), or num_gpu left unset, was
+    /// never priced with them.
+    #[test]
+    fn mtp_heads_reach_the_modelfile_only_with_the_layers_they_were_priced_with() {
+        let p = Placement { draft: Some(crate::placement::Draft::mtp(3)), ..Placement::default() }.with_layers(
+            20,
+            6,
+            Some(8192),
+        );
+        let mut r = Recommendation::default();
+        r.set_placement(&p);
+        assert!(r.modelfile.contains(&"PARAMETER draft_num_predict 3".to_string()), "{:?}", r.modelfile);
+        assert!(r.llama_cpp_args.contains("--spec-type draft-mtp"), "{}", r.llama_cpp_args);
+        r.set_placement(&Placement { n_cpu_moe: 4, ..p.clone() });
+        r.ollama_num_gpu = Some(16);
+        r.render_forms();
+        assert!(r.modelfile.contains(&"PARAMETER num_gpu 16".to_string()), "{:?}", r.modelfile);
+        assert!(!r.modelfile.iter().any(|l| l.contains("draft_num_predict")), "{:?}", r.modelfile);
+        r.set_placement(&p);
+        r.ollama_num_gpu = None;
+        r.llama_default = true;
+        r.render_forms();
+        assert!(!r.modelfile.iter().any(|l| l.contains("draft_num_predict")), "{:?}", r.modelfile);
     }
 
     /// A recommendation of schema 3 and before held its placement fields

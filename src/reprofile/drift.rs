@@ -168,6 +168,7 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
         }
         .into();
     }
+    comparisons.extend(draft_comparisons(old, new, threshold));
     let (o, n) = (&old.recommendation, &new.recommendation);
     Drift {
         regressions: comparisons.iter().filter(|c| c.verdict == "regression").count(),
@@ -180,6 +181,60 @@ pub fn drift(old: &Profile, new: &Profile, threshold: f64) -> Drift {
             .then_some((o.placement.n_threads, n.placement.n_threads)),
         placements_changed: placements_changed(old, new),
     }
+}
+
+/// The test name of a draft placement's comparison: its paired ratio,
+/// generation with the draft over without, not a speed.
+pub const DRAFT_TEST: &str = "tg with the draft / without";
+
+/// Each draft placement measured in both profiles at one context (the same
+/// placement, its draft included): the paired ratio's geometric mean old
+/// and new. No raw samples are kept for it, so the verdict is the two 95%
+/// intervals: a change past the threshold whose intervals do not overlap
+/// is a regression or an improvement, one whose intervals overlap is
+/// inconclusive (not measured again: the nightly re-tune has just run the
+/// draft stage again).
+fn draft_comparisons(old: &Profile, new: &Profile, threshold: f64) -> Vec<Comparison> {
+    let mut v = Vec::new();
+    for c in new.settings.contexts() {
+        let (Some(od), Some(nd)) =
+            (old.placement(c).and_then(|x| x.draft.as_ref()), new.placement(c).and_then(|x| x.draft.as_ref()))
+        else {
+            continue;
+        };
+        for n in nd.options.iter().filter(|o| o.loads > 0) {
+            let Some(o) = od.options.iter().find(|o| o.loads > 0 && o.placement == n.placement) else { continue };
+            let (Some([om, olo, ohi]), Some([nm, nlo, nhi])) = (o.ratio, n.ratio) else { continue };
+            if om <= 0.0 {
+                continue;
+            }
+            let change = (nm - om) / om;
+            let verdict = if change.abs() < threshold {
+                "same"
+            } else if nlo > ohi {
+                "improvement"
+            } else if nhi < olo {
+                "regression"
+            } else {
+                "inconclusive"
+            };
+            let p = &n.placement;
+            v.push(Comparison {
+                n_gpu_layers: p.n_gpu_layers,
+                n_threads: p.n_threads,
+                n_ctx: Some(c),
+                placement: p.draft.as_ref().map_or_else(String::new, crate::placement::Draft::describe),
+                test: DRAFT_TEST.into(),
+                old_ts: om,
+                new_ts: nm,
+                change_pct: change * 100.0,
+                p_value: None,
+                verdict: verdict.into(),
+                remeasured: 0,
+            });
+        }
+    }
+    v
 }
 
 /// Rounds of measuring again an inconclusive comparison, and the

@@ -385,8 +385,14 @@ fn say_drift(d: &Drift, threshold: f64, say: &mut dyn FnMut(&str)) {
             if c.remeasured > 0 { format!(", {} repetitions measured again", c.remeasured) } else { String::new() };
         let ctx = c.n_ctx.map_or(String::new(), |n| format!(" -c {n}"));
         let extra = if c.placement.is_empty() { String::new() } else { format!(" ({})", c.placement) };
+        // A draft's comparison is its paired ratio, judged by its intervals.
+        let (x, unit, p) = if c.test == drift::DRAFT_TEST {
+            ("x", "", "95% intervals".to_string())
+        } else {
+            ("", " t/s", format!("p {}", c.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))))
+        };
         say(&format!(
-            "           {} {} at ngl {} -t {}{ctx}{extra}: {:.2} → {:.2} t/s ({:+.1}%, p {}{again})",
+            "           {} {} at ngl {} -t {}{ctx}{extra}: {x}{:.2} → {x}{:.2}{unit} ({:+.1}%, {p}{again})",
             c.verdict.to_uppercase(),
             c.test,
             c.n_gpu_layers,
@@ -394,7 +400,6 @@ fn say_drift(d: &Drift, threshold: f64, say: &mut dyn FnMut(&str)) {
             c.old_ts,
             c.new_ts,
             c.change_pct,
-            c.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
         ));
     }
     if let Some((a, b)) = d.recommendation_changed {

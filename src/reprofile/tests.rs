@@ -143,3 +143,61 @@ fn a_split_is_compared_with_the_same_split_only() {
     assert_eq!(bad.len(), 1, "{:#?}", d.comparisons);
     assert_eq!(bad[0].placement, "-ts 9,13");
 }
+
+/// A draft placement measured in both profiles: its paired ratio compared,
+/// judged by the two intervals (no raw samples are kept for it); another
+/// placement of the same draft is not its match.
+#[test]
+fn a_drafts_gain_is_compared_by_its_intervals() {
+    use crate::profile::{ContextPlacement, DraftOption, DraftReport};
+    let n_ctx = example().recommendation.n_ctx();
+    let with = |ratios: &[[f64; 3]]| {
+        let mut p = example();
+        let answer = p.recommendation.placement.clone();
+        let options = ratios
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let ngld = u32::try_from(i).unwrap();
+                let draft = crate::placement::Draft {
+                    n_gpu_layers: Some(ngld),
+                    ..crate::placement::Draft::of("d.gguf".into())
+                };
+                let placement = crate::placement::Placement { draft: Some(draft), ..answer.clone() };
+                DraftOption {
+                    loads: 1,
+                    ratio: Some(*r),
+                    fits: true,
+                    ..DraftOption::unmeasured(format!("{i}"), placement)
+                }
+            })
+            .collect();
+        let report =
+            DraftReport { draft: "d.gguf".into(), mtp: false, n_gen: 32, n_depth: 64, options, summary: String::new() };
+        p.placements = vec![ContextPlacement {
+            n_ctx,
+            fits_fully: false,
+            kv_bytes: None,
+            recommendation: p.recommendation.clone(),
+            options: Vec::new(),
+            default: None,
+            ollama: None,
+            split: None,
+            reading: None,
+            job: None,
+            draft: Some(report),
+        }];
+        p
+    };
+    let old = with(&[[1.40, 1.30, 1.50], [1.00, 0.90, 1.10], [1.20, 1.00, 1.40]]);
+    let new = with(&[[1.00, 0.95, 1.05], [1.02, 0.92, 1.12], [1.40, 1.10, 1.70]]);
+    let d = drift(&old, &new, 0.05);
+    let draft: Vec<&Comparison> = d.comparisons.iter().filter(|c| c.test == super::drift::DRAFT_TEST).collect();
+    let verdicts: Vec<&str> = draft.iter().map(|c| c.verdict.as_str()).collect();
+    assert_eq!(verdicts, ["regression", "same", "inconclusive"], "{draft:#?}");
+    assert!(draft[0].placement.contains("0 layers") || draft[0].placement.contains("on the CPU"), "{:?}", draft[0]);
+    assert_eq!(
+        d.regressions,
+        1 + d.comparisons.iter().filter(|c| c.test != super::drift::DRAFT_TEST && c.verdict == "regression").count()
+    );
+}

@@ -441,7 +441,7 @@ fn split(sh: &Shared<'_>, plan: &Plan, search: &mut Search<'_>) -> Result<split:
         output_layers: info.output_work_layers(),
         is_moe: info.is_moe(),
         #[allow(clippy::cast_precision_loss)]
-        layer_bytes: info.total_layer_bytes() as f64 / f64::from(info.n_layer.max(1)),
+        layer_bytes: info.total_layer_bytes() as f64 / f64::from(info.n_layer_trunk().max(1)),
         links: split::links(sh.opts.caps(), &sh.hw.rpc_servers, (info.n_embd, info.n_vocab), at.n_ubatch),
         workload: at.workload((&s.workload, &s.backend)),
     };

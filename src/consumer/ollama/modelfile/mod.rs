@@ -25,7 +25,8 @@ use crate::fsio::atomic_write;
 /// The PARAMETER names ngl-tune sets. Ollama's name for GPU layers is
 /// `num_gpu` (`num_gpu_layers` does not exist there). Ollama's parameter
 /// names are case-sensitive: `NUM_GPU` is not ours, and Ollama rejects it.
-pub const OWNED: [&str; 4] = ["num_gpu", "num_thread", "num_ctx", "num_batch"];
+/// `draft_num_predict` is set only for a model with MTP heads (`emit::modelfile::params`).
+pub const OWNED: [&str; 5] = ["num_gpu", "num_thread", "num_ctx", "num_batch", "draft_num_predict"];
 
 /// Names seen in Modelfiles in the wild that Ollama rejects ("unknown
 /// parameter"), with the name that was meant.
