@@ -323,14 +323,17 @@ static int spec_bench(const char * path, const ngl_tune_placement * p, const ngl
             }
             if (!is_plain) {
                 // The speculator keeps state from its last batch (MTP: the
-                // target's hidden row it drafts from next): read the depth's
-                // last tokens again, untimed, so each repetition drafts from
-                // the depth as the first did.
+                // target's hidden row it drafts from next, which it pairs
+                // with a batch's first token): read the depth's last tokens
+                // again, twice, untimed, so each repetition drafts from the
+                // depth with the same cache as every other.
                 const int back = (int) std::min<uint32_t>(8, n_depth);
                 const std::vector<llama_token> tail(toks.end() - back, toks.end());
-                if (!trim(ctx, (int) n_depth - back) || !trim(ctx_dft, (int) n_depth - back) ||
-                    !read_text(ctx, spec.get(), tail, (int) n_depth - back)) {
-                    return fail(r, 5, "reading the depth's last tokens again failed");
+                for (int pass = 0; pass < 2; pass++) {
+                    if (!trim(ctx, (int) n_depth - back) || !trim(ctx_dft, (int) n_depth - back) ||
+                        !read_text(ctx, spec.get(), tail, (int) n_depth - back)) {
+                        return fail(r, 5, "reading the depth's last tokens again failed");
+                    }
                 }
             }
             const auto t0 = clock_type::now();

@@ -57,7 +57,7 @@ pub(super) fn cmd_bench_draft(
     let Some(draft) = placement.draft.clone() else { return Ok(exit::FAILURE) };
     if draft.is_mtp() && !info.has_mtp() {
         return Err(crate::error::bad(format!(
-            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent); drop --mtp (or --spec-type draft-mtp), or give a draft model with --draft",
+            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent, or its NextN blocks carry no weights); drop --mtp (or --spec-type draft-mtp), or give a draft model with --draft",
             info.path.display(),
             info.architecture
         )));

@@ -104,4 +104,12 @@ impl DraftReport {
     pub fn chosen(&self) -> Option<&DraftOption> {
         self.options.iter().find(|o| o.chosen)
     }
+
+    /// None of the options is the answer after all, and `why` says so.
+    pub fn unchoose(&mut self, why: String) {
+        for o in &mut self.options {
+            o.chosen = false;
+        }
+        self.summary = why;
+    }
 }

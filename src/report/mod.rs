@@ -477,6 +477,12 @@ pub fn render_inspect(m: &crate::model::ModelInfo) -> String {
     } else {
         s += "experts        none (dense)\n";
     }
+    if m.n_layer_nextn > 0 && !m.has_mtp() {
+        s += &format!(
+            "MTP heads      none: nextn_predict_layers is {} but the blocks carry no weights (llama.cpp loads the trunk alone)\n",
+            m.n_layer_nextn
+        );
+    }
     if m.has_mtp() {
         s += &format!(
             "MTP heads      {} block(s), {}, the last of the {} layers: loaded only for --spec-type draft-mtp (Ollama: draft_num_predict), else a slot of -ngl that holds nothing\n",

@@ -195,6 +195,8 @@ pub const DRAFT_TEST: &str = "tg with the draft / without";
 /// inconclusive (not measured again: the nightly re-tune has just run the
 /// draft stage again).
 fn draft_comparisons(old: &Profile, new: &Profile, threshold: f64) -> Vec<Comparison> {
+    // A busy machine (then or now) slows a load's sides unevenly: no verdict.
+    let busy = [old, new].iter().any(|p| p.recommendation.confidence == crate::profile::Confidence::Low);
     let mut v = Vec::new();
     for c in new.settings.contexts() {
         let (Some(od), Some(nd)) =
@@ -209,7 +211,9 @@ fn draft_comparisons(old: &Profile, new: &Profile, threshold: f64) -> Vec<Compar
                 continue;
             }
             let change = (nm - om) / om;
-            let verdict = if change.abs() < threshold {
+            let verdict = if busy {
+                "contended"
+            } else if change.abs() < threshold {
                 "same"
             } else if nlo > ohi {
                 "improvement"
@@ -305,7 +309,8 @@ pub(super) fn settle(
     }
     let s = &new.settings;
     let runner = crate::tune::runner(&s.policy, opts.verbose)?;
-    for c in d.comparisons.iter_mut().filter(|c| c.verdict == "inconclusive") {
+    // A draft's comparison has no samples to add to: the re-tune just measured it.
+    for c in d.comparisons.iter_mut().filter(|c| c.verdict == "inconclusive" && c.test != DRAFT_TEST) {
         let Some((old_samples, mut spec, (np, ng))) = sides(old, new, c) else { continue };
         spec.repetitions = SETTLE_REPETITIONS;
         spec.race = None;

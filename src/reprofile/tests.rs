@@ -200,4 +200,9 @@ fn a_drafts_gain_is_compared_by_its_intervals() {
         d.regressions,
         1 + d.comparisons.iter().filter(|c| c.test != super::drift::DRAFT_TEST && c.verdict == "regression").count()
     );
+    // Measured on a busy machine (the profile's confidence low): not judged.
+    let mut busy = new.clone();
+    busy.recommendation.for_test_mut().confidence = crate::profile::Confidence::Low;
+    let d = drift(&old, &busy, 0.05);
+    assert!(d.comparisons.iter().filter(|c| c.test == super::drift::DRAFT_TEST).all(|c| c.verdict == "contended"));
 }

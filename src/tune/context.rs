@@ -249,7 +249,7 @@ fn with_draft(
     };
     let what = if request.model.is_some() { "draft" } else { "MTP heads" };
     let p = &answer.placement;
-    if let Some(why) = not_tried(s, p) {
+    if let Some(why) = draft::not_tried(s, p) {
         notes.push(Note::search(format!("{what} not tried: {why}")).at(at.n_ctx));
         return Ok((answer, None));
     }
@@ -282,6 +282,12 @@ fn with_draft(
         notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
         return Ok((answer, Some(report)));
     };
+    let device = sh.opts.caps().first().map(|c| c.device.as_str());
+    if let Some(why) = draft::ollama_share_refuses((&sh.hw, device), gate.cap_bytes, chosen) {
+        report.unchoose(format!("{}; not the answer: {why}", report.summary));
+        notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
+        return Ok((answer, Some(report)));
+    }
     let mut r = answer.clone().into_inner();
     r.set_placement(&chosen.placement);
     (r.tg_ts, r.pp_ts, r.measured) = (chosen.tg_ts, None, true);
@@ -300,32 +306,10 @@ fn with_draft(
             Ok((a, Some(report)))
         }
         Err(refused) => {
-            let why = format!("the draft was refused by the gate ({}): the answer has none", refused.why);
-            for o in &mut report.options {
-                o.chosen = false;
-            }
-            report.summary = why.clone();
-            notes.push(Note::search(why).at(at.n_ctx));
+            report.unchoose(format!("the draft was refused by the gate ({}): the answer has none", refused.why));
+            notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
             Ok((answer, Some(report)))
         }
-    }
-}
-
-/// Why the draft stage does not run beside `p`, if it does not.
-fn not_tried(s: &crate::profile::Settings, p: &crate::placement::Placement) -> Option<String> {
-    if s.goal.objective != crate::types::Objective::Tg {
-        Some(format!("--objective {}: a draft speeds up generation alone", s.goal.objective.as_str()))
-    } else if s.caps.max_power_w.is_some() {
-        Some("--max-power: a draft's power is not measured".into())
-    } else if !p.tensor_split.is_empty() || !p.devices.is_empty() || !p.cpu_overrides.is_empty() || p.n_parallel > 1 {
-        Some(
-            "the answer splits over devices, names its devices, keeps fit's tensors on the CPU or runs several slots"
-                .into(),
-        )
-    } else if p.mmproj.is_some() {
-        Some("--mmproj: the speculative load does not load the projector, so it could not be held under the cap".into())
-    } else {
-        None
     }
 }
 

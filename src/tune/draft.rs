@@ -296,6 +296,51 @@ fn summary(options: &[DraftOption], inp: &DraftInputs<'_>) -> String {
     format!("speculation does not pay{at} beyond the noise: {}; the answer has no draft", measured.join(", "))
 }
 
+/// Why the model's MTP heads, faster here, cannot be the answer: on an
+/// NVIDIA card measured through another backend, Ollama's CUDA process
+/// holds a share the trials did not ([`crate::tune::ollama::priced_for_consumer`]
+/// prices num_gpu with it); the heads' price with that share must be
+/// under the cap too, as Ollama would load them with `draft_num_predict`.
+pub fn ollama_share_refuses(
+    (hw, device): (&crate::types::Hardware, Option<&str>),
+    cap: Option<f64>,
+    chosen: &DraftOption,
+) -> Option<String> {
+    let mtp = chosen.placement.draft.as_ref().is_some_and(crate::placement::Draft::is_mtp);
+    let share = crate::consumer::ollama::process::consumer_process_bytes(hw, device);
+    let (cap, priced) = (cap?, chosen.predicted_device_bytes?);
+    (mtp && over_with_share(priced, share, cap)).then(|| {
+        format!(
+            "with Ollama's CUDA process share ({} MiB) the heads' price is over the cap, and Ollama would load them with draft_num_predict",
+            share >> 20
+        )
+    })
+}
+
+/// Whether `priced` bytes and a consumer's process `share` (0: none) are over `cap`.
+#[allow(clippy::cast_precision_loss)]
+fn over_with_share(priced: u64, share: u64, cap: f64) -> bool {
+    share > 0 && (priced + share) as f64 > cap
+}
+
+/// Why the draft stage does not run beside `p`, if it does not.
+pub fn not_tried(s: &crate::profile::Settings, p: &crate::placement::Placement) -> Option<String> {
+    if s.goal.objective != crate::types::Objective::Tg {
+        Some(format!("--objective {}: a draft speeds up generation alone", s.goal.objective.as_str()))
+    } else if s.caps.max_power_w.is_some() {
+        Some("--max-power: a draft's power is not measured".into())
+    } else if !p.tensor_split.is_empty() || !p.devices.is_empty() || !p.cpu_overrides.is_empty() || p.n_parallel > 1 {
+        Some(
+            "the answer splits over devices, names its devices, keeps fit's tensors on the CPU or runs several slots"
+                .into(),
+        )
+    } else if p.mmproj.is_some() {
+        Some("--mmproj: the speculative load does not load the projector, so it could not be held under the cap".into())
+    } else {
+        None
+    }
+}
+
 /// The real world: llama.cpp's dry run in a child (the target's and the
 /// draft's specs), and each load a child of its own (`__spec`), started
 /// once the runner's kept trial worker has ended.
@@ -361,6 +406,18 @@ impl DraftWorld for ChildWorld<'_> {
 mod tests {
     use super::*;
     use crate::engine::spec::SpecBuffer;
+
+    /// Ollama's CUDA process share counts with the heads' price where one
+    /// applies (an NVIDIA card measured through another backend), never otherwise.
+    #[test]
+    fn the_heads_price_with_ollamas_process_share_must_fit_the_cap() {
+        let mib = |n: u64| n << 20;
+        #[allow(clippy::cast_precision_loss)]
+        let cap = mib(1000) as f64;
+        assert!(over_with_share(mib(500), mib(612), cap), "1112 MiB over 1000");
+        assert!(!over_with_share(mib(380), mib(612), cap), "992 MiB under it");
+        assert!(!over_with_share(mib(1200), 0, cap), "no share: the gate alone decides");
+    }
 
     /// A target of 100 device bytes at the answer, a draft of 4 layers and
     /// its output at 10 bytes each on the device (the rest on the host);

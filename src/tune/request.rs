@@ -67,7 +67,7 @@ impl Machine {
 fn check_draft(info: &ModelInfo, d: &crate::profile::DraftRequest) -> Result<()> {
     if d.model.is_none() && !info.has_mtp() {
         return Err(crate::error::bad(format!(
-            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent); drop --mtp, or give a draft model with --draft",
+            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent, or its NextN blocks carry no weights); drop --mtp, or give a draft model with --draft",
             info.path.display(),
             info.architecture
         )));
