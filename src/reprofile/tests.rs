@@ -46,6 +46,27 @@ fn holm_judges_the_p_values_together() {
     assert!(holm(&[], 0.05).is_empty());
 }
 
+/// One context's placement: its answer and, where given, its draft stage.
+fn at(
+    n_ctx: u32,
+    recommendation: crate::profile::Admitted,
+    draft: Option<crate::profile::DraftReport>,
+) -> crate::profile::ContextPlacement {
+    crate::profile::ContextPlacement {
+        n_ctx,
+        fits_fully: false,
+        kv_bytes: None,
+        recommendation,
+        options: Vec::new(),
+        default: None,
+        ollama: None,
+        split: None,
+        reading: None,
+        job: None,
+        draft,
+    }
+}
+
 fn example() -> Profile {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/example-gemma-3-270m-cpu.json");
     crate::profile::store::read_profile(&p).unwrap()
@@ -80,7 +101,7 @@ fn a_slower_setting_is_a_regression_unless_it_was_cut_short() {
 #[test]
 fn drift_is_judged_per_context_and_placement_kind() {
     use crate::placement::KvType;
-    use crate::profile::{ContextPlacement, HatchKind};
+    use crate::profile::HatchKind;
     let mut old = example();
     // The same ngl and threads at a second context, once with an f16 and once with a q8_0 KV cache.
     let mut at_32k = old.trials[1].clone();
@@ -96,19 +117,7 @@ fn drift_is_judged_per_context_and_placement_kind() {
         m.placement.n_ctx = Some(n_ctx);
         m.placement.kv_type = kv;
         m.llama_cpp_args = m.flags();
-        ContextPlacement {
-            n_ctx,
-            fits_fully: false,
-            kv_bytes: None,
-            recommendation: r,
-            options: Vec::new(),
-            default: None,
-            ollama: None,
-            split: None,
-            reading: None,
-            job: None,
-            draft: None,
-        }
+        at(n_ctx, r, None)
     };
     old.placements = vec![place(&old, 4096, KvType::F16), place(&old, 32768, KvType::F16)];
     let mut new = old.clone();
@@ -149,7 +158,7 @@ fn a_split_is_compared_with_the_same_split_only() {
 /// placement of the same draft is not its match.
 #[test]
 fn a_drafts_gain_is_compared_by_its_intervals() {
-    use crate::profile::{ContextPlacement, DraftOption, DraftReport};
+    use crate::profile::{DraftOption, DraftReport};
     let n_ctx = example().recommendation.n_ctx();
     let with = |ratios: &[[f64; 3]]| {
         let mut p = example();
@@ -174,19 +183,7 @@ fn a_drafts_gain_is_compared_by_its_intervals() {
             .collect();
         let report =
             DraftReport { draft: "d.gguf".into(), mtp: false, n_gen: 32, n_depth: 64, options, summary: String::new() };
-        p.placements = vec![ContextPlacement {
-            n_ctx,
-            fits_fully: false,
-            kv_bytes: None,
-            recommendation: p.recommendation.clone(),
-            options: Vec::new(),
-            default: None,
-            ollama: None,
-            split: None,
-            reading: None,
-            job: None,
-            draft: Some(report),
-        }];
+        p.placements = vec![at(n_ctx, p.recommendation.clone(), Some(report))];
         p
     };
     let old = with(&[[1.40, 1.30, 1.50], [1.00, 0.90, 1.10], [1.20, 1.00, 1.40]]);
