@@ -290,12 +290,15 @@ int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n
         llama_model_free(model);
         return 2;
     }
-    const llama_memory_breakdown mb = llama_get_memory_breakdown(ctx);
-    for (const auto & kv : mb) {
-        ggml_backend_buffer_type_t buft = kv.first;
-        cb(user, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0, kv.second.model,
-           kv.second.context, kv.second.compute);
-    }
+    // Each buffer type's bytes of `c`; its weights left out where they are the model's, already counted.
+    auto report = [&](llama_context * c, bool shared_weights) {
+        for (const auto & kv : llama_get_memory_breakdown(c)) {
+            ggml_backend_buffer_type_t buft = kv.first;
+            cb(user, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0,
+               shared_weights ? 0 : kv.second.model, kv.second.context, kv.second.compute);
+        }
+    };
+    report(ctx, false);
     if (p->load_mtp != 0) {
         // The MTP context llama-server creates beside the model's for
         // draft-mtp (common_speculative_init_from_params), priced as
@@ -316,11 +319,7 @@ int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n
             llama_model_free(model);
             return 2;
         }
-        for (const auto & kv : llama_get_memory_breakdown(mtp)) {
-            ggml_backend_buffer_type_t buft = kv.first;
-            cb(user, ggml_backend_buft_name(buft), ggml_backend_buft_is_host(buft) ? 1 : 0, 0, kv.second.context,
-               kv.second.compute);
-        }
+        report(mtp, true);
         llama_free(mtp);
     }
     llama_free(ctx);

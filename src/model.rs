@@ -31,10 +31,10 @@ pub struct ModelInfo {
     /// Multi-token-prediction (NextN) blocks, the last of `block_count`
     /// (`<arch>.nextn_predict_layers`): llama.cpp loads them only for
     /// `--spec-type draft-mtp`; otherwise they take a slot of `-ngl` and no memory.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
     pub n_layer_nextn: u32,
     /// Their tensor bytes (not in `layer_bytes`, whose slots for them are 0).
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    #[serde(default, skip_serializing_if = "crate::types::is_zero_u64")]
     pub nextn_bytes: u64,
     /// ngl value that offloads everything: repeating layers plus the output layer.
     pub n_layer_full: u32,
@@ -63,16 +63,6 @@ pub struct ModelInfo {
     pub sha256_16m: String,
 }
 
-#[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_zero_u64(n: &u64) -> bool {
-    *n == 0
-}
-
 impl ModelInfo {
     /// Whether the model carries MTP heads llama.cpp can draft with: its
     /// NextN blocks and their weights (a file whose converter dropped them
@@ -80,6 +70,28 @@ impl ModelInfo {
     #[must_use]
     pub fn has_mtp(&self) -> bool {
         self.n_layer_nextn > 0 && self.nextn_bytes > 0
+    }
+
+    /// `BadInput` where `--mtp` (or `--spec-type draft-mtp`) asks for heads
+    /// the model does not have.
+    ///
+    /// # Errors
+    /// The model has none.
+    pub fn require_mtp(&self) -> Result<()> {
+        if self.has_mtp() {
+            return Ok(());
+        }
+        Err(bad(format!(
+            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent, or its NextN blocks carry no weights); drop --mtp (or --spec-type draft-mtp), or give a draft model with --draft",
+            self.path.display(),
+            self.architecture
+        )))
+    }
+
+    /// The trunk's layers' bytes (`layer_bytes` less the MTP blocks' empty slots).
+    #[must_use]
+    pub fn trunk_layer_bytes(&self) -> &[u64] {
+        &self.layer_bytes[..(self.n_layer_trunk() as usize).min(self.layer_bytes.len())]
     }
 
     /// The trunk's layers: `n_layer` less the MTP blocks.

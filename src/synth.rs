@@ -116,6 +116,15 @@ impl SynthSpec {
         self
     }
 
+    /// The MTP blocks written: a MoE transformer (glm4moe) carries them, nothing else.
+    fn nextn(&self) -> u32 {
+        if self.n_expert > 1 && !self.mamba {
+            self.n_nextn
+        } else {
+            0
+        }
+    }
+
     #[must_use]
     pub fn with_experts(mut self, n_expert: u32, n_used: u32) -> Self {
         self.n_expert = n_expert;
@@ -216,7 +225,7 @@ fn hparams(w: &mut Writer, spec: &SynthSpec, arch: &str) {
     w.kv("general.file_type", Value::U32(if spec.q8_0 { 7 } else { 0 }));
     w.kv(&format!("{arch}.context_length"), Value::U32(spec.ctx_train));
     w.kv(&format!("{arch}.embedding_length"), Value::U32(e as u32));
-    let nextn = if arch == "glm4moe" { spec.n_nextn } else { 0 };
+    let nextn = spec.nextn();
     w.kv(&format!("{arch}.block_count"), Value::U32(spec.n_layer + nextn));
     // Mamba has neither an FFN nor attention heads (its converter writes 0s).
     let (ff_kv, h_kv, hkv_kv) = if spec.mamba { (0, 0, 0) } else { (ff, h, hkv) };
@@ -243,7 +252,7 @@ fn hparams(w: &mut Writer, spec: &SynthSpec, arch: &str) {
         // glm4moe: one shared expert (its MTP graph runs it), no dense lead.
         w.kv(&format!("{arch}.expert_shared_count"), Value::U32(1));
         w.kv(&format!("{arch}.leading_dense_block_count"), Value::U32(0));
-        w.kv(&format!("{arch}.nextn_predict_layers"), Value::U32(spec.n_nextn));
+        w.kv(&format!("{arch}.nextn_predict_layers"), Value::U32(nextn));
     }
 }
 
@@ -256,7 +265,7 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
     let moe = spec.n_expert > 1 && !spec.mamba;
     let arch = if spec.mamba {
         "mamba"
-    } else if moe && spec.n_nextn > 0 {
+    } else if spec.nextn() > 0 {
         "glm4moe"
     } else if moe {
         "qwen3moe"
@@ -287,8 +296,8 @@ pub fn write_model(path: &Path, spec: &SynthSpec) -> std::io::Result<()> {
         rand_tensor(&mut w, "output.weight", &[e, spec.n_vocab]);
     }
     let kv_dim = head_dim * hkv;
-    let glm = spec.n_nextn > 0 && moe;
-    for i in 0..spec.n_layer + if glm { spec.n_nextn } else { 0 } {
+    let glm = spec.nextn() > 0;
+    for i in 0..spec.n_layer + spec.nextn() {
         let p = format!("blk.{i}");
         if spec.mamba {
             mamba_layer(&mut w, &mut rand_tensor, &p, e);

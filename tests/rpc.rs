@@ -229,6 +229,18 @@ fn a_served_device_with_a_memory_size_is_a_card_of_that_size() {
 /// whole free memory, the host's RAM) offloads every layer, over the user's
 /// cap; whatever the speeds, the answer is under the cap, and the default
 /// is reported as over it.
+/// A tune of `m` on `server`'s device under `budget` (`--vram-budget`)
+/// with `workload`, kept in `store`: its profile, valid by the schema.
+fn tuned(m: &Path, server: &Server, budget: &str, workload: &str, store: &Path) -> serde_json::Value {
+    let workload: Vec<&str> = workload.split_whitespace().collect();
+    let head = [m.to_str().unwrap(), "--rpc", &server.endpoint, "--vram-budget", budget];
+    let o = run(&[&head[..], &workload, &["--profiles", store.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    p
+}
+
 #[test]
 fn a_default_over_the_users_cap_is_never_the_answer() {
     let _heavy = heavy();
@@ -238,12 +250,7 @@ fn a_default_over_the_users_cap_is_never_the_answer() {
     let store = dir.path().join("store");
     let cap = 40 * MIB;
     let budget = format!("RPC0={}MiB", cap / MIB);
-    let workload: Vec<&str> = "-c 1024 --depth 0 -p 16 -n 8 -r 2 -t 1 -q --json".split_whitespace().collect();
-    let head = [m.to_str().unwrap(), "--rpc", &server.endpoint, "--vram-budget", &budget];
-    let o = run(&[&head[..], &workload, &["--profiles", store.to_str().unwrap()]].concat());
-    assert!(o.status.success(), "{}", stderr(&o));
-    let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+    let p = tuned(&m, &server, &budget, "-c 1024 --depth 0 -p 16 -n 8 -r 2 -t 1 -q --json", &store);
     let r = &p["recommendation"];
     let ngl = r["n_gpu_layers"].as_u64().unwrap();
     assert!(ngl < 41, "full offload needs about 112 MiB, over the 40 MiB cap: {r}");
@@ -276,13 +283,7 @@ fn mtp_heads_are_priced_with_and_without_them_and_never_run_over_the_cap() {
     for cap_mib in [60u64, 80] {
         let store = dir.path().join(format!("store-{cap_mib}"));
         let budget = format!("RPC0={cap_mib}MiB");
-        let workload: Vec<&str> =
-            "--ngl 6 -c 1024 --depth 64 -p 16 -n 8 -r 2 -t 1 -q --json".split_whitespace().collect();
-        let head = [m.to_str().unwrap(), "--rpc", &server.endpoint, "--vram-budget", &budget];
-        let o = run(&[&head[..], &workload, &["--profiles", store.to_str().unwrap()]].concat());
-        assert!(o.status.success(), "{}", stderr(&o));
-        let p: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-        assert!(schema_errors(&p).is_empty(), "{:?}", schema_errors(&p));
+        let p = tuned(&m, &server, &budget, "--ngl 6 -c 1024 --depth 64 -p 16 -n 8 -r 2 -t 1 -q --json", &store);
         let ngl = p["recommendation"]["n_gpu_layers"].as_u64().unwrap();
         let d = &p["placements"][0]["draft"];
         let options = d["options"].as_array().unwrap();

@@ -55,12 +55,8 @@ pub(super) fn cmd_bench_draft(
     depths: &[u32],
 ) -> Result<i32> {
     let Some(draft) = placement.draft.clone() else { return Ok(exit::FAILURE) };
-    if draft.is_mtp() && !info.has_mtp() {
-        return Err(crate::error::bad(format!(
-            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent, or its NextN blocks carry no weights); drop --mtp (or --spec-type draft-mtp), or give a draft model with --draft",
-            info.path.display(),
-            info.architecture
-        )));
+    if draft.is_mtp() {
+        info.require_mtp()?;
     }
     let w = &a.workload;
     let n_gen = w.n_gen.unwrap_or(128).max(1);

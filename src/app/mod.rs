@@ -81,14 +81,13 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(exit::OK)
         }
         Command::Synth(a) => {
+            // MTP blocks are a glm4moe's: experts unless given.
+            let (experts, used) = if a.mtp > 0 && a.experts < 2 { (4, 2) } else { (a.experts, a.experts.min(2)) };
             let spec = crate::synth::SynthSpec::default()
                 .with_n_layer(a.layers)
                 .with_dims(a.n_embd, a.n_ff, a.heads)
                 .with_kv_heads(a.kv_heads.unwrap_or(a.heads))
-                .with_experts(
-                    if a.mtp > 0 && a.experts < 2 { 4 } else { a.experts },
-                    if a.mtp > 0 && a.experts < 2 { 2 } else { a.experts.min(2) },
-                )
+                .with_experts(experts, used)
                 .with_nextn(a.mtp)
                 .with_mamba(a.mamba)
                 .with_q8_0(a.q8_0)

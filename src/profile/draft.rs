@@ -27,7 +27,7 @@ pub struct DraftOption {
     pub fits: bool,
     /// Measured: the loads that ran it, and the most both contexts held
     /// on the devices by llama.cpp's accounting.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
     pub loads: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_bytes: Option<u64>,
@@ -75,11 +75,6 @@ impl DraftOption {
             note: String::new(),
         }
     }
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 /// The draft stage at one context.

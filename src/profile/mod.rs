@@ -78,21 +78,11 @@ pub struct ModelIdentity {
     pub n_params: u64,
     pub n_expert: u32,
     /// Context the model was trained for (0: unknown, profiles from before the field).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::types::is_zero_u64")]
     pub ctx_train: u64,
     /// MTP (NextN) blocks with their weights, the last of `n_layer` (0: none, or a profile from before the field).
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    #[serde(default, skip_serializing_if = "crate::types::is_zero")]
     pub n_layer_nextn: u32,
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
 }
 
 impl ModelIdentity {

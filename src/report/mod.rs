@@ -441,7 +441,7 @@ fn paste_lines(p: &Profile, path: &Path) -> String {
 pub fn render_inspect(m: &crate::model::ModelInfo) -> String {
     let mut s = String::new();
     // The trunk's layers (the MTP blocks' slots hold nothing unless they load).
-    let trunk = &m.layer_bytes[..m.layer_bytes.len().saturating_sub(m.n_layer_nextn as usize)];
+    let trunk = m.trunk_layer_bytes();
     let per_layer = if trunk.is_empty() { 0 } else { trunk.iter().sum::<u64>() / trunk.len() as u64 };
     let (min, max) = (trunk.iter().min().copied().unwrap_or(0), trunk.iter().max().copied().unwrap_or(0));
     let types: Vec<String> = m.bytes_by_type.iter().map(|(t, b)| format!("{t} {}", human_bytes(*b))).collect();

@@ -70,6 +70,16 @@ impl DraftInputs<'_> {
         Placement { draft: Some(self.request.draft(ngld)), ..self.answer.clone() }
     }
 
+    /// `placement` named `label`, priced at `price` (under the caps or not), not measured.
+    fn priced(&self, label: String, placement: Placement, price: Price) -> DraftOption {
+        DraftOption {
+            predicted_device_bytes: price.map(|x| x.0),
+            predicted_host_bytes: price.map(|x| x.1),
+            fits: price.is_some_and(|x| self.fits(x)),
+            ..DraftOption::unmeasured(label, placement)
+        }
+    }
+
     #[allow(clippy::cast_precision_loss)]
     fn fits(&self, (device, host): (u64, u64)) -> bool {
         self.cap.is_none_or(|c| device as f64 <= c) && self.host_cap.is_none_or(|h| host <= h)
@@ -115,16 +125,10 @@ pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftRep
 /// to show what MTP costs in target layers.
 fn mtp_priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<DraftOption>> {
     let without = world.price_target(inp.answer)?;
-    let priced_at = |p: Placement, label: String, price: Price| DraftOption {
-        predicted_device_bytes: price.map(|x| x.0),
-        predicted_host_bytes: price.map(|x| x.1),
-        fits: price.is_some_and(|x| inp.fits(x)),
-        ..DraftOption::unmeasured(label, p)
-    };
     let at = inp.with(None);
     let ngl = at.n_gpu_layers;
     let price = world.price_target(&at)?;
-    let mut o = priced_at(at, format!("the model's MTP heads at the answer's -ngl {ngl}"), price);
+    let mut o = inp.priced(format!("the model's MTP heads at the answer's -ngl {ngl}"), at, price);
     let plain = without.map_or_else(|| "not priced".into(), |w| human_bytes(w.0));
     o.note = format!("the answer without them: {plain} on the devices by llama.cpp's dry run");
     if o.fits || inp.cap.is_none() || price.is_none() {
@@ -147,7 +151,7 @@ fn mtp_priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<D
     if let Some((k, price)) = most {
         let label =
             format!("the model's MTP heads at -ngl {k}, the most layers that fit with them ({} fewer)", ngl - k);
-        let mut fewer = priced_at(Placement { n_gpu_layers: k, ..inp.with(None) }, label, price);
+        let mut fewer = inp.priced(label, Placement { n_gpu_layers: k, ..inp.with(None) }, price);
         fewer.note = "priced, not measured: MTP would have to win back the target layers it costs".into();
         v.push(fewer);
     }
@@ -168,15 +172,7 @@ fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<Draft
     let prices = world.price_draft(&asked, n_ctx)?;
     let price_of = |k: usize| prices.get(k).copied().flatten();
     let both = |p: Price| Some((target?.0 + p?.0, target?.1 + p?.1));
-    let option = |label: String, ngld: Option<u32>, price: Price| {
-        let p = both(price);
-        DraftOption {
-            predicted_device_bytes: p.map(|x| x.0),
-            predicted_host_bytes: p.map(|x| x.1),
-            fits: p.is_some_and(|x| inp.fits(x)),
-            ..DraftOption::unmeasured(label, inp.with(ngld))
-        }
-    };
+    let option = |label: String, ngld: Option<u32>, price: Price| inp.priced(label, inp.with(ngld), both(price));
     let cpu = option("the draft on the CPU (-ngld 0)".into(), Some(0), price_of(0));
     let mut v = match inp.request.n_gpu_layers {
         Some(n) => vec![option(format!("{n} draft layers on the device (--draft-ngl)"), Some(n), price_of(0))],

@@ -65,12 +65,8 @@ impl Machine {
 /// # Errors
 /// `BadInput` for a draft that does not suit the model.
 fn check_draft(info: &ModelInfo, d: &crate::profile::DraftRequest) -> Result<()> {
-    if d.model.is_none() && !info.has_mtp() {
-        return Err(crate::error::bad(format!(
-            "--mtp: {} has no MTP heads ({}.nextn_predict_layers is 0 or absent, or its NextN blocks carry no weights); drop --mtp, or give a draft model with --draft",
-            info.path.display(),
-            info.architecture
-        )));
+    if d.model.is_none() {
+        info.require_mtp()?;
     }
     let placement =
         crate::placement::Placement { draft: Some(d.draft(None)), ..crate::placement::Placement::default() };

@@ -29,3 +29,8 @@ pub const LLAMA_CPP_REVISION: &str = "llama-cpp-sys-2 0.1.160";
 pub(crate) fn is_zero_f64(x: &f64) -> bool {
     *x == 0.0
 }
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub(crate) fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
+}
