@@ -671,3 +671,48 @@ fn a_lossless_option_far_behind_is_not_paired() {
     assert!(h.options.iter().all(|o| !o.note.contains("paired")), "{:#?}", h.options);
     assert!(measured.iter().all(|c| c.ngl != 6), "the layer split is not measured again: {measured:?}");
 }
+
+/// docs/truth.md's smol tight cell: no quantized cache lets a layer more
+/// on, yet a q8_0 cache at the answer's own layers reads half the cache
+/// for each token at depth. It is measured beside the answer, its quality
+/// read only where its one trial is ahead, and it becomes the answer only
+/// where the pairs find it faster than f16.
+#[test]
+fn a_q8_0_cache_at_the_answers_own_layers_is_measured_and_kept_only_where_the_pairs_find_it_faster() {
+    fn ahead(c: Candidate, _depth: u32) -> f64 {
+        match (c.ngl, c.kv, c.n_cpu_ffn) {
+            (11, Some(KvType::Q8_0), 0) => 46.0,
+            (11, None, 0) => 40.0,
+            (n, _, _) => 3.0 + 0.3 * f64::from(n),
+        }
+    }
+    // 4400: f16 fits at full offload (4370), its cache (10 x 327) over a quarter of the cap.
+    let (h, measured) = hatch_world_at(4400.0, 11, 0, ahead);
+    assert!(h.fits_fully, "{:?}", h.options);
+    let kv: Vec<(Option<KvType>, u32)> =
+        hatch_trials(&measured).filter(|c| c.kv.is_some()).map(|c| (c.kv, c.ngl)).collect();
+    assert_eq!(kv, [(Some(KvType::Q8_0), 11)], "q8_0 at the answer's layers, q4_0 not tried: {measured:?}");
+    let pick = h.options.iter().find(|o| o.recommended).unwrap();
+    assert_eq!(
+        (pick.kind, pick.placement.kv_type, pick.placement.n_gpu_layers),
+        (HatchKind::KvCache, KvType::Q8_0, 11)
+    );
+    assert_eq!(pick.quality.as_ref().map(|q| q.kl_mean), Some(0.002), "its quality, checked");
+    assert!(
+        pick.note.contains("paired with the best lossless option") && pick.note.contains("faster"),
+        "{}",
+        pick.note
+    );
+
+    // Where it is behind on its one trial (37 against 40), it is measured once, its quality never read.
+    let (h, measured) = hatch_world_at(4400.0, 11, 0, guide_tg);
+    let q8 = h.options.iter().find(|o| o.kind == HatchKind::KvCache && o.placement.kv_type == KvType::Q8_0).unwrap();
+    assert!(q8.measured && !q8.recommended && q8.quality.is_none(), "{q8:?}");
+    assert!(
+        q8.note.contains("at the whole-layer split's 11 layers") || q8.note.contains("quality not checked"),
+        "{}",
+        q8.note
+    );
+    assert_eq!(picked(&h.options), [HatchKind::LayerSplit], "{:?}", h.options);
+    assert_eq!(measured.iter().filter(|c| c.kv == Some(KvType::Q8_0)).count(), 1, "{measured:?}");
+}
