@@ -989,7 +989,13 @@ fn a_draft_is_tried_beside_the_answer_and_reported() {
     assert_eq!(p["settings"]["draft"]["model"], m.to_str().unwrap());
     let d = &p["placements"][0]["draft"];
     let options = d["options"].as_array().unwrap();
-    assert_eq!(options.len(), 1, "no device here: the draft on the CPU alone: {d}");
+    assert_eq!(
+        options.len(),
+        3,
+        "no device here: the draft on the CPU alone, at llama-server's length and two others: {d}"
+    );
+    let lengths: Vec<&serde_json::Value> = options.iter().map(|o| &o["placement"]["draft"]["n_max"]).collect();
+    assert_eq!(lengths, [&serde_json::Value::Null, &serde_json::json!(1), &serde_json::json!(8)], "{d}");
     for o in options {
         assert_eq!(o["loads"], 1, "{o}");
         assert!(o["acceptance"].as_f64().unwrap() > 0.9, "{o}");
@@ -1029,8 +1035,8 @@ fn mtp_heads_are_tried_unasked_and_the_ollama_lines_say_whether_to_load_them() {
     let d = &p["placements"][0]["draft"];
     assert_eq!(d["mtp"], true, "{d}");
     let options = d["options"].as_array().unwrap();
-    assert_eq!(options.len(), 1, "no device: the heads at the answer alone: {d}");
-    assert_eq!(options[0]["loads"], 1, "{d}");
+    assert_eq!(options.len(), 3, "no device: the heads at the answer alone, at three draft lengths: {d}");
+    assert!(options.iter().all(|o| o["loads"] == 1), "{d}");
     assert_eq!(options[0]["placement"]["draft"], serde_json::json!({}), "the model's own heads, no file: {d}");
     let rec = &p["recommendation"];
     let lines: Vec<&str> = rec["modelfile"].as_array().unwrap().iter().filter_map(|l| l.as_str()).collect();
@@ -1039,12 +1045,15 @@ fn mtp_heads_are_tried_unasked_and_the_ollama_lines_say_whether_to_load_them() {
     let w = run(&["emit", stored[0].to_str().unwrap(), "--write-modelfile", modelfile.to_str().unwrap()]);
     assert!(w.status.success(), "{}", stderr(&w));
     let written = std::fs::read_to_string(&modelfile).unwrap();
-    if options[0]["chosen"] == true {
+    if let Some(c) = options.iter().find(|o| o["chosen"] == true) {
         assert!(rec["llama_cpp_args"].as_str().unwrap().contains("--spec-type draft-mtp"), "{rec}");
-        assert!(lines.contains(&"PARAMETER draft_num_predict 3"), "{lines:?}");
-        assert!(written.contains("PARAMETER draft_num_predict 3"), "{written}");
+        let n = c["placement"]["draft"]["n_max"].as_u64().unwrap_or(3);
+        let line = format!("PARAMETER draft_num_predict {n}");
+        assert!(lines.contains(&line.as_str()), "{lines:?}");
+        assert!(written.contains(&line), "{written}");
     } else {
         assert!(rec.get("draft").is_none(), "{rec}");
+        assert!(lines.contains(&"PARAMETER draft_num_predict 0"), "the profile's own lines say it too: {lines:?}");
         assert!(
             written.contains("PARAMETER draft_num_predict 0"),
             "num_gpu priced without the heads keeps them off: {written}"

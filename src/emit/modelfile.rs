@@ -9,8 +9,7 @@ use anyhow::Result;
 use crate::consumer::ollama::modelfile::WriteOutcome;
 use crate::profile::Profile;
 
-/// Why a model with MTP heads gets `draft_num_predict 0`.
-pub const MTP_OFF: &str = "# the model has MTP heads; Ollama's placement here was not priced with them, so draft_num_predict 0 keeps Ollama from loading them (the tune's report says whether they pay)";
+pub use crate::profile::MTP_OFF;
 
 /// The owned parameters and their values from a profile, in Modelfile
 /// order; `None`: the parameter is left unset (num_gpu where llama.cpp's

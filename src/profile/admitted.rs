@@ -66,6 +66,12 @@ impl Admitted {
         self.recommendation.confidence = c;
     }
 
+    /// The model has MTP heads: the Modelfile lines say whether Ollama
+    /// loads them (the placement is unchanged).
+    pub fn mark_mtp_heads(&mut self) {
+        self.recommendation.mark_mtp_heads();
+    }
+
     /// The admitted answer itself.
     #[must_use]
     pub fn into_inner(self) -> Recommendation {

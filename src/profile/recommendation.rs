@@ -27,7 +27,7 @@ pub struct Recommendation {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub llama_default: bool,
     /// Ollama's own run (num_gpu unset: llama-server's fit at Ollama's
-    /// settings) was as fast as the answer's whole layers, paired: the
+    /// settings) tied or beat the answer's whole layers, paired: the
     /// Modelfile leaves num_gpu unset.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ollama_own_run: bool,
@@ -38,6 +38,11 @@ pub struct Recommendation {
     /// measured, so `num_gpu` still fits).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ollama_one_slot: bool,
+    /// The model has MTP heads: where the answer does not draft with
+    /// them, the Modelfile lines say `draft_num_predict 0`
+    /// ([`Self::mark_mtp_heads`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mtp_heads: bool,
     /// The recommended setting was measured (not only predicted).
     pub measured: bool,
     /// Low when trials ran on a busy machine (profiles from before the field: high).
@@ -139,6 +144,17 @@ impl Recommendation {
         } else if let Some(line) = self.server_cache_line() {
             self.modelfile.insert(0, line);
         }
+        if self.mtp_heads && crate::consumer::ollama::draft_num_predict(&self.ollama_placement()).is_none() {
+            self.modelfile.push(MTP_OFF.to_string());
+            self.modelfile.push("PARAMETER draft_num_predict 0".to_string());
+        }
+    }
+
+    /// For a model with MTP heads: the forms rendered again with
+    /// `draft_num_predict 0` where the answer does not draft with them.
+    pub fn mark_mtp_heads(&mut self) {
+        self.mtp_heads = true;
+        self.render_forms();
     }
 
     /// Where the answer's layers need a quantized KV cache that only the
@@ -185,13 +201,17 @@ impl Recommendation {
 pub const UNSET_NUM_GPU: &str =
     "# num_gpu left unset: Ollama places the layers itself, as llama.cpp's default does, as fast as any tuned placement here";
 
-/// The Modelfile's word where Ollama's own run is as fast as the tuned layers.
+/// Why a model with MTP heads gets `draft_num_predict 0`.
+pub const MTP_OFF: &str = "# the model has MTP heads; Ollama's placement here was not priced with them, so draft_num_predict 0 keeps Ollama from loading them (the tune's report says whether they pay)";
+
 /// The Modelfile's comment for a family Ollama runs with one slot.
 pub const ONE_SLOT_LINE: &str =
     "# Ollama runs this model's family with one slot whatever OLLAMA_NUM_PARALLEL says (server/sched.go)";
 
+/// The Modelfile's word where Ollama's own run tied or beat the tuned
+/// layers (the report gives the paired ratio and which way it went).
 pub const OLLAMA_OWN_RUN: &str =
-    "# num_gpu left unset: Ollama's own run (llama-server's fit) was as fast as the tuned layers here, paired; a set num_gpu would also stop fit's expert spill";
+    "# num_gpu left unset: Ollama's own run (llama-server's fit) was no slower than the tuned layers here, paired; a set num_gpu would also stop fit's expert spill";
 
 /// The answer at one context against reading speed (the guides' test for
 /// chat), and the hatch that would reach it: `tune::verdict::reading`.

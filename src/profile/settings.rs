@@ -97,6 +97,9 @@ pub struct DraftRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_gpu_layers: Option<u32>,
     pub n_max: u32,
+    /// `--draft-max` given: the length is the user's, not searched.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub n_max_fixed: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_file: Option<PathBuf>,
 }
@@ -105,7 +108,13 @@ impl DraftRequest {
     /// The model's own MTP heads at llama.cpp's draft length.
     #[must_use]
     pub fn mtp() -> DraftRequest {
-        DraftRequest { model: None, n_gpu_layers: None, n_max: crate::placement::DRAFT_N_MAX, prompt_file: None }
+        DraftRequest {
+            model: None,
+            n_gpu_layers: None,
+            n_max: crate::placement::DRAFT_N_MAX,
+            n_max_fixed: false,
+            prompt_file: None,
+        }
     }
 
     /// The draft these ask for, at `ngld` layers on the device.

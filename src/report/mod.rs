@@ -418,7 +418,9 @@ fn paste_lines(p: &Profile, path: &Path) -> String {
     for l in &rec.modelfile {
         let _ = writeln!(s, "  {l}");
     }
-    if crate::emit::modelfile::draft_num_predict(p) == Some(0) {
+    // Profiles from before `mtp_heads` lack the lines the model decides.
+    let said = rec.modelfile.iter().any(|l| l.starts_with("PARAMETER draft_num_predict "));
+    if !said && crate::emit::modelfile::draft_num_predict(p) == Some(0) {
         let _ = writeln!(s, "  {}\n  PARAMETER draft_num_predict 0", crate::emit::modelfile::MTP_OFF);
     }
     if let Some(n) = crate::emit::ollama_ctx_note(p, &|k| p.ollama_var(k)) {

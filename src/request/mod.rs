@@ -165,6 +165,7 @@ pub fn tune_settings(
                 model: d.model,
                 n_gpu_layers: a.draft.draft_ngl,
                 n_max: d.n_max,
+                n_max_fixed: d.n_max != crate::placement::DRAFT_N_MAX || a.draft.draft_max.is_some(),
                 prompt_file: a.draft.prompt_file.clone(),
             }),
         },

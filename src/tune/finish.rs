@@ -32,9 +32,13 @@ pub(super) fn profile(
     let confidence = if busy.is_some() { Confidence::Low } else { Confidence::High };
     let mut placements: Vec<crate::profile::ContextPlacement> = Vec::new();
     let mut trials = Vec::new();
+    let mtp = sh.identity.has_mtp();
     for o in outcomes.iter().chain([&primary]) {
         let mut p = o.placement.clone();
         p.recommendation.set_confidence(confidence);
+        if mtp {
+            p.recommendation.mark_mtp_heads();
+        }
         placements.push(p);
         trials.extend(o.trials.iter().cloned());
         add_context_notes(&mut notes, &o.notes, o.placement.n_ctx, s.workload.n_ctx);
@@ -43,6 +47,9 @@ pub(super) fn profile(
     notes.extend(crate::report::note::threads(trials.iter().map(|t| &t.result)));
     let mut recommendation = primary.placement.recommendation.clone();
     recommendation.set_confidence(confidence);
+    if mtp {
+        recommendation.mark_mtp_heads();
+    }
     let profile = Profile {
         schema_version: SCHEMA_VERSION,
         tool: Tool::this(),

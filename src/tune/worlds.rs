@@ -99,6 +99,7 @@ pub fn recommendation() -> crate::profile::Recommendation {
         llama_default: false,
         ollama_own_run: false,
         ollama_one_slot: false,
+        mtp_heads: false,
         measured: true,
         confidence: crate::profile::Confidence::High,
         tg_ts: Some(3.0),

@@ -10,7 +10,12 @@
 //! on natural text, alternated by repetition, and judged by the paired
 //! t interval every other "faster" claim uses. The best faster beyond it
 //! becomes the answer (through the gate, by the loads that measured it);
-//! where none is, the report says speculation does not pay here.
+//! where none is, the report says speculation does not pay here. The
+//! model's own MTP heads are priced at the answer's layers and, where they
+//! do not fit there, at the most layers that fit with them: that trade is
+//! measured load against load with the answer. Where no draft length is
+//! given, the best option that keeps the answer's target is measured
+//! again at two other lengths.
 
 use std::path::Path;
 
@@ -93,14 +98,24 @@ impl DraftInputs<'_> {
 /// What the world's measurement returns as fatal (an interrupt).
 pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftReport> {
     let mut options = if inp.request.model.is_some() { priced(inp, world)? } else { mtp_priced(inp, world)? };
-    // Paired against the answer: only options that keep the answer's own target.
-    for o in options.iter_mut().filter(|o| o.fits && own_target(o, inp)) {
-        measure(inp, world, o)?;
+    // Paired against the answer: an option that keeps the answer's own
+    // target in one load (with and without its draft); one that gives
+    // target layers up, load against load with the answer.
+    for o in options.iter_mut().filter(|o| o.fits) {
+        if own_target(o, inp) {
+            measure(inp, world, o)?;
+        } else {
+            measure_trade(inp, world, o)?;
+        }
     }
+    options.extend(lengths(inp, world, &options)?);
+    // The highest paired ratio among those faster beyond the noise; on a
+    // tie, the first (llama-server's default length before the others).
     let best = options
         .iter()
         .enumerate()
         .filter(|(_, o)| o.fits && o.verdict == Some(Verdict::Faster))
+        .rev()
         .max_by(|a, b| a.1.ratio.map_or(0.0, |r| r[0]).total_cmp(&b.1.ratio.map_or(0.0, |r| r[0])))
         .map(|x| x.0);
     if let Some(i) = best {
@@ -120,9 +135,8 @@ pub fn run(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<DraftRep
 /// The model's own MTP heads at the answer's layers, priced with them on
 /// (the MTP blocks loaded where `-ngl` puts them, after the output layer,
 /// and the MTP context beside the model's), and where that is over the
-/// caps, the most layers that fit with them: priced, not measured (its
-/// target is not the answer's, so no pair would compare like with like),
-/// to show what MTP costs in target layers.
+/// caps, the most layers that fit with them: what MTP costs in target
+/// layers, measured against the answer load by load ([`measure_trade`]).
 fn mtp_priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<DraftOption>> {
     let without = world.price_target(inp.answer)?;
     let at = inp.with(None);
@@ -151,9 +165,7 @@ fn mtp_priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<D
     if let Some((k, price)) = most {
         let label =
             format!("the model's MTP heads at -ngl {k}, the most layers that fit with them ({} fewer)", ngl - k);
-        let mut fewer = inp.priced(label, Placement { n_gpu_layers: k, ..inp.with(None) }, price);
-        fewer.note = "priced, not measured: MTP would have to win back the target layers it costs".into();
-        v.push(fewer);
+        v.push(inp.priced(label, Placement { n_gpu_layers: k, ..inp.with(None) }, price));
     }
     Ok(over_cap_notes(v, inp))
 }
@@ -257,6 +269,152 @@ fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOptio
     (o.acceptance, o.tokens_per_verify) = (run.acceptance(), run.tokens_per_round());
     if run.same_prefix == 0 {
         o.note = "with the draft the first token differed from the answer's own (greedy both): not chosen".into();
+        o.verdict = Some(Verdict::NotDecided);
+    }
+    Ok(())
+}
+
+/// The draft lengths (`--spec-draft-n-max`) tried beside llama-server's
+/// default of 3: one token a draft (the least a rejection wastes) and 8
+/// (the most an accepted run gains).
+pub const OTHER_LENGTHS: [u32; 2] = [1, 8];
+
+/// Where the request's draft length is llama-server's default, the
+/// measured option with the highest paired ratio that keeps the answer's
+/// target (one load a length; a trade is many) measured again at each
+/// of [`OTHER_LENGTHS`], one load each: the length changes what a draft
+/// costs and wins, not where anything is held (the same price). A length
+/// the user set (`--draft-max`, or `--spec-draft-n-max` in a pasted
+/// line) is kept as asked.
+///
+/// # Errors
+/// An interrupt.
+fn lengths(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, options: &[DraftOption]) -> Result<Vec<DraftOption>> {
+    if inp.request.n_max_fixed || inp.request.n_max != crate::placement::DRAFT_N_MAX {
+        return Ok(Vec::new());
+    }
+    let ratio = |o: &DraftOption| o.ratio.map_or(0.0, |r| r[0]);
+    let Some(best) = options
+        .iter()
+        .filter(|o| o.fits && o.loads > 0 && o.ratio.is_some() && own_target(o, inp))
+        .max_by(|a, b| ratio(a).total_cmp(&ratio(b)))
+    else {
+        return Ok(Vec::new());
+    };
+    let mut v = Vec::new();
+    for n in OTHER_LENGTHS {
+        let mut placement = best.placement.clone();
+        let Some(d) = placement.draft.as_mut() else { return Ok(v) };
+        d.n_max = n;
+        let label =
+            format!("{}, {n} token{} a draft (--spec-draft-n-max {n})", best.label, if n == 1 { "" } else { "s" });
+        let mut o = DraftOption {
+            predicted_device_bytes: best.predicted_device_bytes,
+            predicted_host_bytes: best.predicted_host_bytes,
+            fits: true,
+            ..DraftOption::unmeasured(label, placement)
+        };
+        measure(inp, world, &mut o)?;
+        v.push(o);
+    }
+    Ok(v)
+}
+
+/// The outcome of one load: `Err` an interrupt; `Ok(Err(why))` a load that failed.
+fn load(world: &mut dyn DraftWorld, ask: &SpecAsk) -> Result<std::result::Result<SpecRun, String>> {
+    match world.measure(ask) {
+        Ok(r) => Ok(Ok(r)),
+        Err(e) if interrupted(&e) => Err(e),
+        Err(e) => Ok(Err(format!("{e:#}"))),
+    }
+}
+
+/// An option that gives target layers up for its draft (the MTP heads
+/// where they do not fit beside the answer): its generation with the
+/// draft against the answer's own without one, each side a load of its
+/// own, in the order and number of pairs every other paired claim uses
+/// ([`crate::tune::baseline::answer_first`], [`crate::tune::baseline::PAIRS`]
+/// while decided, up to [`crate::tune::baseline::MAX_PAIRS`]), a pair being
+/// the two loads it ran. Both sides generate greedily on the same text at
+/// the same depth, so the ratio says what the layers given up cost and
+/// what the draft wins back, together.
+///
+/// # Errors
+/// An interrupt.
+fn measure_trade(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOption) -> Result<()> {
+    use crate::tune::baseline::{answer_first, MAX_PAIRS, PAIRS};
+    let ask = |placement: Placement| SpecAsk {
+        model: inp.model.to_path_buf(),
+        placement,
+        n_depth: inp.n_depth.max(MIN_PROMPT),
+        n_gen: inp.n_gen,
+        repetitions: inp.repetitions.max(2),
+        text_file: inp.request.prompt_file.clone(),
+        check_only: false,
+    };
+    let (mine, theirs) = (ask(o.placement.clone()), ask(inp.answer.clone()));
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| crate::stats::mean(&v));
+    let (mut pairs, mut runs, mut answers) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ratio = None;
+    for i in 0..MAX_PAIRS {
+        let (a, b) = if answer_first(i) {
+            let a = load(world, &mine)?;
+            (a, load(world, &theirs)?)
+        } else {
+            let b = load(world, &theirs)?;
+            (load(world, &mine)?, b)
+        };
+        let (a, b) = match (a, b) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                o.note = format!("not measured: {e}");
+                break;
+            }
+        };
+        if let (Some(x), Some(y)) = (mean(a.speeds(true)), mean(b.speeds(false))) {
+            pairs.push((x, y));
+            answers.push(y);
+        }
+        runs.push(a);
+        ratio = Ratio::paired(&pairs);
+        if i + 1 >= PAIRS && ratio.is_some_and(|r| r.verdict() != Verdict::NotDecided) {
+            break;
+        }
+    }
+    o.loads = u32::try_from(runs.len()).unwrap_or(u32::MAX);
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let device = runs.iter().map(|r| r.device_bytes(false) + r.device_bytes(true)).max().unwrap_or(0);
+    o.device_bytes = Some(device);
+    o.tg_ts = mean(pairs.iter().map(|p| p.0).collect());
+    o.plain_tg_ts = mean(answers);
+    o.ratio = ratio.map(|r| [r.ratio, r.lo, r.hi]);
+    o.verdict = Some(ratio.map_or(Verdict::NotMeasured, Ratio::verdict));
+    let (drafted, accepted, rounds) =
+        runs.iter().fold((0, 0, 0), |s, r| (s.0 + r.n_drafted, s.1 + r.n_accepted, s.2 + r.n_rounds));
+    #[allow(clippy::cast_precision_loss)]
+    {
+        o.acceptance = (drafted > 0).then(|| accepted as f64 / drafted as f64);
+        o.tokens_per_verify = (rounds > 0).then(|| (accepted + rounds) as f64 / rounds as f64);
+    }
+    let fewer = inp.answer.n_gpu_layers.saturating_sub(o.placement.n_gpu_layers);
+    let said = format!(
+        "paired load against load with the answer (-ngl {}, no draft), {} pairs: {fewer} target layers fewer",
+        inp.answer.n_gpu_layers,
+        pairs.len()
+    );
+    o.note = if o.note.is_empty() { said } else { format!("{said}; {}", o.note) };
+    #[allow(clippy::cast_precision_loss)]
+    if inp.cap.is_some_and(|c| device as f64 > c) {
+        o.fits = false;
+        o.note = format!("measured over the cap: {} on the devices by llama.cpp's accounting", human_bytes(device));
+    }
+    if runs.iter().any(|r| r.same_prefix == 0) {
+        o.note = format!(
+            "{}; with the draft the first token differed from the answer's own (greedy both): not chosen",
+            o.note
+        );
         o.verdict = Some(Verdict::NotDecided);
     }
     Ok(())
@@ -399,148 +557,4 @@ impl DraftWorld for ChildWorld<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::spec::SpecBuffer;
-
-    /// Ollama's CUDA process share counts with the heads' price where one
-    /// applies (an NVIDIA card measured through another backend), never otherwise.
-    #[test]
-    fn the_heads_price_with_ollamas_process_share_must_fit_the_cap() {
-        let mib = |n: u64| n << 20;
-        #[allow(clippy::cast_precision_loss)]
-        let cap = mib(1000) as f64;
-        assert!(over_with_share(mib(500), mib(612), cap), "1112 MiB over 1000");
-        assert!(!over_with_share(mib(380), mib(612), cap), "992 MiB under it");
-        assert!(!over_with_share(mib(1200), 0, cap), "no share: the gate alone decides");
-    }
-
-    /// A target of 100 device bytes at the answer, a draft of 4 layers and
-    /// its output at 10 bytes each on the device (the rest on the host);
-    /// generation takes `ns(ngld)` a repetition with the draft, 1 s without.
-    struct Fake {
-        ns: fn(Option<u32>) -> u64,
-        loads: Vec<Option<u32>>,
-    }
-
-    impl DraftWorld for Fake {
-        /// 100 device bytes at the answer (20 layers), 4 a layer; MTP adds 30.
-        fn price_target(&mut self, p: &Placement) -> Result<Price> {
-            let mtp = p.draft.as_ref().is_some_and(crate::placement::Draft::is_mtp);
-            let layers = 4 * u64::from(p.n_gpu_layers);
-            Ok(Some((20 + layers + if mtp { 30 } else { 0 }, 50)))
-        }
-        fn price_draft(&mut self, ngld: &[Option<u32>], _n_ctx: u32) -> Result<Vec<Price>> {
-            Ok(ngld
-                .iter()
-                .map(|n| Some((10 * u64::from(n.unwrap_or(5)), 10 * u64::from(5 - n.unwrap_or(5)))))
-                .collect())
-        }
-        fn measure(&mut self, ask: &SpecAsk) -> Result<SpecRun> {
-            let ngld = ask.placement.draft.as_ref().and_then(|d| d.n_gpu_layers);
-            self.loads.push(ngld);
-            let n = ask.repetitions as usize;
-            let bytes = |draft: bool, b: u64| SpecBuffer {
-                draft,
-                buffer: "Vulkan0".into(),
-                host: false,
-                model: b,
-                context: 0,
-                compute: 0,
-            };
-            Ok(SpecRun {
-                plain_ns: vec![1_000_000_000; n],
-                spec_ns: (0..n).map(|i| (self.ns)(ngld) + i as u64).collect(),
-                n_gen: 32,
-                n_depth: 64,
-                n_drafted: 90,
-                n_accepted: 60,
-                n_rounds: 30,
-                same_prefix: 32,
-                buffers: vec![bytes(false, 100), bytes(true, 10 * u64::from(ngld.unwrap_or(5)))],
-            })
-        }
-    }
-
-    fn stage(cap: f64, ns: fn(Option<u32>) -> u64) -> (DraftReport, Vec<Option<u32>>) {
-        let request = DraftRequest { model: Some("d.gguf".into()), n_gpu_layers: None, n_max: 3, prompt_file: None };
-        staged(&request, cap, ns)
-    }
-
-    fn staged(request: &DraftRequest, cap: f64, ns: fn(Option<u32>) -> u64) -> (DraftReport, Vec<Option<u32>>) {
-        let answer = Placement { n_ctx: Some(2048), ..Placement::default() }.with_layers(20, 2, Some(2048));
-        let inp = DraftInputs {
-            model: Path::new("m.gguf"),
-            request,
-            answer: &answer,
-            cap: Some(cap),
-            host_cap: None,
-            n_depth: 1024,
-            n_gen: 32,
-            repetitions: 3,
-            draft_full: 5,
-        };
-        let mut world = Fake { ns, loads: Vec::new() };
-        (run(&inp, &mut world).unwrap(), world.loads)
-    }
-
-    fn chosen(r: &DraftReport) -> Option<Option<u32>> {
-        r.chosen().map(|o| o.placement.draft.as_ref().unwrap().n_gpu_layers)
-    }
-
-    #[test]
-    fn the_draft_on_the_device_is_the_answer_where_it_fits_and_pays() {
-        let (r, loads) = stage(200.0, |n| if n.is_none() { 500_000_000 } else { 1_250_000_000 });
-        assert_eq!(loads, [Some(0), None], "both measured, each in one load of {MIN_PAIRS} pairs");
-        assert_eq!(chosen(&r), Some(None), "{r:#?}");
-        assert!(r.summary.starts_with("speculation pays at depth 1024"), "{}", r.summary);
-        let o = r.chosen().unwrap();
-        assert_eq!((o.device_bytes, o.predicted_device_bytes), (Some(150), Some(150)));
-        assert!(o.ratio.unwrap()[1] > 1.0 && o.acceptance == Some(60.0 / 90.0), "{o:?}");
-    }
-
-    #[test]
-    fn where_the_cap_holds_the_target_and_part_of_the_draft_the_most_draft_layers_that_fit_are_tried() {
-        // 100 + 10 k <= 125: two of the draft's layers; every layer (150) is over.
-        let (r, loads) = stage(125.0, |n| if n == Some(2) { 800_000_000 } else { 1_250_000_000 });
-        assert_eq!(loads, [Some(0), Some(2)], "{r:#?}");
-        let all = r.options.iter().find(|o| o.placement.draft.as_ref().unwrap().n_gpu_layers.is_none()).unwrap();
-        assert!(!all.fits && all.loads == 0 && all.note.starts_with("over the cap with the target"), "{all:?}");
-        assert_eq!(chosen(&r), Some(Some(2)));
-    }
-
-    #[test]
-    fn mtp_heads_are_priced_with_and_without_them_and_where_they_fit_measured_at_the_answer() {
-        // 100 bytes without MTP, 130 with by the dry run (150 by the load): under a cap of 160 both fit.
-        let (r, loads) = staged(&DraftRequest::mtp(), 160.0, |_| 500_000_000);
-        assert!(r.mtp && r.draft == Path::new("m.gguf"), "{r:#?}");
-        assert_eq!(loads, [None], "one option, at the answer, measured once");
-        let o = r.chosen().expect("twice as fast beyond the noise");
-        assert!(o.placement.draft.as_ref().unwrap().is_mtp() && o.placement.n_gpu_layers == 20, "{o:?}");
-        assert_eq!(o.predicted_device_bytes, Some(130));
-        assert!(o.note.starts_with("the answer without them: 0.00 MiB"), "{}", o.note);
-        assert!(r.summary.starts_with("speculation pays with the model's MTP heads"), "{}", r.summary);
-    }
-
-    #[test]
-    fn where_mtp_heads_do_not_fit_at_the_answer_the_layers_they_cost_are_priced_not_measured() {
-        // 130 > 120: with MTP, 20 + 4 k + 30 <= 120 holds to k = 17, three layers fewer.
-        let (r, loads) = staged(&DraftRequest::mtp(), 120.0, |_| 500_000_000);
-        assert!(loads.is_empty(), "nothing paired against the answer: {r:#?}");
-        assert_eq!(r.options.len(), 2, "{r:#?}");
-        assert!(!r.options[0].fits && r.options[0].note.starts_with("over the cap with the target"), "{r:#?}");
-        let fewer = &r.options[1];
-        assert!(fewer.fits && fewer.loads == 0 && fewer.placement.n_gpu_layers == 17, "{fewer:?}");
-        assert!(fewer.label.contains("(3 fewer)") && fewer.note.contains("not measured"), "{fewer:?}");
-        assert_eq!(r.chosen(), None);
-        assert!(r.summary.contains("not measured"), "{}", r.summary);
-    }
-
-    #[test]
-    fn a_draft_that_slows_generation_is_not_the_answer_and_the_report_says_so() {
-        let (r, _) = stage(200.0, |_| 1_250_000_000);
-        assert_eq!(chosen(&r), None);
-        assert!(r.summary.contains("does not pay") && r.summary.contains("no draft"), "{}", r.summary);
-        assert!(r.options.iter().all(|o| o.verdict == Some(Verdict::Slower)), "{r:#?}");
-    }
-}
+mod tests;
