@@ -260,10 +260,13 @@ llama_model * ngl_tune_load_model(const char * path, const ngl_tune_placement * 
 }
 
 // Returns 0 on success, 1 when the model cannot be loaded, 2 when the context
-// cannot be created. `type_kv` is the ggml type of both KV caches.
+// cannot be created. `type_kv` is the ggml type of both KV caches;
+// `n_outputs_max` and `n_outputs_per_seq` the outputs the context is sized
+// for (0: llama.cpp's default, a whole batch), as llama-server sizes a
+// target's and a draft's beside it.
 int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n_ctx, uint32_t n_batch,
-                     uint32_t n_ubatch, int32_t flash_attn, int32_t op_offload, int32_t type_kv, ngl_tune_buft_cb cb,
-                     void * user) {
+                     uint32_t n_ubatch, int32_t flash_attn, int32_t op_offload, int32_t type_kv,
+                     uint32_t n_outputs_max, uint32_t n_outputs_per_seq, ngl_tune_buft_cb cb, void * user) {
     std::vector<llama_model_tensor_buft_override> overrides;
     std::vector<float>                            split;
     std::vector<ggml_backend_dev_t>               devs;
@@ -285,6 +288,10 @@ int ngl_tune_predict(const char * path, const ngl_tune_placement * p, uint32_t n
     cp.op_offload           = op_offload != 0;
     cp.type_k               = (ggml_type) type_kv;
     cp.type_v               = (ggml_type) type_kv;
+    if (n_outputs_max > 0) {
+        cp.n_outputs_max         = n_outputs_max;
+        cp.n_outputs_max_per_seq = n_outputs_per_seq;
+    }
     llama_context * ctx     = llama_init_from_model(model, cp);
     if (ctx == nullptr) {
         llama_model_free(model);

@@ -207,6 +207,17 @@ pub fn spec_main() -> Result<()> {
     Ok(())
 }
 
+/// The outputs (total, per sequence) llama-server sizes a target's
+/// context for beside a draft of `n_max` tokens over `slots` slots:
+/// `common_speculative_get_output_limits` (a verifying batch a slot: the
+/// last token and the draft), capped by the batch.
+#[must_use]
+pub fn output_limits(n_batch: u32, slots: u32, n_max: u32) -> [u32; 2] {
+    let per_seq = u64::from(n_max) + 1;
+    let cap = |n: u64| u32::try_from(n.min(u64::from(n_batch.max(1)))).unwrap_or(u32::MAX);
+    [cap(per_seq * u64::from(slots.max(1))), cap(per_seq)]
+}
+
 /// Bytes of text read for each token the run needs: far more than any
 /// tokenizer packs into one, so the head holds the tokens wherever the
 /// whole text does.

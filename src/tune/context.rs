@@ -276,6 +276,7 @@ fn with_draft(
         target: pricer::workload_spec(sh.opts.info(), s, at, sh.op_offload),
         draft,
         timeout: std::time::Duration::from_secs(s.policy.trial_timeout_s),
+        longest: draft::longest_length(request),
     };
     let mut report = draft::run(&inputs, &mut world)?;
     let Some(chosen) = report.chosen() else {
@@ -288,12 +289,7 @@ fn with_draft(
         notes.push(Note::search(report.summary.clone()).at(at.n_ctx));
         return Ok((answer, Some(report)));
     }
-    let mut r = answer.clone().into_inner();
-    r.set_placement(&chosen.placement);
-    (r.tg_ts, r.pp_ts, r.measured) = (chosen.tg_ts, None, true);
-    #[allow(clippy::cast_precision_loss)]
-    let mem = chosen.device_bytes.map(|b| b as f64);
-    r.mem_bytes = mem;
+    let r = with_chosen(answer.clone().into_inner(), chosen);
     let with_drafts = crate::profile::Gate { drafts: &report.options, ..*gate };
     match with_drafts.admit(r, s.workload.kv_type) {
         Ok(a) => {
@@ -496,6 +492,30 @@ fn hatches(
     let failed = search.take_unpriced();
     found.notes.extend(failed.map(|e| Note::prediction(dry_run_failed("escape hatches", &e)).at(at.n_ctx)));
     Ok(found)
+}
+
+/// The answer with the draft option chosen beside it: its placement, and
+/// the speed and memory its loads measured.
+fn with_chosen(
+    mut r: crate::profile::Recommendation,
+    chosen: &crate::profile::DraftOption,
+) -> crate::profile::Recommendation {
+    if chosen.placement.n_gpu_layers != r.placement.n_gpu_layers {
+        // A trade (target layers given up for the draft): the verdicts on
+        // the old layers (llama.cpp's default or Ollama's own run as fast,
+        // Ollama's whole-layer split) are not this answer's.
+        (r.llama_default, r.ollama_own_run) = (false, false);
+        let p = &chosen.placement;
+        if p.n_cpu_moe == 0 && p.n_cpu_ffn == 0 && p.cpu_overrides.is_empty() {
+            r.ollama_num_gpu = None;
+        }
+    }
+    r.set_placement(&chosen.placement);
+    (r.tg_ts, r.pp_ts, r.measured) = (chosen.tg_ts, None, true);
+    #[allow(clippy::cast_precision_loss)]
+    let mem = chosen.device_bytes.map(|b| b as f64);
+    r.mem_bytes = mem;
+    r
 }
 
 /// A confirmation whose dry run failed: measured as it was (a trial over

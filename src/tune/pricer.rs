@@ -72,6 +72,7 @@ pub fn workload_spec(info: &ModelInfo, s: &Settings, at: ContextRun, op_offload:
         kv_type: s.workload.kv_type,
         mmproj: s.backend.mmproj.clone(),
         mtp: false,
+        outputs: None,
     }
 }
 

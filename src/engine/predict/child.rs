@@ -20,6 +20,8 @@ extern "C" {
         flash_attn: i32,
         op_offload: i32,
         type_kv: i32,
+        n_outputs_max: u32,
+        n_outputs_per_seq: u32,
         cb: extern "C" fn(*mut c_void, *const c_char, c_int, u64, u64, u64),
         user: *mut c_void,
     ) -> c_int;
@@ -195,6 +197,7 @@ fn predict_placement(
     let raw = params.raw();
     // A quantized V cache needs flash attention (as the trials run it).
     let fa = i32::from(kv.flash_attn(spec.flash_attn).value());
+    let outputs = spec.outputs.unwrap_or([0, 0]);
     // SAFETY: valid C strings and a placement that outlive the call, a
     // callback that only touches `buffers`, which outlives the call.
     let rc = unsafe {
@@ -207,6 +210,8 @@ fn predict_placement(
             fa,
             i32::from(spec.op_offload),
             kv.ggml_type(),
+            outputs[0],
+            outputs[1],
             collect,
             (&raw mut buffers).cast::<c_void>(),
         )

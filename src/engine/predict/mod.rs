@@ -189,6 +189,15 @@ pub struct PredictSpec {
     /// that shares the model's weights.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mtp: bool,
+    /// The outputs the model's context is sized for (llama.cpp's
+    /// `n_outputs_max`, `n_outputs_max_per_seq`): with a draft, llama-server
+    /// sizes the target's for a verifying batch and the draft's for one
+    /// token (`common_speculative_get_output_limits`,
+    /// `common_base_params_to_speculative`), where without one it is a
+    /// whole batch: the output matrix's compute buffer (vocabulary x
+    /// outputs) is most of the difference. `None`: llama.cpp's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<[u32; 2]>,
 }
 
 /// One split to price: everything that places it, in one value.

@@ -148,21 +148,8 @@ fn mtp_priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<D
     if o.fits || inp.cap.is_none() || price.is_none() {
         return Ok(over_cap_notes(vec![o], inp));
     }
-    // The device bytes grow with -ngl: the most layers whose price fits.
-    let (mut lo, mut hi, mut most) = (0u32, ngl, None);
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        let p = Placement { n_gpu_layers: mid, ..inp.with(None) };
-        let price = world.price_target(&p)?;
-        if price.is_some_and(|x| inp.fits(x)) {
-            most = Some((mid, price));
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
     let mut v = vec![o];
-    if let Some((k, price)) = most {
+    if let Some((k, price)) = most_layers(inp, world, &inp.with(None), Some((0, 0)))? {
         let label =
             format!("the model's MTP heads at -ngl {k}, the most layers that fit with them ({} fewer)", ngl - k);
         v.push(inp.priced(label, Placement { n_gpu_layers: k, ..inp.with(None) }, price));
@@ -170,12 +157,43 @@ fn mtp_priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<D
     Ok(over_cap_notes(v, inp))
 }
 
+/// The most target layers below the answer's at which `with` (those
+/// layers, its draft) priced with `add` (a draft model's own price; the
+/// MTP heads are in the target's) is under the caps: a binary search, the
+/// device bytes growing with `-ngl`. `None` where not even `-ngl 0` fits.
+///
+/// # Errors
+/// An interrupt.
+fn most_layers(
+    inp: &DraftInputs<'_>,
+    world: &mut dyn DraftWorld,
+    with: &Placement,
+    add: Price,
+) -> Result<Option<(u32, Price)>> {
+    let (mut lo, mut hi, mut most) = (0u32, inp.answer.n_gpu_layers, None);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let p = Placement { n_gpu_layers: mid, ..with.clone() };
+        let target = world.price_target(&p)?;
+        let price = target.zip(add).map(|(t, a)| (t.0 + a.0, t.1 + a.1));
+        if price.is_some_and(|x| inp.fits(x)) {
+            most = Some((mid, price));
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(most)
+}
+
 /// The options, each priced with the target: `--draft-ngl` alone where
 /// given; else on the CPU, every layer on the device, and where that is
-/// over the cap, the most draft layers that fit beside the target
-/// (without an offload device, the CPU alone).
+/// over the cap, the most draft layers that fit beside the target and the
+/// most target layers that fit beside the whole draft (without an offload
+/// device, the CPU alone).
 fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<DraftOption>> {
-    let target = world.price_target(inp.answer)?;
+    // The target as it runs beside a draft (its outputs a verifying batch's).
+    let target = world.price_target(&inp.with(Some(0)))?;
     let n_ctx = inp.answer.n_ctx.unwrap_or(0);
     let asked: Vec<Option<u32>> = match inp.request.n_gpu_layers {
         Some(n) => vec![Some(n)],
@@ -207,6 +225,15 @@ fn priced(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld) -> Result<Vec<Draft
                 v[1].note =
                     format!("no part of the draft fits beside the target either (-ngld 1, its output layer: {one})");
             }
+        }
+        // The other side of the trade: target layers given up for the whole draft.
+        let whole = inp.with(None);
+        if let Some((k, price)) = most_layers(inp, world, &whole, price_of(asked.len() - 1))? {
+            let fewer = inp.answer.n_gpu_layers - k;
+            let label = format!(
+                "every draft layer on the device, the target at -ngl {k}, the most that fit beside it ({fewer} fewer)"
+            );
+            v.push(inp.priced(label, Placement { n_gpu_layers: k, ..whole }, price));
         }
     }
     Ok(over_cap_notes(v, inp))
@@ -277,7 +304,11 @@ fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOptio
 /// The draft lengths (`--spec-draft-n-max`) tried beside llama-server's
 /// default of 3: one token a draft (the least a rejection wastes) and 8
 /// (the most an accepted run gains).
-pub const OTHER_LENGTHS: [u32; 2] = [1, 8];
+pub const OTHER_LENGTHS: [u32; 2] = [1, LONGEST_LENGTH];
+
+/// The longest draft the stage measures where no length is given: the
+/// target is priced for its verifying batch, so every length is.
+pub const LONGEST_LENGTH: u32 = 8;
 
 /// Where the request's draft length is llama-server's default, the
 /// measured option with the highest paired ratio that keeps the answer's
@@ -355,19 +386,21 @@ fn measure_trade(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut Draf
     let (mine, theirs) = (ask(o.placement.clone()), ask(inp.answer.clone()));
     let mean = |v: Vec<f64>| (!v.is_empty()).then(|| crate::stats::mean(&v));
     let (mut pairs, mut runs, mut answers) = (Vec::new(), Vec::new(), Vec::new());
-    let mut ratio = None;
+    let (mut ratio, mut failed) = (None, false);
     for i in 0..MAX_PAIRS {
+        // The answer first where baseline::pair runs its answer first.
         let (a, b) = if answer_first(i) {
-            let a = load(world, &mine)?;
-            (a, load(world, &theirs)?)
-        } else {
             let b = load(world, &theirs)?;
             (load(world, &mine)?, b)
+        } else {
+            let a = load(world, &mine)?;
+            (a, load(world, &theirs)?)
         };
         let (a, b) = match (a, b) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => {
-                o.note = format!("not measured: {e}");
+                o.note = format!("not measured: a load failed ({e})");
+                failed = true;
                 break;
             }
         };
@@ -390,7 +423,8 @@ fn measure_trade(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut Draf
     o.tg_ts = mean(pairs.iter().map(|p| p.0).collect());
     o.plain_tg_ts = mean(answers);
     o.ratio = ratio.map(|r| [r.ratio, r.lo, r.hi]);
-    o.verdict = Some(ratio.map_or(Verdict::NotMeasured, Ratio::verdict));
+    // A load that failed (out of memory near the cap, say) leaves no verdict, as in baseline::pair.
+    o.verdict = Some(if failed { Verdict::NotMeasured } else { ratio.map_or(Verdict::NotMeasured, Ratio::verdict) });
     let (drafted, accepted, rounds) =
         runs.iter().fold((0, 0, 0), |s, r| (s.0 + r.n_drafted, s.1 + r.n_accepted, s.2 + r.n_rounds));
     #[allow(clippy::cast_precision_loss)]
@@ -435,7 +469,9 @@ fn summary(options: &[DraftOption], inp: &DraftInputs<'_>) -> String {
     }
     let measured: Vec<String> =
         options.iter().filter(|o| o.loads > 0).map(|o| format!("{} {}", o.label, ratio(o))).collect();
-    if measured.is_empty() && options.iter().any(|o| o.fits && own_target(o, inp)) {
+    if measured.is_empty()
+        && options.iter().any(|o| o.fits && (own_target(o, inp) || o.note.starts_with("not measured")))
+    {
         return format!("speculation not measured{at}: the loads of the draft placements under the caps failed (their lines say why)");
     }
     if let Some(o) = options.iter().find(|o| measured.is_empty() && o.fits) {
@@ -506,6 +542,29 @@ pub struct ChildWorld<'r> {
     /// `None` for the model's own MTP heads.
     pub draft: Option<(std::path::PathBuf, u32)>,
     pub timeout: std::time::Duration,
+    /// The longest draft the stage measures ([`longest_length`]).
+    pub longest: u32,
+}
+
+/// The longest draft length the stage measures for `request`: the one
+/// asked where fixed, else [`LONGEST_LENGTH`] at least.
+#[must_use]
+pub fn longest_length(request: &DraftRequest) -> u32 {
+    if request.n_max_fixed {
+        request.n_max
+    } else {
+        request.n_max.max(LONGEST_LENGTH)
+    }
+}
+
+/// The slots llama-server runs a pasted line with: `-np` where the
+/// placement gives one (more than 1), else its own 4.
+fn server_slots(p: &Placement) -> u32 {
+    if p.n_parallel > 1 {
+        p.n_parallel
+    } else {
+        crate::placement::SERVER_SLOTS
+    }
 }
 
 impl DraftWorld for ChildWorld<'_> {
@@ -518,7 +577,14 @@ impl DraftWorld for ChildWorld<'_> {
             n_cpu_moe: p.n_cpu_moe,
         };
         let mtp = p.draft.as_ref().is_some_and(crate::placement::Draft::is_mtp);
-        let spec = crate::engine::predict::PredictSpec { cases: vec![case], mtp, ..self.target.clone() };
+        // With a draft, the target's outputs are a verifying batch's a
+        // slot, at the longest length the stage may measure, for the slots
+        // llama-server runs the pasted line with.
+        let outputs = p
+            .draft
+            .as_ref()
+            .map(|d| crate::engine::spec::output_limits(p.n_batch, server_slots(p), d.n_max.max(self.longest)));
+        let spec = crate::engine::predict::PredictSpec { cases: vec![case], mtp, outputs, ..self.target.clone() };
         let out = match crate::engine::predict::predict_in_child(self.runner, &spec) {
             Ok(out) => out,
             Err(e) if interrupted(&e) => return Err(e),
@@ -537,6 +603,10 @@ impl DraftWorld for ChildWorld<'_> {
             kv_type: crate::placement::KvType::F16,
             mmproj: None,
             cases: Vec::new(),
+            // One output a slot (common_base_params_to_speculative): drafts
+            // are tried at one slot only (`not_tried`), and a pasted line
+            // without -np runs llama-server's own slots.
+            outputs: Some([crate::placement::SERVER_SLOTS.min(self.target.n_batch.max(1)), 1]),
             ..self.target.clone()
         };
         match crate::engine::predict::predict_in_child(self.runner, &spec) {

@@ -22,6 +22,8 @@ struct Fake {
     len: fn(u32) -> f64,
     loads: Vec<Option<u32>>,
     lengths: Vec<u32>,
+    /// The call (from 0) that fails, as a load that ran out of memory.
+    fail_at: Option<usize>,
 }
 
 impl DraftWorld for Fake {
@@ -37,6 +39,10 @@ impl DraftWorld for Fake {
     fn measure(&mut self, ask: &SpecAsk) -> Result<SpecRun> {
         let ngld = ask.placement.draft.as_ref().and_then(|d| d.n_gpu_layers);
         let n_max = ask.placement.draft.as_ref().map_or(0, |d| d.n_max);
+        if self.fail_at == Some(self.loads.len()) {
+            self.loads.push(ngld);
+            anyhow::bail!("llama.cpp could not create the target's context");
+        }
         self.loads.push(ngld);
         self.lengths.push(n_max);
         // As priced: the MTP context 30, a draft model's layers 10 each.
@@ -90,6 +96,11 @@ fn staged_with(
     ns: fn(Option<u32>) -> u64,
     len: fn(u32) -> f64,
 ) -> (DraftReport, Fake) {
+    staged_in(request, cap, Fake { ns, len, loads: Vec::new(), lengths: Vec::new(), fail_at: None })
+}
+
+/// The stage over `world` at a target of 20 layers, 2048 context.
+fn staged_in(request: &DraftRequest, cap: f64, mut world: Fake) -> (DraftReport, Fake) {
     let answer = Placement { n_ctx: Some(2048), ..Placement::default() }.with_layers(20, 2, Some(2048));
     let inp = DraftInputs {
         model: Path::new("m.gguf"),
@@ -102,7 +113,6 @@ fn staged_with(
         repetitions: 3,
         draft_full: 5,
     };
-    let mut world = Fake { ns, len, loads: Vec::new(), lengths: Vec::new() };
     (run(&inp, &mut world).unwrap(), world)
 }
 
@@ -134,10 +144,31 @@ fn the_draft_on_the_device_is_the_answer_where_it_fits_and_pays() {
 fn where_the_cap_holds_the_target_and_part_of_the_draft_the_most_draft_layers_that_fit_are_tried() {
     // 100 + 10 k <= 125: two of the draft's layers; every layer (150) is over.
     let (r, loads) = stage(125.0, |n| if n == Some(2) { 800_000_000 } else { 1_250_000_000 });
-    assert_eq!(loads, [Some(0), Some(2), Some(2), Some(2)], "{r:#?}");
+    // The CPU's, the two draft layers', the trade's three pairs (load against load), two lengths.
+    let mut expected = vec![Some(0), Some(2)];
+    expected.extend([None; 6]);
+    expected.extend([Some(2), Some(2)]);
+    assert_eq!(loads, expected, "{r:#?}");
     let all = r.options.iter().find(|o| o.placement.draft.as_ref().unwrap().n_gpu_layers.is_none()).unwrap();
     assert!(!all.fits && all.loads == 0 && all.note.starts_with("over the cap with the target"), "{all:?}");
     assert_eq!(chosen(&r), Some(Some(2)));
+}
+
+/// The other side of the trade: the whole draft on the device with the
+/// target's layers it displaces (20 + 4 k + 50 <= 125: k = 13, 7 fewer),
+/// measured load against load with the answer, and the answer where
+/// faster beyond the interval.
+#[test]
+fn where_the_whole_draft_does_not_fit_beside_the_target_the_target_layers_it_costs_are_measured() {
+    let (r, _) = stage(125.0, |n| if n.is_none() { 500_000_000 } else { 1_250_000_000 });
+    let trade = r.options.iter().find(|o| o.placement.n_gpu_layers == 13).unwrap();
+    assert!(trade.label.contains("the target at -ngl 13") && trade.label.contains("(7 fewer)"), "{}", trade.label);
+    assert_eq!((trade.predicted_device_bytes, trade.loads), (Some(122), 3), "{trade:?}");
+    assert!(trade.note.starts_with("paired load against load with the answer (-ngl 20, no draft)"), "{}", trade.note);
+    assert_eq!(r.chosen().map(|o| o.placement.n_gpu_layers), Some(13), "{r:#?}");
+    // Where the draft does not win the layers back, the answer keeps them.
+    let (r, _) = stage(125.0, |_| 1_250_000_000);
+    assert_eq!(r.chosen(), None, "{r:#?}");
 }
 
 #[test]
@@ -162,7 +193,7 @@ fn where_mtp_heads_do_not_fit_at_the_answer_the_layers_they_cost_are_measured_ag
     let fewer = &r.options[1];
     assert!(fewer.label.contains("(3 fewer)") && fewer.placement.n_gpu_layers == 17, "{fewer:?}");
     // Load against load, the answer (no draft: length 0 here) and the heads at 17, in the pairs' order.
-    assert_eq!(world.lengths, [3, 0, 0, 3, 0, 3], "three pairs, AB BA BA: {r:#?}");
+    assert_eq!(world.lengths, [0, 3, 3, 0, 3, 0], "three pairs, the answer first, then the heads first twice: {r:#?}");
     assert_eq!(fewer.loads, 3, "{fewer:?}");
     assert!(
         fewer.note.starts_with(
@@ -211,4 +242,34 @@ fn the_draft_length_is_searched_beside_llama_servers_default_unless_the_user_set
     let (r, world) = staged_with(&request(5), 200.0, device, long);
     assert_eq!(world.lengths, [5, 5], "{r:#?}");
     assert_eq!(r.chosen().unwrap().placement.draft.as_ref().unwrap().n_max, 5);
+    // Asked for llama-server's own 3 (--draft-max 3): kept as asked too.
+    let fixed = DraftRequest { n_max_fixed: true, ..request(3) };
+    let (r, world) = staged_with(&fixed, 200.0, device, long);
+    assert_eq!(world.lengths, [3, 3], "{r:#?}");
+}
+
+/// A load of the trade that fails in its third pair (out of memory near
+/// the cap, say) leaves it not measured, whatever the two pairs before
+/// said: it is never the answer.
+#[test]
+fn a_trade_whose_load_fails_mid_pairs_is_not_measured_and_not_the_answer() {
+    let world = Fake { ns: |_| 500_000_000, len: |_| 1.0, loads: Vec::new(), lengths: Vec::new(), fail_at: Some(4) };
+    let (r, _) = staged_in(&DraftRequest::mtp(), 120.0, world);
+    let fewer = &r.options[1];
+    assert_eq!((fewer.loads, fewer.verdict), (2, Some(Verdict::NotMeasured)), "{fewer:?}");
+    assert!(fewer.note.contains("not measured: a load failed"), "{}", fewer.note);
+    assert_eq!(r.chosen(), None, "{r:#?}");
+}
+
+/// llama-server's output limits beside a draft
+/// (`common_speculative_get_output_limits`): a verifying batch a slot,
+/// capped by the batch.
+#[test]
+fn a_target_beside_a_draft_is_sized_for_a_verifying_batch_a_slot() {
+    use crate::engine::spec::output_limits;
+    assert_eq!(output_limits(512, 4, 3), [16, 4]);
+    assert_eq!(output_limits(512, 1, 8), [9, 9]);
+    assert_eq!(output_limits(8, 4, 8), [8, 8]);
+    assert_eq!(longest_length(&request(3)), LONGEST_LENGTH);
+    assert_eq!(longest_length(&DraftRequest { n_max_fixed: true, ..request(2) }), 2);
 }

@@ -215,7 +215,7 @@ fn same_layers(
     let p = super::find(preds, case)?;
     #[allow(clippy::cast_precision_loss)]
     let fits = super::bytes(Some(p)).is_some_and(|b| b as f64 <= h.cap);
-    if fits {
+    if fits && !search.predicted.iter().any(|q| q.case == Some(case)) {
         search.predicted.push(p.clone());
     }
     fits.then_some(at)
