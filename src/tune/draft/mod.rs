@@ -85,6 +85,31 @@ impl DraftInputs<'_> {
         }
     }
 
+    /// One load of `placement` at the stage's depth, text and tokens, at
+    /// least `repetitions` times.
+    fn ask(&self, placement: Placement, repetitions: u32) -> SpecAsk {
+        SpecAsk {
+            model: self.model.to_path_buf(),
+            placement,
+            n_depth: self.n_depth.max(MIN_PROMPT),
+            n_gen: self.n_gen,
+            repetitions: self.repetitions.max(repetitions),
+            text_file: self.request.prompt_file.clone(),
+            check_only: false,
+        }
+    }
+
+    /// What `o`'s loads held on the devices (the most of them), and the
+    /// option over the cap where that is.
+    fn held(&self, o: &mut DraftOption, device: u64) {
+        o.device_bytes = Some(device);
+        #[allow(clippy::cast_precision_loss)]
+        if self.cap.is_some_and(|c| device as f64 > c) {
+            o.fits = false;
+            o.note = format!("measured over the cap: {} on the devices by llama.cpp's accounting", human_bytes(device));
+        }
+    }
+
     #[allow(clippy::cast_precision_loss)]
     fn fits(&self, (device, host): (u64, u64)) -> bool {
         self.cap.is_none_or(|c| device as f64 <= c) && self.host_cap.is_none_or(|h| host <= h)
@@ -263,31 +288,15 @@ fn over_cap_notes(mut v: Vec<DraftOption>, inp: &DraftInputs<'_>) -> Vec<DraftOp
 /// One load of `o`: the answer's generation without the draft and with
 /// it, alternated by repetition, judged by the paired interval.
 fn measure(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOption) -> Result<()> {
-    let ask = SpecAsk {
-        model: inp.model.to_path_buf(),
-        placement: o.placement.clone(),
-        n_depth: inp.n_depth.max(MIN_PROMPT),
-        n_gen: inp.n_gen,
-        repetitions: inp.repetitions.max(MIN_PAIRS),
-        text_file: inp.request.prompt_file.clone(),
-        check_only: false,
-    };
-    let run = match world.measure(&ask) {
+    let run = match load(world, &inp.ask(o.placement.clone(), MIN_PAIRS))? {
         Ok(r) => r,
-        Err(e) if interrupted(&e) => return Err(e),
         Err(e) => {
-            o.note = format!("not measured: {e:#}");
+            o.note = format!("not measured: {e}");
             return Ok(());
         }
     };
     o.loads = 1;
-    let device = run.device_bytes(false) + run.device_bytes(true);
-    o.device_bytes = Some(device);
-    #[allow(clippy::cast_precision_loss)]
-    if inp.cap.is_some_and(|c| device as f64 > c) {
-        o.fits = false;
-        o.note = format!("measured over the cap: {} on the devices by llama.cpp's accounting", human_bytes(device));
-    }
+    inp.held(o, run.device_bytes(false) + run.device_bytes(true));
     let mean = |v: Vec<f64>| (!v.is_empty()).then(|| crate::stats::mean(&v));
     (o.tg_ts, o.plain_tg_ts) = (mean(run.speeds(true)), mean(run.speeds(false)));
     let ratio = Ratio::paired(&run.pairs());
@@ -321,7 +330,7 @@ pub const LONGEST_LENGTH: u32 = 8;
 /// # Errors
 /// An interrupt.
 fn lengths(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, options: &[DraftOption]) -> Result<Vec<DraftOption>> {
-    if inp.request.n_max_fixed || inp.request.n_max != crate::placement::DRAFT_N_MAX {
+    if !length_searched(inp.request) {
         return Ok(Vec::new());
     }
     let ratio = |o: &DraftOption| o.ratio.map_or(0.0, |r| r[0]);
@@ -374,16 +383,7 @@ fn load(world: &mut dyn DraftWorld, ask: &SpecAsk) -> Result<std::result::Result
 /// An interrupt.
 fn measure_trade(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut DraftOption) -> Result<()> {
     use crate::tune::baseline::{answer_first, MAX_PAIRS, PAIRS};
-    let ask = |placement: Placement| SpecAsk {
-        model: inp.model.to_path_buf(),
-        placement,
-        n_depth: inp.n_depth.max(MIN_PROMPT),
-        n_gen: inp.n_gen,
-        repetitions: inp.repetitions.max(2),
-        text_file: inp.request.prompt_file.clone(),
-        check_only: false,
-    };
-    let (mine, theirs) = (ask(o.placement.clone()), ask(inp.answer.clone()));
+    let (mine, theirs) = (inp.ask(o.placement.clone(), 2), inp.ask(inp.answer.clone(), 2));
     let mean = |v: Vec<f64>| (!v.is_empty()).then(|| crate::stats::mean(&v));
     let (mut pairs, mut runs, mut answers) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ratio, mut failed) = (None, false);
@@ -419,7 +419,6 @@ fn measure_trade(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut Draf
         return Ok(());
     }
     let device = runs.iter().map(|r| r.device_bytes(false) + r.device_bytes(true)).max().unwrap_or(0);
-    o.device_bytes = Some(device);
     o.tg_ts = mean(pairs.iter().map(|p| p.0).collect());
     o.plain_tg_ts = mean(answers);
     o.ratio = ratio.map(|r| [r.ratio, r.lo, r.hi]);
@@ -439,11 +438,7 @@ fn measure_trade(inp: &DraftInputs<'_>, world: &mut dyn DraftWorld, o: &mut Draf
         pairs.len()
     );
     o.note = if o.note.is_empty() { said } else { format!("{said}; {}", o.note) };
-    #[allow(clippy::cast_precision_loss)]
-    if inp.cap.is_some_and(|c| device as f64 > c) {
-        o.fits = false;
-        o.note = format!("measured over the cap: {} on the devices by llama.cpp's accounting", human_bytes(device));
-    }
+    inp.held(o, device);
     if runs.iter().any(|r| r.same_prefix == 0) {
         o.note = format!(
             "{}; with the draft the first token differed from the answer's own (greedy both): not chosen",
@@ -546,14 +541,21 @@ pub struct ChildWorld<'r> {
     pub longest: u32,
 }
 
+/// Whether the stage searches the draft length: none was given (a stored
+/// request from before `n_max_fixed` with a length other than
+/// llama-server's 3 had one given).
+fn length_searched(request: &DraftRequest) -> bool {
+    !request.n_max_fixed && request.n_max == crate::placement::DRAFT_N_MAX
+}
+
 /// The longest draft length the stage measures for `request`: the one
-/// asked where fixed, else [`LONGEST_LENGTH`] at least.
+/// asked where it is not searched, else [`LONGEST_LENGTH`].
 #[must_use]
 pub fn longest_length(request: &DraftRequest) -> u32 {
-    if request.n_max_fixed {
-        request.n_max
-    } else {
+    if length_searched(request) {
         request.n_max.max(LONGEST_LENGTH)
+    } else {
+        request.n_max
     }
 }
 

@@ -208,17 +208,19 @@ fn same_layers(
     }
     let at = layer_split.placement.n_gpu_layers;
     let case = PredictCase { ngl: at, ..h.at_full(h.n_ctx, Some(KvType::Q8_0), 0) };
-    if super::find(preds, case).is_none() {
-        let priced = search.price_cases(&[case]);
-        preds.extend(priced);
-    }
-    let p = super::find(preds, case)?;
-    #[allow(clippy::cast_precision_loss)]
-    let fits = super::bytes(Some(p)).is_some_and(|b| b as f64 <= h.cap);
+    price_once(case, preds, search);
+    let fits = super::under(preds, case, h.cap);
     if fits && !search.predicted.iter().any(|q| q.case == Some(case)) {
-        search.predicted.push(p.clone());
+        search.predicted.extend(super::find(preds, case).cloned());
     }
     fits.then_some(at)
+}
+
+/// `case` priced by the dry run into `preds`, where it is not there yet.
+fn price_once(case: PredictCase, preds: &mut Vec<Prediction>, search: &mut Search<'_>) {
+    if super::find(preds, case).is_none() {
+        preds.extend(search.price_cases(&[case]));
+    }
 }
 
 /// The most layers a quantized cache lets on under the cap (interpolated
@@ -240,15 +242,8 @@ fn partial_at(
     }
     let price = |n: u32, preds: &mut Vec<Prediction>, search: &mut Search<'_>| {
         let case = PredictCase { ngl: n, ..first };
-        if let Some(p) = super::find(preds, case) {
-            #[allow(clippy::cast_precision_loss)]
-            return super::bytes(Some(p)).is_some_and(|b| b as f64 <= h.cap);
-        }
-        let priced = search.price_cases(&[case]);
-        #[allow(clippy::cast_precision_loss)]
-        let fits = super::bytes(priced.first()).is_some_and(|b| b as f64 <= h.cap);
-        preds.extend(priced);
-        fits
+        price_once(case, preds, search);
+        super::under(preds, case, h.cap)
     };
     if n <= split {
         // The grid's first offloaded point is already over: a layer or two past the split may fit.
